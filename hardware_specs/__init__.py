@@ -1,0 +1,35 @@
+"""Shipped spec data: GPU, cluster and model presets (TOML) and GPU calibration tables (CSV).
+
+The files live inside this package so they are found after ``pip install``. This module only
+lists and locates them; parsing and validation live in :mod:`perfmodel.specs`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+KINDS = {"gpu": "gpus", "cluster": "clusters", "model": "models", "realtime": "realtime"}
+
+
+def preset_dir(kind: str) -> Path:
+    """Folder holding the presets of ``kind`` (gpu, cluster, model, realtime)."""
+    return ROOT / KINDS[kind]
+
+
+def list_presets(kind: str) -> list[str]:
+    """Sorted preset names of ``kind`` (file stems, lower case)."""
+    d = preset_dir(kind)
+    return sorted(p.stem for p in d.glob("*.toml")) if d.exists() else []
+
+
+def find_preset(kind: str, name: str) -> Path | None:
+    """Path of preset ``name`` of ``kind``, or None."""
+    p = preset_dir(kind) / f"{name.lower()}.toml"
+    return p if p.exists() else None
+
+
+def calibration_dir(name: str) -> Path | None:
+    """Folder of a shipped GPU calibration (e.g. ``h200``), or None."""
+    p = ROOT / "calibration" / name
+    return p if p.is_dir() else None

@@ -1,0 +1,225 @@
+"""Parallel configurations: one point (:class:`ParallelConfig`) and a batch (:class:`ConfigBatch`).
+
+The cost models take a :class:`ConfigBatch`, a struct of numpy arrays (one entry per
+configuration), so a search evaluates millions of configurations in one call. Categorical fields
+are integer codes (see ``RECOMPUTE``, ``SCHEDULE``, ``COMPRESSION``).
+
+Group layout (Megatron-LM's default order, innermost first): tp, cp, dp, pp. Rank
+``r = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank))``, so a tensor-parallel group is ``tp``
+consecutive GPUs, a context-parallel group strides by ``tp``, a data-parallel group by ``tp*cp``,
+a pipeline group by ``tp*cp*dp``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Annotated, Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from perfmodel.specs import ClusterSpec, ModelSpec, Spec, SpecError, TrainingSpec
+
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULE = ("gpipe", "1f1b", "interleaved", "zb")
+COMPRESSION = ("none", "topk", "int8", "1bit")
+
+Recompute = Literal["none", "selective", "full"]
+Schedule = Literal["gpipe", "1f1b", "interleaved", "zb"]
+Compression = Literal["none", "topk", "int8", "1bit"]
+PosInt = Annotated[int, Field(gt=0)]
+
+
+class ParallelConfig(Spec):
+    """One parallel configuration.
+
+    ``num_microbatches`` is derived from the global batch (``B / (dp * micro_batch_size)``) by
+    :func:`resolve_config`; give it only to check it. ``vp`` > 1 means the interleaved schedule
+    with ``vp`` model chunks per pipeline rank. ``grad_compression`` applies to the data-parallel
+    gradient exchange (``topk_ratio`` is the kept fraction for ``topk``).
+    """
+
+    dp: PosInt = 1
+    tp: PosInt = 1
+    pp: PosInt = 1
+    vp: PosInt = 1
+    cp: PosInt = 1
+    zero_stage: Annotated[int, Field(ge=0, le=3)] = 0
+    micro_batch_size: PosInt = 1
+    num_microbatches: PosInt | None = None
+    recompute: Recompute = "none"
+    sequence_parallel: bool = False
+    schedule: Schedule = "1f1b"
+    grad_compression: Compression = "none"
+    topk_ratio: Annotated[float, Field(gt=0, le=1)] = 0.01
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ParallelConfig":
+        if self.vp > 1 and self.schedule != "interleaved":
+            raise ValueError(
+                f"vp ({self.vp}) > 1 needs schedule 'interleaved' (got schedule '{self.schedule}')"
+            )
+        if self.schedule == "interleaved" and self.vp < 2:
+            raise ValueError(f"schedule 'interleaved' needs vp >= 2 (got vp={self.vp})")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel needs tp > 1 (got tp=1)")
+        if self.pp == 1 and self.schedule in ("interleaved", "zb"):
+            raise ValueError(f"schedule '{self.schedule}' needs pp > 1 (got pp=1)")
+        return self
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+
+def resolve_config(
+    config: ParallelConfig,
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterSpec | None = None,
+    *,
+    allow_idle_gpus: bool = False,
+    allow_tp_across_nodes: bool = False,
+) -> ParallelConfig:
+    """Check a configuration against the model, training setup and cluster; fill in
+    ``num_microbatches``. Raises :class:`SpecError` naming the operands that disagree."""
+    c = config
+    m = model
+    if m.num_attention_heads % c.tp:
+        raise SpecError(f"tp ({c.tp}) must divide num_attention_heads ({m.num_attention_heads})")
+    if m.kv_heads % c.tp and c.tp % m.kv_heads:
+        raise SpecError(
+            f"tp ({c.tp}) and num_kv_heads ({m.kv_heads}) must divide one another"
+        )
+    if m.num_layers % (c.pp * c.vp):
+        raise SpecError(
+            f"pp*vp ({c.pp}*{c.vp}={c.pp * c.vp}) must divide num_layers ({m.num_layers})"
+        )
+    if training.seq_len % (2 * c.cp if c.cp > 1 else 1):
+        raise SpecError(f"2*cp ({2 * c.cp}) must divide seq_len ({training.seq_len})")
+    if c.sequence_parallel and training.seq_len % c.tp:
+        raise SpecError(f"tp ({c.tp}) must divide seq_len ({training.seq_len}) for sequence_parallel")
+    per_step = c.dp * c.micro_batch_size
+    if training.global_batch_size % per_step:
+        raise SpecError(
+            f"dp*micro_batch_size ({c.dp}*{c.micro_batch_size}={per_step}) must divide "
+            f"global_batch_size ({training.global_batch_size})"
+        )
+    nmb = training.global_batch_size // per_step
+    if c.num_microbatches is not None and c.num_microbatches != nmb:
+        raise SpecError(
+            f"num_microbatches ({c.num_microbatches}) must equal global_batch_size / "
+            f"(dp*micro_batch_size) = {training.global_batch_size}/{per_step} = {nmb}"
+        )
+    if c.schedule == "interleaved" and nmb % c.pp:
+        raise SpecError(
+            f"interleaved schedule: pp ({c.pp}) must divide num_microbatches ({nmb})"
+        )
+    if cluster is not None:
+        n = cluster.total_gpus
+        if c.gpus != n and not (allow_idle_gpus and c.gpus < n):
+            raise SpecError(
+                f"dp*tp*pp*cp ({c.dp}*{c.tp}*{c.pp}*{c.cp}={c.gpus}) must equal the cluster's "
+                f"GPU count ({n})"
+            )
+        if c.tp > cluster.scale_up_size and not allow_tp_across_nodes:
+            raise SpecError(
+                f"tp ({c.tp}) must fit in the scale-up domain ({cluster.scale_up_size} GPUs) "
+                f"of cluster '{cluster.name}'"
+            )
+    return c.model_copy(update={"num_microbatches": nmb})
+
+
+@dataclass(frozen=True)
+class ConfigBatch:
+    """Struct of arrays: one entry per configuration (all arrays the same length).
+
+    Categorical fields are integer codes: ``recompute`` indexes :data:`RECOMPUTE`, ``schedule``
+    :data:`SCHEDULE`, ``grad_compression`` :data:`COMPRESSION`.
+    """
+
+    dp: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    vp: np.ndarray
+    cp: np.ndarray
+    zero_stage: np.ndarray
+    micro_batch_size: np.ndarray
+    num_microbatches: np.ndarray
+    recompute: np.ndarray
+    sequence_parallel: np.ndarray
+    schedule: np.ndarray
+    grad_compression: np.ndarray
+    topk_ratio: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.dp.shape[0])
+
+    @property
+    def gpus(self) -> np.ndarray:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @classmethod
+    def from_arrays(cls, **arrays) -> "ConfigBatch":
+        """Build from arrays (or scalars, broadcast); missing fields take ParallelConfig defaults.
+
+        String values for categorical fields are converted to codes.
+        """
+        n = max((np.size(v) for v in arrays.values()), default=1)
+        defaults = ParallelConfig()
+        out = {}
+        for f in fields(cls):
+            v = arrays.pop(f.name, None)
+            if f.name == "num_microbatches" and v is None:
+                v = 1
+            if v is None:
+                v = getattr(defaults, f.name)
+            out[f.name] = _as_code_array(f.name, v, n)
+        if arrays:
+            raise TypeError(f"unknown ConfigBatch fields: {sorted(arrays)}")
+        return cls(**out)
+
+    @classmethod
+    def from_configs(cls, configs: list[ParallelConfig]) -> "ConfigBatch":
+        """Batch of resolved configs (``num_microbatches`` must be set)."""
+        cols = {f.name: [getattr(c, f.name) for c in configs] for f in fields(cls)}
+        if any(v is None for v in cols["num_microbatches"]):
+            raise ValueError("resolve configs (num_microbatches) before batching them")
+        return cls.from_arrays(**cols)
+
+    def take(self, idx) -> "ConfigBatch":
+        """Sub-batch at the given indices or boolean mask."""
+        return ConfigBatch(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+
+    def config(self, i: int) -> ParallelConfig:
+        """The i-th configuration as a ParallelConfig."""
+        d = {f.name: getattr(self, f.name)[i].item() for f in fields(self)}
+        d["recompute"] = RECOMPUTE[d["recompute"]]
+        d["schedule"] = SCHEDULE[d["schedule"]]
+        d["grad_compression"] = COMPRESSION[d["grad_compression"]]
+        d["sequence_parallel"] = bool(d["sequence_parallel"])
+        return ParallelConfig.model_construct(**d)
+
+    def to_dict(self, i: int) -> dict:
+        return self.config(i).model_dump()
+
+
+_CODES = {"recompute": RECOMPUTE, "schedule": SCHEDULE, "grad_compression": COMPRESSION}
+
+
+def _as_code_array(name: str, v, n: int) -> np.ndarray:
+    if name in _CODES:
+        table = _CODES[name]
+        arr = np.asarray(v)
+        if arr.dtype.kind in "US" or arr.dtype == object:
+            arr = np.vectorize(table.index, otypes=[np.int64])(arr) if arr.size else arr.astype(
+                np.int64
+            )
+        arr = arr.astype(np.int64)
+    elif name == "sequence_parallel":
+        arr = np.asarray(v, dtype=bool)
+    elif name == "topk_ratio":
+        arr = np.asarray(v, dtype=np.float64)
+    else:
+        arr = np.asarray(v, dtype=np.int64)
+    return np.broadcast_to(arr, (n,)).copy() if arr.ndim == 0 or arr.shape[0] != n else arr

@@ -1,0 +1,533 @@
+"""Specs: frozen pydantic models for GPUs, clusters, models and training setups, plus loaders.
+
+Spec files are TOML; every key that carries a unit names it (``hbm_gib``, ``bw_gbyte_per_s``,
+``bw_gbit_per_s``, ``latency_us``). The models keep the file's numbers and expose SI values
+through properties (``hbm_bytes``, ``bw_bytes_per_s``, ``latency_s``), so conversion happens in
+exactly one place. Unknown keys are rejected (``extra="forbid"``) so that a typo in a spec file is
+an error, not a silently ignored setting.
+
+Loaders accept a preset name (``gpt3-175b``), a path to a TOML file, or a Hugging Face
+``config.json`` (local path only). Every user error is raised as :class:`SpecError`, whose message
+is one line naming the field, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import tomllib
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hardware_specs import find_preset, list_presets
+from perfmodel import units
+
+__all__ = [
+    "SpecError",
+    "Dtype",
+    "GPUSpec",
+    "LinkTier",
+    "ClusterSpec",
+    "ModelSpec",
+    "TrainingSpec",
+    "load_gpu",
+    "load_cluster",
+    "load_model",
+    "load_training",
+    "model_from_hf_config",
+    "format_validation_error",
+]
+
+
+class SpecError(ValueError):
+    """A user error in a spec or configuration; the message is one line, fit for a CLI."""
+
+
+class Dtype(str, Enum):
+    fp32 = "fp32"
+    tf32 = "tf32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+    fp4 = "fp4"
+
+
+PosFloat = Annotated[float, Field(gt=0)]
+PosInt = Annotated[int, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+
+
+class Spec(BaseModel):
+    """Base: frozen, unknown keys rejected, validated on assignment."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+# --------------------------------------------------------------------------------------------
+# GPU
+# --------------------------------------------------------------------------------------------
+class PeakTflops(Spec):
+    """Dense (no sparsity) peak tensor-core rates in TFLOP/s; fp4 only where the part has it."""
+
+    fp32: PosFloat
+    tf32: PosFloat
+    bf16: PosFloat
+    fp16: PosFloat
+    fp8: PosFloat | None = None
+    fp4: PosFloat | None = None
+
+
+class GPUSpec(Spec):
+    """One accelerator: dense peak FLOP/s per dtype, HBM capacity and bandwidth."""
+
+    name: str
+    vendor: str = "nvidia"
+    peak_tflops: PeakTflops
+    hbm_gib: PosFloat
+    hbm_tbyte_per_s: PosFloat
+    calibration: str | None = Field(
+        default=None, description="name of a folder under hardware_specs/calibration"
+    )
+
+    def peak_flops(self, dtype: str | Dtype) -> float:
+        """Dense peak in FLOP/s for ``dtype``; raises SpecError if the part lacks it."""
+        key = Dtype(dtype).value
+        v = getattr(self.peak_tflops, key)
+        if v is None:
+            raise SpecError(f"gpu '{self.name}' has no {key} tensor-core rate (peak_tflops.{key})")
+        return v * units.TERA
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.hbm_gib * units.GIB
+
+    @property
+    def hbm_bw_bytes_per_s(self) -> float:
+        return self.hbm_tbyte_per_s * units.TERA
+
+
+# --------------------------------------------------------------------------------------------
+# Cluster
+# --------------------------------------------------------------------------------------------
+class LinkTier(Spec):
+    """One tier of the interconnect, innermost first.
+
+    ``domain_size`` is the number of GPUs that reach each other through this tier (8 for a DGX's
+    NVSwitch, 72 for an NVL72 rack); the outermost tier may leave it empty (the whole cluster).
+    Bandwidth is per GPU, unidirectional, given either in GB/s (``bw_gbyte_per_s``) or, as
+    networks are quoted, in Gb/s (``bw_gbit_per_s``). ``oversubscription`` >= 1 divides the
+    bandwidth available when the whole tier is busy (1 = full bisection, a non-blocking fat tree).
+    """
+
+    name: str
+    kind: Literal["nvlink", "infiniband", "roce", "ethernet", "pcie", "gloo", "other"]
+    domain_size: PosInt | None = None
+    bw_gbyte_per_s: PosFloat | None = None
+    bw_gbit_per_s: PosFloat | None = None
+    latency_us: NonNegFloat = 0.0
+    oversubscription: Annotated[float, Field(ge=1.0)] = 1.0
+
+    @model_validator(mode="after")
+    def _one_bandwidth(self) -> "LinkTier":
+        if (self.bw_gbyte_per_s is None) == (self.bw_gbit_per_s is None):
+            raise ValueError(
+                f"tier '{self.name}': give exactly one of bw_gbyte_per_s or bw_gbit_per_s "
+                f"(got bw_gbyte_per_s={self.bw_gbyte_per_s}, bw_gbit_per_s={self.bw_gbit_per_s})"
+            )
+        return self
+
+    @property
+    def bw_bytes_per_s(self) -> float:
+        """Per-GPU unidirectional bandwidth [bytes/s], before oversubscription."""
+        if self.bw_gbyte_per_s is not None:
+            return self.bw_gbyte_per_s * units.GIGA
+        return units.gbit_per_s_to_bytes_per_s(self.bw_gbit_per_s)
+
+    @property
+    def effective_bw_bytes_per_s(self) -> float:
+        """Per-GPU bandwidth [bytes/s] when every GPU uses the tier at once."""
+        return self.bw_bytes_per_s / self.oversubscription
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * units.US
+
+
+class ClusterSpec(Spec):
+    """GPUs, how many per node, how many nodes, and the link tiers innermost first."""
+
+    name: str
+    gpu: GPUSpec
+    gpus_per_node: PosInt
+    num_nodes: PosInt
+    tiers: list[LinkTier] = Field(min_length=1)
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _tiers_nest(self) -> "ClusterSpec":
+        prev = 1
+        for i, t in enumerate(self.tiers):
+            size = t.domain_size
+            if size is None:
+                if i != len(self.tiers) - 1:
+                    raise ValueError(
+                        f"tier '{t.name}': only the outermost tier may omit domain_size"
+                    )
+                continue
+            if size % prev:
+                raise ValueError(
+                    f"tier '{t.name}': domain_size ({size}) must be a multiple of the inner "
+                    f"tier's domain_size ({prev})"
+                )
+            prev = size
+        return self
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus_per_node * self.num_nodes
+
+    @property
+    def scale_up_size(self) -> int:
+        """GPUs in the innermost (NVLink) domain."""
+        return self.tier_domain_sizes()[0]
+
+    def tier_domain_sizes(self) -> list[int]:
+        """Domain size of every tier, the outermost filled in with the total GPU count."""
+        out = []
+        for t in self.tiers:
+            out.append(t.domain_size if t.domain_size is not None else self.total_gpus)
+        out[-1] = max(out[-1], self.total_gpus)
+        return out
+
+    def with_gpus(self, gpus: int) -> "ClusterSpec":
+        """The same cluster scaled to ``gpus`` GPUs (whole nodes, or one partial node)."""
+        if gpus <= 0:
+            raise SpecError(f"gpus ({gpus}) must be positive")
+        if gpus <= self.gpus_per_node:
+            return self.model_copy(update={"gpus_per_node": gpus, "num_nodes": 1})
+        if gpus % self.gpus_per_node:
+            raise SpecError(
+                f"gpus ({gpus}) must be a multiple of gpus_per_node ({self.gpus_per_node}) "
+                f"of cluster '{self.name}'"
+            )
+        return self.model_copy(update={"num_nodes": gpus // self.gpus_per_node})
+
+
+# --------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------
+class ModelSpec(Spec):
+    """A decoder-only transformer.
+
+    ``activation``: ``gelu`` (two FFN matrices), ``swiglu`` (three, gated), ``relu2`` (squared
+    ReLU, two matrices; Nemotron-4). ``position_embedding``: ``learned`` adds a max_seq x hidden
+    table (GPT-2/3); ``rope`` adds no parameters. MoE fields default to a dense model.
+    """
+
+    name: str
+    num_layers: PosInt
+    hidden_size: PosInt
+    num_attention_heads: PosInt
+    num_kv_heads: PosInt | None = None
+    head_dim: PosInt | None = None
+    ffn_hidden_size: PosInt
+    vocab_size: PosInt
+    max_seq_len: PosInt = 2048
+    activation: Literal["gelu", "swiglu", "relu2"] = "gelu"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    position_embedding: Literal["learned", "rope"] = "learned"
+    tied_embeddings: bool = True
+    linear_bias: bool = True
+    num_experts: PosInt = 1
+    moe_top_k: PosInt = 1
+    published_params: PosFloat | None = Field(
+        default=None, description="published parameter count, for the preset tests"
+    )
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _heads(self) -> "ModelSpec":
+        kv = self.kv_heads
+        if self.num_attention_heads % kv:
+            raise ValueError(
+                f"num_kv_heads ({kv}) must divide num_attention_heads ({self.num_attention_heads})"
+            )
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must divide hidden_size "
+                f"({self.hidden_size}) unless head_dim is given"
+            )
+        if self.moe_top_k > self.num_experts:
+            raise ValueError(
+                f"moe_top_k ({self.moe_top_k}) must be <= num_experts ({self.num_experts})"
+            )
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def gated_mlp(self) -> bool:
+        return self.activation == "swiglu"
+
+    # Parameter counts (Megatron-LM 2021 Sec. 5.1 counts 12*l*h^2*(1 + 13/(12h) + (V+s)/(12lh))
+    # for GPT; the terms below generalise it to GQA, gated MLPs, RMSNorm and untied outputs).
+    def attention_params_per_layer(self) -> int:
+        h, d = self.hidden_size, self.head_size
+        q = h * self.num_attention_heads * d
+        kv = 2 * h * self.kv_heads * d
+        out = self.num_attention_heads * d * h
+        bias = (self.num_attention_heads * d + 2 * self.kv_heads * d + h) if self.linear_bias else 0
+        return q + kv + out + bias
+
+    def mlp_params_per_layer(self) -> int:
+        """Parameters of one expert's MLP (times num_experts for the layer)."""
+        h, f = self.hidden_size, self.ffn_hidden_size
+        mats = 3 if self.gated_mlp else 2
+        bias = ((2 if self.gated_mlp else 1) * f + h) if self.linear_bias else 0
+        return mats * h * f + bias
+
+    def norm_params(self) -> int:
+        """One norm's parameters: LayerNorm has weight and bias, RMSNorm only weight."""
+        return (2 if self.norm == "layernorm" else 1) * self.hidden_size
+
+    def layer_params(self) -> int:
+        router = self.hidden_size * self.num_experts if self.num_experts > 1 else 0
+        return (
+            self.attention_params_per_layer()
+            + self.num_experts * self.mlp_params_per_layer()
+            + router
+            + 2 * self.norm_params()
+        )
+
+    def embedding_params(self) -> int:
+        pos = self.max_seq_len * self.hidden_size if self.position_embedding == "learned" else 0
+        return self.vocab_size * self.hidden_size + pos
+
+    def output_params(self) -> int:
+        """The output (logit) layer's own parameters: 0 when tied to the input embedding."""
+        return 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
+
+    def param_count(self) -> int:
+        """Total parameters: embeddings + layers + final norm + untied output layer."""
+        return (
+            self.embedding_params()
+            + self.num_layers * self.layer_params()
+            + self.norm_params()
+            + self.output_params()
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Training setup
+# --------------------------------------------------------------------------------------------
+class TrainingSpec(Spec):
+    """Global batch in sequences, sequence length in tokens, precision and optimizer.
+
+    ``precision``: ``fp32`` (everything fp32), ``bf16``/``fp16`` (mixed: 16-bit weights and
+    gradients, fp32 master weights and optimizer states), ``fp8``/``fp4`` (Transformer-Engine style:
+    low-precision GEMMs, bf16 weights and activations, fp32 master weights and optimizer states).
+    """
+
+    global_batch_size: PosInt = 1536
+    seq_len: PosInt = 2048
+    precision: Literal["fp32", "bf16", "fp16", "fp8", "fp4"] = "bf16"
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_len
+
+
+# --------------------------------------------------------------------------------------------
+# Loaders
+# --------------------------------------------------------------------------------------------
+def format_validation_error(err: ValidationError, source: str = "") -> str:
+    """One line naming the field, the value and what was expected."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(spec)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            parts.append(f"unknown key '{loc}' (value {e.get('input')!r}): not a field of this spec")
+        elif e["type"] == "missing":
+            parts.append(f"missing key '{loc}'")
+        elif e["type"] in ("value_error", "assertion_error") and loc == "(spec)":
+            parts.append(msg.removeprefix("Value error, "))
+        else:
+            parts.append(f"{loc} = {e.get('input')!r}: {msg.removeprefix('Value error, ')}")
+    prefix = f"{source}: " if source else ""
+    return prefix + "; ".join(parts)
+
+
+def _build(cls: type[Spec], data: dict[str, Any], source: str) -> Any:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(format_validation_error(err, source)) from None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as err:
+        raise SpecError(f"{path}: not valid TOML: {err}") from None
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read: {err.strerror}") from None
+
+
+def _resolve(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
+    """Read a preset by name or a file by path; return (data, source label)."""
+    p = Path(name_or_path)
+    if p.suffix in (".toml", ".json") or p.exists():
+        if not p.exists():
+            raise SpecError(f"{kind} file '{p}' does not exist")
+        if p.suffix == ".json":
+            try:
+                return json.loads(p.read_text()), str(p)
+            except json.JSONDecodeError as err:
+                raise SpecError(f"{p}: not valid JSON: {err}") from None
+        return _read_toml(p), str(p)
+    name = str(name_or_path).lower()
+    path = find_preset(kind, name)
+    if path is None:
+        names = list_presets(kind)
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.4)
+        hint = f"; closest: {', '.join(close)}" if close else f"; known: {', '.join(names)}"
+        raise SpecError(f"unknown {kind} preset '{name_or_path}'{hint}")
+    return _read_toml(path), f"preset {kind} '{name}'"
+
+
+def load_gpu(spec: str | Path | GPUSpec) -> GPUSpec:
+    """A GPU from a preset name (``h100-sxm5-80gb``), a TOML path or a GPUSpec."""
+    if isinstance(spec, GPUSpec):
+        return spec
+    data, src = _resolve("gpu", spec)
+    return _build(GPUSpec, data, src)
+
+
+def load_cluster(spec: str | Path | ClusterSpec, gpus: int | None = None) -> ClusterSpec:
+    """A cluster from a preset name (``dgx-a100-80g``), a TOML path or a ClusterSpec.
+
+    In a file, ``gpu`` is a GPU preset name or an inline table; ``num_nodes`` may be replaced by
+    ``total_gpus``. ``gpus`` rescales the cluster (``--gpus N``).
+    """
+    if isinstance(spec, ClusterSpec):
+        cluster = spec
+    else:
+        data, src = _resolve("cluster", spec)
+        data = dict(data)
+        gpu = data.get("gpu")
+        if isinstance(gpu, str):
+            data["gpu"] = load_gpu(gpu)
+        elif isinstance(gpu, dict):
+            data["gpu"] = _build(GPUSpec, gpu, f"{src} [gpu]")
+        if "total_gpus" in data:
+            total = data.pop("total_gpus")
+            gpn = data.get("gpus_per_node", 1)
+            if not isinstance(total, int) or total <= 0 or total % gpn:
+                raise SpecError(
+                    f"{src}: total_gpus ({total}) must be a positive multiple of gpus_per_node ({gpn})"
+                )
+            data["num_nodes"] = total // gpn
+        cluster = _build(ClusterSpec, data, src)
+    if gpus is not None:
+        cluster = cluster.with_gpus(gpus)
+    return cluster
+
+
+_HF_ACT = {
+    "silu": "swiglu",
+    "swiglu": "swiglu",
+    "gelu": "gelu",
+    "gelu_new": "gelu",
+    "gelu_pytorch_tanh": "gelu",
+    "gelu_fast": "gelu",
+    "relu2": "relu2",
+}
+
+
+def model_from_hf_config(data: dict[str, Any], name: str = "hf-model") -> ModelSpec:
+    """A ModelSpec from a Hugging Face ``config.json`` dict (Llama-style or GPT-2-style keys)."""
+    if "num_hidden_layers" in data:  # Llama / Mistral / Qwen style
+        act = data.get("hidden_act", "silu")
+        if act not in _HF_ACT:
+            raise SpecError(f"{name}: hidden_act = {act!r}: expected one of {sorted(_HF_ACT)}")
+        fields = dict(
+            name=name,
+            num_layers=data["num_hidden_layers"],
+            hidden_size=data["hidden_size"],
+            num_attention_heads=data["num_attention_heads"],
+            num_kv_heads=data.get("num_key_value_heads"),
+            head_dim=data.get("head_dim"),
+            ffn_hidden_size=data["intermediate_size"],
+            vocab_size=data["vocab_size"],
+            max_seq_len=data.get("max_position_embeddings", 4096),
+            activation=_HF_ACT[act],
+            norm="rmsnorm" if "rms_norm_eps" in data else "layernorm",
+            position_embedding="rope",
+            tied_embeddings=bool(data.get("tie_word_embeddings", False)),
+            linear_bias=bool(data.get("attention_bias", False)),
+            num_experts=data.get("num_local_experts", 1),
+            moe_top_k=data.get("num_experts_per_tok", 1),
+        )
+    elif "n_layer" in data:  # GPT-2 style
+        h = data["n_embd"]
+        fields = dict(
+            name=name,
+            num_layers=data["n_layer"],
+            hidden_size=h,
+            num_attention_heads=data["n_head"],
+            ffn_hidden_size=data.get("n_inner") or 4 * h,
+            vocab_size=data["vocab_size"],
+            max_seq_len=data.get("n_positions", 1024),
+            activation="gelu",
+            norm="layernorm",
+            position_embedding="learned",
+            tied_embeddings=bool(data.get("tie_word_embeddings", True)),
+            linear_bias=True,
+        )
+    else:
+        raise SpecError(
+            f"{name}: not a recognised Hugging Face config (need num_hidden_layers or n_layer)"
+        )
+    return _build(ModelSpec, fields, name)
+
+
+def load_model(spec: str | Path | ModelSpec) -> ModelSpec:
+    """A model from a preset name (``gpt3-175b``), a TOML path, or a HF ``config.json`` path."""
+    if isinstance(spec, ModelSpec):
+        return spec
+    data, src = _resolve("model", spec)
+    if Path(str(spec)).suffix == ".json":
+        p = Path(str(spec))
+        label = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
+        try:
+            return model_from_hf_config(data, name=label or "hf-model")
+        except KeyError as err:
+            raise SpecError(f"{src}: missing key {err.args[0]!r}") from None
+    return _build(ModelSpec, data, src)
+
+
+def load_training(spec: str | Path | TrainingSpec | dict | None = None, **overrides) -> TrainingSpec:
+    """A training setup from a TOML path, a dict or defaults, with keyword overrides."""
+    if isinstance(spec, TrainingSpec):
+        data = spec.model_dump()
+    elif spec is None:
+        data = {}
+    elif isinstance(spec, dict):
+        data = dict(spec)
+    else:
+        data = _read_toml(Path(spec))
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return _build(TrainingSpec, data, "training")
