@@ -342,6 +342,18 @@ class TrainingSpec(Spec):
     seq_len: PosInt = 2048
     precision: Literal["fp32", "bf16", "fp16", "fp8", "fp4"] = "bf16"
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    # Software features that decide what communication is hidden (Megatron-Core / NeMo names in
+    # brackets). Defaults describe a current Megatron-Core recipe; Megatron-LM 2021 had none.
+    overlap_grad_reduce: bool = Field(
+        default=True, description="DP gradient reduce overlaps the backward (--overlap-grad-reduce)"
+    )
+    overlap_tp_comm: bool = Field(
+        default=False, description="TP collectives overlap GEMMs (--tp-comm-overlap, TE userbuffers)"
+    )
+    overlap_p2p_comm: bool = Field(
+        default=True, description="pipeline sends/receives overlap compute (--overlap-p2p-comm)"
+    )
+    flash_attention: bool = Field(default=True, description="no s^2 attention scores are stored")
 
     @property
     def tokens_per_step(self) -> int:

@@ -1,0 +1,306 @@
+"""Step time, throughput, MFU and HFU of a batch of parallel configurations.
+
+:func:`evaluate` is an ordered, commented sum of the terms computed by the other modules:
+
+1. per-layer compute of one micro-batch (:mod:`perfmodel.compute`), with the exposed
+   tensor- and context-parallel communication of that layer (:mod:`perfmodel.comm_time`);
+2. per-stage time of one micro-batch: layers of the stage, plus embedding (first stage) and
+   logits + loss (last stage);
+3. the pipeline makespan over ``m`` micro-batches with the schedule's bubble, paced by the slowest
+   stage (Narayanan et al. 2021, Sec. 2.2; Qi et al. 2024 for ZB-H1);
+4. exposed pipeline p2p, data-parallel gradient reduction and ZeRO-3 gathers (what overlap
+   cannot hide, :func:`perfmodel.comm_time.exposed_dp_time_s`);
+5. the optimizer step.
+
+Every term is an array over the :class:`~perfmodel.config.ConfigBatch`; nothing loops per config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perfmodel import comm_time as comm_time_mod
+from perfmodel import comm_volume, compute, flops, memory
+from perfmodel.config import ConfigBatch
+from perfmodel.specs import ClusterSpec, ModelSpec, TrainingSpec
+
+# Order of the time terms in the breakdown; they add up to ``step_time_s``.
+TIME_TERMS = (
+    "compute",
+    "tp_comm",
+    "cp_comm",
+    "bubble",
+    "pp_comm",
+    "dp_comm",
+    "zero3_comm",
+    "optimizer",
+)
+MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other", "peak")
+COMM_DIMS = ("dp", "tp", "pp", "cp")
+
+_SCHED_GPIPE, _SCHED_1F1B, _SCHED_INTERLEAVED, _SCHED_ZB = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Predictions for every configuration of ``batch`` (arrays of equal length)."""
+
+    batch: ConfigBatch
+    step_time_s: np.ndarray
+    tokens_per_s: np.ndarray
+    model_flops: np.ndarray
+    hardware_flops: np.ndarray
+    mfu: np.ndarray
+    hfu: np.ndarray
+    time_s: dict[str, np.ndarray]
+    memory_bytes: dict[str, np.ndarray]
+    comm_bytes_per_gpu: dict[str, np.ndarray]
+    fits: np.ndarray
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.batch)
+
+    def take(self, idx) -> "StepResult":
+        """Sub-result at the given indices or boolean mask."""
+        return StepResult(
+            batch=self.batch.take(idx),
+            step_time_s=self.step_time_s[idx],
+            tokens_per_s=self.tokens_per_s[idx],
+            model_flops=self.model_flops[idx],
+            hardware_flops=self.hardware_flops[idx],
+            mfu=self.mfu[idx],
+            hfu=self.hfu[idx],
+            time_s={k: v[idx] for k, v in self.time_s.items()},
+            memory_bytes={k: v[idx] for k, v in self.memory_bytes.items()},
+            comm_bytes_per_gpu={k: v[idx] for k, v in self.comm_bytes_per_gpu.items()},
+            fits=self.fits[idx],
+            extra={k: v[idx] for k, v in self.extra.items()},
+        )
+
+    def row(self, i: int) -> dict:
+        """One configuration's prediction as a JSON-able dict (the CLI's ``best`` object)."""
+        cfg = self.batch.config(i).model_dump()
+        return {
+            "config": cfg,
+            "step_time_s": float(self.step_time_s[i]),
+            "tokens_per_s": float(self.tokens_per_s[i]),
+            "mfu": float(self.mfu[i]),
+            "hfu": float(self.hfu[i]),
+            "model_flops": float(self.model_flops[i]),
+            "fits": bool(self.fits[i]),
+            "memory_bytes": {k: float(self.memory_bytes[k][i]) for k in MEMORY_TERMS},
+            "time_s": {k: float(self.time_s[k][i]) for k in TIME_TERMS},
+            "comm_bytes_per_gpu": {k: float(self.comm_bytes_per_gpu[k][i]) for k in COMM_DIMS},
+        }
+
+    def to_frame(self):
+        """A pandas DataFrame, one row per configuration, units in the column names."""
+        import pandas as pd
+
+        from perfmodel.config import COMPRESSION, RECOMPUTE, SCHEDULE
+
+        b = self.batch
+        cols = {
+            "dp": b.dp,
+            "tp": b.tp,
+            "pp": b.pp,
+            "vp": b.vp,
+            "cp": b.cp,
+            "zero_stage": b.zero_stage,
+            "micro_batch_size": b.micro_batch_size,
+            "num_microbatches": b.num_microbatches,
+            "recompute": np.asarray(RECOMPUTE)[b.recompute],
+            "sequence_parallel": b.sequence_parallel,
+            "schedule": np.asarray(SCHEDULE)[b.schedule],
+            "grad_compression": np.asarray(COMPRESSION)[b.grad_compression],
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "fits": self.fits,
+            "peak_memory_bytes": self.memory_bytes["peak"],
+        }
+        cols.update({f"{k}_time_s": v for k, v in self.time_s.items()})
+        cols.update({f"{k}_memory_bytes": v for k, v in self.memory_bytes.items() if k != "peak"})
+        cols.update({f"{k}_comm_bytes_per_gpu": v for k, v in self.comm_bytes_per_gpu.items()})
+        return pd.DataFrame(cols)
+
+
+def peak_flops_for(cluster: ClusterSpec, precision: str) -> float:
+    """Dense peak FLOP/s used for MFU: the GEMM dtype of the precision (fp8 rows use the fp8
+    peak, as NeMo and the validation README do; fp32 training counts the fp32 rate)."""
+    dtype = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp4": "fp4"}[precision]
+    return cluster.gpu.peak_flops(dtype)
+
+
+def pipeline_makespan_s(
+    t_first_s: np.ndarray,
+    t_mid_s: np.ndarray,
+    t_last_s: np.ndarray,
+    pp: np.ndarray,
+    vp: np.ndarray,
+    m: np.ndarray,
+    schedule: np.ndarray,
+    w_fraction: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Makespan of one pipelined step and its steady-state (bubble-free) part [s].
+
+    Stage times are forward+backward of one micro-batch on the first, a middle and the last
+    stage. The slowest stage paces the steady state (``m * t_max``); the fill and drain add the
+    other stages once, divided by ``v`` for the interleaved schedule:
+    ``T = m*t_max + (sum_stages - t_max) / v``, which for uniform stages is the
+    ``(m + (p-1)/v) * t`` of Narayanan et al. 2021 (Sec. 2.2.1-2.2.2). ZB-H1 (Qi et al. 2024,
+    Sec. 3) fills the bubble with deferred weight-gradient work: the fill/drain term shrinks by
+    ``(F + B - W)/(F + B + W)``, with ``W = w_fraction`` of the stage time.
+
+    Returns ``(makespan_s, steady_s)``.
+    """
+    p = pp.astype(np.float64)
+    t_max = np.maximum(np.maximum(t_first_s, t_last_s), t_mid_s)
+    total = np.where(p > 1, t_first_s + t_last_s + np.maximum(p - 2, 0) * t_mid_s, t_first_s)
+    fill = total - t_max
+    fill = np.where(schedule == _SCHED_INTERLEAVED, fill / vp, fill)
+    # ZB-H1: with W the weight-gradient share of (F+B+W), the bubble is (p-1)(F+B-W) instead
+    # of (p-1)(F+B+W) (Qi et al. 2024, Sec. 3.1, handcrafted schedule ZB-H1): 1/3 when equal.
+    zb_factor = np.clip(1.0 - 2.0 * w_fraction, 0.0, 1.0)
+    fill = np.where(schedule == _SCHED_ZB, fill * zb_factor, fill)
+    steady = m * t_max
+    return steady + fill, steady
+
+
+def evaluate(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterSpec,
+    batch: ConfigBatch,
+    *,
+    kernels: str = "fused",
+    calibration=None,
+) -> StepResult:
+    """Predict step time, throughput, MFU, memory and communication for every config of
+    ``batch``.
+
+    Parameters
+    ----------
+    model, training, cluster : specs (see :mod:`perfmodel.specs`).
+    batch : configurations, ``num_microbatches`` filled in (see :func:`resolve_config`).
+    kernels : ``"fused"`` (Megatron-LM / Transformer Engine kernels) or ``"eager"`` (plain
+        PyTorch eager, as in the H200 single-GPU calibration runs).
+    calibration : a :class:`perfmodel.calibration.Calibration`, or None for the GPU's shipped one
+        (or datasheet scaling when there is none).
+
+    References
+    ----------
+    Narayanan et al. 2021 (SC21), Sec. 2-3 (pipeline and tensor parallel time);
+    Korthikanti et al. 2022, Sec. 5 (recompute and sequence parallelism);
+    Qi et al. 2024 (zero-bubble schedules).
+    """
+    b = batch
+    m = b.num_microbatches.astype(np.float64)
+    pp = b.pp.astype(np.float64)
+    vp = b.vp.astype(np.float64)
+    layers_per_stage = model.num_layers / pp
+
+    # 1. one layer, one micro-batch: compute, plus what TP/CP communication leaves exposed.
+    ct = compute.compute_times(model, training, cluster.gpu, b, kernels=kernels,
+                               calibration=calibration)
+    comm = comm_time_mod.comm_times(model, training, cluster, b)
+    layer_fwd_s = ct["layer_fwd_s"]
+    layer_bwd_s = ct["layer_bwd_s"] + ct["layer_recompute_s"]
+    tp_comm_s = comm["tp_layer_fwd_s"] + comm["tp_layer_bwd_s"]
+    if training.overlap_tp_comm:
+        # TE userbuffers split GEMMs into chunks and hide the collectives behind them; what
+        # remains is the part longer than the GEMMs it overlaps (bounded below by one chunk).
+        tp_comm_s = np.maximum(tp_comm_s - (layer_fwd_s + layer_bwd_s) * 0.5, tp_comm_s * 0.1)
+    # Ring attention overlaps each K/V exchange step with the attention of the previous block.
+    cp_comm_s = comm["cp_layer_fwd_s"] + comm["cp_layer_bwd_s"]
+    cp_comm_s = np.where(b.cp > 1, cp_comm_s, 0.0)
+    layer_s = layer_fwd_s + layer_bwd_s + tp_comm_s + cp_comm_s
+
+    # 2. per-stage time of one micro-batch (forward + backward).
+    body_s = layers_per_stage * layer_s
+    embed_s = ct["embed_fwd_s"] + ct["embed_bwd_s"]
+    logits_s = ct["logits_fwd_s"] + ct["logits_bwd_s"]
+    single = pp == 1
+    t_first = np.where(single, body_s + embed_s + logits_s, body_s + embed_s)
+    t_last = np.where(single, t_first, body_s + logits_s)
+    t_mid = body_s
+
+    # 3. pipeline makespan with the schedule's bubble. The weight-gradient share of a layer's
+    # time is half its backward GEMM time (dgrad and wgrad cost the same FLOPs).
+    w_fraction = 0.5 * ct["layer_bwd_s"] / np.maximum(layer_fwd_s + layer_bwd_s, 1e-30)
+    makespan_s, steady_s = pipeline_makespan_s(t_first, t_mid, t_last, pp, vp, m, b.schedule,
+                                               w_fraction)
+    t_max = np.maximum(np.maximum(t_first, t_last), t_mid)
+    comm_share = np.where(t_max > 0, (layers_per_stage * (tp_comm_s + cp_comm_s)) / t_max, 0.0)
+    tp_share = np.where(t_max > 0, (layers_per_stage * tp_comm_s) / t_max, 0.0)
+    cp_share = comm_share - tp_share
+
+    # 4a. pipeline p2p: one activation send forward and one gradient send backward per
+    # micro-batch per stage boundary (v times with interleaving). Overlapped sends leave only
+    # the fill and drain exposed.
+    sends = 2.0 * np.where(b.schedule == _SCHED_INTERLEAVED, vp, 1.0)
+    p2p_s = np.where(pp > 1, comm["pp_p2p_s"], 0.0)
+    pp_exposed_s = np.where(
+        training.overlap_p2p_comm,
+        (pp - 1) * sends * p2p_s,
+        (m + pp - 1) * sends * p2p_s,
+    )
+
+    # 4b. data-parallel gradient reduction (and ZeRO-1/2 parameter all-gather): hidden behind
+    # the backward of the last micro-batch when overlapped, else fully exposed.
+    dp_grad_s = np.where(b.dp > 1, comm["dp_grad_s"], 0.0)
+    if training.overlap_grad_reduce:
+        last_bwd_s = layers_per_stage * layer_bwd_s
+        dp_exposed_s = comm_time_mod.exposed_dp_time_s(dp_grad_s, last_bwd_s)
+    else:
+        dp_exposed_s = dp_grad_s
+    # 4c. ZeRO-3 parameter gathers are prefetched a layer ahead: exposed only beyond compute.
+    z3_s = np.where(b.zero_stage == 3, comm["zero3_gather_s"], 0.0)
+    zero3_exposed_s = np.maximum(z3_s - steady_s, 0.0)
+
+    # 5. optimizer step over this GPU's shard.
+    optimizer_s = ct["optimizer_s"]
+
+    step_s = makespan_s + pp_exposed_s + dp_exposed_s + zero3_exposed_s + optimizer_s
+
+    # Breakdown: the steady part split into compute / TP / CP by their share of a stage.
+    time_s = {
+        "compute": steady_s * (1.0 - comm_share),
+        "tp_comm": steady_s * tp_share,
+        "cp_comm": steady_s * cp_share,
+        "bubble": makespan_s - steady_s,
+        "pp_comm": pp_exposed_s,
+        "dp_comm": dp_exposed_s,
+        "zero3_comm": zero3_exposed_s,
+        "optimizer": optimizer_s,
+    }
+
+    # Throughput and utilisation.
+    tokens = float(training.global_batch_size * training.seq_len)
+    gpus = b.gpus.astype(np.float64)
+    mflops = flops.model_flops_per_step(model, training)
+    hflops = flops.hardware_flops_per_step(model, training, b.recompute)
+    peak = peak_flops_for(cluster, training.precision)
+    mfu = mflops / (step_s * gpus * peak)
+    hfu = hflops / (step_s * gpus * peak)
+
+    mem = memory.memory_breakdown(model, training, cluster, b, kernels=kernels)
+    vol = comm_volume.comm_bytes_per_gpu(model, training, b)
+    n = len(b)
+    return StepResult(
+        batch=b,
+        step_time_s=step_s,
+        tokens_per_s=tokens / step_s,
+        model_flops=np.broadcast_to(np.asarray(mflops, dtype=np.float64), (n,)),
+        hardware_flops=np.broadcast_to(np.asarray(hflops, dtype=np.float64), (n,)),
+        mfu=mfu,
+        hfu=hfu,
+        time_s=time_s,
+        memory_bytes={k: np.asarray(mem[k], dtype=np.float64) for k in MEMORY_TERMS},
+        comm_bytes_per_gpu={k: np.asarray(vol[k], dtype=np.float64) for k in COMM_DIMS},
+        fits=np.asarray(mem["fits"], dtype=bool),
+    )
