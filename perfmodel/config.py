@@ -212,7 +212,13 @@ def _as_code_array(name: str, v, n: int) -> np.ndarray:
         table = _CODES[name]
         arr = np.asarray(v)
         if arr.dtype.kind in "US" or arr.dtype == object:
-            arr = np.vectorize(table.index, otypes=[np.int64])(arr) if arr.size else arr.astype(
+
+            def _code(s, table=table, name=name):
+                if s not in table:
+                    raise SpecError(f"{name} = {s!r}: expected one of {list(table)}")
+                return table.index(s)
+
+            arr = np.vectorize(_code, otypes=[np.int64])(arr) if arr.size else arr.astype(
                 np.int64
             )
         arr = arr.astype(np.int64)
@@ -222,4 +228,6 @@ def _as_code_array(name: str, v, n: int) -> np.ndarray:
         arr = np.asarray(v, dtype=np.float64)
     else:
         arr = np.asarray(v, dtype=np.int64)
-    return np.broadcast_to(arr, (n,)).copy() if arr.ndim == 0 or arr.shape[0] != n else arr
+    if arr.ndim == 0 or arr.shape[0] != n:
+        return np.broadcast_to(arr, (n,)).copy()
+    return arr.copy()

@@ -95,7 +95,12 @@ class GPUSpec(Spec):
 
     def peak_flops(self, dtype: str | Dtype) -> float:
         """Dense peak in FLOP/s for ``dtype``; raises SpecError if the part lacks it."""
-        key = Dtype(dtype).value
+        try:
+            key = Dtype(dtype).value
+        except ValueError:
+            raise SpecError(
+                f"dtype = {dtype!r}: expected one of {[d.value for d in Dtype]}"
+            ) from None
         v = getattr(self.peak_tflops, key)
         if v is None:
             raise SpecError(f"gpu '{self.name}' has no {key} tensor-core rate (peak_tflops.{key})")
@@ -197,10 +202,9 @@ class ClusterSpec(Spec):
 
     def tier_domain_sizes(self) -> list[int]:
         """Domain size of every tier, the outermost filled in with the total GPU count."""
-        out = []
-        for t in self.tiers:
-            out.append(t.domain_size if t.domain_size is not None else self.total_gpus)
-        out[-1] = max(out[-1], self.total_gpus)
+        total = self.total_gpus
+        out = [min(t.domain_size or total, total) for t in self.tiers]
+        out[-1] = total
         return out
 
     def with_gpus(self, gpus: int) -> "ClusterSpec":
@@ -414,7 +418,12 @@ def _resolve(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
     path = find_preset(kind, name)
     if path is None:
         names = list_presets(kind)
-        close = difflib.get_close_matches(name, names, n=3, cutoff=0.4)
+        close = list(
+            dict.fromkeys(
+                [n for n in names if name in n]
+                + difflib.get_close_matches(name, names, n=3, cutoff=0.4)
+            )
+        )[:3]
         hint = f"; closest: {', '.join(close)}" if close else f"; known: {', '.join(names)}"
         raise SpecError(f"unknown {kind} preset '{name_or_path}'{hint}")
     return _read_toml(path), f"preset {kind} '{name}'"

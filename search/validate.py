@@ -64,7 +64,7 @@ def _f(x) -> float | None:
 def _cluster_for(gpu_type: str, gpus: int) -> ClusterSpec:
     g = gpu_type.upper()
     if "V100" in g:
-        name = "dgx-v100"
+        name = "dgx2-v100"
     elif "H100" in g:
         name = "dgx-h100"
     elif "A100" in g:
