@@ -1,0 +1,193 @@
+"""Communication times: the volumes of :mod:`perfmodel.comm_volume` priced on the cluster's
+tiers (:mod:`perfmodel.topology`) with the collective models of :mod:`perfmodel.collectives`.
+
+These are link times (the time the collective takes if nothing else runs); how much of each is
+hidden behind computation is decided by the step model. For the data-parallel gradient reduction
+this module gives the bucketed-overlap model, :func:`exposed_dp_time_s`.
+
+References
+----------
+See :mod:`perfmodel.collectives`, :mod:`perfmodel.topology`, :mod:`perfmodel.comm_volume`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from perfmodel import collectives as coll
+from perfmodel.comm_volume import (
+    CollectiveOp,
+    cp_kv_chunk_bytes,
+    cp_sends_per_layer,
+    dp_ops,
+    params_per_gpu,
+    pp_activation_bytes,
+    tp_activation_bytes,
+    tp_collectives_per_layer,
+)
+from perfmodel.config import ConfigBatch
+from perfmodel.specs import ClusterSpec, ModelSpec, TrainingSpec
+from perfmodel.topology import GroupPlacement, parallel_groups
+
+__all__ = [
+    "DDP_BUCKET_MIN_PARAMS",
+    "all_reduce_auto_time",
+    "comm_times",
+    "dp_num_buckets",
+    "exposed_dp_time_s",
+    "op_time",
+]
+
+DDP_BUCKET_MIN_PARAMS = 40_000_000  # Megatron-core DDP default bucket: max(40M, 1M * dp) params
+
+
+def all_reduce_auto_time(size_bytes: ArrayLike, group: GroupPlacement) -> np.ndarray:
+    """All-reduce time [s] on a placed group: fastest of flat ring, flat tree and hierarchical.
+
+    References
+    ----------
+    :func:`perfmodel.collectives.all_reduce_time` (``algorithm="auto"``).
+    """
+    ring = coll.ring_all_reduce_time(size_bytes, group.size, group.bw_bytes_per_s, group.latency_s)
+    tree = coll.tree_all_reduce_time(size_bytes, group.size, group.bw_bytes_per_s, group.latency_s)
+    hier = coll.hierarchical_all_reduce_time(
+        size_bytes,
+        group.intra_size,
+        group.inter_size,
+        group.intra_bw_bytes_per_s,
+        group.inter_bw_bytes_per_s,
+        group.intra_latency_s,
+        group.inter_latency_s,
+    )
+    return np.minimum(np.minimum(ring, tree), hier)
+
+
+def op_time(op: CollectiveOp, group: GroupPlacement) -> np.ndarray:
+    """Time [s] of ``op.count`` collectives of ``op.buffer_bytes`` on ``group`` (all-reduce: the
+    fastest algorithm; all-gather / reduce-scatter: ring at the group's bandwidth)."""
+    if op.collective == "all_reduce":
+        one = all_reduce_auto_time(op.buffer_bytes, group)
+    else:
+        one = coll.collective_time(
+            op.collective, op.buffer_bytes, group.size, group.bw_bytes_per_s, group.latency_s
+        )
+    return np.where(op.count > 0, op.count * one, 0.0)
+
+
+def comm_times(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, batch: ConfigBatch
+) -> dict[str, np.ndarray]:
+    """Link times of every communication of a configuration [s].
+
+    Returns
+    -------
+    dict of arrays
+        ``tp_layer_fwd_s``, ``tp_layer_bwd_s``: tensor-parallel collectives of one layer and one
+        micro-batch (the backward includes the recomputed forward's under full recomputation);
+        ``cp_layer_fwd_s``, ``cp_layer_bwd_s``: ring-attention K/V exchanges of one layer and one
+        micro-batch (``cp - 1`` sequential sends; backward incl. recompute);
+        ``pp_p2p_s``: one activation send of one micro-batch between adjacent stages;
+        ``dp_grad_s``: per step, the gradient all-reduce, or reduce-scatter(s) + parameter
+        all-gather under ZeRO-1/2, or the reduce-scatters under ZeRO-3;
+        ``zero3_gather_s``: per step, ZeRO-3 parameter all-gathers (forward and backward of every
+        micro-batch).
+
+    References
+    ----------
+    Module docstrings of :mod:`perfmodel.comm_volume` (what is sent) and
+    :mod:`perfmodel.topology` (at what bandwidth).
+    """
+    groups = parallel_groups(cluster, batch, ("tp", "cp", "pp", "dp_cp"))
+    g_tp, g_cp, g_pp, g_dp = groups["tp"], groups["cp"], groups["pp"], groups["dp_cp"]
+
+    # tensor parallel: all-reduce, or all-gather + reduce-scatter with sequence parallelism
+    act = tp_activation_bytes(model, training, batch)
+    ar = all_reduce_auto_time(act, g_tp)
+    ag_rs = coll.all_gather_time(act, g_tp.size, g_tp.bw_bytes_per_s, g_tp.latency_s) + (
+        coll.reduce_scatter_time(act, g_tp.size, g_tp.bw_bytes_per_s, g_tp.latency_s)
+    )
+    tp_one = np.where(batch.sequence_parallel, ag_rs, ar)
+    tp_fwd_n, tp_bwd_n = tp_collectives_per_layer(batch)
+
+    # context parallel: sequential ring sends of the K/V chunk to the next rank
+    kv_send = coll.p2p_time(
+        cp_kv_chunk_bytes(model, training, batch), g_cp.p2p_bw_bytes_per_s, g_cp.latency_s
+    )
+    cp_fwd_n, cp_bwd_n = cp_sends_per_layer(batch)
+
+    # pipeline: one send between neighbouring stages
+    pp_send = coll.p2p_time(
+        pp_activation_bytes(model, training, batch), g_pp.p2p_bw_bytes_per_s, g_pp.latency_s
+    )
+    pp_send = np.where(batch.pp > 1, pp_send, 0.0)
+
+    # data parallel over the dp x cp group
+    ops = dp_ops(model, training, batch)
+    dp_grad = sum(op_time(ops[k], g_dp) for k in ops if k != "zero3_param_all_gather")
+    zero3 = op_time(ops["zero3_param_all_gather"], g_dp)
+
+    return {
+        "tp_layer_fwd_s": tp_fwd_n * tp_one,
+        "tp_layer_bwd_s": tp_bwd_n * tp_one,
+        "cp_layer_fwd_s": cp_fwd_n * kv_send,
+        "cp_layer_bwd_s": cp_bwd_n * kv_send,
+        "pp_p2p_s": pp_send,
+        "dp_grad_s": np.asarray(dp_grad, dtype=np.float64),
+        "zero3_gather_s": zero3,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Overlap of the data-parallel reduction with the backward pass
+# --------------------------------------------------------------------------------------------
+def dp_num_buckets(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
+    """Gradient buckets of one GPU under Megatron-core DDP's default bucket size
+    ``max(40e6, 1e6 * dp)`` parameters: ``ceil(params_per_gpu / bucket)`` (at least 1).
+
+    References
+    ----------
+    Megatron-LM ``megatron/core/distributed/distributed_data_parallel_config.py``
+    (``bucket_size`` docstring).
+    """
+    bucket = np.maximum(DDP_BUCKET_MIN_PARAMS, 1e6 * batch.dp * batch.cp)
+    return np.maximum(np.ceil(params_per_gpu(model, batch) / bucket), 1.0)
+
+
+def exposed_dp_time_s(
+    dp_comm_s: ArrayLike,
+    backward_s: ArrayLike,
+    num_buckets: ArrayLike = 8,
+    overlap: bool | ArrayLike = True,
+) -> np.ndarray:
+    """Part of the data-parallel gradient communication not hidden behind the backward [s].
+
+    The gradient is reduced in ``k`` equal buckets of ``C/k`` seconds; bucket ``i`` is ready after
+    ``i/k`` of the backward ``B`` (gradients appear at a uniform rate) and the link runs one bucket
+    at a time. The last bucket finishes at ``max(B + C/k, B/k + C)``, so the exposed time is::
+
+        exposed = max(C/k, C - B (k-1)/k)        (overlap)
+        exposed = C                                (no overlap)
+
+    and the total ``B + exposed`` tends to the seed's ideal ``max(B, C)`` as ``k`` grows; the last
+    bucket (``C/k``) can never be hidden, and when ``C > B`` the excess is exposed too.
+
+    Parameters
+    ----------
+    dp_comm_s : link time ``C`` of the step's gradient reduction [s]
+    backward_s : backward compute ``B`` it may overlap with (with pipelining: the backward of the
+        last micro-batch of this stage, since gradients are final only then) [s]
+    num_buckets : ``k`` >= 1 (see :func:`dp_num_buckets`)
+    overlap : False for a reduction issued after the backward (``overlap_grad_reduce=False``)
+
+    References
+    ----------
+    Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data Parallel Training",
+    VLDB, Sec. 3.2.3 (bucketing, overlap with backward); Megatron-core ``overlap_grad_reduce``;
+    the seed chapter's 9.1.3 (``T = max(T_compute, T_comm)``, the ideal limit).
+    """
+    c = np.asarray(dp_comm_s, dtype=np.float64)
+    b = np.asarray(backward_s, dtype=np.float64)
+    k = np.maximum(np.asarray(num_buckets, dtype=np.float64), 1.0)
+    hidden = np.maximum(c / k, c - b * (k - 1.0) / k)
+    return np.where(np.asarray(overlap, dtype=bool), hidden, c)

@@ -1,0 +1,331 @@
+"""Communication volume: bytes each GPU sends per training step, per parallel dimension.
+
+Counting convention (NCCL's): a ring all-reduce of an ``S``-byte buffer over ``n`` GPUs sends
+``2(n-1)/n * S`` bytes from each GPU; an all-gather (output ``S``) or reduce-scatter (input ``S``)
+sends ``(n-1)/n * S``; a point-to-point send of ``S`` bytes sends ``S``.
+
+Per step, for a configuration with micro-batch size ``b``, ``m`` micro-batches, sequence length
+``s``, hidden size ``h``, ``L`` layers, ``P`` parameters of the largest pipeline stage:
+
+* **dp** gradient reduction over the ``dp*cp`` GPUs that hold the same weights (context-parallel
+  ranks share weights, so Megatron-LM reduces over dp x cp), of this GPU's shard ``P/tp``:
+  ZeRO-0 all-reduce; ZeRO-1 reduce-scatter + all-gather of the updated parameters (the same bytes);
+  ZeRO-2 a reduce-scatter after every micro-batch (gradients are not kept whole) + one all-gather;
+  ZeRO-3 the same reduce-scatters + a parameter all-gather before every micro-batch's forward
+  and backward. With ``m = 1`` ZeRO-3 moves 1.5x ZeRO-1/2 (ZeRO paper Sec. 7.2.3). Gradients
+  are reduced in 16 bits for bf16/fp16/fp8/fp4 training (Megatron-LM's default
+  ``grad_reduce_in_fp32=False``) and in fp32 for fp32 training; gradient compression replaces
+  the gradient reduction (see :func:`dp_ops`).
+* **tp** 2 all-reduces of the ``b*(s/cp)*h`` activations per layer in the forward (after
+  attention and after the MLP) and 2 in the backward (of the input gradients), 2 more when full
+  recomputation repeats the forward; with sequence parallelism each all-reduce becomes an
+  all-gather + reduce-scatter pair, the same bytes.
+* **pp** per micro-batch and model chunk, one send of activations forward and one of gradients
+  backward at each stage boundary (``b*(s/cp)*h``, divided by ``tp`` with sequence
+  parallelism); the reported GPU is the busiest (an inner stage: ``2*vp*m`` sends).
+* **cp** ring attention: per layer, ``cp-1`` sends of this GPU's K and V chunk in the forward and
+  ``cp-1`` sends of K, V and dK, dV in the backward (``2*b*(s/cp)*kv_heads*head_dim`` elements per
+  K+V chunk, heads split by ``tp``), plus the forward's again under full recomputation.
+
+References
+----------
+NCCL-tests ``doc/PERFORMANCE.md``; Rajbhandari et al. 2020, "ZeRO", SC20, Sec. 7.2 (communication
+volume 2 Psi for stages 1-2, 3 Psi for stage 3); Shoeybi et al. 2019, "Megatron-LM", Sec. 3 and
+Fig. 4 (two all-reduces forward and two backward per layer); Korthikanti et al. 2022, "Reducing
+Activation Recomputation in Large Transformer Models", Sec. 4.2.2 (sequence parallelism: all-gather
++ reduce-scatter, same bandwidth); Narayanan et al. 2021, "Efficient Large-Scale Language Model
+Training on GPU Clusters Using Megatron-LM", SC21, Sec. 2.2 and 3.2 (pipeline sends, interleaving
+multiplies them by v); Liu et al. 2023, "Ring Attention with Blockwise Transformers"; Megatron-LM
+context-parallel docs and Transformer Engine ``AttnFuncWithCPAndKVP2P`` (K/V forward, K/V + dK/dV
+backward); Megatron-LM ``DistributedDataParallelConfig.grad_reduce_in_fp32`` (default False).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from perfmodel.collectives import bytes_per_gpu
+from perfmodel.config import ConfigBatch
+from perfmodel.specs import ModelSpec, TrainingSpec
+
+__all__ = [
+    "INDEX_BYTES",
+    "QUANT_BLOCK_ELEMS",
+    "CollectiveOp",
+    "activation_bytes_per_elem",
+    "comm_bytes_per_gpu",
+    "compressed_grad_bytes_per_elem",
+    "cp_kv_chunk_bytes",
+    "cp_sends_per_layer",
+    "dp_ops",
+    "grad_bytes_per_elem",
+    "param_bytes_per_elem",
+    "params_per_gpu",
+    "pp_activation_bytes",
+    "pp_sends_per_microbatch",
+    "stage_params",
+    "tp_activation_bytes",
+    "tp_collectives_per_layer",
+]
+
+INDEX_BYTES = 4  # int32 index per kept top-k value (Lin et al. 2018, DGC)
+QUANT_BLOCK_ELEMS = (
+    2048  # one fp32 scale per block for int8 / 1-bit (Dettmers et al. 2022 block size)
+)
+_SCALE_BYTES = 4
+
+
+class CollectiveOp(NamedTuple):
+    """One kind of collective issued ``count`` times per step on a ``buffer_bytes`` buffer
+    (NCCL convention: full buffer per GPU) over the group of ``group_size`` GPUs."""
+
+    collective: str
+    buffer_bytes: np.ndarray
+    count: np.ndarray
+    group_size: np.ndarray
+
+
+# --------------------------------------------------------------------------------------------
+# Data types
+# --------------------------------------------------------------------------------------------
+def activation_bytes_per_elem(training: TrainingSpec) -> float:
+    """Bytes per activation element exchanged: 4 for fp32 training, else 2 (bf16/fp16; fp8/fp4
+    recipes keep activations between layers in bf16, Transformer Engine)."""
+    return 4.0 if training.precision == "fp32" else 2.0
+
+
+def grad_bytes_per_elem(training: TrainingSpec) -> float:
+    """Bytes per gradient element reduced across data parallel: 4 for fp32 training, else 2
+    (Megatron-LM ``grad_reduce_in_fp32=False`` by default: bf16/fp16 gradient buffers)."""
+    return 4.0 if training.precision == "fp32" else 2.0
+
+
+def param_bytes_per_elem(training: TrainingSpec) -> float:
+    """Bytes per parameter element all-gathered under ZeRO: the model-weight dtype (4 for fp32,
+    else 2: Megatron-LM's distributed optimizer gathers bf16/fp16 parameters)."""
+    return 4.0 if training.precision == "fp32" else 2.0
+
+
+# --------------------------------------------------------------------------------------------
+# Parameters held by one GPU
+# --------------------------------------------------------------------------------------------
+def stage_params(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
+    """Parameters of the largest pipeline stage (before tensor-parallel splitting).
+
+    ``L/pp`` layers, plus on the first stage the input embeddings and on the last the final norm
+    and the output layer; with tied embeddings and ``pp > 1`` the last stage keeps its own copy
+    of the word embedding for the logits (Megatron-LM, Narayanan et al. 2021 Sec. 5.1 notes the
+    embedding on the first and last stage).
+
+    References
+    ----------
+    Narayanan et al. 2021, Sec. 5.1 (parameter count); Megatron-LM ``language_model`` embedding
+    placement (first/last stage).
+    """
+    pp = batch.pp.astype(np.float64)
+    layers = model.num_layers / pp * model.layer_params()
+    embed = float(model.embedding_params())
+    word = float(model.vocab_size * model.hidden_size)
+    out_own = float(model.output_params())
+    last_multi = model.norm_params() + (out_own if out_own else word)  # last stage, pp > 1
+    single = embed + model.norm_params() + out_own  # pp == 1: everything on one stage
+    extra = np.where(pp > 1, np.maximum(embed, last_multi), single)
+    return layers + extra
+
+
+def params_per_gpu(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
+    """Parameters held by one GPU of the largest stage: ``stage_params / tp`` (Megatron splits
+    the attention, MLP and vocabulary matrices across ``tp``; norms, replicated, are ignored)."""
+    return stage_params(model, batch) / batch.tp
+
+
+# --------------------------------------------------------------------------------------------
+# Data parallel
+# --------------------------------------------------------------------------------------------
+def compressed_grad_bytes_per_elem(training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:
+    """Bytes per gradient element in the gradient reduction, by ``grad_compression``.
+
+    none: the gradient dtype; top-k: ``ratio * (value + int32 index)``; int8: ``1`` + an fp32
+    scale per :data:`QUANT_BLOCK_ELEMS`; 1-bit: ``1/8`` + the same scales.
+
+    References
+    ----------
+    Lin et al. 2018, "Deep Gradient Compression", ICLR (top-k values + indices); Seide et al. 2014,
+    "1-Bit SGD"; Tang et al. 2021, "1-bit Adam", ICML (compressed all-reduce with per-chunk scale);
+    Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization" (block size 2048).
+    """
+    g = grad_bytes_per_elem(training)
+    scale = _SCALE_BYTES / QUANT_BLOCK_ELEMS
+    c = batch.grad_compression
+    return np.select(
+        [c == 1, c == 2, c == 3],
+        [batch.topk_ratio * (g + INDEX_BYTES), 1.0 + scale, 1.0 / 8.0 + scale],
+        default=g,
+    )
+
+
+def dp_ops(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch) -> dict[str, CollectiveOp]:
+    """Data-parallel collectives of one step, over the ``dp*cp`` group (counts are 0 where a kind
+    does not apply).
+
+    ``grad_all_reduce``: ZeRO-0 (dense or quantized gradients).
+    ``grad_sparse_all_gather``: ZeRO-0 with top-k: sparse vectors cannot be summed in a ring
+    reduce-scatter without densifying, so each GPU's (value, index) pairs are all-gathered and the
+    per-GPU volume grows with ``n`` (DGC, Lin et al. 2018; Shi et al. 2019 "gTop-k", Sec. 3).
+    ``grad_reduce_scatter``: ZeRO >= 1 (once per step for ZeRO-1, once per micro-batch for ZeRO-2/3,
+    whose sharded gradient cannot accumulate a whole gradient).
+    ``param_all_gather``: ZeRO-1/2, once per step after the optimizer.
+    ``zero3_param_all_gather``: ZeRO-3, before each micro-batch's forward and backward (``2m``).
+
+    References
+    ----------
+    Rajbhandari et al. 2020 (ZeRO), Sec. 5 and 7.2; PyTorch FSDP (Zhao et al. 2023, VLDB, Sec. 3.3:
+    all-gather in forward and in backward, reduce-scatter per backward).
+    """
+    psi = params_per_gpu(model, batch)
+    n = (batch.dp * batch.cp).astype(np.float64)
+    m = batch.num_microbatches.astype(np.float64)
+    z = batch.zero_stage
+    topk = batch.grad_compression == 1
+    gc = compressed_grad_bytes_per_elem(training, batch)
+    w = param_bytes_per_elem(training)
+    zeros = np.zeros_like(psi)
+    one = np.ones_like(psi)
+    return {
+        "grad_all_reduce": CollectiveOp(
+            "all_reduce", psi * gc, np.where((z == 0) & ~topk, one, zeros), n
+        ),
+        "grad_sparse_all_gather": CollectiveOp(
+            "all_gather", n * psi * gc, np.where((z == 0) & topk, one, zeros), n
+        ),
+        "grad_reduce_scatter": CollectiveOp(
+            "reduce_scatter", psi * gc, np.select([z == 1, z >= 2], [one, m], zeros), n
+        ),
+        "param_all_gather": CollectiveOp(
+            "all_gather", psi * w, np.where((z == 1) | (z == 2), one, zeros), n
+        ),
+        "zero3_param_all_gather": CollectiveOp(
+            "all_gather", psi * w, np.where(z == 3, 2 * m, zeros), n
+        ),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Tensor, pipeline and context parallel
+# --------------------------------------------------------------------------------------------
+def tp_activation_bytes(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:
+    """Buffer of one tensor-parallel all-reduce: ``b * (s/cp) * h`` activations [bytes]
+    (Shoeybi et al. 2019, Sec. 3; the all-gather output / reduce-scatter input with sequence
+    parallelism, Korthikanti et al. 2022, Sec. 4.2.2)."""
+    tokens = batch.micro_batch_size * (training.seq_len / batch.cp)
+    return tokens * model.hidden_size * activation_bytes_per_elem(training)
+
+
+def tp_collectives_per_layer(batch: ConfigBatch) -> tuple[np.ndarray, np.ndarray]:
+    """All-reduce-equivalents per layer per micro-batch: (forward, backward incl. recompute).
+
+    Forward 2 (attention output, MLP output; the ``g`` operators of Shoeybi et al. 2019 Fig. 4),
+    backward 2 (the ``f`` operators), plus 2 under full recomputation (the repeated forward,
+    Korthikanti et al. 2022 Sec. 5, Table 2). Selective recomputation repeats no communication.
+    """
+    fwd = np.full(batch.tp.shape, 2.0)
+    bwd = 2.0 + np.where(batch.recompute == 2, 2.0, 0.0)
+    return fwd, bwd
+
+
+def pp_activation_bytes(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:
+    """One pipeline send per GPU [bytes]: ``b * (s/cp) * h`` activations, divided by ``tp`` with
+    sequence parallelism (each tensor-parallel rank holds a ``1/tp`` sequence slice).
+
+    Megatron-LM 2021's scatter/gather optimisation (Narayanan et al. 2021, Sec. 4.1) also splits
+    the send by ``tp`` without sequence parallelism; it is not assumed here.
+    """
+    full = tp_activation_bytes(model, training, batch)
+    return np.where(batch.sequence_parallel, full / batch.tp, full)
+
+
+def pp_sends_per_microbatch(batch: ConfigBatch) -> np.ndarray:
+    """Sends per micro-batch by the busiest GPU (forward + backward).
+
+    Each model chunk boundary sends activations forward and gradients backward. An inner stage
+    sends ``vp`` forward and ``vp`` backward; with ``pp == 2`` each stage has one fewer (the first
+    stage's first chunk receives no gradient to pass on): ``2vp - 1``; with ``pp == 1`` none.
+
+    References
+    ----------
+    Narayanan et al. 2021, Sec. 2.2.2 (interleaving multiplies communication by ``v``).
+    """
+    vp = batch.vp.astype(np.float64)
+    return np.select([batch.pp >= 3, batch.pp == 2], [2.0 * vp, 2.0 * vp - 1.0], 0.0)
+
+
+def cp_kv_chunk_bytes(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:
+    """K and V of this GPU's sequence chunk [bytes]: ``2 * b * (s/cp) * kv_heads/tp * head_dim``
+    elements (with grouped-query attention only the ``kv_heads`` heads; a tensor-parallel rank holds
+    at least one).
+
+    References
+    ----------
+    Liu et al. 2023 (Ring Attention); Ainslie et al. 2023 (GQA); Megatron-LM context parallel docs.
+    """
+    kv_per_rank = np.maximum(model.kv_heads / batch.tp, 1.0)
+    tokens = batch.micro_batch_size * (training.seq_len / batch.cp)
+    return 2.0 * tokens * kv_per_rank * model.head_size * activation_bytes_per_elem(training)
+
+
+def cp_sends_per_layer(batch: ConfigBatch) -> tuple[np.ndarray, np.ndarray]:
+    """K/V-chunk sends per layer per micro-batch: (forward, backward incl. recompute).
+
+    Forward ``cp-1`` (K, V around the ring); backward ``2(cp-1)`` (K, V and the accumulated dK, dV),
+    plus ``cp-1`` more under full recomputation.
+
+    References
+    ----------
+    Transformer Engine ``AttnFuncWithCPAndKVP2P`` (forward sends KV, backward sends KV and dKV);
+    Liu et al. 2023, Sec. 3.
+    """
+    k = np.maximum(batch.cp - 1, 0).astype(np.float64)
+    bwd = 2.0 * k + np.where(batch.recompute == 2, k, 0.0)
+    return k, bwd
+
+
+# --------------------------------------------------------------------------------------------
+# Totals
+# --------------------------------------------------------------------------------------------
+def comm_bytes_per_gpu(
+    model: ModelSpec, training: TrainingSpec, batch: ConfigBatch
+) -> dict[str, np.ndarray]:
+    """Bytes sent by one GPU (of the busiest pipeline stage) per training step.
+
+    Returns
+    -------
+    dict with ``dp``, ``tp``, ``pp``, ``cp`` arrays [bytes per GPU per step].
+
+    References
+    ----------
+    Module docstring; docs/communication.md derives the closed form (exercise 9.5).
+    """
+    m = batch.num_microbatches.astype(np.float64)
+    layers = model.num_layers / batch.pp  # layers held by one GPU (all its chunks)
+
+    # data parallel: sum over the step's collectives
+    dp = sum(
+        op.count * bytes_per_gpu(op.collective, op.buffer_bytes, op.group_size)
+        for op in dp_ops(model, training, batch).values()
+    )
+
+    # tensor parallel: all-reduce equivalents per layer per micro-batch
+    tp_fwd, tp_bwd = tp_collectives_per_layer(batch)
+    tp_one = bytes_per_gpu("all_reduce", tp_activation_bytes(model, training, batch), batch.tp)
+    tp = m * layers * (tp_fwd + tp_bwd) * tp_one
+
+    # pipeline parallel: sends of the busiest stage
+    pp = m * pp_sends_per_microbatch(batch) * pp_activation_bytes(model, training, batch)
+
+    # context parallel: ring attention K/V exchanges
+    cp_fwd, cp_bwd = cp_sends_per_layer(batch)
+    cp = m * layers * (cp_fwd + cp_bwd) * cp_kv_chunk_bytes(model, training, batch)
+
+    return {"dp": np.asarray(dp, dtype=np.float64), "tp": tp, "pp": pp, "cp": cp}
