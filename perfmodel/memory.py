@@ -1,0 +1,709 @@
+"""Memory per GPU: model states by ZeRO stage, activations by recompute mode, pipeline in-flight
+micro-batches, buffers, and whether a configuration fits the GPU's HBM.
+
+All functions are pure and vectorized over numpy arrays (one entry per configuration); every
+quantity is in bytes. Two kernel families are modelled:
+
+* ``kernels="fused"``: Megatron-LM / Transformer Engine. 16-bit weights, fp32 main gradients in a
+  contiguous buffer, fp32 master weights and Adam moments in the optimizer, fused kernels, flash
+  attention; everything is allocated for the whole step, so the peak is a plain sum.
+* ``kernels="eager"``: plain PyTorch eager as in ``hardware_specs/calibration/h200/e2e_dev.csv``:
+  fp32 weights under ``torch.autocast(bfloat16)``, fp32 gradients created during the backward
+  (``zero_grad(set_to_none=True)``), fused fp32 AdamW, logits cast to fp32 for the loss. The peak
+  is the largest of three moments of the step (forward end, loss backward, backward end); the
+  activation bytes are the tensors autograd saves, counted one by one (see
+  :func:`eager_layer_activation_bytes`).
+
+References
+----------
+Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models"
+(SC20), Sec. 3.1 and 5, Table 1. Korthikanti et al. 2022, "Reducing Activation Recomputation in
+Large Transformer Models", Sec. 4, Table 2. Megatron-LM ``theoretical_memory_usage.py``.
+Narayanan et al. 2021 (SC21), Sec. 2.2. Dao et al. 2022 (FlashAttention: O(s) extra memory).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from perfmodel.config import ConfigBatch
+from perfmodel.pipeline import inflight_microbatches
+from perfmodel.specs import ClusterSpec, GPUSpec, ModelSpec, TrainingSpec
+from perfmodel.units import GIB, MIB
+
+__all__ = [
+    "ALLOCATOR_ALLOWANCE_FRACTION",
+    "BUCKET_PARAMS",
+    "LIBRARY_WORKSPACE_BYTES",
+    "NON_ALLOCATOR_RESERVE_BYTES",
+    "ZERO3_LIVE_LAYERS",
+    "eager_layer_activation_bytes",
+    "layer_activation_bytes",
+    "max_micro_batch_size",
+    "memory_breakdown",
+    "model_state_bytes",
+    "stage_params",
+    "state_bytes_per_param",
+    "usable_hbm_bytes",
+    "zero_state_bytes",
+]
+
+Kernels = Literal["fused", "eager"]
+
+# ---------------------------------------------------------------------------------------------
+# Constants (each one physical, documented in docs/memory.md)
+# ---------------------------------------------------------------------------------------------
+LIBRARY_WORKSPACE_BYTES = 2 * 32 * MIB
+"""cuBLAS workspaces taken from the caching allocator: 32 MiB per (handle, stream) on Hopper
+(PyTorch ``CublasHandlePool.cpp``, the size cuBLAS recommends for sm90), one for the forward
+thread and one for the autograd backward thread. The e2e runs leave 0.07-0.2 GiB unexplained
+above the counted tensors, which this covers for the small models."""
+
+ALLOCATOR_ALLOWANCE_FRACTION = 0.03
+"""Allowance for allocator fragmentation, as a fraction of the counted bytes. On the e2e runs
+``max_memory_reserved / max_memory_allocated`` is 1.01-1.19 (median 1.09); the caching allocator
+frees its cached blocks and retries before it raises OOM, so only part of that is unavoidable.
+Included in ``other`` and ``peak``; ``peak_allocated`` leaves it out."""
+
+NON_ALLOCATOR_RESERVE_BYTES = 1.2 * GIB
+"""HBM the allocator cannot use: what the driver keeps back plus the CUDA context. H200: the spec
+says 141 GiB, PyTorch sees 139.8 GiB (calibration/h200/env.json)."""
+
+BUCKET_PARAMS = 40_000_000
+"""Gradient bucket size [parameters]: Megatron-LM's default ``--ddp-bucket-size`` (40 M)."""
+
+ZERO3_LIVE_LAYERS = 2
+"""Layers whose full (all-gathered) parameters are live at once under ZeRO-3: the one computing
+and the one being prefetched (DeepSpeed / FSDP prefetch one module ahead)."""
+
+_CODE_NONE, _CODE_SELECTIVE, _CODE_FULL = 0, 1, 2
+_EAGER_LOGITS_PEAK_VALUES = 14  # bytes per logit at the loss backward, see memory_breakdown
+
+
+# ---------------------------------------------------------------------------------------------
+# Model states
+# ---------------------------------------------------------------------------------------------
+def state_bytes_per_param(
+    precision: str, optimizer: str = "adam", *, fp32_main_grads: bool = False
+) -> tuple[float, float, float]:
+    """Bytes per parameter of (weights, gradients, optimizer states).
+
+    * ``fp32``: 4 + 4 + K with K = 8 for Adam (m, v) and 4 for SGD (momentum).
+    * ``bf16`` / ``fp16`` mixed precision: 2 + 2 + K with K = 12 for Adam (fp32 master weights,
+      m, v; the ZeRO paper's K) and 8 for SGD (fp32 master weights, momentum).
+    * ``fp8`` / ``fp4`` as Transformer Engine trains them: the GEMMs run in fp8, but the weights
+      are kept in bf16 and the master weights and moments in fp32, so the states are those of
+      bf16 mixed precision (the fp8 weight copies TE caches are a buffer, see
+      :func:`memory_breakdown`).
+
+    ``fp32_main_grads``: gradients accumulated in fp32 (Megatron-LM's main-grad buffer, always
+    used with bf16), 4 bytes instead of 2.
+
+    References
+    ----------
+    Rajbhandari et al. 2020 (ZeRO), Sec. 3.1 (mixed-precision Adam: 2 + 2 + 12 = 16 bytes);
+    Megatron-LM ``theoretical_memory_usage.py`` (18 bytes per parameter with fp32 main grads).
+    """
+    opt = optimizer.lower()
+    if opt in ("adam", "adamw"):
+        k_fp32, k_mixed = 8.0, 12.0
+    elif opt == "sgd":
+        k_fp32, k_mixed = 4.0, 8.0
+    else:
+        raise ValueError(f"optimizer = {optimizer!r}: expected adam, adamw or sgd")
+    prec = precision.lower()
+    if prec == "fp32":
+        return 4.0, 4.0, k_fp32
+    if prec in ("bf16", "fp16", "fp8", "fp4"):
+        return 2.0, (4.0 if fp32_main_grads else 2.0), k_mixed
+    raise ValueError(f"precision = {precision!r}: expected fp32, bf16, fp16, fp8 or fp4")
+
+
+def zero_state_bytes(params, dp, zero_stage, weight_bytes, grad_bytes, optimizer_bytes):
+    """Per-GPU weights, gradients and optimizer bytes after ZeRO sharding over ``dp`` ranks.
+
+    Stage 1 shards the optimizer states, stage 2 also the gradients, stage 3 also the weights
+    (Megatron-LM's distributed optimizer is stage 1).
+
+    Parameters
+    ----------
+    params : parameters held by this GPU before ZeRO (after tp/pp splitting) [count]
+    dp : data-parallel ranks sharing the states
+    zero_stage : 0, 1, 2 or 3
+    weight_bytes, grad_bytes, optimizer_bytes : bytes per parameter
+
+    Returns
+    -------
+    (weights_bytes, gradients_bytes, optimizer_bytes), arrays.
+
+    References
+    ----------
+    Rajbhandari et al. 2020 (ZeRO), Sec. 5.1-5.3 and Table 1: P_os (4 + K/N_d) Psi,
+    P_os+g (2 + 14/N_d) Psi, P_os+g+p 16 Psi / N_d for mixed-precision Adam.
+    """
+    psi = np.asarray(params, dtype=np.float64)
+    n = np.asarray(dp, dtype=np.float64)
+    z = np.asarray(zero_stage)
+    w = psi * weight_bytes / np.where(z >= 3, n, 1.0)
+    g = psi * grad_bytes / np.where(z >= 2, n, 1.0)
+    o = psi * optimizer_bytes / np.where(z >= 1, n, 1.0)
+    return w, g, o
+
+
+def model_state_bytes(
+    params,
+    dp,
+    zero_stage,
+    precision: str,
+    optimizer: str = "adam",
+    *,
+    fp32_main_grads: bool = False,
+) -> np.ndarray:
+    """Model-state bytes per GPU (weights + gradients + optimizer states) under ZeRO.
+
+    A calculator for notebooks and exercises: ``params`` are the parameters one data-parallel
+    replica holds (the whole model without tp/pp). No activations, buffers or fragmentation.
+
+    Examples
+    --------
+    ZeRO paper, Table 1 (7.5 B parameters, N_d = 64, ZeRO-2): 16.64 GB.
+
+    >>> float(model_state_bytes(7.5e9, 64, 2, "bf16")) / 1e9
+    16.640625
+
+    References
+    ----------
+    Rajbhandari et al. 2020 (ZeRO), Sec. 3.1, 5 and Table 1.
+    """
+    w, g, o = state_bytes_per_param(precision, optimizer, fp32_main_grads=fp32_main_grads)
+    ws, gs, os_ = zero_state_bytes(params, dp, zero_stage, w, g, o)
+    return ws + gs + os_
+
+
+# ---------------------------------------------------------------------------------------------
+# Activations of one transformer layer
+# ---------------------------------------------------------------------------------------------
+def layer_activation_bytes(
+    seq_len,
+    micro_batch_size,
+    hidden_size,
+    num_heads,
+    *,
+    tp=1,
+    sequence_parallel=False,
+    recompute=0,
+    flash=False,
+    dropout=True,
+    ffn_hidden_size=None,
+    num_kv_heads=None,
+    head_dim=None,
+    gated_mlp: bool = False,
+    bytes_per_value: float = 2.0,
+) -> np.ndarray:
+    """Activation bytes one transformer layer keeps for the backward, per micro-batch and GPU.
+
+    Korthikanti et al.'s Table 2, term by term, generalised: ``flash`` (no ``a s^2`` score
+    storage; the softmax log-sum-exp, 4 bytes per head and token, instead), ``dropout`` (1-byte
+    masks, and the attention-dropout output), grouped-query attention (K and V of
+    ``num_kv_heads * head_dim``), a gated MLP (SwiGLU: the two up-projection outputs and their
+    product, ``3 s b f``), any FFN size. ``seq_len`` is the sequence length this GPU holds (divide
+    by cp first). Defaults (no flash, dropout, MHA, FFN = 4h, 2-byte values) give Table 2:
+    ``sbh(34 + 5as/h)``, ``sbh(10 + 24/t + 5as/(ht))`` with tp, ``sbh/t (34 + 5as/h)`` with
+    tp + sp, ``sbh(10 + 24/t)`` and ``34 sbh/t`` with selective recompute, ``2sbh`` with full
+    recompute (``2sbh/t`` with sp: Megatron-LM keeps the sequence-sharded layer input).
+
+    Parameters
+    ----------
+    seq_len, micro_batch_size, hidden_size, num_heads : s, b, h, a
+    tp : t; sequence_parallel : shard the non-tensor-parallel parts by t as well
+    recompute : 0 none, 1 selective (scores recomputed), 2 full (layer input only)
+    ffn_hidden_size : f (default 4h); num_kv_heads : g (default a); head_dim : d (default h/a)
+    bytes_per_value : bytes of a stored activation value (2 for 16-bit, 4 for fp32)
+
+    References
+    ----------
+    Korthikanti et al. 2022, Sec. 4.1-4.2 (Eq. 1-2) and Table 2; Dao et al. 2022
+    (FlashAttention stores O and the log-sum-exp, not the s x s scores).
+    """
+    s = np.asarray(seq_len, dtype=np.float64)
+    b = np.asarray(micro_batch_size, dtype=np.float64)
+    h = np.asarray(hidden_size, dtype=np.float64)
+    a = np.asarray(num_heads, dtype=np.float64)
+    t = np.asarray(tp, dtype=np.float64)
+    f = 4.0 * h if ffn_hidden_size is None else np.asarray(ffn_hidden_size, dtype=np.float64)
+    g = a if num_kv_heads is None else np.asarray(num_kv_heads, dtype=np.float64)
+    d = h / a if head_dim is None else np.asarray(head_dim, dtype=np.float64)
+    e = float(bytes_per_value)
+    drop = np.asarray(dropout, dtype=bool)
+    flash = np.asarray(flash, dtype=bool)
+    rc = np.asarray(recompute)
+    r = np.where(np.asarray(sequence_parallel, dtype=bool), t, 1.0)  # divisor of the sp parts
+    sb = s * b
+    mask = np.where(drop, 1.0, 0.0)  # 1-byte dropout mask per value
+
+    # Attention block (Korthikanti Eq. 1 terms).
+    norm_inputs = 2 * e * sb * h / r  # inputs of the two LayerNorms: 4sbh
+    qkv_input = e * sb * h / r  # input of the QKV GEMM: 2sbh
+    q = e * sb * a * d / t  # Q: 2sbh/t
+    kv = 2 * e * sb * g * d / t  # K and V: 4sbh/t (MHA)
+    proj_input = e * sb * a * d / t  # attention output = input of the output projection
+    attn_mask = mask * sb * h / r  # dropout mask after the projection: sbh
+    scores = (e + mask + e * mask) * a * s * s * b / t  # softmax out, dropout mask, dropout out
+    lse = 4.0 * a * sb / t  # flash: fp32 log-sum-exp per head and token
+    score_terms = np.where(flash, lse, np.where(rc == _CODE_SELECTIVE, 0.0, scores))
+    attention = qkv_input + q + kv + proj_input + attn_mask + score_terms
+
+    # MLP block (Korthikanti Eq. 2 terms): fc1 input, activation input(s), fc2 input, mask.
+    fc1_input = e * sb * h / r
+    act_values = np.where(gated_mlp, 3.0, 2.0) * e * sb * f / t  # gelu: 2sbf; swiglu: 3sbf
+    mlp = fc1_input + act_values + mask * sb * h / r
+
+    none = norm_inputs + attention + mlp
+    full = e * sb * h / r  # layer input only
+    return np.where(rc == _CODE_FULL, full, none)
+
+
+def eager_layer_activation_bytes(
+    seq_len,
+    micro_batch_size,
+    hidden_size,
+    num_heads,
+    *,
+    tp=1,
+    sequence_parallel=False,
+    recompute=0,
+    ffn_hidden_size=None,
+    num_kv_heads=None,
+    head_dim=None,
+    gated_mlp: bool = False,
+    norm: str = "layernorm",
+    autocast: bool = True,
+    dropout=False,
+) -> np.ndarray:
+    """Bytes autograd saves for one pre-norm block in PyTorch eager under ``autocast(bf16)``.
+
+    Counted tensor by tensor for the block of ``calibration/calibrate_gpu.py`` (flash SDPA, no
+    dropout, fp32 weights; CUDA autocast runs LayerNorm in fp32 and GEMMs in bf16). With
+    ``autocast=False`` everything is fp32. For a GPT block (MHA, FFN = 4h) this is
+    ``36 sbh + 16 sb + 4 a s b`` bytes:
+
+    ======================================  ==============  ===========================
+    saved tensor                            saved by        bytes
+    ======================================  ==============  ===========================
+    block input x (fp32 residual stream)    LayerNorm 1     4 sbh
+    mean and rstd (fp32)                    LayerNorm 1     8 sb
+    bf16 cast of LayerNorm-1 output         QKV GEMM        2 sbh
+    QKV output (Q, K, V are views of it)    SDPA            2 sb(a + 2g)d = 6 sbh
+    attention output O                      SDPA, proj      2 sbh
+    log-sum-exp (fp32)                      SDPA            4 asb
+    x + proj(O) (fp32)                      LayerNorm 2     4 sbh (+ 8 sb stats)
+    bf16 cast of LayerNorm-2 output         fc1 GEMM        2 sbh
+    fc1 output                              GELU            2 sbf = 8 sbh
+    GELU output                             fc2 GEMM        2 sbf = 8 sbh
+    ======================================  ==============  ===========================
+
+    SwiGLU saves the gate/up output (4 sbf), the SiLU output (2 sbf) and the product (2 sbf);
+    grouped-query attention with Hugging Face's ``repeat_kv`` also saves the repeated K and V.
+    RMSNorm keeps only rstd (4 sb). Full recompute keeps the fp32 block input (4 sbh).
+
+    References
+    ----------
+    PyTorch autocast op lists (CUDA: ``layer_norm`` fp32, ``linear``/SDPA lower precision);
+    derivatives.yaml (what each backward saves); Dao et al. 2022 (FlashAttention saves O, lse).
+    """
+    s = np.asarray(seq_len, dtype=np.float64)
+    b = np.asarray(micro_batch_size, dtype=np.float64)
+    h = np.asarray(hidden_size, dtype=np.float64)
+    a = np.asarray(num_heads, dtype=np.float64)
+    t = np.asarray(tp, dtype=np.float64)
+    f = 4.0 * h if ffn_hidden_size is None else np.asarray(ffn_hidden_size, dtype=np.float64)
+    g = a if num_kv_heads is None else np.asarray(num_kv_heads, dtype=np.float64)
+    d = h / a if head_dim is None else np.asarray(head_dim, dtype=np.float64)
+    r = np.where(np.asarray(sequence_parallel, dtype=bool), t, 1.0)
+    e = 2.0 if autocast else 4.0  # GEMM inputs / outputs
+    sb = s * b
+    stats = (8.0 if norm == "layernorm" else 4.0) * sb / r  # mean + rstd, or rstd
+
+    residuals = 2 * (4.0 * sb * h / r + stats)  # the two norm inputs (fp32) and their stats
+    norm_casts = 2 * e * sb * h / r if autocast else 2 * 4.0 * sb * h / r  # GEMM inputs
+    qkv_out = e * sb * (a + 2 * g) * d / t
+    repeat_kv = np.where(g < a, 2 * e * sb * a * d / t, 0.0)
+    attn_out = e * sb * a * d / t + 4.0 * a * sb / t
+    mlp = np.where(gated_mlp, 4.0, 2.0) * e * sb * f / t
+    masks = np.where(np.asarray(dropout, dtype=bool), 2.0 * sb * h / r, 0.0)
+    none = residuals + norm_casts + qkv_out + repeat_kv + attn_out + mlp + masks
+    return np.where(np.asarray(recompute) == _CODE_FULL, 4.0 * sb * h / r, none)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters per GPU on the first and last pipeline stage
+# ---------------------------------------------------------------------------------------------
+def stage_params(model: ModelSpec, tp, pp) -> dict[str, np.ndarray]:
+    """Parameters one GPU holds on the first and the last pipeline stage [count].
+
+    Transformer layers are split evenly over ``pp`` stages; their GEMM weights are split by
+    ``tp`` (Megatron column/row parallel), the norms replicated. The word embedding is
+    vocabulary-parallel (``V h / t``) on the first stage, a learned position table replicated on
+    it; the final norm and the output layer (``V h / t``) on the last stage. With tied embeddings
+    and ``pp > 1`` the last stage holds its own copy of the word embedding for the output layer
+    (Megatron-LM), with ``pp = 1`` the one table serves both.
+
+    Returns a dict of arrays: ``first``, ``last`` (stage totals), ``layer`` (one layer),
+    ``gemm_layer`` (GEMM weights + biases of one layer), ``embedding``, ``output``
+    (output layer including a tied copy), ``layers_per_stage``.
+
+    References
+    ----------
+    Narayanan et al. 2021 (SC21), Sec. 2-3; Megatron-LM ``theoretical_memory_usage.py``
+    (embedding on the first stage, output layer on the last).
+    """
+    t = np.asarray(tp, dtype=np.float64)
+    p = np.asarray(pp, dtype=np.float64)
+    h, v = model.hidden_size, model.vocab_size
+    norms = 2 * model.norm_params()
+    gemm = model.layer_params() - norms
+    layer = gemm / t + norms  # GEMM weights split by t, norms replicated
+    pos = model.embedding_params() - v * h  # learned position table (0 for RoPE)
+    embedding = v * h / t + pos
+    untied = model.output_params() > 0
+    output = np.where(untied | (p > 1), v * h / t, 0.0)  # own table on the last stage
+    n_layers = model.num_layers / p
+    first = n_layers * layer + embedding
+    last = n_layers * layer + model.norm_params() + output
+    single = n_layers * layer + embedding + model.norm_params() + output
+    return {
+        "first": np.where(p > 1, first, single),
+        "last": np.where(p > 1, last, single),
+        "layer": layer + 0.0 * p,
+        "gemm_layer": gemm / t + 0.0 * p,
+        "embedding": embedding + 0.0 * p,
+        "output": output + 0.0 * t,
+        "layers_per_stage": n_layers + 0.0 * t,
+    }
+
+
+def usable_hbm_bytes(gpu: GPUSpec) -> float:
+    """HBM the PyTorch allocator can fill: the spec's capacity less
+    :data:`NON_ALLOCATOR_RESERVE_BYTES` (H200: 141 -> 139.8 GiB)."""
+    return gpu.hbm_bytes - NON_ALLOCATOR_RESERVE_BYTES
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole GPU
+# ---------------------------------------------------------------------------------------------
+def memory_breakdown(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterSpec,
+    batch: ConfigBatch,
+    *,
+    kernels: Kernels = "fused",
+    flash_attention: bool = True,
+    dropout: bool | None = None,
+) -> dict[str, np.ndarray]:
+    """Peak memory per GPU, on the pipeline stage that needs most, and whether it fits.
+
+    Terms, in this order:
+
+    1. Parameters per GPU on the first and last stage (:func:`stage_params`).
+    2. Model states by ZeRO stage (:func:`zero_state_bytes`), sharded over the ``dp * cp`` ranks
+       that hold the same parameters (Megatron-LM shards the distributed optimizer over the
+       data-parallel group including context parallelism).
+    3. Activations: one layer (:func:`layer_activation_bytes` or, eager,
+       :func:`eager_layer_activation_bytes`) times the layers of a stage times the micro-batches
+       in flight (:func:`perfmodel.pipeline.inflight_microbatches`: GPipe ``m``, 1F1B and ZB-H1
+       ``min(p - i, m)``, interleaved Megatron's warm-up count, whose stage-0 value is ``p`` times
+       ``1 + (p-1)/(p v)``). Full recompute adds one layer's whole activations (the layer being
+       recomputed). Plus the embedding (token ids, dropout mask) per in-flight micro-batch on
+       the first stage, and the final norm, output-layer input and fp32 logits per in-flight
+       micro-batch on the last stage, with one micro-batch's 16-bit logits in flight.
+    4. Other: cuBLAS workspaces, gradient buckets (ZeRO-2/3: two buckets of
+       :data:`BUCKET_PARAMS`; eager DDP: a bucket copy of every gradient), ZeRO-3 all-gathered
+       weights and gradients of :data:`ZERO3_LIVE_LAYERS` layers, Transformer Engine's cached fp8
+       weights and their transposes (fp8/fp4: 2 bytes per GEMM weight), and the allocator
+       allowance (:data:`ALLOCATOR_ALLOWANCE_FRACTION` of everything else).
+
+    Fused kernels hold all of this at once. Eager PyTorch creates the gradients during the
+    backward and keeps bf16 autocast copies of the GEMM weights while they are saved, so its
+    peak is the largest of three moments (see docs/memory.md): the loss forward (all
+    activations, bf16 weights, 16-bit logits, fp32 logits and log-softmax output: 10 bytes per
+    logit), the loss backward (the same plus the loss gradient and log-softmax gradient; fp32
+    logits freed: 14 bytes per logit), and the end of the backward (all fp32 gradients, the
+    16-bit logits still referenced, and the dense gradient of a tied embedding before it is
+    added to the output layer's).
+
+    Parameters
+    ----------
+    model, training, cluster : specs (``cluster.gpu.hbm_bytes`` decides ``fits``)
+    batch : configurations (``num_microbatches`` as resolved)
+    kernels : "fused" (Megatron-LM / Transformer Engine) or "eager" (plain PyTorch)
+    flash_attention : fused kernels only (eager always uses flash SDPA)
+    dropout : dropout masks; default ``None`` means on for GPT-style models with learned
+        positions (GPT-2/3, dropout 0.1) and off for RoPE models (Llama-style recipes), always
+        off for eager
+
+    Returns
+    -------
+    dict of arrays [bytes per GPU]: ``weights``, ``gradients``, ``optimizer``, ``activations``,
+    ``other``, ``peak``, ``peak_allocated`` (``peak`` without the allocator allowance),
+    ``allocator_allowance``, ``peak_stage`` (0 first, 1 last stage), and bool ``fits``.
+
+    References
+    ----------
+    Rajbhandari et al. 2020 (ZeRO), Table 1; Korthikanti et al. 2022, Table 2 and Sec. 4.2.3;
+    Megatron-LM ``theoretical_memory_usage.py``; Narayanan et al. 2021, Sec. 2.2.
+    """
+    if kernels not in ("fused", "eager"):
+        raise ValueError(f"kernels = {kernels!r}: expected 'fused' or 'eager'")
+    eager = kernels == "eager"
+    c = batch
+    f64 = np.float64
+    tp, pp, vp, cp = (np.asarray(x, dtype=f64) for x in (c.tp, c.pp, c.vp, c.cp))
+    dp = np.asarray(c.dp, dtype=f64)
+    zero = np.asarray(c.zero_stage)
+    b = np.asarray(c.micro_batch_size, dtype=f64)
+    m = np.asarray(c.num_microbatches, dtype=f64)
+    rc = np.asarray(c.recompute)
+    sp = np.asarray(c.sequence_parallel, dtype=bool)
+    r = np.where(sp, tp, 1.0)
+    shard = dp * cp  # ranks sharing one copy of the stage's parameters
+    s = training.seq_len / cp  # tokens per sequence on this GPU
+    h, v = float(model.hidden_size), float(model.vocab_size)
+    precision = training.precision
+    if dropout is None:
+        dropout = (not eager) and model.position_embedding == "learned"
+    drop = 1.0 if dropout else 0.0
+
+    # 1. Parameters per GPU.
+    sp_ = stage_params(model, tp, pp)
+    n_first, n_last = sp_["first"], sp_["last"]
+    layers = sp_["layers_per_stage"]
+
+    # 2. Model states by ZeRO stage.
+    if eager:  # fp32 weights (autocast casts them per use), fp32 gradients
+        wb, gb, ob = state_bytes_per_param("fp32", training.optimizer)
+    else:  # Megatron-LM: 16-bit weights, fp32 main grads (fp32 everything for fp32)
+        wb, gb, ob = state_bytes_per_param(precision, training.optimizer, fp32_main_grads=True)
+    w1, g1, o1 = zero_state_bytes(n_first, shard, zero, wb, gb, ob)
+    w2, g2, o2 = zero_state_bytes(n_last, shard, zero, wb, gb, ob)
+
+    # 3. Activations per layer, per in-flight micro-batch.
+    kw = {
+        "tp": tp,
+        "sequence_parallel": sp,
+        "ffn_hidden_size": model.ffn_hidden_size,
+        "num_kv_heads": model.kv_heads,
+        "head_dim": model.head_size,
+        "gated_mlp": model.gated_mlp,
+    }
+    a = model.num_attention_heads
+    if eager:
+        autocast = precision != "fp32"
+        layer_act = eager_layer_activation_bytes(
+            s, b, h, a, recompute=rc, norm=model.norm, autocast=autocast, dropout=dropout, **kw
+        )
+        layer_full = eager_layer_activation_bytes(
+            s, b, h, a, recompute=0, norm=model.norm, autocast=autocast, dropout=dropout, **kw
+        )
+        e = 2.0 if autocast else 4.0
+    else:
+        e = 4.0 if precision == "fp32" else 2.0
+        layer_act = layer_activation_bytes(
+            s,
+            b,
+            h,
+            a,
+            recompute=rc,
+            flash=flash_attention,
+            dropout=dropout,
+            bytes_per_value=e,
+            **kw,
+        )
+        layer_full = layer_activation_bytes(
+            s,
+            b,
+            h,
+            a,
+            recompute=0,
+            flash=flash_attention,
+            dropout=dropout,
+            bytes_per_value=e,
+            **kw,
+        )
+    # the layer being recomputed (fused: summed; eager: only in its own moment, see below)
+    recompute_extra = np.where(rc == _CODE_FULL, 0.0 if eager else layer_full, 0.0)
+
+    sched = np.asarray(c.schedule)
+    infl_first = inflight_microbatches(pp, m, sched, vp, stage=0)
+    infl_last = inflight_microbatches(pp, m, sched, vp, stage=pp - 1)
+    mb_first = np.ceil(infl_first)  # whole micro-batches with an embedding output in flight
+    mb_last = np.ceil(infl_last)
+    sb = s * b
+    logit = sb * v / tp  # logits per micro-batch on this GPU (vocabulary-parallel) [values]
+    if eager:
+        embed_act = 8.0 * sb * 2  # token and position indices (int64)
+        # final LayerNorm input (fp32) + stats, bf16 cast of its output (output-layer input)
+        final_act = (4.0 * sb * h + 8.0 * sb) / r + e * sb * h / r
+        logits_held = 0.0 * logit  # the loss's saved tensors are in the moments below
+    else:
+        embed_act = 8.0 * sb + drop * sb * h / r  # token ids (int64), embedding dropout mask
+        final_act = 2 * e * sb * h / r  # final-norm input and output-layer input: 4sbh
+        logits_held = 4.0 * logit  # fp32 logits / softmax kept for the cross-entropy backward
+    logits_transient = 2.0 * logit  # 16-bit logits of the micro-batch being computed
+    act_first = infl_first * layers * layer_act + recompute_extra + mb_first * embed_act
+    act_last = (
+        infl_last * layers * layer_act + recompute_extra + mb_last * (final_act + logits_held)
+    )
+    single = pp == 1
+    act_first = np.where(single, act_first + mb_last * (final_act + logits_held), act_first)
+    act_last = np.where(single, act_first, act_last)
+
+    # 4. Other buffers.
+    base_other = LIBRARY_WORKSPACE_BYTES + 0.0 * tp
+    bucket = np.where(zero >= 2, 2.0 * np.minimum(BUCKET_PARAMS, n_first) * gb, 0.0)
+    if eager:  # torch DDP copies every gradient into its buckets (gradient_as_bucket_view=False)
+        bucket = np.where((zero == 0) & (shard > 1), n_first * gb, bucket)
+    z3_layer = sp_["layer"] * (wb + gb) * ZERO3_LIVE_LAYERS
+    zero3 = np.where((zero >= 3) & (shard > 1), z3_layer, 0.0)
+    fp8_cache = 0.0
+    if not eager and precision in ("fp8", "fp4"):
+        per = 2.0 if precision == "fp8" else 1.0  # low-precision copy + its transpose
+        fp8_cache = per * layers * sp_["gemm_layer"]
+    other_first = base_other + bucket + zero3 + fp8_cache
+    other_last = other_first.copy()
+
+    if not eager:
+        total_first = w1 + g1 + o1 + act_first + other_first
+        total_last = w2 + g2 + o2 + act_last + other_last + logits_transient
+        act_last = act_last + logits_transient
+        first_peak = total_first >= total_last
+        pick = lambda x1, x2: np.where(first_peak, x1, x2)
+        weights, grads, opt = pick(w1, w2), pick(g1, g2), pick(o1, o2)
+        acts, other = pick(act_first, act_last), pick(other_first, other_last)
+        peak_stage = np.where(first_peak, 0, 1)
+    else:
+        weights, grads, opt, acts, other, peak_stage = _eager_moments(
+            model,
+            sp_,
+            rc,
+            pp,
+            tp,
+            logit,
+            layers,
+            layer_full,
+            gb,
+            (w1, g1, o1, act_first, other_first),
+            (w2, g2, o2, act_last, other_last),
+        )
+
+    allocated = weights + grads + opt + acts + other
+    allowance = ALLOCATOR_ALLOWANCE_FRACTION * allocated
+    peak = allocated + allowance
+    return {
+        "weights": weights,
+        "gradients": grads,
+        "optimizer": opt,
+        "activations": acts,
+        "other": other + allowance,
+        "peak": peak,
+        "peak_allocated": allocated,
+        "allocator_allowance": allowance,
+        "peak_stage": peak_stage,
+        "fits": peak <= usable_hbm_bytes(cluster.gpu),
+    }
+
+
+def _eager_moments(model, sp_, rc, pp, tp, logit, layers, layer_full, grad_bytes, first, last):
+    """Eager PyTorch: the largest moment of a step, on the first or last stage.
+
+    Moments: forward end (loss forward), loss backward, the first recomputed layer's backward
+    (full recompute only), backward end.
+
+    Returns weights (fp32 + live bf16 autocast copies), gradients, optimizer, activations,
+    other, and the stage index of the peak.
+    """
+    h, v = float(model.hidden_size), float(model.vocab_size)
+    full = rc == _CODE_FULL
+    gemm_layers = layers * sp_["gemm_layer"]
+    head_gemm = v * h / tp  # the output layer's GEMM weight (a cast of a tied embedding)
+    tied_single = (model.output_params() == 0) & (pp == 1)
+    out = {}
+    for name, (w, g, o, act, oth), has_head, has_embed in (
+        ("first", first, pp == 1, True),
+        ("last", last, True, pp == 1),
+    ):
+        head = np.where(has_head, head_gemm, 0.0)
+        bf16_all = 2.0 * (gemm_layers + head)  # autocast weight cache, forward end
+        bf16_saved = np.where(full, 2.0 * head, bf16_all)  # still saved at the loss backward
+        logits_fwd = np.where(has_head, 10.0 * logit, 0.0)
+        logits_bwd = np.where(has_head, _EAGER_LOGITS_PEAK_VALUES * logit, 0.0)
+        # end of backward: all gradients, the 16-bit logits still referenced by the step's
+        # local variable, the dense gradient of a tied embedding before accumulation
+        end_extra = np.where(has_head, 2.0 * logit, 0.0) + np.where(
+            tied_single & has_embed, 4.0 * v * h / tp, 0.0
+        )
+        fwd = (w + bf16_all, 0.0 * g, o, act + logits_fwd, oth)
+        bwd = (w + bf16_saved, 0.0 * g, o, act + logits_bwd, oth)
+        # full recompute, backward of the stage's last layer: its recomputed activations and
+        # bf16 weights next to the checkpoints, the output layer's gradient, the 16-bit logits
+        recomp = (
+            w + 2.0 * (sp_["gemm_layer"] + head),
+            np.where(has_head, grad_bytes * head, 0.0),
+            o,
+            np.where(full, act + layer_full + np.where(has_head, 2.0 * logit, 0.0), 0.0),
+            oth,
+        )
+        end = (w + 0.0, g, o, end_extra, oth)
+        moments = (fwd, bwd, recomp, end)
+        totals = np.stack([sum(x) for x in moments])
+        k = np.argmax(totals, axis=0)
+        out[name] = [np.choose(k, [mo[i] for mo in moments]) for i in range(5)]
+        out[name + "_total"] = np.max(totals, axis=0)
+    first_peak = out["first_total"] >= out["last_total"]
+    res = [np.where(first_peak, x1, x2) for x1, x2 in zip(out["first"], out["last"])]
+    return (*res, np.where(first_peak, 0, 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Adaptive micro-batch size (seed 9.3.4)
+# ---------------------------------------------------------------------------------------------
+def max_micro_batch_size(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterSpec,
+    batch: ConfigBatch,
+    *,
+    kernels: Kernels = "fused",
+    limit: int = 1024,
+    keep_global_batch: bool = True,
+) -> np.ndarray:
+    """Largest micro-batch size that fits each configuration's memory (0: not even 1 fits).
+
+    The other fields of each configuration stay; with ``keep_global_batch`` the number of
+    micro-batches follows the micro-batch size (``m = ceil(B / (dp b))``, which matters for
+    GPipe and for 1F1B when ``m < p``). Peak memory never falls as ``b`` grows, so a binary
+    search over ``[1, limit]``, each step one vectorized :func:`memory_breakdown`, finds it.
+
+    References
+    ----------
+    Seed chapter 9.3.4 (adaptive micro-batch size): ``M* = argmax M/(M+P-1)`` subject to
+    ``M S_micro <= Memory``; that bound counts only GPipe's activations, see docs/memory.md.
+    """
+    n = len(batch)
+    lo = np.zeros(n, dtype=np.int64)  # largest size known to fit
+    hi = np.full(n, int(limit) + 1, dtype=np.int64)  # smallest size known not to fit
+    dp = np.asarray(batch.dp, dtype=np.int64)
+    fields = {f: getattr(batch, f) for f in batch.__dataclass_fields__}
+    while np.any(hi - lo > 1):
+        mid = (lo + hi) // 2
+        mid = np.where(hi - lo > 1, mid, np.maximum(lo, 1))
+        f = dict(fields, micro_batch_size=mid)
+        if keep_global_batch:
+            f["num_microbatches"] = np.maximum(1, -(-training.global_batch_size // (dp * mid)))
+        fits = memory_breakdown(model, training, cluster, ConfigBatch(**f), kernels=kernels)["fits"]
+        active = hi - lo > 1
+        lo = np.where(active & fits, mid, lo)
+        hi = np.where(active & ~fits, mid, hi)
+    return lo
