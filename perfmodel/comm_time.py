@@ -126,6 +126,14 @@ def comm_times(
     ops = dp_ops(model, training, batch)
     dp_grad = sum(op_time(ops[k], g_dp) for k in ops if k != "zero3_param_all_gather")
     zero3 = op_time(ops["zero3_param_all_gather"], g_dp)
+    # ZeRO-3 gathers are issued per layer (FSDP2) or per parameter tensor (DeepSpeed 2021), not
+    # as one buffer: each extra collective pays the ring's latency (n-1)*alpha once more.
+    per_layer = tensors_per_layer(model) if training.zero3_gather == "tensor" else 1
+    gathers_per_pass = model.num_layers / batch.pp * per_layer
+    ring_latency_s = coll.all_gather_time(0.0, g_dp.size, g_dp.bw_bytes_per_s, g_dp.latency_s)
+    zero3 = zero3 + ops["zero3_param_all_gather"].count * np.maximum(gathers_per_pass - 1, 0) * (
+        ring_latency_s
+    )
 
     return {
         "tp_layer_fwd_s": tp_fwd_n * tp_one,
@@ -141,6 +149,16 @@ def comm_times(
 # --------------------------------------------------------------------------------------------
 # Overlap of the data-parallel reduction with the backward pass
 # --------------------------------------------------------------------------------------------
+def tensors_per_layer(model: ModelSpec) -> int:
+    """Parameter tensors of one transformer layer: the attention's QKV and output projections
+    and the MLP's two (three when gated) matrices, their biases, and two norms (weight, plus
+    bias for LayerNorm)."""
+    linears = 4 + (1 if model.gated_mlp else 0)
+    biases = (4 if model.linear_bias else 0)
+    norms = 2 * (2 if model.norm == "layernorm" else 1)
+    return linears + biases + norms
+
+
 def dp_num_buckets(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
     """Gradient buckets of one GPU under Megatron-core DDP's default bucket size
     ``max(40e6, 1e6 * dp)`` parameters: ``ceil(params_per_gpu / bucket)`` (at least 1).

@@ -177,7 +177,8 @@ def dp_ops(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch) -> dict
     ``grad_reduce_scatter``: ZeRO >= 1 (once per step for ZeRO-1, once per micro-batch for ZeRO-2/3,
     whose sharded gradient cannot accumulate a whole gradient).
     ``param_all_gather``: ZeRO-1/2, once per step after the optimizer.
-    ``zero3_param_all_gather``: ZeRO-3, before each micro-batch's forward and backward (``2m``).
+    ``zero3_param_all_gather``: ZeRO-3, before each micro-batch's forward and backward (``2m``),
+    and once more for the recomputed forward under full recompute (``3m``).
 
     References
     ----------
@@ -207,7 +208,7 @@ def dp_ops(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch) -> dict
             "all_gather", psi * w, np.where((z == 1) | (z == 2), one, zeros), n
         ),
         "zero3_param_all_gather": CollectiveOp(
-            "all_gather", psi * w, np.where(z == 3, 2 * m, zeros), n
+            "all_gather", psi * w, np.where(z == 3, (2 + (batch.recompute == 2)) * m, zeros), n
         ),
     }
 

@@ -349,7 +349,9 @@ class TrainingSpec(Spec):
     # Software features that decide what communication is hidden (Megatron-Core / NeMo names in
     # brackets). Defaults describe a current Megatron-Core recipe; Megatron-LM 2021 had none.
     overlap_grad_reduce: bool = Field(
-        default=True, description="DP gradient reduce overlaps the backward (--overlap-grad-reduce)"
+        default=True,
+        description="data-parallel communication (gradient reduce, ZeRO gathers) overlaps "
+        "compute (--overlap-grad-reduce, --overlap-param-gather, FSDP prefetch)",
     )
     overlap_tp_comm: bool = Field(
         default=False, description="TP collectives overlap GEMMs (--tp-comm-overlap, TE userbuffers)"
@@ -358,6 +360,11 @@ class TrainingSpec(Spec):
         default=True, description="pipeline sends/receives overlap compute (--overlap-p2p-comm)"
     )
     flash_attention: bool = Field(default=True, description="no s^2 attention scores are stored")
+    zero3_gather: Literal["layer", "tensor"] = Field(
+        default="layer",
+        description="ZeRO-3 all-gather granularity: one per layer (PyTorch FSDP2, Megatron-FSDP) "
+        "or one per parameter tensor (DeepSpeed ZeRO-3 as of 2021)",
+    )
 
     @property
     def tokens_per_step(self) -> int:

@@ -144,6 +144,7 @@ def pipeline_makespan_s(
     vp: np.ndarray,
     m: np.ndarray,
     schedule: np.ndarray,
+    fwd_fraction: np.ndarray,
     w_fraction: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Makespan of one pipelined step and its steady-state (bubble-free) part [s].
@@ -153,8 +154,9 @@ def pipeline_makespan_s(
     other stages once, divided by ``v`` for the interleaved schedule:
     ``T = m*t_max + (sum_stages - t_max) / v``, which for uniform stages is the
     ``(m + (p-1)/v) * t`` of Narayanan et al. 2021 (Sec. 2.2.1-2.2.2). ZB-H1 (Qi et al. 2024,
-    Sec. 3) fills the bubble with deferred weight-gradient work: the fill/drain term shrinks by
-    ``(F + B - W)/(F + B + W)``, with ``W = w_fraction`` of the stage time.
+    Sec. 3) fills the bubble with deferred weight-gradient work: the fill/drain term shrinks to
+    ``max(F + B - W, F, B)/(F + B + W)``, with ``F = fwd_fraction`` and ``W = w_fraction`` of
+    the stage time and ``B`` the rest.
 
     Returns ``(makespan_s, steady_s)``.
     """
@@ -163,9 +165,12 @@ def pipeline_makespan_s(
     total = np.where(p > 1, t_first_s + t_last_s + np.maximum(p - 2, 0) * t_mid_s, t_first_s)
     fill = total - t_max
     fill = np.where(schedule == _SCHED_INTERLEAVED, fill / vp, fill)
-    # ZB-H1: with W the weight-gradient share of (F+B+W), the bubble is (p-1)(F+B-W) instead
-    # of (p-1)(F+B+W) (Qi et al. 2024, Sec. 3.1, handcrafted schedule ZB-H1): 1/3 when equal.
-    zb_factor = np.clip(1.0 - 2.0 * w_fraction, 0.0, 1.0)
+    # ZB-H1 (Qi et al. 2024, Sec. 3.1): the fill/drain is (p-1)*max(F+B-W, F, B) instead of
+    # (p-1)*(F+B+W), with B the input-gradient and W the weight-gradient part of the backward;
+    # the max(.., F, B) bounds come from our simulator (docs/pipeline.md). 1/3 when equal.
+    f = fwd_fraction
+    b_in = 1.0 - fwd_fraction - w_fraction
+    zb_factor = np.clip(np.maximum(np.maximum(f + b_in - w_fraction, f), b_in), 0.0, 1.0)
     fill = np.where(schedule == _SCHED_ZB, fill * zb_factor, fill)
     steady = m * t_max
     return steady + fill, steady
@@ -231,9 +236,11 @@ def evaluate(
 
     # 3. pipeline makespan with the schedule's bubble. The weight-gradient share of a layer's
     # time is half its backward GEMM time (dgrad and wgrad cost the same FLOPs).
-    w_fraction = 0.5 * ct["layer_bwd_s"] / np.maximum(layer_fwd_s + layer_bwd_s, 1e-30)
+    denom = np.maximum(layer_fwd_s + layer_bwd_s, 1e-30)
+    w_fraction = 0.5 * ct["layer_bwd_s"] / denom
+    fwd_fraction = layer_fwd_s / denom
     makespan_s, steady_s = pipeline_makespan_s(t_first, t_mid, t_last, pp, vp, m, b.schedule,
-                                               w_fraction)
+                                               fwd_fraction, w_fraction)
     t_max = np.maximum(np.maximum(t_first, t_last), t_mid)
     comm_share = np.where(t_max > 0, (layers_per_stage * (tp_comm_s + cp_comm_s)) / t_max, 0.0)
     tp_share = np.where(t_max > 0, (layers_per_stage * tp_comm_s) / t_max, 0.0)
@@ -258,9 +265,14 @@ def evaluate(
         dp_exposed_s = comm_time_mod.exposed_dp_time_s(dp_grad_s, last_bwd_s)
     else:
         dp_exposed_s = dp_grad_s
-    # 4c. ZeRO-3 parameter gathers are prefetched a layer ahead: exposed only beyond compute.
+    # 4c. ZeRO-3 parameter gathers: prefetched a layer ahead when the framework overlaps
+    # data-parallel communication (FSDP2, Megatron-FSDP), exposed only beyond compute; fully
+    # exposed otherwise (DeepSpeed ZeRO-3 of 2021, Narayanan et al. 2021 Table 2).
     z3_s = np.where(b.zero_stage == 3, comm["zero3_gather_s"], 0.0)
-    zero3_exposed_s = np.maximum(z3_s - steady_s, 0.0)
+    if training.overlap_grad_reduce:
+        zero3_exposed_s = np.maximum(z3_s - steady_s, 0.0)
+    else:
+        zero3_exposed_s = z3_s
 
     # 5. optimizer step over this GPU's shard.
     optimizer_s = ct["optimizer_s"]

@@ -126,6 +126,8 @@ def case_from_row(r: pd.Series) -> Case:
         # p2p, fused softmax storing the attention scores (no flash attention).
         sw = dict(overlap_grad_reduce=False, overlap_tp_comm=False, overlap_p2p_comm=False,
                   flash_attention=False)
+    if "deepspeed" in str(r["zero_or_dist_optimizer"]).lower():
+        sw["zero3_gather"] = "tensor"  # DeepSpeed ZeRO-3 (2021) gathers parameter by parameter
     training = TrainingSpec(global_batch_size=int(gb), seq_len=seq, precision=precision,
                             optimizer="adam", **sw)
     t = int(_f(r["tensor_parallel"]) or 1)
