@@ -72,8 +72,14 @@ def test_context_parallel_and_zero3_hand():
     # ZeRO-3 over dp*cp = 8 GPUs at stride 4 (2 per node): ring bw min(300, 2*25) = 50 GB/s
     psi = params_per_gpu(GPT3, b)[0]
     ag = 7 * 8e-6 + 7 / 8 * psi * 2 / 50e9
-    assert t["zero3_gather_s"][0] == pytest.approx(2 * 8 * ag)
+    # one gather per layer (FSDP2): 96 layers per pass, each extra one pays (n-1)*alpha again
+    per_layer_latency = (96 - 1) * 7 * 8e-6
+    assert t["zero3_gather_s"][0] == pytest.approx(2 * 8 * (ag + per_layer_latency))
     assert t["dp_grad_s"][0] == pytest.approx(8 * ag)  # one reduce-scatter per micro-batch
+    # DeepSpeed-2021 style: one gather per parameter tensor (12 per GPT layer with biases)
+    t_tensor = comm_times(GPT3, tr.model_copy(update={"zero3_gather": "tensor"}), A100, b)
+    per_tensor_latency = (96 * 12 - 1) * 7 * 8e-6
+    assert t_tensor["zero3_gather_s"][0] == pytest.approx(2 * 8 * (ag + per_tensor_latency))
 
 
 def test_all_reduce_calculator_matches_dp_time_in_one_node():
