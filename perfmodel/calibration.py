@@ -1,0 +1,347 @@
+"""Measured kernel efficiency of one GPU, and its transfer to GPUs without a measurement.
+
+A calibration folder holds what ``calibrate_gpu.py`` writes (``gemm.csv``, ``attention.csv``,
+``memops.csv``, ``env.json``; see ``hardware_specs/calibration/h200``). From it we build a
+:class:`Calibration`:
+
+* GEMM efficiency (achieved / dense bf16 peak) as a function of the shape ``(m, n, k)`` and the
+  layout (``fwd`` ``x@W``, ``dgrad`` ``dy@W^T``, ``wgrad`` ``x^T@dy``): piecewise-linear
+  interpolation of ``log(efficiency)`` over the measured points in ``(log m, log n, log k)``
+  (Delaunay, :class:`scipy.interpolate.LinearNDInterpolator`), nearest measured point outside
+  their hull, and never above the roofline of the GEMM's own operand traffic.
+* Flash-attention time ``t0(s) + flops / rate(s)`` per pass, fitted per measured sequence length
+  (the intercept is the longest thread block, which more heads do not shorten).
+* Achieved bandwidth of the memory-bound kernels (copy, layernorm, gelu, dropout, add, softmax,
+  fused AdamW), the slope of a least-squares line ``t = t0 + bytes / bw`` through each op's rows.
+
+The timing script launches one kernel between two CUDA events on an idle stream, so every row
+also holds the CPU time to dispatch that one kernel (the GPU waits for it). We subtract
+:data:`BENCH_DISPATCH_S` from every measured time before turning it into an efficiency; it is the
+intercept of the ``copy`` rows of ``memops.csv`` (10.4 us) less a 2 us kernel (ramp + tail).
+
+Other GPUs (no measurement): efficiencies are fractions of peak, so the measured curve is applied
+to the target's datasheet peak (same fraction of peak at the same shape), and memory-bound
+bandwidths scale with the datasheet HBM bandwidth. ``gemm_scale`` (default 1) can raise or lower
+the GEMM curve for a part whose largest GEMMs reach a different fraction of peak (see
+:data:`LARGE_GEMM_FRACTION`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
+
+from hardware_specs import calibration_dir
+from perfmodel.specs import GPUSpec, SpecError, load_gpu
+
+__all__ = [
+    "BENCH_DISPATCH_S",
+    "KERNEL_MIN_S",
+    "LARGE_GEMM_FRACTION",
+    "LAYOUTS",
+    "MEMOPS",
+    "Calibration",
+    "calibration_for",
+    "load_calibration",
+]
+
+LAYOUTS = ("fwd", "dgrad", "wgrad")
+MEMOPS = ("copy", "layernorm", "gelu", "dropout", "add", "softmax", "adamw")
+ATTENTION_PASSES = ("fwd", "bwd", "fwd+bwd")
+
+BENCH_DISPATCH_S = 8e-6
+"""CPU dispatch time inside every calibration row [s] (see module docstring)."""
+
+KERNEL_MIN_S = 2e-6
+"""Shortest GPU kernel [s]: launch-to-completion of a tiny kernel on the device (ramp and tail of
+one wave). Applied to every modelled kernel as a floor."""
+
+MAX_EFFICIENCY = 0.95
+"""No kernel is credited with more than this fraction of the datasheet peak."""
+
+LARGE_GEMM_FRACTION = {
+    # Largest square bf16 GEMM reached on the part / dense datasheet peak. H200: env.json of the
+    # shipped calibration (782 / 989.4). The others are reference values quoted in the "maximum
+    # achievable matmul FLOPS" tables of S. Bekman, *Machine Learning Engineering* (2024), ch.
+    # compute/accelerator; use them through ``calibration_for(gpu, gemm_scale=...)``.
+    "h200": 0.79,
+    "h100": 0.80,
+    "a100": 0.87,
+}
+
+_REFERENCE_GPU = {"h200": "h200-sxm-141gb"}
+
+
+def _read_csv(folder: Path, name: str) -> pd.DataFrame:
+    p = folder / name
+    if not p.exists():
+        raise SpecError(f"calibration folder '{folder}': missing {name}")
+    return pd.read_csv(p)
+
+
+@dataclass(frozen=True, eq=False)
+class Calibration:
+    """Kernel efficiencies of one GPU (measured, or scaled from another's measurement).
+
+    Efficiencies are fractions of the dense bf16 tensor-core peak of the GPU they are used for;
+    bandwidths are bytes/s on that GPU. Build with :func:`load_calibration` or
+    :func:`calibration_for`; methods are vectorized over numpy arrays.
+    """
+
+    name: str
+    gemm_points: dict  # layout -> (points (N, 3) log2 m n k, log efficiency (N,))
+    attention_points: dict  # pass -> (log2 seq, t0 * peak [FLOP], rate / peak), see below
+    membw_bytes_per_s_table: dict  # op -> achieved bandwidth [bytes/s]
+    hbm_bw_bytes_per_s: float  # datasheet HBM bandwidth of the GPU used for
+    peak_flops_bf16: float  # dense bf16 peak of the GPU used for [FLOP/s]
+    gemm_scale: float = 1.0
+    source: str = ""
+    _interp: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for name, (pts, vals) in self.gemm_points.items():
+            self._interp[("gemm", name)] = (
+                LinearNDInterpolator(pts, vals),
+                NearestNDInterpolator(pts, vals),
+            )
+
+    def _lookup(self, key: str, name: str, pts: np.ndarray) -> np.ndarray:
+        lin, near = self._interp[(key, name)]
+        v = lin(pts)
+        bad = ~np.isfinite(v)
+        if np.any(bad):
+            v = np.where(bad, near(pts), v)
+        return np.exp(v)
+
+    def gemm_efficiency(self, m, n, k, layout: str = "fwd") -> np.ndarray:
+        """Achieved / peak for an ``m x k`` by ``k x n`` GEMM (``2*m*n*k`` FLOPs).
+
+        Parameters
+        ----------
+        m : tokens (rows of the activation) [-]; n : output features; k : input features.
+            For ``dgrad`` and ``wgrad`` give the shape of the forward GEMM (as ``gemm.csv``).
+        layout : ``fwd``, ``dgrad`` or ``wgrad``.
+
+        Returns
+        -------
+        Efficiency in (0, 0.95], including the roofline of the operand traffic
+        (``2*(mk + kn + mn)`` bf16 bytes at the HBM bandwidth).
+
+        References
+        ----------
+        Measured: ``gemm.csv`` of the calibration; roofline: Williams et al. 2009, CACM 52(4).
+        """
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout {layout!r}: expected one of {LAYOUTS}")
+        m, n, k = (np.maximum(np.asarray(x, dtype=np.float64), 1.0) for x in (m, n, k))
+        m, n, k = np.broadcast_arrays(m, n, k)
+        pts = np.stack([np.log2(m).ravel(), np.log2(n).ravel(), np.log2(k).ravel()], axis=1)
+        eff = self._lookup("gemm", layout, pts).reshape(m.shape) * self.gemm_scale
+        flops = 2.0 * m * n * k
+        bytes_ = 2.0 * (m * k + k * n + m * n)
+        roof = flops / (bytes_ / self.hbm_bw_bytes_per_s) / self.peak_flops_bf16
+        return np.clip(np.minimum(eff, roof), 1e-4, MAX_EFFICIENCY)
+
+    def attention_time_s(
+        self, batch_heads, seq, head_dim=128, pass_: str = "fwd", causal: bool = True
+    ) -> np.ndarray:
+        """Time [s] of flash attention over ``batch_heads`` heads of ``seq`` queries and keys.
+
+        ``t = t0(s) * (d/128) * (2 if not causal) + flops / (rate(s) * (d/128)**0.25)``, with
+        ``flops = 4*bh*s^2*d`` (halved when causal; x2.5 for ``bwd``). ``t0`` (the longest thread
+        block) and ``rate`` are fitted per measured sequence length and interpolated linearly in
+        ``log2(s)`` (``t0/s`` and ``rate``, held constant outside the measured range). The
+        ``(d/128)**0.25`` rate penalty for head_dim < 128 is an assumption (smaller tiles reuse
+        less of each K/V load), not a measurement.
+
+        References
+        ----------
+        Measured: ``attention.csv``; FLOPs: Dao 2023 (FlashAttention-2), Sec. 4.1.
+        """
+        if pass_ not in ("fwd", "bwd", "fwd+bwd"):
+            raise ValueError(f"pass {pass_!r}: expected one of {ATTENTION_PASSES}")
+        if pass_ == "fwd+bwd":
+            return self.attention_time_s(batch_heads, seq, head_dim, "fwd", causal) + (
+                self.attention_time_s(batch_heads, seq, head_dim, "bwd", causal)
+            )
+        bh = np.asarray(batch_heads, dtype=np.float64)
+        s = np.asarray(seq, dtype=np.float64)
+        d = np.asarray(head_dim, dtype=np.float64)
+        ls, t0_flops, rate_frac = self.attention_points[pass_]
+        x = np.log2(np.maximum(s, 1.0))
+        t0_per_token = np.interp(x, ls, t0_flops / 2.0**ls) / self.peak_flops_bf16
+        rate = np.interp(x, ls, rate_frac) * self.peak_flops_bf16 * np.minimum(d / 128.0, 1.0) ** 0.25
+        mult = 1.0 if pass_ == "fwd" else 2.5
+        flops = mult * 4.0 * bh * s**2 * d * (0.5 if causal else 1.0)
+        t0 = t0_per_token * s * (d / 128.0) * (1.0 if causal else 2.0)
+        return np.where(bh * s > 0, t0 + flops / rate, 0.0)
+
+    def attention_efficiency(self, batch_heads, seq, pass_: str = "fwd") -> np.ndarray:
+        """Achieved / peak of causal flash attention with head_dim 128, counting causal FLOPs
+        (``4*bh*s^2*d/2`` forward, 2.5x that backward, 3.5x for ``fwd+bwd``), from
+        :meth:`attention_time_s`.
+
+        References
+        ----------
+        Measured: ``attention.csv``; Dao 2023 (FlashAttention-2), Sec. 4.1 for the FLOP count.
+        """
+        mult = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}[pass_]
+        bh, s = np.broadcast_arrays(np.asarray(batch_heads, float), np.asarray(seq, float))
+        flops = mult * 4.0 * bh * s**2 * 128 / 2.0
+        t = self.attention_time_s(bh, s, 128, pass_)
+        return np.clip(flops / t / self.peak_flops_bf16, 1e-4, MAX_EFFICIENCY)
+
+    def membw_bytes_per_s(self, op: str) -> float:
+        """Achieved bandwidth [bytes/s] of memory-bound kernel ``op`` (see :data:`MEMOPS`),
+        counting bytes read plus bytes written."""
+        if op not in self.membw_bytes_per_s_table:
+            raise ValueError(f"memory op {op!r}: expected one of {sorted(self.membw_bytes_per_s_table)}")
+        return self.membw_bytes_per_s_table[op]
+
+    def scaled_to(self, gpu: GPUSpec, gemm_scale: float = 1.0) -> Calibration:
+        """This calibration applied to another GPU: same fraction of peak at the same shape,
+        memory-bound bandwidths scaled by the ratio of datasheet HBM bandwidths."""
+        r = gpu.hbm_bw_bytes_per_s / self.hbm_bw_bytes_per_s
+        return replace(
+            self,
+            name=f"{self.name}->{gpu.name}",
+            membw_bytes_per_s_table={k: v * r for k, v in self.membw_bytes_per_s_table.items()},
+            hbm_bw_bytes_per_s=gpu.hbm_bw_bytes_per_s,
+            peak_flops_bf16=gpu.peak_flops("bf16"),
+            gemm_scale=self.gemm_scale * gemm_scale,
+            source=f"{self.source}; scaled to {gpu.name} by datasheet peak and HBM bandwidth",
+            _interp={},
+        )
+
+
+def _gemm_points(df: pd.DataFrame, peak: float) -> dict:
+    flops = 2.0 * df["m"] * df["n"] * df["k"]
+    t = np.maximum(df["seconds"] - BENCH_DISPATCH_S, flops / (peak * MAX_EFFICIENCY))
+    df = df.assign(leff=np.log(flops / t / peak))
+    out = {}
+    for layout in LAYOUTS:
+        g = df[df["layout"] == layout].groupby(["m", "n", "k"], as_index=False)["leff"].mean()
+        if g.empty:
+            raise SpecError(f"gemm.csv: no rows with layout '{layout}'")
+        pts = np.log2(g[["m", "n", "k"]].to_numpy(dtype=np.float64))
+        out[layout] = (pts, g["leff"].to_numpy())
+    return out
+
+
+def _attention_points(df: pd.DataFrame, peak: float) -> dict:
+    """Per sequence length and pass: ``t = t0 + flops / rate`` (least squares over the rows).
+
+    The intercept is the longest thread block (the last causal query block against all keys):
+    it grows with the sequence and does not shrink with more heads. The backward's intercept is
+    fixed at 2.5x the forward's (its FLOP ratio); its rate is fitted on ``fwd+bwd - fwd``.
+    Returns ``pass -> (log2 seq (S,), t0 * peak (S,) [FLOP], rate / peak (S,))``.
+    """
+    df = df.assign(bh=df["batch"] * df["heads"], t=df["seconds"] - BENCH_DISPATCH_S)
+    df = df.assign(flops=4.0 * df["bh"] * df["seq"] ** 2 * df["head_dim"] / 2.0)
+    out: dict = {"fwd": ([], [], []), "bwd": ([], [], [])}
+    for s, g in df.groupby("seq"):
+        f = g[g["pass"] == "fwd"].set_index("bh").sort_index()
+        fb = g[g["pass"] == "fwd+bwd"].set_index("bh").sort_index()
+        slope, t0 = np.polyfit(f["flops"], f["t"], 1)
+        t0 = max(t0, 0.0)
+        rate = 1.0 / slope if slope > 0 else float(np.max(f["flops"] / f["t"]))
+        common = f.index.intersection(fb.index)
+        fl_b = 2.5 * f.loc[common, "flops"].to_numpy()
+        t_b = (fb.loc[common, "t"] - f.loc[common, "t"]).to_numpy() - 2.5 * t0
+        rate_b = float(np.sum(fl_b * fl_b) / np.sum(fl_b * np.maximum(t_b, 1e-9)))
+        for key, a, r in (("fwd", t0, rate), ("bwd", 2.5 * t0, rate_b)):
+            out[key][0].append(np.log2(s))
+            out[key][1].append(a * peak)
+            out[key][2].append(min(r / peak, MAX_EFFICIENCY))
+    return {k: tuple(np.asarray(x, dtype=np.float64) for x in v) for k, v in out.items()}
+
+
+def _membw(df: pd.DataFrame) -> dict:
+    out = {}
+    for op, g in df.groupby("op"):
+        name = "adamw" if op.startswith("adamw") else op
+        b, t = g["bytes_moved"].to_numpy(float), g["seconds"].to_numpy(float)
+        if len(g) >= 2 and np.ptp(b) > 0:
+            slope, _ = np.polyfit(b, t, 1)  # t = t0 + bytes / bw
+            bw = 1.0 / slope if slope > 0 else float(np.max(b / t))
+            bw = min(bw, float(np.max(b / np.maximum(t - BENCH_DISPATCH_S, 1e-9))))
+        else:
+            bw = float(b[0] / max(t[0] - BENCH_DISPATCH_S, 1e-9))
+        out[name] = bw
+    out.setdefault("copy", max(out.values()))
+    for op in MEMOPS:  # ops the folder lacks run at the copy rate
+        out.setdefault(op, out["copy"])
+    return out
+
+
+def load_calibration(folder: str | Path, gpu: str | GPUSpec | None = None) -> Calibration:
+    """Read a calibration folder measured on ``gpu`` (the part that was measured).
+
+    Parameters
+    ----------
+    folder : a path, or the name of a shipped calibration (``h200``).
+    gpu : the measured GPU (preset name or spec); its datasheet bf16 peak and HBM bandwidth turn
+        measured rates into fractions. Optional for shipped calibrations.
+    """
+    name = str(folder)
+    path = Path(folder)
+    if not path.is_dir():
+        shipped = calibration_dir(name)
+        if shipped is None:
+            raise SpecError(f"calibration folder '{folder}' does not exist")
+        path = shipped
+    if gpu is None:
+        if path.name not in _REFERENCE_GPU:
+            raise SpecError(f"calibration '{folder}': give the measured GPU (gpu=...)")
+        gpu = _REFERENCE_GPU[path.name]
+    return _load_cached(str(path.resolve()), load_gpu(gpu).model_dump_json())
+
+
+@functools.lru_cache(maxsize=16)
+def _load_cached(path: str, gpu_json: str) -> Calibration:
+    gpu = GPUSpec.model_validate_json(gpu_json)
+    folder = Path(path)
+    peak = gpu.peak_flops("bf16")
+    env = {}
+    if (folder / "env.json").exists():
+        env = json.loads((folder / "env.json").read_text())
+    return Calibration(
+        name=folder.name,
+        gemm_points=_gemm_points(_read_csv(folder, "gemm.csv"), peak),
+        attention_points=_attention_points(_read_csv(folder, "attention.csv"), peak),
+        membw_bytes_per_s_table=_membw(_read_csv(folder, "memops.csv")),
+        hbm_bw_bytes_per_s=gpu.hbm_bw_bytes_per_s,
+        peak_flops_bf16=peak,
+        source=f"measured on {env.get('name', gpu.name)} ({folder})",
+    )
+
+
+def calibration_for(
+    gpu: GPUSpec, calibration: Calibration | str | Path | None = None, gemm_scale: float = 1.0
+) -> Calibration:
+    """The calibration to use for ``gpu``.
+
+    ``calibration`` given as a Calibration is used as is; as a folder it is read as measured on
+    ``gpu``. Otherwise the GPU's shipped calibration (``gpu.calibration``) if any, else the H200
+    measurement scaled to the GPU's datasheet (see :meth:`Calibration.scaled_to`).
+    """
+    if isinstance(calibration, Calibration):
+        return calibration
+    if calibration is not None:
+        return load_calibration(calibration, gpu)
+    if gpu.calibration is not None:
+        cal = load_calibration(gpu.calibration, gpu)
+        return cal if gemm_scale == 1.0 else replace(cal, gemm_scale=gemm_scale, _interp={})
+    return _scaled_h200(gpu.model_dump_json(), gemm_scale)
+
+
+@functools.lru_cache(maxsize=64)
+def _scaled_h200(gpu_json: str, gemm_scale: float) -> Calibration:
+    gpu = GPUSpec.model_validate_json(gpu_json)
+    return load_calibration("h200").scaled_to(gpu, gemm_scale)

@@ -1,0 +1,407 @@
+"""Compute time of one transformer layer (and the embedding, logits and optimizer) per GPU.
+
+Each layer is the sum of its kernels, never one global efficiency:
+
+* GEMMs (qkv with GQA, attention output projection, MLP fc1 (+gate) and fc2), each forward,
+  data-gradient and weight-gradient, with the shape this GPU runs (tokens / cp rows, features /
+  tp columns): ``time = 2*m*n*k / (peak(dtype) * efficiency(m, n, k, layout))``, efficiency from
+  the GPU's calibration (:mod:`perfmodel.calibration`).
+* Flash attention (causal, GQA shares K/V heads: the work follows the query heads), timed by the
+  calibrated ``t0(s) + flops / rate(s)``.
+* Memory-bound kernels (norms, activations, dropout, residual adds, casts, cross-entropy), each
+  ``max(KERNEL_MIN_S, bytes / achieved bandwidth of its kind)``.
+
+``kernels="fused"`` models Megatron-LM / Transformer Engine: bf16 weights and activations, bias
+folded into the GEMM epilogue, fused bias+GELU, fused bias+dropout+add, fused (RMS/Layer)Norm,
+weight-gradient accumulation fused into the fp32 main gradient, sequence parallelism splitting
+the norm/dropout region by tp; CPU launch cost is hidden behind the GPU.
+
+``kernels="eager"`` models plain PyTorch eager under ``torch.autocast`` with fp32 weights (the
+calibration script's ``e2e`` model): an fp32 residual stream, fp32 LayerNorm, a bf16 cast of
+every weight and of every GEMM input each forward (and their fp32 casts back in the backward),
+separate bias-gradient reductions, fp32 logits and cross-entropy; each kernel also costs CPU
+dispatch time (:data:`CPU_FWD_LAUNCH_S`, :data:`CPU_BWD_LAUNCH_S`, :data:`CHECKPOINT_CPU_S`), and
+a phase takes ``max(GPU time, CPU time)`` (the CPU runs ahead of the GPU when it can).
+
+Precision: ``bf16``/``fp16`` GEMMs at the 16-bit tensor peak; ``fp8``/``fp4`` GEMMs at that
+peak times :data:`LOW_PRECISION_GEMM_RATIO` (plus the quantisation casts); ``fp32`` GEMMs at the
+TF32 tensor peak with fused kernels (Megatron in NGC containers allows TF32) and at the fp32
+CUDA-core peak in eager PyTorch (``torch.backends.cuda.matmul.allow_tf32`` is False by default).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfmodel.calibration import KERNEL_MIN_S, Calibration, calibration_for
+from perfmodel.config import ConfigBatch
+from perfmodel.specs import GPUSpec, ModelSpec, TrainingSpec
+
+__all__ = [
+    "CHECKPOINT_CPU_S",
+    "COMPOSE_P",
+    "CPU_BWD_LAUNCH_S",
+    "CPU_FWD_LAUNCH_S",
+    "LOW_PRECISION_GEMM_RATIO",
+    "OPTIMIZER_BYTES_PER_PARAM",
+    "compute_times",
+    "gemm_time_s",
+    "layer_gemms",
+    "optimizer_params_per_gpu",
+]
+
+# Eager PyTorch CPU cost per launched kernel (Python module call, autocast and autograd record
+# in the forward; the C++ autograd engine in the backward) and per checkpointed layer (the
+# non-reentrant checkpoint's saved-tensor hooks and RNG state). Fitted on the small-model rows of
+# hardware_specs/calibration/h200/e2e_dev.csv, where the GPU waits for the CPU (docs/compute.md).
+CPU_FWD_LAUNCH_S = 24e-6
+CPU_BWD_LAUNCH_S = 34e-6
+CHECKPOINT_CPU_S = 1.3e-3
+
+COMPOSE_P = 4.0
+"""Exponent of the smooth maximum ``(gpu^p + cpu^p)^(1/p)`` of a phase's device and launch
+times: equal times cost 2^(1/4) = 1.19x either, since short kernels between long ones leave the
+device idle while the CPU catches up. Chosen with the constants above (p in 3, 4, 6, inf)."""
+
+LOW_PRECISION_GEMM_RATIO = 0.85
+"""fp8/fp4 GEMM efficiency relative to the bf16 efficiency at the same shape (assumption:
+Transformer Engine fp8 GEMMs reach ~1.3-1.45 of the 2x higher peak's bf16-equivalent on H100)."""
+
+OPTIMIZER_BYTES_PER_PARAM = {
+    # bytes read + written per parameter by the optimizer step
+    ("adam", "eager"): 28,  # fp32 p, m, v read+write (24) + fp32 grad read (4): memops.csv
+    ("adamw", "eager"): 28,
+    ("sgd", "eager"): 20,  # p, momentum read+write (16) + grad read (4)
+    ("adam", "fused"): 34,  # 28 + bf16 param copy written (2) + grad-norm read of main grad (4)
+    ("adamw", "fused"): 34,
+    ("sgd", "fused"): 26,
+}
+
+_RECOMPUTE_SELECTIVE, _RECOMPUTE_FULL = 1, 2
+
+
+def gemm_time_s(cal: Calibration, m, n, k, layout: str, peak_flops: float, ratio: float = 1.0):
+    """Time [s] of one ``m x k`` by ``k x n`` GEMM: ``2*m*n*k / (peak * efficiency)``.
+
+    References
+    ----------
+    Efficiency measured per shape (``gemm.csv``), see
+    :meth:`perfmodel.calibration.Calibration.gemm_efficiency`.
+    """
+    m, n, k = (np.asarray(x, dtype=np.float64) for x in (m, n, k))
+    eff = cal.gemm_efficiency(m, n, k, layout) * ratio
+    t = 2.0 * m * n * k / (peak_flops * eff)
+    return np.where(m * n * k > 0, np.maximum(t, KERNEL_MIN_S), 0.0)
+
+
+def layer_gemms(model: ModelSpec, tokens, tp) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, int]]:
+    """The weight GEMMs of one layer on one GPU: ``(name, m, n, k, count)`` with ``m`` tokens,
+    ``n`` output and ``k`` input features after the tensor-parallel split (column-parallel qkv
+    and fc1 split ``n``, row-parallel proj and fc2 split ``k``; Shoeybi et al. 2019, Sec. 3).
+
+    K/V heads are split by tp when tp divides them, else replicated (one head per GPU). A gated
+    MLP runs gate and up as one GEMM of ``2f/tp`` columns (Megatron's fused fc1). MoE layers run
+    ``num_experts`` GEMMs of ``tokens*top_k/num_experts`` rows each (all experts local).
+    """
+    tp = np.asarray(tp, dtype=np.float64)
+    T = np.asarray(tokens, dtype=np.float64)
+    h, d, nh, kv, f = (model.hidden_size, model.head_size, model.num_attention_heads,
+                       model.kv_heads, model.ffn_hidden_size)
+    kv_per_gpu = np.maximum(kv / tp, 1.0)
+    e = model.num_experts
+    t_mlp = T * model.moe_top_k / e
+    fc1_n = f * (2 if model.gated_mlp else 1) / tp
+    return [
+        ("qkv", T, (nh / tp + 2 * kv_per_gpu) * d, np.full_like(tp, h), 1),
+        ("proj", T, np.full_like(tp, h), nh * d / tp, 1),
+        ("fc1", t_mlp, fc1_n, np.full_like(tp, h), e),
+        ("fc2", t_mlp, np.full_like(tp, h), f / tp, e),
+    ]
+
+
+def optimizer_params_per_gpu(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
+    """Parameters whose optimizer state this GPU updates (the first pipeline stage, which also
+    holds the embedding): ``(L/pp * layer + embedding [+ final norm + output layer if pp=1]) / tp``,
+    divided by dp under ZeRO stage >= 1 (Rajbhandari et al. 2020, Sec. 5.1)."""
+    tp = batch.tp.astype(np.float64)
+    pp = batch.pp.astype(np.float64)
+    dp = batch.dp.astype(np.float64)
+    params = model.num_layers / pp * model.layer_params() + model.embedding_params()
+    params = params + np.where(pp == 1, model.norm_params() + model.output_params(), 0.0)
+    params = params / tp
+    return np.where(batch.zero_stage >= 1, params / dp, params)
+
+
+class _Phase:
+    """Accumulates GPU time and kernel launches of one phase (layer forward, backward...)."""
+
+    def __init__(self, cal: Calibration, n: int):
+        self.cal = cal
+        self.gpu_s = np.zeros(n)
+        self.launches = np.zeros(n)
+
+    def mem(self, op: str, nbytes, count=1) -> None:
+        """``count`` memory-bound kernels of kind ``op`` moving ``nbytes`` each."""
+        nbytes = np.asarray(nbytes, dtype=np.float64)
+        t = np.maximum(nbytes / self.cal.membw_bytes_per_s(op), KERNEL_MIN_S)
+        self.gpu_s = self.gpu_s + count * np.where(nbytes > 0, t, 0.0)
+        self.launches = self.launches + count * np.where(nbytes > 0, 1.0, 0.0)
+
+    def add(self, t_s, launches=1) -> None:
+        self.gpu_s = self.gpu_s + t_s
+        self.launches = self.launches + launches
+
+    def cpu_s(self, cpu_per_launch_s: float, cpu_extra_s=0.0) -> np.ndarray:
+        return self.launches * cpu_per_launch_s + cpu_extra_s
+
+    def time_s(self, cpu_per_launch_s: float, cpu_extra_s=0.0) -> np.ndarray:
+        """The slower of the device and the launching thread, see :func:`_overlap_s`."""
+        return _overlap_s(self.gpu_s, self.cpu_s(cpu_per_launch_s, cpu_extra_s))
+
+
+
+def _overlap_s(gpu_s, cpu_s):
+    """Time of a phase whose kernels take ``gpu_s`` on the device and ``cpu_s`` to launch:
+    ``(gpu^p + cpu^p)^(1/p)``, a smooth maximum (p = :data:`COMPOSE_P`)."""
+    if not np.isfinite(COMPOSE_P):
+        return np.maximum(gpu_s, cpu_s)
+    hi = np.maximum(np.maximum(gpu_s, cpu_s), 1e-30)
+    return hi * ((gpu_s / hi) ** COMPOSE_P + (cpu_s / hi) ** COMPOSE_P) ** (1.0 / COMPOSE_P)
+
+
+def compute_times(
+    model: ModelSpec,
+    training: TrainingSpec,
+    gpu: GPUSpec,
+    batch: ConfigBatch,
+    *,
+    kernels: str = "fused",
+    calibration: Calibration | str | None = None,
+) -> dict[str, np.ndarray]:
+    """Compute times per micro-batch per GPU (and the optimizer step per step).
+
+    Parameters
+    ----------
+    model, training, gpu : specs.
+    batch : configurations (uses tp, cp, micro_batch_size, sequence_parallel, recompute,
+        zero_stage, dp, pp).
+    kernels : ``"fused"`` (Megatron-LM / Transformer Engine) or ``"eager"`` (plain PyTorch
+        eager under autocast with fp32 weights).
+    calibration : a Calibration, a calibration folder measured on ``gpu``, or None for the
+        GPU's shipped one (else the H200 tables scaled to the GPU's datasheet).
+
+    Returns
+    -------
+    dict of arrays [s]: ``layer_fwd_s``, ``layer_bwd_s`` (one layer, recompute not included),
+    ``layer_recompute_s``, ``embed_fwd_s``, ``embed_bwd_s``, ``logits_fwd_s``,
+    ``logits_bwd_s`` (incl. the loss), ``optimizer_s`` (per step).
+
+    References
+    ----------
+    Narayanan et al. 2021 (SC21), Sec. 3 (GEMMs per layer); Korthikanti et al. 2022, Sec. 4-5
+    (sequence parallelism, selective and full recompute); Dao 2023 (FlashAttention-2).
+    """
+    if kernels not in ("fused", "eager"):
+        raise ValueError(f"kernels {kernels!r}: expected 'fused' or 'eager'")
+    cal = calibration_for(gpu, calibration)
+    eager = kernels == "eager"
+    n = len(batch)
+    prec = training.precision
+
+    # ---- precision: GEMM peak, efficiency ratio, bytes per activation element
+    if prec == "fp32":
+        peak = gpu.peak_flops("fp32" if eager else "tf32")
+        ratio, act_b, res_b = 1.0, 4.0, 4.0
+    elif prec in ("fp8", "fp4"):
+        peak = gpu.peak_flops(prec)
+        ratio, act_b, res_b = LOW_PRECISION_GEMM_RATIO, 2.0, 2.0
+    else:
+        peak = gpu.peak_flops(prec)
+        ratio, act_b, res_b = 1.0, 2.0, 2.0
+    autocast = eager and prec != "fp32"
+    if autocast:
+        res_b = 4.0  # fp32 embeddings and residual stream; LayerNorm runs in fp32 under autocast
+    w_b = 4.0 if eager else 2.0  # bytes per stored weight element
+    lowp = prec in ("fp8", "fp4") and not eager
+
+    # ---- shapes on this GPU
+    tp = batch.tp.astype(np.float64)
+    cp = batch.cp.astype(np.float64)
+    mb = batch.micro_batch_size.astype(np.float64)
+    s = float(training.seq_len)
+    h, f, d = model.hidden_size, model.ffn_hidden_size, model.head_size
+    nh_gpu = model.num_attention_heads / tp
+    T = mb * s / cp  # tokens in the tensor-parallel region (GEMM rows)
+    Tn = np.where(batch.sequence_parallel, T / tp, T)  # tokens in the norm / dropout region
+    f_gpu = f / tp
+    act_cols = f_gpu * (2 if model.gated_mlp else 1)  # fc1 output columns
+    gemms = layer_gemms(model, T, tp)
+    has_bias = model.linear_bias
+
+    def gemm_phase(ph: _Phase, layouts: tuple[str, ...], skip: tuple[str, ...] = ()) -> None:
+        for name, m_, n_, k_, count in gemms:
+            if name in skip:
+                continue
+            for lay in layouts:
+                ph.add(count * gemm_time_s(cal, m_, n_, k_, lay, peak, ratio), count)
+
+    def attention(ph: _Phase, pass_: str) -> None:
+        t = cal.attention_time_s(mb * nh_gpu, s, d, pass_, causal=True) / cp
+        ph.add(t, 1 if pass_ == "fwd" else 3)
+
+    weights_per_layer = model.layer_params() / tp
+    weight_tensors = 4 + (4 if has_bias else 0)
+
+    # ---- layer forward
+    def layer_forward(ph: _Phase, early_stop: bool = False) -> None:
+        # early_stop: torch.utils.checkpoint (non-reentrant) stops the recomputation once the
+        # last saved tensor (fc2's input) exists, so fc2 and the last residual add are skipped.
+        gemm_phase(ph, ("fwd",), skip=("fc2",) if early_stop else ())
+        attention(ph, "fwd")
+        if eager:
+            ph.mem("layernorm", 2 * res_b * Tn * h, 2)  # ln1, ln2 (fp32 under autocast)
+            if autocast:
+                ph.mem("copy", (res_b + act_b) * T * h, 2)  # casts of the qkv and fc1 inputs
+                # autocast casts every fp32 weight to bf16 each forward (and each recompute:
+                # the cast cache lives only inside the outermost autocast region)
+                ph.mem("copy", (w_b + act_b) * weights_per_layer / weight_tensors, weight_tensors)
+            ph.mem("add", (2 * res_b + act_b) * Tn * h, 1 if early_stop else 2)  # residual adds
+            if model.gated_mlp:
+                ph.mem("gelu", 2 * act_b * T * f_gpu)  # silu(gate)
+                ph.mem("add", 3 * act_b * T * f_gpu)  # * up
+            else:
+                ph.mem("gelu", 2 * act_b * T * f_gpu)
+            if model.position_embedding == "rope":  # rotate q and k: ~6 elementwise kernels
+                ph.mem("copy", 2 * act_b * T * (nh_gpu + model.kv_heads / tp) * d, 6)
+        else:
+            ph.mem("layernorm", 2 * act_b * Tn * h, 2)  # fused ln1, ln2
+            ph.mem("dropout", (3 * act_b + 1) * Tn * h, 2)  # fused bias + dropout + add, x2
+            ph.mem("gelu", (act_cols + f_gpu) * act_b * T)  # fused bias + activation
+            if model.position_embedding == "rope":
+                ph.mem("copy", 2 * act_b * T * (nh_gpu + model.kv_heads / tp) * d)
+            if lowp:  # quantise the four GEMM inputs
+                ph.mem("copy", (act_b + 1) * T * (2 * h + nh_gpu * d + f_gpu), 4)
+
+    fwd = _Phase(cal, n)
+    layer_forward(fwd)
+
+    # ---- layer backward
+    bwd = _Phase(cal, n)
+    gemm_phase(bwd, ("dgrad", "wgrad"))
+    attention(bwd, "bwd")
+    if eager:
+        ph = bwd
+        ph.mem("layernorm", 3 * res_b * Tn * h, 2)  # ln dx
+        ph.mem("layernorm", 2 * res_b * Tn * h, 2)  # ln dgamma, dbeta
+        ph.mem("add", 3 * res_b * Tn * h, 2)  # residual gradient sums
+        ph.mem("gelu", 3 * act_b * T * f_gpu)  # activation backward
+        if model.gated_mlp:
+            ph.mem("add", 3 * act_b * T * f_gpu, 2)  # d(gate), d(up) of the product
+        ph.mem("copy", 2 * act_b * T * gemms[0][2])  # cat of dq, dk, dv (split backward)
+        if autocast:
+            ph.mem("copy", (res_b + act_b) * Tn * h, 2)  # residual grads cast to bf16
+            ph.mem("copy", (res_b + act_b) * T * h, 2)  # GEMM-input grads cast back to fp32
+            ph.mem("copy", (w_b + act_b) * weights_per_layer / weight_tensors, weight_tensors)
+        if has_bias:  # bias gradients: column sums of the output gradients
+            ph.mem("add", act_b * T * (gemms[0][2] + h + act_cols + h) / 4, 4)
+        if model.position_embedding == "rope":
+            ph.mem("copy", 2 * act_b * T * (nh_gpu + model.kv_heads / tp) * d, 6)
+    else:
+        ph = bwd
+        ph.mem("layernorm", 3 * act_b * Tn * h, 2)  # fused ln backward
+        ph.mem("dropout", (2 * act_b + 1) * Tn * h, 2)  # dropout backward
+        ph.mem("add", 3 * act_b * Tn * h, 2)  # residual gradient sums
+        ph.mem("gelu", (2 * act_cols + f_gpu) * act_b * T)  # bias + activation backward
+        if model.position_embedding == "rope":
+            ph.mem("copy", 2 * act_b * T * (nh_gpu + model.kv_heads / tp) * d)
+        if lowp:  # quantise the output gradients
+            ph.mem("copy", (act_b + 1) * T * (gemms[0][2] + act_cols + 2 * h), 4)
+
+    # ---- recompute
+    rec_full = _Phase(cal, n)
+    layer_forward(rec_full, early_stop=eager)
+    rec_sel = _Phase(cal, n)
+    attention(rec_sel, "fwd")
+
+    cpu_f = CPU_FWD_LAUNCH_S if eager else 0.0
+    cpu_b = CPU_BWD_LAUNCH_S if eager else 0.0
+    ckpt = CHECKPOINT_CPU_S if eager else 0.0
+    layer_fwd_s = fwd.time_s(cpu_f)
+    layer_bwd_s = bwd.time_s(cpu_b)
+    rc = batch.recompute
+    # The recompute of a layer runs right before its backward: CPU and GPU overlap across both,
+    # so the pair is composed together and the recompute is what it adds to the backward.
+    full_s = _overlap_s(rec_full.gpu_s + bwd.gpu_s,
+                        rec_full.cpu_s(cpu_f, ckpt) + bwd.cpu_s(cpu_b)) - layer_bwd_s
+    sel_s = _overlap_s(rec_sel.gpu_s + bwd.gpu_s,
+                       rec_sel.cpu_s(cpu_f) + bwd.cpu_s(cpu_b)) - layer_bwd_s
+    layer_recompute_s = np.where(
+        rc == _RECOMPUTE_FULL, full_s, np.where(rc == _RECOMPUTE_SELECTIVE, sel_s, 0.0)
+    )
+
+    # ---- embedding (first stage): token gather + learned positions, and its gradient
+    V = float(model.vocab_size)
+    learned = model.position_embedding == "learned"
+    ef, eb = _Phase(cal, n), _Phase(cal, n)
+    ef.mem("copy", 2 * res_b * T * h)  # token rows gathered
+    if learned:
+        ef.mem("copy", 2 * res_b * T * h)  # position rows
+        ef.mem("add", 3 * res_b * T * h)
+    if not eager:
+        ef.mem("dropout", (2 * act_b + 1) * Tn * h)
+    g_b = 4.0  # gradients of embeddings accumulate in fp32 (eager: fp32 params; fused: main grad)
+    eb.mem("copy", g_b * V * h / tp)  # zero the (vocab-parallel) table gradient
+    eb.mem("add", (res_b + 2 * g_b) * T * h, 3)  # sort + scatter-add of the token gradients
+    if learned:
+        eb.mem("add", (res_b + 2 * g_b) * T * h, 2)
+    if model.tied_embeddings and eager:
+        eb.mem("add", 3 * g_b * V * h / tp)  # sum with the logit layer's weight gradient
+
+    # ---- logits and loss (last stage): final norm, output GEMM, fp32 cross-entropy
+    Vg = V / tp
+    lf, lb = _Phase(cal, n), _Phase(cal, n)
+    lf.add(gemm_time_s(cal, T, Vg, h, "fwd", peak, ratio))
+    lb.add(gemm_time_s(cal, T, Vg, h, "dgrad", peak, ratio))
+    lb.add(gemm_time_s(cal, T, Vg, h, "wgrad", peak, ratio))
+    if eager:
+        lf.mem("layernorm", 2 * res_b * T * h)
+        if autocast:
+            lf.mem("copy", (res_b + act_b) * T * h)  # input cast
+            lf.mem("copy", (w_b + act_b) * Vg * h)  # output weight cast
+            lf.mem("copy", (act_b + 4) * T * Vg)  # logits.float()
+            lb.mem("copy", (4 + act_b) * T * Vg)  # grad cast to bf16
+            lb.mem("copy", (act_b + w_b) * Vg * h)  # weight grad cast to fp32
+            lb.mem("copy", (act_b + res_b) * T * h)  # input grad cast to fp32
+        # log_softmax over vocab-wide rows keeps each row in shared memory: one read, one write,
+        # at streaming (copy) bandwidth, unlike memops.csv's 2048-wide bf16 softmax
+        lf.mem("copy", 8 * T * Vg)
+        lf.add(KERNEL_MIN_S)  # nll_loss
+        lb.mem("copy", 4 * T * Vg)  # nll backward: zero-filled fp32 gradient + scatter
+        lb.mem("copy", 12 * T * Vg)  # log_softmax backward
+        lb.mem("layernorm", 5 * res_b * T * h, 2)
+    else:
+        lf.mem("layernorm", 2 * act_b * Tn * h)
+        # Megatron's vocab-parallel cross-entropy (unfused PyTorch ops on fp32 logits): cast
+        # (a+4), max (4), subtract (8), exp (8), sum (4), normalise in place (8) ...
+        lf.mem("copy", (act_b + 4) * T * Vg)
+        lf.mem("copy", 28 * T * Vg / 5, 5)
+        # ... backward: softmax - one-hot (8), scale by the loss gradient (8), cast (4+a)
+        lb.mem("copy", 16 * T * Vg / 2, 2)
+        lb.mem("copy", (4 + act_b) * T * Vg)
+        lb.mem("layernorm", 3 * act_b * Tn * h)
+
+    # ---- optimizer: this GPU's shard, bytes over the achieved fused-AdamW bandwidth
+    opt_key = (training.optimizer, kernels)
+    opt_bytes = OPTIMIZER_BYTES_PER_PARAM[opt_key] * optimizer_params_per_gpu(model, batch)
+    optimizer_s = opt_bytes / cal.membw_bytes_per_s("adamw")
+
+    return {
+        "layer_fwd_s": layer_fwd_s,
+        "layer_bwd_s": layer_bwd_s,
+        "layer_recompute_s": layer_recompute_s,
+        "embed_fwd_s": ef.time_s(cpu_f),
+        "embed_bwd_s": eb.time_s(cpu_b),
+        "logits_fwd_s": lf.time_s(cpu_f),
+        "logits_bwd_s": lb.time_s(cpu_b),
+        "optimizer_s": optimizer_s,
+    }
