@@ -21,9 +21,10 @@ intercept of the ``copy`` rows of ``memops.csv`` (10.4 us) less a 2 us kernel (r
 
 Other GPUs (no measurement): efficiencies are fractions of peak, so the measured curve is applied
 to the target's datasheet peak (same fraction of peak at the same shape), and memory-bound
-bandwidths scale with the datasheet HBM bandwidth. ``gemm_scale`` (default 1) can raise or lower
-the GEMM curve for a part whose largest GEMMs reach a different fraction of peak (see
-:data:`LARGE_GEMM_FRACTION`).
+bandwidths scale with the datasheet HBM bandwidth. Parts differ in the ceiling a large GEMM reaches
+(the "maximum achievable matmul FLOPS", MAMF): when the GPU spec gives ``mamf_tflops``, the
+efficiency curve is scaled by (target MAMF / target peak) / (measured 8192^3 GEMM / H200 peak).
+``gemm_scale`` (default 1) adjusts the curve further by hand.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ from perfmodel.specs import GPUSpec, SpecError, load_gpu
 __all__ = [
     "BENCH_DISPATCH_S",
     "KERNEL_MIN_S",
-    "LARGE_GEMM_FRACTION",
     "LAYOUTS",
     "MEMOPS",
     "Calibration",
@@ -64,16 +64,6 @@ one wave). Applied to every modelled kernel as a floor."""
 
 MAX_EFFICIENCY = 0.95
 """No kernel is credited with more than this fraction of the datasheet peak."""
-
-LARGE_GEMM_FRACTION = {
-    # Largest square bf16 GEMM reached on the part / dense datasheet peak. H200: env.json of the
-    # shipped calibration (782 / 989.4). The others are reference values quoted in the "maximum
-    # achievable matmul FLOPS" tables of S. Bekman, *Machine Learning Engineering* (2024), ch.
-    # compute/accelerator; use them through ``calibration_for(gpu, gemm_scale=...)``.
-    "h200": 0.79,
-    "h100": 0.80,
-    "a100": 0.87,
-}
 
 _REFERENCE_GPU = {"h200": "h200-sxm-141gb"}
 
@@ -101,6 +91,8 @@ class Calibration:
     hbm_bw_bytes_per_s: float  # datasheet HBM bandwidth of the GPU used for
     peak_flops_bf16: float  # dense bf16 peak of the GPU used for [FLOP/s]
     gemm_scale: float = 1.0
+    large_gemm_fraction: float | None = None
+    """Largest square bf16 GEMM of the measured part over its datasheet peak (env.json)."""
     source: str = ""
     _interp: dict = field(default_factory=dict, repr=False)
 
@@ -208,6 +200,12 @@ class Calibration:
         """This calibration applied to another GPU: same fraction of peak at the same shape,
         memory-bound bandwidths scaled by the ratio of datasheet HBM bandwidths."""
         r = gpu.hbm_bw_bytes_per_s / self.hbm_bw_bytes_per_s
+        if gpu.mamf_tflops is not None and self.large_gemm_fraction is not None:
+            # Parts differ in how close a large GEMM gets to the datasheet peak (A100 86%,
+            # H100 80%, MI300X 60%): scale the measured efficiency curve by the ratio of the
+            # ceilings, the target's published MAMF over ours.
+            target = gpu.mamf_tflops * 1e12 / gpu.peak_flops("bf16")
+            gemm_scale = gemm_scale * target / self.large_gemm_fraction
         return replace(
             self,
             name=f"{self.name}->{gpu.name}",
@@ -318,6 +316,10 @@ def _load_cached(path: str, gpu_json: str) -> Calibration:
         membw_bytes_per_s_table=_membw(_read_csv(folder, "memops.csv")),
         hbm_bw_bytes_per_s=gpu.hbm_bw_bytes_per_s,
         peak_flops_bf16=peak,
+        large_gemm_fraction=(
+            env["matmul_bf16_8192_tflops"] * 1e12 / peak if "matmul_bf16_8192_tflops" in env
+            else None
+        ),
         source=f"measured on {env.get('name', gpu.name)} ({folder})",
     )
 

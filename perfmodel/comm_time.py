@@ -134,6 +134,10 @@ def comm_times(
     zero3 = zero3 + ops["zero3_param_all_gather"].count * np.maximum(gathers_per_pass - 1, 0) * (
         ring_latency_s
     )
+    if training.zero3_gather == "tensor":
+        # ... and DeepSpeed ZeRO-3 reduce-scatters the gradients tensor by tensor too.
+        rs_count = np.where(batch.zero_stage == 3, ops["grad_reduce_scatter"].count, 0.0)
+        dp_grad = dp_grad + rs_count * np.maximum(gathers_per_pass - 1, 0) * ring_latency_s
 
     return {
         "tp_layer_fwd_s": tp_fwd_n * tp_one,

@@ -246,8 +246,27 @@ def compute_times(
                 ph.add(count * gemm_time_s(cal, m_, n_, k_, lay, peak, ratio), count)
 
     def attention(ph: _Phase, pass_: str) -> None:
-        t = cal.attention_time_s(mb * nh_gpu, s, d, pass_, causal=True) / cp
-        ph.add(t, 1 if pass_ == "fwd" else 3)
+        if training.flash_attention:
+            t = cal.attention_time_s(mb * nh_gpu, s, d, pass_, causal=True) / cp
+            ph.add(t, 1 if pass_ == "fwd" else 3)
+            return
+        # Unfused attention (Megatron-LM before flash attention, Narayanan et al. 2021 Sec. 4.2;
+        # Korthikanti et al. 2022 Sec. 4.1): two batched GEMMs, QK^T (sq x s x d) and
+        # softmax(.)V (sq x d x s), with the b*a*s^2 score tensor written and read by the fused
+        # scale-mask-softmax kernel and by attention dropout (mask of 1 byte per score).
+        sq = s / cp
+        bh = mb * nh_gpu
+        scores = bh * sq * s
+        layouts = ("fwd",) if pass_ == "fwd" else ("dgrad", "wgrad")
+        for lay in layouts:
+            ph.add(gemm_time_s(cal, bh * sq, s, d, lay, peak, ratio))
+            ph.add(gemm_time_s(cal, bh * sq, d, s, lay, peak, ratio))
+        if pass_ == "fwd":
+            ph.mem("softmax", 2 * act_b * scores)
+            ph.mem("dropout", (2 * act_b + 1) * scores)
+        else:
+            ph.mem("dropout", (2 * act_b + 1) * scores)
+            ph.mem("softmax", 3 * act_b * scores)
 
     weights_per_layer = model.layer_params() / tp
     weight_tensors = 4 + (4 if has_bias else 0)

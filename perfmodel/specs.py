@@ -92,6 +92,11 @@ class GPUSpec(Spec):
     calibration: str | None = Field(
         default=None, description="name of a folder under hardware_specs/calibration"
     )
+    mamf_tflops: PosFloat | None = Field(
+        default=None,
+        description="maximum achievable bf16 matmul TFLOP/s, measured (the ceiling a large GEMM "
+        "reaches; datasheet peaks assume boost clocks that power limits do not sustain)",
+    )
 
     def peak_flops(self, dtype: str | Dtype) -> float:
         """Dense peak in FLOP/s for ``dtype``; raises SpecError if the part lacks it."""

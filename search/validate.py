@@ -84,7 +84,10 @@ def _era(source: str) -> str:
 def case_from_row(r: pd.Series) -> Case:
     """Express one row of ``training_runs_dev.csv``; raises SpecError with the reason if not."""
     rid = r["row_id"]
+    layer_scope = str(r["measurement_scope"]).lower().startswith("one transformer layer")
     gb = _f(r["global_batch_size"])
+    if layer_scope:
+        gb = _f(r["micro_batch_size"])  # one micro-batch through one layer
     if gb is None:
         raise SpecError("global batch size not published")
     era = _era(str(r["source"]))
@@ -160,7 +163,7 @@ def case_from_row(r: pd.Series) -> Case:
         schedule="interleaved" if vp > 1 else "1f1b",
     )
     scope = "step"
-    if str(r["measurement_scope"]).lower().startswith("one transformer layer"):
+    if layer_scope:
         scope = "layer"
         cluster = _cluster_for(str(r["gpu_type"]), gpus)
         training = training.model_copy(update={"global_batch_size": mbs})

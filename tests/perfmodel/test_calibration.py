@@ -84,13 +84,15 @@ def test_membw_from_memops(cal):
 def test_scaled_to_a100_keeps_fractions_and_scales_bandwidth(cal):
     a100 = load_gpu("a100-sxm4-80gb")
     sc = calibration_for(a100)
+    # same fraction of the part's own ceiling: A100 MAMF 267.9/312 vs H200 782.0/989.4
+    ceiling_ratio = (267.9 / 312) / (782.0139499331823 / 989.4)
     assert sc.gemm_efficiency(2048, 4608, 12288) == pytest.approx(
-        cal.gemm_efficiency(2048, 4608, 12288), rel=1e-9)
+        ceiling_ratio * cal.gemm_efficiency(2048, 4608, 12288), rel=1e-9)
     assert sc.membw_bytes_per_s("copy") == pytest.approx(
         cal.membw_bytes_per_s("copy") * 2.039 / 4.8, rel=1e-9)
-    # 175B layer GEMMs at tp=8, b=1, s=2048 on A100: 60-70 % of peak
+    # 175B layer GEMMs at tp=8, b=1, s=2048 on A100: 65-80 % of peak
     for n, k in ((4608, 12288), (12288, 1536), (6144, 12288), (12288, 6144)):
-        assert 0.5 <= sc.gemm_efficiency(2048, n, k) <= 0.72
+        assert 0.5 <= sc.gemm_efficiency(2048, n, k) <= 0.8
     assert calibration_for(a100, gemm_scale=1.1).gemm_efficiency(2048, 4608, 12288) == (
         pytest.approx(1.1 * sc.gemm_efficiency(2048, 4608, 12288), rel=1e-9))
 

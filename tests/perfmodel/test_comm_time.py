@@ -76,7 +76,7 @@ def test_context_parallel_and_zero3_hand():
     per_layer_latency = (96 - 1) * 7 * 8e-6
     assert t["zero3_gather_s"][0] == pytest.approx(2 * 8 * (ag + per_layer_latency))
     assert t["dp_grad_s"][0] == pytest.approx(8 * ag)  # one reduce-scatter per micro-batch
-    # DeepSpeed-2021 style: one gather per parameter tensor (12 per GPT layer with biases)
+    # DeepSpeed-2021 style: one gather (and gradient reduce-scatter) per parameter tensor
     t_tensor = comm_times(GPT3, tr.model_copy(update={"zero3_gather": "tensor"}), A100, b)
     per_tensor_latency = (96 * 12 - 1) * 7 * 8e-6
     assert t_tensor["zero3_gather_s"][0] == pytest.approx(2 * 8 * (ag + per_tensor_latency))
@@ -137,3 +137,13 @@ def test_dp_num_buckets_megatron_default():
     b = ConfigBatch.from_arrays(dp=[8, 128], tp=8, pp=8)
     psi = params_per_gpu(GPT3, b)
     np.testing.assert_allclose(dp_num_buckets(GPT3, b), np.ceil(psi / np.array([40e6, 128e6])))
+
+
+def test_zero3_per_tensor_reduce_scatter_latency():
+    tr = load_training(global_batch_size=16, seq_len=8192, zero3_gather="tensor")
+    b = ConfigBatch.from_arrays(dp=2, tp=4, cp=4, zero_stage=3, num_microbatches=8)
+    per_layer = comm_times(GPT3, tr.model_copy(update={"zero3_gather": "layer"}), A100, b)
+    per_tensor = comm_times(GPT3, tr, A100, b)
+    # 8 reduce-scatters per step, each now 96*12 collectives: (1152 - 1) extra ring latencies
+    extra = 8 * (96 * 12 - 1) * 7 * 8e-6
+    assert per_tensor["dp_grad_s"][0] - per_layer["dp_grad_s"][0] == pytest.approx(extra)

@@ -59,7 +59,7 @@ def test_gpt3_175b_layer_on_a100_is_sensible():
         GPT175, 2048, causal=True)
     layer_flops = 3 * per_token * 2048 / 8
     eff = layer_flops / ((out["layer_fwd_s"] + out["layer_bwd_s"]) * 312e12)
-    assert 0.5 <= eff[0] <= 0.68
+    assert 0.5 <= eff[0] <= 0.75  # A100 MAMF 85.9% of peak: big GEMMs reach ~0.7-0.8
     assert 1.8 < out["layer_bwd_s"][0] / out["layer_fwd_s"][0] < 2.4
 
 
