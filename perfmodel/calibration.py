@@ -92,6 +92,10 @@ class Calibration:
     peak_flops_bf16: float  # dense bf16 peak of the GPU used for [FLOP/s]
     gemm_scale: float = 1.0
     large_gemm_fraction: float | None = None
+    gemm_m_scale: float = 1.0
+    """Rows of the measured GEMM that take as long per FLOP-of-peak as one row on the target
+    (measured peak / target peak): a slower part reaches a given fraction of its peak with
+    proportionally fewer rows, since launch, ramp and tail times are fixed."""
     """Largest square bf16 GEMM of the measured part over its datasheet peak (env.json)."""
     source: str = ""
     _interp: dict = field(default_factory=dict, repr=False)
@@ -133,7 +137,10 @@ class Calibration:
             raise ValueError(f"layout {layout!r}: expected one of {LAYOUTS}")
         m, n, k = (np.maximum(np.asarray(x, dtype=np.float64), 1.0) for x in (m, n, k))
         m, n, k = np.broadcast_arrays(m, n, k)
-        pts = np.stack([np.log2(m).ravel(), np.log2(n).ravel(), np.log2(k).ravel()], axis=1)
+        m_lookup = m * self.gemm_m_scale
+        pts = np.stack(
+            [np.log2(m_lookup).ravel(), np.log2(n).ravel(), np.log2(k).ravel()], axis=1
+        )
         eff = self._lookup("gemm", layout, pts).reshape(m.shape) * self.gemm_scale
         flops = 2.0 * m * n * k
         bytes_ = 2.0 * (m * k + k * n + m * n)
@@ -212,6 +219,9 @@ class Calibration:
             membw_bytes_per_s_table={k: v * r for k, v in self.membw_bytes_per_s_table.items()},
             hbm_bw_bytes_per_s=gpu.hbm_bw_bytes_per_s,
             peak_flops_bf16=gpu.peak_flops("bf16"),
+            gemm_m_scale=self.gemm_m_scale * self.peak_flops_bf16 / max(
+                gpu.peak_flops("bf16"), gpu.peak_flops("fp16")
+            ),
             gemm_scale=self.gemm_scale * gemm_scale,
             source=f"{self.source}; scaled to {gpu.name} by datasheet peak and HBM bandwidth",
             _interp={},
