@@ -1,0 +1,233 @@
+"""Calibrate this machine as a ``local`` cluster for the planner.
+
+For each process count ``N`` a torchrun job of ``N`` gloo ranks measures, with *all* ranks busy at
+once (as in a training run, where 8 ranks share the cores):
+
+* matmul rate of one process among ``N`` (fp32 square GEMMs of 64..512; 2 n^3 FLOP each);
+* per-op overhead: wall time of a tiny eager op (a 1-element add), the floor of every kernel;
+* memory copy bandwidth of one process among ``N``;
+* gloo all-reduce time for group sizes 2, 4, ..., N (the world split into N/g concurrent groups)
+  and message sizes 4 B .. 1 MiB, fitted to the alpha-beta model
+  ``t = alpha + 2 (g-1)/g * bytes / bw`` (Hockney 1994; ring all-reduce, Patarasuk & Yuan 2009).
+
+The results are cached to a JSON file (default ``~/.cache/llm-planner/local_calibration.json``)
+and turned into a :class:`~perfmodel.specs.ClusterSpec` by :func:`local_cluster`: one "GPU" per
+process whose ``peak_tflops`` is the measured per-process matmul rate, ``hbm_gib`` = RAM / N, and
+one link tier of kind ``gloo`` with the fitted bandwidth and latency. The per-op overhead has no
+field in ClusterSpec; it is kept in the JSON (``op_overhead_s``) and in the spec's description.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from perfmodel import units
+from perfmodel.specs import ClusterSpec, GPUSpec, LinkTier, PeakTflops
+
+__all__ = ["DEFAULT_PATH", "calibrate", "fit_alpha_beta", "local_cluster"]
+
+DEFAULT_PATH = Path.home() / ".cache" / "llm-planner" / "local_calibration.json"
+MATMUL_SIZES = (64, 128, 256, 512)
+MSG_BYTES = (4, 4096, 65536, 1 << 20)
+
+
+def fit_alpha_beta(
+    group_size: np.ndarray, msg_bytes: np.ndarray, time_s: np.ndarray
+) -> tuple[float, float]:
+    """Least-squares ``t = alpha + 2(g-1)/g * bytes / bw``; returns (alpha [s], bw [bytes/s]).
+
+    References: Hockney 1994 (alpha-beta model); Patarasuk & Yuan 2009 (ring all-reduce volume).
+    """
+    g = np.asarray(group_size, dtype=float)
+    x = 2.0 * (g - 1.0) / g * np.asarray(msg_bytes, dtype=float)  # bytes sent per rank
+    a = np.stack([np.ones_like(x), x], axis=1)
+    (alpha, inv_bw), *_ = np.linalg.lstsq(a, np.asarray(time_s, dtype=float), rcond=None)
+    alpha = max(float(alpha), 1e-7)
+    inv_bw = max(float(inv_bw), 1e-15)
+    return alpha, 1.0 / inv_bw
+
+
+def _median_time(fn, reps: int) -> float:
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _loop_time(fn, reps: int) -> float:
+    """Wall time of ``reps`` calls in a row: with N processes sharing the cores, this includes the
+    time this process is descheduled, so ``work / time`` is the rate of one process among N."""
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return time.perf_counter() - t0
+
+
+def _worker(out: Path) -> None:  # one rank of the calibration job
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    res: dict[str, Any] = {"nproc": world}
+    try:
+        dist.barrier()
+        mm = {}
+        for n in MATMUL_SIZES:
+            a, b = torch.randn(n, n), torch.randn(n, n)
+            reps = max(3, int(4e8 / n**3))  # ~0.3 s of one core's work per size
+            a @ b
+            dist.barrier()
+            t = _loop_time(lambda a=a, b=b: a @ b, reps)
+            mm[str(n)] = 2 * n**3 * reps / t
+        res["matmul_flops_per_s"] = mm
+        x = torch.ones(1)
+        dist.barrier()
+        res["op_overhead_s"] = _loop_time(lambda: x.add(1.0), 20000) / 20000
+        big = torch.ones(1 << 21)  # 8 MiB
+        dist.barrier()
+        t = _loop_time(lambda: big.clone(), 40)
+        res["copy_bytes_per_s"] = 40 * 2 * big.numel() * 4 / t  # read + write
+        ar = []
+        g = 2
+        while g <= world:
+            groups = [dist.new_group(list(range(s, s + g))) for s in range(0, world, g)]
+            mine = groups[rank // g]
+            for nb in MSG_BYTES:
+                buf = torch.ones(max(nb // 4, 1))
+                dist.all_reduce(buf, group=mine)
+                dist.barrier()
+                t = _median_time(lambda buf=buf, g=mine: dist.all_reduce(buf, group=g), 7)
+                ar.append({"group_size": g, "bytes": nb, "time_s": t})
+            g *= 2
+        res["all_reduce"] = ar
+        allv = [None] * world
+        dist.all_gather_object(allv, res)
+        if rank == 0:
+            res["matmul_flops_per_s"] = {
+                k: statistics.median(r["matmul_flops_per_s"][k] for r in allv) for k in mm
+            }
+            res["op_overhead_s"] = statistics.median(r["op_overhead_s"] for r in allv)
+            res["copy_bytes_per_s"] = statistics.median(r["copy_bytes_per_s"] for r in allv)
+            for i, row in enumerate(res["all_reduce"]):
+                row["time_s"] = max(r["all_reduce"][i]["time_s"] for r in allv)
+            (out / "calibration.json").write_text(json.dumps(res))
+    except BaseException as err:  # noqa: BLE001
+        (out / f"error_{rank}.txt").write_text(repr(err))
+        os._exit(1)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def _run_one(nproc: int, timeout_s: float) -> dict[str, Any]:
+    out = Path(tempfile.mkdtemp(prefix="harness-cal-"))
+    e = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    root = str(Path(__file__).resolve().parents[1])
+    e["PYTHONPATH"] = root + os.pathsep + e.get("PYTHONPATH", "")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "harness.calibrate", "--worker", str(out)]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        from harness.launch import _kill_all
+
+        _kill_all(proc, [])
+    f = out / "calibration.json"
+    if not f.exists():
+        raise RuntimeError(f"calibration with {nproc} processes failed (see {out})")
+    res = json.loads(f.read_text())
+    shutil.rmtree(out, ignore_errors=True)
+    if res["all_reduce"]:
+        rows = res["all_reduce"]
+        alpha, bw = fit_alpha_beta(
+            np.array([r["group_size"] for r in rows]), np.array([r["bytes"] for r in rows]),
+            np.array([r["time_s"] for r in rows]),
+        )  # fmt: skip
+        res["gloo_latency_s"], res["gloo_bw_bytes_per_s"] = alpha, bw
+    return res
+
+
+def calibrate(
+    nprocs: tuple[int, ...] = (1, 2, 4, 8),
+    path: str | Path | None = None,
+    *,
+    force: bool = False,
+    timeout_s: float = 180.0,
+) -> dict[str, Any]:
+    """Measure (or read from the cache) the local machine for each process count in ``nprocs``."""
+    p = Path(path) if path else DEFAULT_PATH
+    cache: dict[str, Any] = {}
+    if p.exists() and not force:
+        cache = json.loads(p.read_text())
+    host = {"machine": platform.machine(), "cpus": os.cpu_count(), "node": platform.node()}
+    if cache.get("host") != host:
+        cache = {"host": host, "runs": {}}
+    for n in nprocs:
+        if str(n) not in cache["runs"]:
+            cache["runs"][str(n)] = _run_one(n, timeout_s)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(cache, indent=1))
+    return cache
+
+
+def local_cluster(nproc: int, calibration: dict[str, Any]) -> ClusterSpec:
+    """ClusterSpec ``local`` for ``nproc`` processes from a :func:`calibrate` result."""
+    run = calibration["runs"][str(nproc)]
+    flops = max(run["matmul_flops_per_s"].values())
+    tf = flops / units.TERA
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    gpu = GPUSpec(
+        name="local-cpu-process",
+        vendor="cpu",
+        peak_tflops=PeakTflops(fp32=tf, tf32=tf, bf16=tf, fp16=tf),
+        hbm_gib=ram / nproc / units.GIB,
+        hbm_tbyte_per_s=run["copy_bytes_per_s"] / units.TERA,
+    )
+    if nproc > 1:
+        tier = LinkTier(
+            name="gloo-local", kind="gloo", domain_size=nproc,
+            bw_gbyte_per_s=run["gloo_bw_bytes_per_s"] / units.GIGA,
+            latency_us=run["gloo_latency_s"] / units.US,
+        )  # fmt: skip
+    else:
+        tier = LinkTier(name="gloo-local", kind="gloo", domain_size=1, bw_gbyte_per_s=1e3)
+    return ClusterSpec(
+        name=f"local-{nproc}",
+        gpu=gpu,
+        gpus_per_node=nproc,
+        num_nodes=1,
+        tiers=[tier],
+        description=(
+            f"this machine, {nproc} gloo processes on {os.cpu_count()} cores (harness.calibrate); "
+            f"op_overhead_s={run['op_overhead_s']:.3g}"
+        ),
+    )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "--worker":
+        _worker(Path(sys.argv[2]))
+    else:
+        res = calibrate(tuple(int(a) for a in sys.argv[1:]) or (1, 2, 4, 8), force=True)
+        print(json.dumps(res, indent=1))

@@ -1,0 +1,552 @@
+"""One torchrun rank of the execution harness: build, parallelize, train a few steps, measure.
+
+Run by :mod:`harness.launch` as
+``python -m torch.distributed.run --standalone --nproc-per-node N -m harness.worker --config C --out D``.
+The job description ``C`` is a JSON file (see :func:`harness.launch.job_spec`)::
+
+    {"parallel": {dp, tp, pp, vp, cp, zero_stage, micro_batch_size, num_microbatches,
+                  recompute, sequence_parallel, schedule},
+     "model": {...ModelSpec fields...},
+     "training": {"global_batch_size": B, "seq_len": T},
+     "harness": {"seed", "lr", "warmup_steps", "timed_steps", "dp_impl", "backend",
+                 "inject": {"rank", "kind": "fail" | "hang"}}}
+
+Composition (torchtitan's order, one named step each, per pipeline stage module):
+
+1. mesh ``(pp, dp, tp)`` (rank = tp_rank + tp * (dp_rank + dp * pp_rank), Megatron's order);
+2. the full model is built on every rank from the same seed, cut into pipeline stages;
+3. recompute flags (``full``: whole block checkpointed, ``selective``: core attention);
+4. tensor parallel on ``mesh["tp"]`` (Colwise QKV / fc1, Rowwise o / fc2, vocab-parallel
+   embedding and head, Megatron sequence parallel over the norms when ``sequence_parallel``);
+5. data parallel on ``mesh["dp"]``: ZeRO-0 DDP, ZeRO-1 ``ZeroRedundancyOptimizer`` (+ DDP),
+   ZeRO-2 / ZeRO-3 FSDP2 ``fully_shard(reshard_after_forward=False / True)``; with tensor-parallel
+   (DTensor) parameters DDP and ZeroRedundancyOptimizer do not work, so ZeRO-0/1 use the
+   ``flat`` implementation here (one flat all-reduce, or reduce-scatter + sharded AdamW +
+   all-gather), which ``dp_impl="flat"`` selects everywhere;
+6. ``PipelineStage`` per local stage and a schedule (GPipe, 1F1B, Interleaved1F1B, zero bubble).
+
+Every rank writes ``rank_<r>.json`` before the mandatory ending ``barrier(); destroy_process_group();
+os._exit(0)`` (gloo threads otherwise abort the interpreter at exit now and then), or
+``rank_<r>.error.json`` with the traceback and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+T_START = time.perf_counter()
+
+import torch
+import torch.distributed as dist
+import torch.distributed.pipelining
+import torch.distributed.tensor.parallel
+import torch.nn.functional as F
+from torch.distributed.fsdp import fully_shard  # noqa: F401
+
+from harness.measure import CommMeter, PeakMemMeter
+from harness.model import TinyGPT, build_model, make_stage, set_recompute, tied_pairs
+from perfmodel.specs import ModelSpec
+
+T_IMPORTED = time.perf_counter()
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
+
+
+class ConfigRefused(ValueError):
+    """A configuration the harness will not run (known broken in torch, or not supported)."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Checks that need no process group (also used by launch.py before spawning anything)
+# ------------------------------------------------------------------------------------------------
+def dp_implementation(par: dict, dp_impl: str = "auto") -> str:
+    """``ddp``/``zero1-torch``/``flat0``/``flat1``/``fsdp-zero2``/``fsdp-zero3``/``none``."""
+    dp, tp, zero = par["dp"], par["tp"], par["zero_stage"]
+    if dp == 1:
+        return "none"
+    if zero >= 2:
+        return f"fsdp-zero{zero}"
+    if dp_impl == "flat" or tp > 1:
+        return f"flat{zero}"
+    return "ddp" if zero == 0 else "zero1-torch"
+
+
+def check_config(
+    par: dict, spec: ModelSpec, global_batch: int, seq_len: int, dp_impl: str = "auto"
+) -> None:
+    """Raise :class:`ConfigRefused` with a one-line reason for a configuration the harness refuses."""
+    dp, tp, pp, vp, cp = par["dp"], par["tp"], par["pp"], par.get("vp", 1), par.get("cp", 1)
+    sched = par.get("schedule", "1f1b")
+    if cp != 1:
+        raise ConfigRefused(f"cp ({cp}) > 1 is not implemented by the harness")
+    if par.get("grad_compression", "none") != "none":
+        raise ConfigRefused("gradient compression is not implemented by the harness")
+    if sched not in SCHEDULES:
+        raise ConfigRefused(f"schedule {sched!r} must be one of {SCHEDULES}")
+    if spec.kv_heads % tp:
+        raise ConfigRefused(f"tp ({tp}) must divide num_kv_heads ({spec.kv_heads}) in the harness")
+    if spec.ffn_hidden_size % tp or spec.vocab_size % tp:
+        raise ConfigRefused(
+            f"tp ({tp}) must divide ffn_hidden_size ({spec.ffn_hidden_size}) and vocab_size "
+            f"({spec.vocab_size})"
+        )
+    if spec.num_layers % (pp * vp):
+        raise ConfigRefused(f"pp*vp ({pp}*{vp}) must divide num_layers ({spec.num_layers})")
+    if par.get("sequence_parallel") and (seq_len % tp or spec.max_seq_len % tp):
+        raise ConfigRefused(f"tp ({tp}) must divide seq_len ({seq_len}) for sequence_parallel")
+    if spec.position_embedding == "learned" and spec.max_seq_len < seq_len:
+        raise ConfigRefused(f"max_seq_len ({spec.max_seq_len}) < seq_len ({seq_len})")
+    mbs, nmb = par["micro_batch_size"], par["num_microbatches"]
+    if dp * mbs * nmb != global_batch:
+        raise ConfigRefused(
+            f"dp*micro_batch_size*num_microbatches ({dp}*{mbs}*{nmb}) must equal "
+            f"global_batch_size ({global_batch})"
+        )
+    impl = dp_implementation(par, dp_impl)
+    if sched == "zb" and impl in ("ddp", "zero1-torch"):
+        raise ConfigRefused(
+            "zero-bubble schedules crash with DDP in torch (pytorch issue 144530: 'rebuilt "
+            "parameter indices size is not same as original model parameters size'); use "
+            "dp_impl='flat' or ZeRO-2"
+        )
+    if sched == "zb" and impl == "fsdp-zero3":
+        raise ConfigRefused(
+            "zero-bubble schedules with FSDP2 reshard_after_forward=True (ZeRO-3) run but train "
+            "wrongly in torch 2.13 (pytorch issue 164756); use ZeRO-2 or flat DP"
+        )
+    if sched == "interleaved" and vp < 2:
+        raise ConfigRefused("schedule 'interleaved' needs vp >= 2")
+    if sched != "interleaved" and vp != 1:
+        raise ConfigRefused(f"vp ({vp}) > 1 needs schedule 'interleaved'")
+    if pp == 1 and sched in ("interleaved", "zb"):
+        raise ConfigRefused(f"schedule {sched!r} needs pp > 1")
+
+
+def stage_ids(schedule: str, pp: int, vp: int, pp_rank: int) -> tuple[list[int], int]:
+    """Pipeline stages held by ``pp_rank`` and the total stage count."""
+    if schedule == "interleaved":
+        return [pp_rank + k * pp for k in range(vp)], pp * vp
+    return [pp_rank], pp
+
+
+# ------------------------------------------------------------------------------------------------
+# Parallelization steps
+# ------------------------------------------------------------------------------------------------
+def apply_tp(m: TinyGPT, tp_mesh, sp: bool) -> None:
+    """Megatron tensor parallel (+ sequence parallel) with torch.distributed.tensor.parallel."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    if sp:
+        block_plan = {
+            "ln1": SequenceParallel(),
+            "ln2": SequenceParallel(),
+            "attn": PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+            ),
+            "attn.qkv": ColwiseParallel(),
+            "attn.o": RowwiseParallel(output_layouts=Shard(1)),
+            "mlp": PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+            ),
+            "mlp.fc1": ColwiseParallel(),
+            "mlp.fc2": RowwiseParallel(output_layouts=Shard(1)),
+        }
+    else:
+        block_plan = {
+            "attn.qkv": ColwiseParallel(),
+            "attn.o": RowwiseParallel(),
+            "mlp.fc1": ColwiseParallel(),
+            "mlp.fc2": RowwiseParallel(),
+        }
+    for b in m.layers.values():
+        parallelize_module(b, tp_mesh, block_plan)
+    plan = {}
+    if m.tok is not None:
+        plan["tok"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(1) if sp else Replicate()
+        )
+        if m.pos is not None:
+            plan["pos"] = RowwiseParallel(
+                input_layouts=Replicate(), output_layouts=Shard(0) if sp else Replicate()
+            )
+    if m.head is not None:
+        if sp:
+            plan["norm"] = SequenceParallel()
+        plan["head"] = ColwiseParallel(
+            input_layouts=Shard(1) if sp else Replicate(), output_layouts=Replicate()
+        )
+    if plan:
+        parallelize_module(m, tp_mesh, plan)
+
+
+def apply_dp(m: TinyGPT, impl: str, dp_mesh):
+    """Wrap one stage module for data parallelism; returns the module to run."""
+    if impl.startswith("fsdp"):
+        from torch.distributed.fsdp import fully_shard
+
+        reshard = impl == "fsdp-zero3"
+        for b in m.layers.values():
+            fully_shard(b, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(m, mesh=dp_mesh, reshard_after_forward=reshard)
+        return m
+    if impl in ("ddp", "zero1-torch"):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return DDP(m, process_group=dp_mesh.get_group(), broadcast_buffers=False)
+    return m
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return getattr(t, "_local_tensor", t)
+
+
+class FlatDP:
+    """Data parallelism over local (TP-sharded) tensors: ZeRO-0 all-reduce or ZeRO-1.
+
+    ZeRO-1 (Rajbhandari et al. 2020, Sec. 5.1, P_os): gradients reduce-scattered (average) into
+    this rank's 1/dp slice of the flat buffer, AdamW on the slice (fp32 master slice), updated
+    parameters all-gathered: 2 (dp-1)/dp * P bytes sent per rank, as the plain all-reduce.
+    """
+
+    def __init__(self, params: list[torch.nn.Parameter], zero: int, group, opt_kwargs: dict):
+        self.params = params
+        self.zero = zero
+        self.group = group
+        self.n = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        numel = sum(_local(p).numel() for p in params)
+        self.padded = math.ceil(numel / self.n) * self.n
+        self.numel = numel
+        if zero == 1:
+            flat = self._flatten([_local(p).detach() for p in params])
+            chunk = self.padded // self.n
+            self.shard = torch.nn.Parameter(
+                flat[self.rank * chunk : (self.rank + 1) * chunk].clone()
+            )
+            self.opt = torch.optim.AdamW([self.shard], **opt_kwargs)
+        else:
+            self.opt = torch.optim.AdamW(params, **opt_kwargs)
+
+    def _flatten(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        flat = torch.zeros(self.padded, dtype=torch.float32)
+        torch.cat([t.reshape(-1) for t in tensors], out=flat[: self.numel])
+        return flat
+
+    def _grads(self) -> list[torch.Tensor]:
+        return [
+            _local(p.grad) if p.grad is not None else torch.zeros_like(_local(p))
+            for p in self.params
+        ]
+
+    def step(self) -> None:
+        flat = self._flatten(self._grads())
+        if self.zero == 0:
+            dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.group)
+            off = 0
+            for p in self.params:
+                lp = _local(p)
+                g = flat[off : off + lp.numel()].view_as(lp)
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                _local(p.grad).copy_(g)
+                off += lp.numel()
+            self.opt.step()
+            return
+        chunk = self.padded // self.n
+        out = torch.empty(chunk, dtype=torch.float32)
+        dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.AVG, group=self.group)
+        self.shard.grad = out
+        self.opt.step()
+        full = torch.empty(self.padded, dtype=torch.float32)
+        dist.all_gather_into_tensor(full, self.shard.detach(), group=self.group)
+        with torch.no_grad():
+            off = 0
+            for p in self.params:
+                lp = _local(p)
+                lp.copy_(full[off : off + lp.numel()].view_as(lp))
+                off += lp.numel()
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+        self.opt.zero_grad(set_to_none=True)
+
+
+def sum_tied_grads(stage_mods: list[TinyGPT], emb_group, spec: ModelSpec) -> None:
+    """Tied embeddings: the embedding and head copies get the sum of their gradients."""
+    if not spec.tied_embeddings:
+        return
+    emb, head = tied_pairs(stage_mods)
+    if emb is not None and head is not None:
+        g = _local(emb.grad) + _local(head.grad)
+        _local(emb.grad).copy_(g)
+        _local(head.grad).copy_(g)
+    elif emb_group is not None and (emb is not None or head is not None):
+        p = emb if emb is not None else head
+        dist.all_reduce(_local(p.grad), group=emb_group)
+
+
+# ------------------------------------------------------------------------------------------------
+# The rank's main
+# ------------------------------------------------------------------------------------------------
+def run(job: dict, out_dir: Path) -> dict:
+    par = job["parallel"]
+    hz = job.get("harness", {})
+    spec = ModelSpec.model_validate(job["model"])
+    gb, seq = job["training"]["global_batch_size"], job["training"]["seq_len"]
+    dp_impl = hz.get("dp_impl", "auto")
+    check_config(par, spec, gb, seq, dp_impl)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dp, tp, pp, vp = par["dp"], par["tp"], par["pp"], par.get("vp", 1)
+    if dp * tp * pp != world:
+        raise ConfigRefused(f"dp*tp*pp ({dp}*{tp}*{pp}) must equal the world size ({world})")
+    sched_name = par.get("schedule", "1f1b")
+    nmb = par["num_microbatches"]
+    impl = dp_implementation(par, dp_impl)
+    inject = hz.get("inject") or {}
+    t = {"imported_s": T_IMPORTED - T_START}
+
+    # 1. mesh and the process-group -> dimension map
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+    pp_rank, dp_rank, tp_rank = (mesh[d].get_local_rank() for d in ("pp", "dp", "tp"))
+    dim_of_group = {mesh[d].get_group().group_name: d for d in ("pp", "dp", "tp")}
+    dim_of_group[dist.group.WORLD.group_name] = "world"
+    ids, n_stages = stage_ids(sched_name, pp, vp, pp_rank)
+    emb_group = None
+    if spec.tied_embeddings and pp > 1:  # first stage's rank and last stage's rank
+        last_owner = (n_stages - 1) % pp
+        for d in range(dp):
+            for r in range(tp):
+                ranks = sorted({r + tp * (d + dp * 0), r + tp * (d + dp * last_owner)})
+                g = dist.new_group(ranks)
+                if rank in ranks:
+                    emb_group = g
+                    dim_of_group[g.group_name] = "pp"
+    t["mesh_s"] = time.perf_counter() - T_START
+
+    # 2. data: one fixed global batch (same for every config), this dp rank's rows
+    gen = torch.Generator().manual_seed(hz.get("seed", 0) + 1)
+    data = torch.randint(0, spec.vocab_size, (gb, seq + 1), generator=gen)
+    rows = gb // dp
+    x = data[dp_rank * rows : (dp_rank + 1) * rows, :-1].contiguous()
+    y = data[dp_rank * rows : (dp_rank + 1) * rows, 1:].contiguous()
+
+    # 3-6. build, parallelize, wrap (memory meter active from here on)
+    full = build_model(spec, seed=hz.get("seed", 0))
+    mods, raw = [], []
+    for s in ids:
+        m = make_stage(full, s, n_stages)
+        set_recompute(m, par.get("recompute", "none"))
+        if tp > 1:
+            apply_tp(m, mesh["tp"], bool(par.get("sequence_parallel")))
+        raw.append(m)
+        mods.append(apply_dp(m, impl, mesh["dp"]))
+    del full
+    gc.collect()
+    t["parallelized_s"] = time.perf_counter() - T_START
+    params = [p for m in raw for p in m.parameters()]
+    # tensors made before the meter is entered are tracked explicitly; everything later
+    # (optimizer states, FSDP buffers, activations, gradients, p2p buffers) is seen by the mode
+    mem = PeakMemMeter()
+    mem.track(x, y, params, [b for m in raw for b in m.buffers()])
+    with mem:
+        opt_kwargs = {
+            "lr": hz.get("lr", 3e-3),
+            "betas": (0.9, 0.95),
+            "weight_decay": 0.0,
+            "foreach": False,
+        }
+        if impl.startswith("flat"):
+            opt = FlatDP(params, int(impl[-1]), mesh["dp"].get_group(), opt_kwargs)
+        elif impl == "zero1-torch":
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            opt = ZeroRedundancyOptimizer(
+                params,
+                optimizer_class=torch.optim.AdamW,
+                process_group=mesh["dp"].get_group(),
+                **opt_kwargs,
+            )
+        else:
+            opt = torch.optim.AdamW(params, **opt_kwargs)
+        param_bytes = sum(_local(p).numel() * _local(p).element_size() for p in params)
+
+    def ce(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
+
+    sched = None
+    if pp > 1:
+        from torch.distributed import pipelining as P
+
+        stages = [
+            P.PipelineStage(m, s, n_stages, torch.device("cpu"), group=mesh["pp"].get_group())
+            for m, s in zip(mods, ids)
+        ]
+        if sched_name == "gpipe":
+            sched = P.ScheduleGPipe(stages[0], n_microbatches=nmb, loss_fn=ce)
+        elif sched_name == "1f1b":
+            sched = P.Schedule1F1B(stages[0], n_microbatches=nmb, loss_fn=ce)
+        elif sched_name == "interleaved":
+            sched = P.ScheduleInterleaved1F1B(stages, n_microbatches=nmb, loss_fn=ce)
+        else:
+            sched = P.ScheduleInterleavedZeroBubble(stages, n_microbatches=nmb, loss_fn=ce)
+    t["built_s"] = time.perf_counter() - T_START
+
+    def train_step(step: int) -> float | None:
+        if inject.get("rank") == rank and step == inject.get("step", 0):
+            if inject.get("kind") == "hang":
+                time.sleep(3600)
+            raise RuntimeError(f"injected failure on rank {rank} at step {step}")
+        losses: list = []
+        if sched is not None:
+            args = (x,) if 0 in ids else ()
+            kw = {"target": y, "losses": losses} if n_stages - 1 in ids else {}
+            sched.step(*args, **kw)
+        else:
+            m = mods[0]
+            for i, (xm, ym) in enumerate(zip(x.chunk(nmb), y.chunk(nmb))):
+                last = i == nmb - 1
+                if impl.startswith("fsdp"):
+                    m.set_requires_gradient_sync(last)
+                ctx = m.no_sync() if impl in ("ddp", "zero1-torch") and not last else _null()
+                with ctx:
+                    loss = ce(m(xm), ym)
+                    (loss / nmb).backward()
+                losses.append(loss.detach())
+        sum_tied_grads(raw, emb_group, spec)
+        opt.step()
+        if isinstance(opt, FlatDP):
+            opt.zero_grad()
+        else:
+            opt.zero_grad(set_to_none=True)
+        if losses and tp_rank == 0:
+            return float(torch.stack([torch.as_tensor(v).detach().float() for v in losses]).mean())
+        return None
+
+    warmup, timed = int(hz.get("warmup_steps", 2)), int(hz.get("timed_steps", 3))
+    losses_per_step: list[float | None] = []
+    comm = CommMeter()
+    peaks: list[int] = []
+    # warm-up steps, instrumented: memory on every one, communication on the last one
+    for step in range(warmup):
+        with mem:
+            mem.reset_peak()
+            if step == warmup - 1:
+                with comm:
+                    losses_per_step.append(train_step(step))
+            else:
+                losses_per_step.append(train_step(step))
+            peaks.append(mem.peak_bytes)
+        if step == 0:
+            t["first_step_s"] = time.perf_counter() - T_START
+    steady_bytes = mem.cur_bytes
+    # timed steps, uninstrumented, barrier before and after each
+    step_s = []
+    for step in range(warmup, warmup + timed):
+        dist.barrier()
+        t0 = time.perf_counter()
+        losses_per_step.append(train_step(step))
+        dist.barrier()
+        step_s.append(time.perf_counter() - t0)
+    t["done_s"] = time.perf_counter() - T_START
+    return {
+        "rank": rank,
+        "world": world,
+        "coords": {"pp": pp_rank, "dp": dp_rank, "tp": tp_rank},
+        "stages": ids,
+        "num_stages": n_stages,
+        "dp_impl": impl,
+        "last_stage": n_stages - 1 in ids,
+        "losses": losses_per_step,
+        "step_times_s": step_s,
+        "step_time_s": statistics.median(step_s) if step_s else None,
+        "comm": comm.records(dim_of_group),
+        "memory": {
+            "peak_bytes": int(max(peaks[1:] or peaks)) if peaks else None,
+            "peak_first_step_bytes": int(peaks[0]) if peaks else None,
+            "steady_bytes": int(steady_bytes),
+            "param_bytes": int(param_bytes),
+            "ru_maxrss_bytes": _maxrss_bytes(),
+        },
+        "phases_s": t,
+    }
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _maxrss_bytes() -> int:
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="one rank of the harness (run through torchrun)")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    rank = int(os.environ.get("RANK", "0"))
+    (out / f"rank_{rank}.pid").write_text(str(os.getpid()))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    try:
+        job = json.loads(Path(a.config).read_text())
+        hz = job.get("harness", {})
+        env_inject = os.environ.get("HARNESS_INJECT")  # "rank:kind", e.g. "1:hang"
+        if env_inject:
+            r, kind = env_inject.split(":")
+            hz["inject"] = {"rank": int(r), "kind": kind}
+            job["harness"] = hz
+        dist.init_process_group(
+            hz.get("backend", "gloo"), timeout=timedelta(seconds=float(hz.get("pg_timeout_s", 120)))
+        )
+        res = run(job, out)
+        (out / f"rank_{rank}.json").write_text(json.dumps(res))
+    except BaseException as err:  # noqa: BLE001 - report every failure, then exit hard
+        (out / f"rank_{rank}.error.json").write_text(
+            json.dumps(
+                {
+                    "rank": rank,
+                    "time": time.time(),
+                    "error": f"{type(err).__name__}: {err}",
+                    "traceback": traceback.format_exc(),
+                }
+            )
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
