@@ -342,9 +342,9 @@ def compute_times(
     rec_sel = _Phase(cal, n)
     attention(rec_sel, "fwd")
 
-    cpu_f = CPU_FWD_LAUNCH_S if eager else 0.0
-    cpu_b = CPU_BWD_LAUNCH_S if eager else 0.0
-    ckpt = CHECKPOINT_CPU_S if eager else 0.0
+    cpu_f = CPU_FWD_LAUNCH_S
+    cpu_b = CPU_BWD_LAUNCH_S
+    ckpt = CHECKPOINT_CPU_S
     layer_fwd_s = fwd.time_s(cpu_f)
     layer_bwd_s = bwd.time_s(cpu_b)
     rc = batch.recompute

@@ -269,6 +269,7 @@ def vtrain_report(max_rows: int | None = None) -> tuple[pd.DataFrame, pd.DataFra
         batch = ConfigBatch.from_arrays(
             dp=g["d"].to_numpy(), tp=g["t"].to_numpy(), pp=g["p"].to_numpy(),
             micro_batch_size=g["mbs"].to_numpy(), num_microbatches=np.maximum(nmb, 1),
+            recompute="full",
         )
         res = evaluate(model, training, cluster, batch)
         preds[g.index.to_numpy()] = res.step_time_s * 1e3

@@ -1,0 +1,294 @@
+"""The ``plan`` command line (typer + rich). No arithmetic here: options map 1:1 onto
+:func:`search.api.plan`, and the printed numbers come from the :class:`SearchResult`.
+
+``plan [OPTIONS]`` runs the planner (with no options: GPT-3 175B on 1024 A100-80GB).
+Subcommands (``plan realtime SPEC``, later ``plan validate``, ``plan verify``) live in other
+modules: add ``"name": "module:function"`` to :data:`SUBCOMMANDS` and the function (a typer
+command) is registered on :data:`app` when this module is imported. ``plan [OPTIONS]`` with no
+subcommand name runs the planner (a typer callback with ``invoke_without_command=True``).
+
+Exit status: 0 on success, 2 on any user error or when nothing fits (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from hardware_specs import list_presets
+from perfmodel import units
+from perfmodel.specs import SpecError, format_validation_error
+from search import api
+
+__all__ = ["SUBCOMMANDS", "app", "main"]
+
+#: Subcommands: name -> "module:function" (a typer command function), registered on import.
+SUBCOMMANDS: dict[str, str] = {
+    "realtime": "search.cli_realtime:realtime",
+}
+
+app = typer.Typer(
+    name="plan",
+    help="Plan parallel training of a transformer on a GPU cluster: predict step time, MFU, "
+    "memory and communication, and search dp/tp/pp/vp/cp, ZeRO, micro-batches, recompute.",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    no_args_is_help=False,
+)
+
+
+class Precision(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+    fp4 = "fp4"
+
+
+class Optimizer(str, Enum):
+    adam = "adam"
+    adamw = "adamw"
+    sgd = "sgd"
+
+
+class Recompute(str, Enum):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+class Schedule(str, Enum):
+    gpipe = "gpipe"
+    f1b = "1f1b"
+    interleaved = "interleaved"
+    zb = "zb"
+
+
+class Strategy(str, Enum):
+    grid = "grid"
+    nsga2 = "nsga2"
+    ga = "ga"
+
+
+class Objective(str, Enum):
+    time = "time"
+    memory = "memory"
+    cost = "cost"
+
+
+class Kernels(str, Enum):
+    fused = "fused"
+    eager = "eager"
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"plan: error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+class _LazyProgress:
+    """A rich progress bar on stderr that appears only once a search has run ~1 s."""
+
+    def __init__(self, console: Console, delay_s: float = 1.0) -> None:
+        self.console, self.delay_s = console, delay_s
+        self.t0 = time.perf_counter()
+        self.bar: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            if time.perf_counter() - self.t0 < self.delay_s:
+                return
+            from rich.progress import BarColumn, Progress, TimeElapsedColumn
+
+            self.bar = Progress("searching", BarColumn(), "{task.percentage:>3.0f}%",
+                                TimeElapsedColumn(), console=self.console, transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("search", total=total)
+        self.bar.update(self.task, completed=done, total=total)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _config_line(c: dict[str, Any]) -> str:
+    return (f"dp={c['dp']} tp={c['tp']} pp={c['pp']} vp={c['vp']} cp={c['cp']} "
+            f"zero={c['zero_stage']} mbs={c['micro_batch_size']} m={c['num_microbatches']} "
+            f"recompute={c['recompute']} sp={'on' if c['sequence_parallel'] else 'off'} "
+            f"schedule={c['schedule']}")
+
+
+def _print_best(out: Console, r: Any) -> None:
+    row = r.best_row
+    s = r.setup
+    title = "configuration" if r.strategy == "single" else "best configuration"
+    out.print(f"[bold]{s['model']}[/] on {s['gpus']} x {s['gpu']} ({s['cluster']}), global batch "
+              f"{s['global_batch_size']} x {s['seq_len']} tokens, {s['precision']}, "
+              f"{s['optimizer']}, {s['kernels']} kernels")
+    out.print(f"\n[bold]{title}:[/] {_config_line(row['config'])}")
+    out.print(f"  step time {units.fmt_seconds(row['step_time_s'])}   "
+              f"{units.fmt_count(row['tokens_per_s'])} tokens/s   MFU {row['mfu']:.1%}   "
+              f"HFU {row['hfu']:.1%}   peak memory {units.fmt_bytes(row['memory_bytes']['peak'])}"
+              f" of {units.fmt_bytes(r.hbm_bytes)}")
+    b = r.breakdown(0)
+    t = Table(title="step time", title_justify="left")
+    t.add_column("term")
+    t.add_column("time", justify="right")
+    t.add_column("share", justify="right")
+    for name, v, share in b["time"]:
+        t.add_row(name, units.fmt_seconds(v), f"{share:.1%}")
+    m = Table(title="memory per GPU (GiB = 2^30 bytes)", title_justify="left")
+    m.add_column("term")
+    m.add_column("bytes", justify="right")
+    m.add_column("of HBM", justify="right")
+    for name, v, share in b["memory"]:
+        m.add_row(name, units.fmt_bytes(v), f"{share:.1%}")
+    c = Table(title="communication", title_justify="left")
+    c.add_column("group")
+    c.add_column("bytes per GPU per step", justify="right")
+    for name, v, _ in b["comm"]:
+        c.add_row(name, units.fmt_bytes(v))
+    out.print(t)
+    out.print(m)
+    out.print(c)
+    for d in r.diagnostics:
+        out.print(f"[yellow]warning:[/] {d.message}")
+
+
+def _print_top(out: Console, r: Any) -> None:
+    t = Table(title=f"top {len(r.rows)} by {r.objective}", title_justify="left")
+    for col in ("#", "dp", "tp", "pp", "vp", "cp", "zero", "mbs", "recompute", "sp", "sched",
+                "step", "MFU", "peak mem", "why below #1"):
+        t.add_column(col, justify="left" if col in ("recompute", "sched", "why below #1")
+                     else "right")
+    for i, row in enumerate(r.rows):
+        c = row["config"]
+        t.add_row(str(i + 1), str(c["dp"]), str(c["tp"]), str(c["pp"]), str(c["vp"]),
+                  str(c["cp"]), str(c["zero_stage"]), str(c["micro_batch_size"]),
+                  c["recompute"], "on" if c["sequence_parallel"] else "off", c["schedule"],
+                  units.fmt_seconds(row["step_time_s"]), f"{row['mfu']:.1%}",
+                  units.fmt_bytes(row["memory_bytes"]["peak"]),
+                  "" if i == 0 else r.explain(i))
+    out.print(t)
+
+
+@app.callback(invoke_without_command=True)
+def planner(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Option(help="model preset name or spec file "
+                                       "(TOML, or a Hugging Face config.json)")] =
+    api.DEFAULT_MODEL,
+    cluster: Annotated[str, typer.Option(help="cluster preset name or spec file")] =
+    api.DEFAULT_CLUSTER,
+    gpus: Annotated[int | None, typer.Option(help="scale the cluster to N GPUs")] = None,
+    global_batch: Annotated[int | None, typer.Option(help="global batch [sequences]")] = None,
+    seq_len: Annotated[int | None, typer.Option(help="sequence length [tokens]")] = None,
+    precision: Annotated[Precision | None, typer.Option()] = None,
+    optimizer: Annotated[Optimizer | None, typer.Option()] = None,
+    dp: Annotated[int | None, typer.Option(help="data-parallel size (searched if omitted)")] =
+    None,
+    tp: Annotated[int | None, typer.Option(help="tensor-parallel size")] = None,
+    pp: Annotated[int | None, typer.Option(help="pipeline-parallel stages")] = None,
+    vp: Annotated[int | None, typer.Option(help="virtual stages per pipeline rank")] = None,
+    cp: Annotated[int | None, typer.Option(help="context-parallel size")] = None,
+    zero: Annotated[int | None, typer.Option(min=0, max=3, help="ZeRO stage 0-3")] = None,
+    micro_batch: Annotated[int | None, typer.Option(help="micro-batch size [sequences]")] =
+    None,
+    recompute: Annotated[Recompute | None, typer.Option()] = None,
+    sequence_parallel: Annotated[bool | None, typer.Option(
+        "--sequence-parallel/--no-sequence-parallel")] = None,
+    schedule: Annotated[Schedule | None, typer.Option()] = None,
+    strategy: Annotated[Strategy, typer.Option(help="search strategy")] = Strategy.grid,
+    objective: Annotated[Objective, typer.Option(help="what 'best' minimises: step time, "
+                                                 "peak memory, or GPU-seconds per step")] =
+    Objective.time,
+    top: Annotated[int, typer.Option(min=1, help="configurations in the table")] = 10,
+    kernels: Annotated[Kernels, typer.Option(help="fused (Megatron/TE) or eager PyTorch")] =
+    Kernels.fused,
+    json_out: Annotated[bool, typer.Option("--json", help="one JSON document on stdout")] =
+    False,
+    csv: Annotated[Path | None, typer.Option(help="write the top-k table to this CSV file")] =
+    None,
+    list_presets_: Annotated[bool, typer.Option("--list", help="list every preset and exit")]
+    = False,
+) -> None:
+    """Search (or, with every parallel option given, evaluate) parallel configurations."""
+    if ctx.invoked_subcommand is not None:
+        return
+    out = Console(highlight=False)
+    if list_presets_:
+        for kind in ("model", "cluster", "gpu"):
+            out.print(f"{kind}s: " + ", ".join(list_presets(kind)), soft_wrap=True)
+        return
+    err = Console(stderr=True)
+    progress = _LazyProgress(err) if err.is_terminal and not json_out else None
+    try:
+        result = api.plan(
+            model, cluster, gpus=gpus, global_batch_size=global_batch, seq_len=seq_len,
+            precision=precision.value if precision else None,
+            optimizer=optimizer.value if optimizer else None,
+            strategy=strategy.value, objective=objective.value, top=top,
+            kernels=kernels.value, progress=progress,
+            dp=dp, tp=tp, pp=pp, vp=vp, cp=cp, zero_stage=zero, micro_batch_size=micro_batch,
+            recompute=recompute.value if recompute else None,
+            sequence_parallel=sequence_parallel,
+            schedule=schedule.value if schedule else None,
+        )
+    except SpecError as e:
+        _fail(str(e))
+    except ValidationError as e:
+        _fail(format_validation_error(e))
+    finally:
+        if progress is not None:
+            progress.close()
+    if not result.fits_any:
+        _fail(result.why_nothing_fits())
+    if csv is not None:
+        try:
+            result.top.to_csv(csv, index=False)
+        except OSError as e:
+            _fail(f"--csv {csv}: cannot write: {e.strerror}")
+    if json_out:
+        typer.echo(json.dumps(result.to_json(), indent=2))
+        return
+    _print_best(out, result)
+    if result.strategy != "single":
+        out.print()
+        _print_top(out, result)
+        out.print(f"searched {result.evaluated:,} configurations ({result.feasible:,} fit in "
+                  f"memory, {result.space_size:,} in the space before constraints) with "
+                  f"{result.strategy} in {result.seconds:.2f} s")
+
+
+def _register_subcommands() -> None:
+    for name, target in SUBCOMMANDS.items():
+        module, func = target.split(":")
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name == module:  # not written yet: skip
+                continue
+            raise
+        app.command(name)(getattr(mod, func))
+
+
+_register_subcommands()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point (``plan``)."""
+    app(args=argv, prog_name="plan")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Pareto fronts (all objectives minimised) and a running top-k, over numpy arrays.
+
+References
+----------
+Deb, Pratap, Agarwal, Meyarivan, "A fast and elitist multiobjective genetic algorithm: NSGA-II",
+IEEE TEVC 6(2), 2002, Sec. II (Pareto dominance).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["Tally", "dominates", "merge_front", "pareto_mask", "top_k"]
+
+
+def dominates(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """True where ``a`` dominates ``b`` (no worse in every objective, better in one).
+
+    Broadcasts over leading axes; the last axis holds the objectives.
+    """
+    return np.all(a <= b, axis=-1) & np.any(a < b, axis=-1)
+
+
+def pareto_mask(F: np.ndarray) -> np.ndarray:
+    """Boolean mask of the non-dominated rows of ``F`` (n x k, minimised).
+
+    Rows with a non-finite entry are never on the front. Exact duplicates are all kept. The loop
+    runs once per front member (not per row): each pass removes every row the current
+    lexicographically smallest survivor dominates.
+    """
+    F = np.asarray(F, dtype=float)
+    n = F.shape[0]
+    keep = np.zeros(n, dtype=bool)
+    cand = np.flatnonzero(np.all(np.isfinite(F), axis=1))
+    if cand.size == 0:
+        return keep
+    # lexicographic order: the first row is always non-dominated
+    order = np.lexsort(F[cand].T[::-1])
+    cand = cand[order]
+    while cand.size:
+        head = F[cand[0]]
+        keep[cand[0]] = True
+        rest = cand[1:]
+        cand = rest[~dominates(head, F[rest]) & ~np.all(F[rest] == head, axis=1)]
+        # exact duplicates of head are also on the front
+        dup = rest[np.all(F[rest] == head, axis=1)]
+        keep[dup] = True
+    return keep
+
+
+def merge_front(
+    ids_a: np.ndarray, F_a: np.ndarray, ids_b: np.ndarray, F_b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pareto front of the union of two sets (ids and objective rows), ids ascending."""
+    ids = np.concatenate([ids_a, ids_b])
+    F = np.concatenate([F_a, F_b])
+    ids, first = np.unique(ids, return_index=True)
+    F = F[first]
+    m = pareto_mask(F)
+    return ids[m], F[m]
+
+
+def top_k(keys: tuple[np.ndarray, ...], k: int) -> np.ndarray:
+    """Indices of the ``k`` smallest entries ordered by ``keys`` (primary key first).
+
+    Ties on the primary key are broken by the following keys, so the answer does not depend on
+    the order the entries arrived in (the last key should be unique, e.g. a flat index).
+    Non-finite primary keys are excluded.
+    """
+    primary = np.asarray(keys[0], dtype=float)
+    idx = np.flatnonzero(np.isfinite(primary))
+    if idx.size > k > 0:
+        kth = np.partition(primary[idx], k - 1)[k - 1]
+        idx = idx[primary[idx] <= kth]
+    order = np.lexsort(tuple(np.asarray(key)[idx] for key in keys[::-1]))
+    return idx[order][:k]
+
+
+class Tally:
+    """Running summary of the configurations a strategy has scored: the top-k by the
+    objective, the Pareto front, the smallest memory footprint and the counts.
+
+    Every strategy feeds it :class:`~search.space.Scored` blocks (in any order, repeats
+    allowed); the summary is the same whatever the order, because ties are broken by the flat
+    index.
+    """
+
+    def __init__(self, k: int, n_objectives: int = 3, *, repeats: bool = True) -> None:
+        """``repeats=False`` promises each flat index is added once (the grid), which skips
+        the bookkeeping of indices already seen."""
+        self.k = k
+        self.repeats = repeats
+        self.top_flat = np.zeros(0, dtype=np.int64)
+        self.top_keys = np.zeros((0, 3))  # score, step time, peak memory
+        self.front_flat = np.zeros(0, dtype=np.int64)
+        self.front_F = np.zeros((0, n_objectives))
+        self.small_flat = np.zeros(0, dtype=np.int64)
+        self.small_peak = np.inf
+        self.seen = np.zeros(0, dtype=np.int64)
+        self.evaluated = 0
+        self.feasible = 0
+
+    def add(self, s) -> None:
+        """Fold a scored block into the summary."""
+        valid = s.valid
+        if not self.repeats:
+            self.evaluated += int(valid.sum())
+            self.feasible += int(s.ok.sum())
+        elif (new := ~np.isin(s.flat, self.seen) & valid).any():
+            nf = np.unique(s.flat[new])
+            self.seen = np.union1d(self.seen, nf)
+            ok_new = np.unique(s.flat[new & s.fits])
+            self.evaluated += nf.size
+            self.feasible += ok_new.size
+        if valid.any():
+            peak = np.where(valid, s.peak_memory_bytes, np.inf)
+            i = int(np.lexsort((s.flat, peak))[0])
+            if peak[i] < self.small_peak or (
+                peak[i] == self.small_peak and s.flat[i] < self.small_flat[0]
+            ):
+                self.small_peak = float(peak[i])
+                self.small_flat = s.flat[i : i + 1].copy()
+        ok = s.ok
+        if not ok.any():
+            return
+        flat = np.concatenate([self.top_flat, s.flat[ok]])
+        keys = np.concatenate(
+            [self.top_keys, np.stack([s.score[ok], s.step_time_s[ok], s.peak_memory_bytes[ok]], 1)]
+        )
+        flat, first = np.unique(flat, return_index=True)
+        keys = keys[first]
+        sel = top_k((keys[:, 0], keys[:, 1], keys[:, 2], flat), self.k)
+        self.top_flat, self.top_keys = flat[sel], keys[sel]
+        F = s.F[ok]
+        m = pareto_mask(F)
+        self.front_flat, self.front_F = merge_front(
+            self.front_flat, self.front_F, s.flat[ok][m], F[m]
+        )

@@ -1,0 +1,347 @@
+"""One result type for every strategy: best, top-k and Pareto configurations plus statistics.
+
+A strategy only decides *which* configurations (flat indices of the space) to report;
+:func:`finalize` evaluates those few again through the same path and builds the tables, so
+every strategy's output has the same columns and JSON shape.
+
+Columns (pandas): the configuration fields, ``gpus``, ``step_time_s``, ``tokens_per_s``,
+``mfu``, ``hfu``, ``fits``, ``peak_memory_bytes``, ``<term>_time_s`` (one per step-time term),
+``<term>_memory_bytes``, ``<dim>_comm_bytes_per_gpu``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from perfmodel import units
+from perfmodel.config import COMPRESSION, RECOMPUTE, SCHEDULE, ConfigBatch
+
+__all__ = ["Diagnostic", "SearchResult", "diagnose", "explain_difference", "finalize"]
+
+#: Thresholds of the diagnostics (second seed, "monitoring": bubble > 0.3, comm ratio > 0.4).
+BUBBLE_SHARE_MAX = 0.30
+EXPOSED_COMM_SHARE_MAX = 0.40
+MEMORY_HEADROOM_MIN = 0.05
+
+_CONFIG_COLS = (
+    "dp", "tp", "pp", "vp", "cp", "zero_stage", "micro_batch_size", "num_microbatches",
+    "recompute", "sequence_parallel", "schedule", "grad_compression",
+)
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """A flagged property of a configuration: what, how much, the limit, and what to change."""
+
+    name: str
+    value: float
+    limit: float
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "value": self.value, "limit": self.limit,
+                "message": self.message}
+
+
+def _rows(batch: ConfigBatch, res: Any) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """Frame and JSON rows of an evaluated batch (the StepResult contract's arrays)."""
+    n = len(batch)
+    cols: dict[str, Any] = {
+        "dp": batch.dp, "tp": batch.tp, "pp": batch.pp, "vp": batch.vp, "cp": batch.cp,
+        "zero_stage": batch.zero_stage, "micro_batch_size": batch.micro_batch_size,
+        "num_microbatches": batch.num_microbatches,
+        "recompute": np.asarray(RECOMPUTE)[batch.recompute],
+        "sequence_parallel": batch.sequence_parallel,
+        "schedule": np.asarray(SCHEDULE)[batch.schedule],
+        "grad_compression": np.asarray(COMPRESSION)[batch.grad_compression],
+        "gpus": batch.gpus,
+        "step_time_s": np.asarray(res.step_time_s, dtype=float),
+        "tokens_per_s": np.asarray(res.tokens_per_s, dtype=float),
+        "mfu": np.asarray(res.mfu, dtype=float),
+        "hfu": np.asarray(getattr(res, "hfu", res.mfu), dtype=float),
+        "fits": np.asarray(res.fits, dtype=bool),
+        "peak_memory_bytes": np.asarray(res.memory_bytes["peak"], dtype=float),
+    }
+    cols.update({f"{k}_time_s": np.asarray(v, dtype=float) for k, v in res.time_s.items()})
+    cols.update({f"{k}_memory_bytes": np.asarray(v, dtype=float)
+                 for k, v in res.memory_bytes.items() if k != "peak"})
+    cols.update({f"{k}_comm_bytes_per_gpu": np.asarray(v, dtype=float)
+                 for k, v in res.comm_bytes_per_gpu.items()})
+    frame = pd.DataFrame({k: np.broadcast_to(v, (n,)) for k, v in cols.items()})
+    rows = []
+    for i in range(n):  # only the handful of reported configurations
+        rows.append({
+            "config": batch.config(i).model_dump(),
+            "gpus": int(batch.gpus[i]),
+            "step_time_s": float(res.step_time_s[i]),
+            "tokens_per_s": float(res.tokens_per_s[i]),
+            "mfu": float(res.mfu[i]),
+            "hfu": float(np.asarray(getattr(res, "hfu", res.mfu))[i]),
+            "fits": bool(res.fits[i]),
+            "memory_bytes": {k: float(v[i]) for k, v in res.memory_bytes.items()},
+            "time_s": {k: float(v[i]) for k, v in res.time_s.items()},
+            "comm_bytes_per_gpu": {k: float(v[i]) for k, v in res.comm_bytes_per_gpu.items()},
+        })
+    return frame, rows
+
+
+def diagnose(row: dict[str, Any], hbm_bytes: float) -> list[Diagnostic]:
+    """Flag a configuration's pipeline bubble, exposed communication and memory headroom.
+
+    The second seed's "monitoring" section measures these on a running job; here they are
+    computed from the prediction: bubble share = ``time_s['bubble'] / step_time_s`` (> 30%),
+    exposed communication share = sum of the ``*_comm`` terms / step time (> 40%), memory
+    headroom = ``1 - peak / HBM`` (< 5%).
+
+    Note: the seed advises "increase the micro-batch size" against a large bubble. With a fixed
+    global batch that *lowers* the number of micro-batches ``m`` and raises the bubble
+    ``(p-1)/m`` (Narayanan et al. 2021, Sec. 2.2.1); what helps is more micro-batches (a smaller
+    micro-batch or a larger global batch), interleaving (bubble / v) or fewer stages.
+    """
+    out = []
+    step = row["step_time_s"]
+    t = row["time_s"]
+    cfg = row["config"]
+    bubble = t.get("bubble", 0.0) / step if step > 0 else 0.0
+    if bubble > BUBBLE_SHARE_MAX:
+        advice = [(f"more micro-batches (now {cfg['num_microbatches']}: smaller micro-batch "
+                  "or larger global batch)")]
+        if cfg["schedule"] != "interleaved":
+            advice.append("the interleaved schedule (vp > 1)")
+        advice.append(f"fewer pipeline stages (pp now {cfg['pp']})")
+        out.append(Diagnostic("bubble_share", bubble, BUBBLE_SHARE_MAX,
+                              f"pipeline bubble is {bubble:.0%} of the step (> 30%): use "
+                              + ", ".join(advice)))
+    comm_terms = {k: v for k, v in t.items() if k.endswith("comm")}
+    comm = sum(comm_terms.values()) / step if step > 0 else 0.0
+    if comm > EXPOSED_COMM_SHARE_MAX:
+        worst = max(comm_terms, key=comm_terms.get)
+        tips = {
+            "tp_comm": "smaller tp, tp inside the NVLink domain, or sequence parallelism",
+            "cp_comm": "smaller cp (or a longer sequence per GPU to hide ring attention)",
+            "pp_comm": "fewer pipeline stages or overlapped p2p",
+            "dp_comm": "overlap the gradient reduce with the backward, a larger micro-batch "
+                       "per reduce, ZeRO-1 instead of ZeRO-3, or gradient compression",
+            "zero3_comm": "ZeRO-1/2 instead of ZeRO-3 if it fits, or more tp/pp",
+        }
+        out.append(Diagnostic("exposed_comm_share", comm, EXPOSED_COMM_SHARE_MAX,
+                              f"exposed communication is {comm:.0%} of the step (> 40%), "
+                              f"mostly {worst}: try {tips.get(worst, 'less of it')}"))
+    peak = row["memory_bytes"]["peak"]
+    headroom = 1.0 - peak / hbm_bytes
+    if headroom < MEMORY_HEADROOM_MIN:
+        what = "over" if headroom < 0 else "within"
+        out.append(Diagnostic("memory_headroom", headroom, MEMORY_HEADROOM_MIN,
+                              f"peak memory {units.fmt_bytes(peak)} is {what} 5% of HBM "
+                              f"({units.fmt_bytes(hbm_bytes)}): fragmentation may OOM; use a "
+                              "higher ZeRO stage, selective/full recompute, a smaller "
+                              "micro-batch or more tp/pp"))
+    return out
+
+
+def explain_difference(best: dict[str, Any], other: dict[str, Any], objective: str = "time"
+                       ) -> str:
+    """Why ``other`` ranks below ``best``: the config fields that differ and the largest
+    step-time (or memory) terms that grew. One short line."""
+    ca, cb = best["config"], other["config"]
+    a, b = best, other
+    short = {"zero_stage": "zero", "micro_batch_size": "mbs", "num_microbatches": "m",
+             "sequence_parallel": "sp"}
+    diffs = [f"{short.get(k, k)} {_fmt(ca[k])}->{_fmt(cb[k])}" for k in ca
+             if k in _CONFIG_COLS and ca[k] != cb[k]]
+    if objective == "memory":
+        d = {k: b["memory_bytes"][k] - a["memory_bytes"].get(k, 0.0)
+             for k in b["memory_bytes"] if k != "peak"}
+        worst = sorted((k for k in d if d[k] > 0), key=d.get, reverse=True)[:2]
+        delta = b["memory_bytes"]["peak"] - a["memory_bytes"]["peak"]
+        why = f"+{units.fmt_bytes(delta)} peak" + "".join(
+            f", {k} +{units.fmt_bytes(d[k])}" for k in worst)
+    else:
+        d = {k: b["time_s"][k] - a["time_s"].get(k, 0.0) for k in b["time_s"]}
+        worst = sorted((k for k in d if d[k] > 0), key=d.get, reverse=True)[:2]
+        delta = b["step_time_s"] - a["step_time_s"]
+        rel = delta / a["step_time_s"] if a["step_time_s"] > 0 else 0.0
+        sign = "+" if delta >= 0 else "-"
+        why = f"{sign}{units.fmt_seconds(abs(delta))} ({rel:+.1%})" + "".join(
+            f", {k} +{units.fmt_seconds(d[k])}" for k in worst)
+        if objective == "cost" and b["gpus"] != a["gpus"]:
+            why += f", {b['gpus']} GPUs vs {a['gpus']}"
+    return (", ".join(diffs) + ": " if diffs else "") + why
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    return str(v)
+
+
+@dataclass(frozen=True, eq=False)
+class SearchResult:
+    """What every strategy returns.
+
+    Attributes
+    ----------
+    best, top, pareto : pandas.DataFrame
+        The best configuration (one row, or empty when nothing fits), the top-k by the
+        objective, and the Pareto front over (step time, peak memory, GPUs); unit-named columns.
+    rows : list of dict
+        JSON objects of ``top`` (``rows[0]`` is the best), shaped like ``StepResult.row``.
+    strategy, objective : str
+    evaluated, feasible : int
+        Configurations evaluated by the cost model (structurally valid), and of those, how
+        many fit in memory.
+    seconds : float
+        Wall time of the search.
+    space_size : int
+        Gene vectors in the space (before constraints).
+    """
+
+    strategy: str
+    objective: str
+    evaluated: int
+    feasible: int
+    seconds: float
+    space_size: int
+    top: pd.DataFrame
+    pareto: pd.DataFrame
+    rows: list[dict[str, Any]]
+    pareto_rows: list[dict[str, Any]]
+    hbm_bytes: float
+    smallest: dict[str, Any] | None = None
+    gpus_available: int = 0
+    setup: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def best(self) -> pd.DataFrame:
+        return self.top.head(1)
+
+    @property
+    def fits_any(self) -> bool:
+        return bool(self.rows)
+
+    @property
+    def best_row(self) -> dict[str, Any] | None:
+        return self.rows[0] if self.rows else None
+
+    @property
+    def diagnostics(self) -> list[Diagnostic]:
+        return diagnose(self.rows[0], self.hbm_bytes) if self.rows else []
+
+    def why_nothing_fits(self) -> str:
+        """One line: the smallest footprint found and what it would need."""
+        if self.smallest is None:
+            return "no configuration was evaluated"
+        peak = self.smallest["memory_bytes"]["peak"]
+        c = self.smallest["config"]
+        need = peak / self.hbm_bytes
+        return (
+            f"nothing fits: the smallest footprint found is {units.fmt_bytes(peak)} per GPU "
+            f"(dp={c['dp']} tp={c['tp']} pp={c['pp']} cp={c['cp']} zero={c['zero_stage']} "
+            f"mbs={c['micro_batch_size']} recompute={c['recompute']}) but the GPU has "
+            f"{units.fmt_bytes(self.hbm_bytes)}; it needs {need:.2f}x the memory: a GPU with "
+            f">= {units.fmt_bytes(peak)}, about {need:.1f}x the GPUs, or a smaller model, "
+            "sequence or micro-batch"
+        )
+
+    def explain(self, i: int) -> str:
+        """Why the i-th of the top ranks below the best."""
+        return explain_difference(self.rows[0], self.rows[i], self.objective)
+
+    def breakdown(self, i: int = 0) -> dict[str, list[tuple[str, float, float]]]:
+        """Terms of the i-th top configuration: ``time`` (name, seconds, share of the step),
+        ``memory`` (name, bytes, share of HBM), ``comm`` (dim, bytes per GPU per step, 0)."""
+        r = self.rows[i] if self.rows else self.smallest
+        if r is None:
+            return {"time": [], "memory": [], "comm": []}
+        step = r["step_time_s"]
+        return {
+            "time": [(k, v, v / step if step > 0 else 0.0) for k, v in r["time_s"].items()],
+            "memory": [(k, v, v / self.hbm_bytes) for k, v in r["memory_bytes"].items()],
+            "comm": [(k, v, 0.0) for k, v in r["comm_bytes_per_gpu"].items()],
+        }
+
+    def stats(self) -> dict[str, Any]:
+        return {"strategy": self.strategy, "objective": self.objective,
+                "evaluated": self.evaluated, "feasible": self.feasible,
+                "seconds": self.seconds, "space_size": self.space_size, **self.extra}
+
+    def to_json(self) -> dict[str, Any]:
+        """The CLI's ``--json`` document: ``best``, ``top``, ``pareto``, ``diagnostics``,
+        ``search``."""
+        return {
+            "best": self.rows[0] if self.rows else None,
+            "top": self.rows,
+            "pareto": self.pareto_rows,
+            "diagnostics": [d.to_json() for d in self.diagnostics],
+            "setup": self.setup,
+            "search": self.stats(),
+        }
+
+
+def finalize(
+    problem: Any,
+    *,
+    strategy: str,
+    top_flat: np.ndarray,
+    pareto_flat: np.ndarray,
+    smallest_flat: np.ndarray,
+    evaluated: int,
+    feasible: int,
+    seconds: float,
+    extra: dict[str, Any] | None = None,
+) -> SearchResult:
+    """Evaluate the reported configurations once more and build the :class:`SearchResult`.
+
+    ``top_flat`` must already be ordered best first; ``pareto_flat`` is ordered here by step
+    time.
+    """
+    space = problem.space
+    top_flat = np.asarray(top_flat, dtype=np.int64)
+    pareto_flat = np.asarray(pareto_flat, dtype=np.int64)
+    smallest_flat = np.asarray(smallest_flat, dtype=np.int64)
+    allf = np.concatenate([top_flat, pareto_flat, smallest_flat])
+    a, viol = space.decode_flat(allf)
+    assert not viol.any(), "strategies report valid configurations only"
+    batch = space.batch(a)
+    res = problem.evaluate_batch(batch)
+    frame, rows = _rows(batch, res)
+    nt, npar = len(top_flat), len(pareto_flat)
+    top = frame.iloc[:nt].reset_index(drop=True)
+    par = frame.iloc[nt:nt + npar]
+    order = np.lexsort((par["peak_memory_bytes"].to_numpy(), par["step_time_s"].to_numpy()))
+    pareto = par.iloc[order].reset_index(drop=True)
+    pareto_rows = [rows[nt + i] for i in order]
+    smallest = rows[nt + npar] if len(smallest_flat) else None
+    return SearchResult(
+        strategy=strategy,
+        objective=problem.objective,
+        evaluated=int(evaluated),
+        feasible=int(feasible),
+        seconds=float(seconds),
+        space_size=space.size,
+        top=top,
+        pareto=pareto,
+        rows=rows[:nt],
+        pareto_rows=pareto_rows,
+        hbm_bytes=float(space.cluster.gpu.hbm_bytes),
+        smallest=smallest,
+        gpus_available=space.gpus,
+        setup={
+            "model": space.model.name,
+            "cluster": space.cluster.name,
+            "gpu": space.cluster.gpu.name,
+            "gpus": space.gpus,
+            "hbm_bytes": float(space.cluster.gpu.hbm_bytes),
+            "global_batch_size": space.training.global_batch_size,
+            "seq_len": space.training.seq_len,
+            "precision": space.training.precision,
+            "optimizer": space.training.optimizer,
+            "kernels": problem.kernels,
+        },
+        extra=dict(extra or {}),
+    )

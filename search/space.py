@@ -1,0 +1,563 @@
+"""The search space of parallel configurations, and the problem every strategy solves.
+
+A :class:`SearchSpace` holds, for each searched dimension, the list of candidate values; a
+configuration is a vector of indices into those lists (the *genes*), and the whole space is the
+Cartesian product, numbered by ``np.ravel_multi_index``. Decoding a block of indices into a
+:class:`~perfmodel.config.ConfigBatch` and checking every structural constraint are whole-array
+numpy operations, so the grid search enumerates millions of configurations without a Python loop
+per configuration, and the evolutionary strategies use the very same integer encoding.
+
+When the GPU count is exact (the default), ``dp`` is not a gene: it is derived as
+``gpus / (tp * pp * cp)``; with ``allow_idle_gpus`` it becomes a free dimension and the
+constraint is ``dp * tp * pp * cp <= gpus``.
+
+A :class:`Problem` couples a space with the one vectorized evaluation path
+(``perfmodel.step.evaluate`` or an injected function with the same signature) and the objective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from perfmodel.config import RECOMPUTE, SCHEDULE, ConfigBatch, ParallelConfig, resolve_config
+from perfmodel.specs import ClusterSpec, ModelSpec, SpecError, TrainingSpec, format_validation_error
+
+__all__ = [
+    "OBJECTIVES",
+    "PARETO_OBJECTIVES",
+    "SEARCH_DIMS",
+    "Problem",
+    "Scored",
+    "SearchSpace",
+    "divisors",
+    "make_space",
+]
+
+#: Every dimension a space can search, in gene order (dp is a gene only with idle GPUs).
+SEARCH_DIMS = (
+    "tp",
+    "pp",
+    "cp",
+    "dp",
+    "vp",
+    "zero_stage",
+    "micro_batch_size",
+    "recompute",
+    "sequence_parallel",
+    "schedule",
+)
+#: Single objectives: what "best" minimises.
+OBJECTIVES = ("time", "memory", "cost")
+#: Objectives of the multi-objective (Pareto) view, all minimised.
+PARETO_OBJECTIVES = ("step_time_s", "peak_memory_bytes", "gpus")
+
+_ALIASES = {"zero": "zero_stage", "micro_batch": "micro_batch_size", "mbs": "micro_batch_size",
+            "sp": "sequence_parallel"}
+_CATEGORICAL = {"recompute": RECOMPUTE, "schedule": SCHEDULE}
+_INTERLEAVED = SCHEDULE.index("interleaved")
+_ZB = SCHEDULE.index("zb")
+_GPIPE = SCHEDULE.index("gpipe")
+_1F1B = SCHEDULE.index("1f1b")
+
+#: Constraint names, in the order they are checked (and reported when nothing is left).
+CONSTRAINTS = (
+    "gpus",
+    "tp_heads",
+    "tp_kv_heads",
+    "tp_domain",
+    "layers",
+    "cp_seq",
+    "sequence_parallel",
+    "batch",
+    "schedule",
+)
+
+
+def divisors(n: int) -> np.ndarray:
+    """All positive divisors of ``n``, ascending."""
+    d = np.arange(1, int(n) + 1)
+    return d[n % d == 0]
+
+
+def _powers_of_two(cap: int) -> np.ndarray:
+    return 2 ** np.arange(0, int(np.floor(np.log2(max(cap, 1)))) + 1)
+
+
+@dataclass(frozen=True, eq=False)
+class SearchSpace:
+    """Candidate values per dimension plus the model, training setup and cluster they apply to.
+
+    Build it with :func:`make_space`. ``values[d]`` is a sorted int64 array (codes for
+    ``recompute`` and ``schedule``, 0/1 for ``sequence_parallel``).
+    """
+
+    model: ModelSpec
+    training: TrainingSpec
+    cluster: ClusterSpec
+    values: Mapping[str, np.ndarray] = field(repr=False)
+    allow_idle_gpus: bool = False
+    allow_tp_across_nodes: bool = False
+    uneven_layers: bool = False
+    num_microbatches: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def gpus(self) -> int:
+        return self.cluster.total_gpus
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        """Gene order: the searched dimensions (dp only when idle GPUs are allowed)."""
+        return tuple(d for d in SEARCH_DIMS if d != "dp" or self.allow_idle_gpus)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(len(self.values[d]) for d in self.dims)
+
+    @property
+    def size(self) -> int:
+        """Number of gene vectors (raw, before constraints)."""
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def fixed(self) -> bool:
+        """True when every dimension has exactly one candidate."""
+        return all(len(v) == 1 for v in self.values.values())
+
+    # ----------------------------------------------------------------------------------------
+    def decode_flat(self, flat: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Decode flat indices into value arrays; return (arrays, violations per config)."""
+        genes = np.unravel_index(np.asarray(flat, dtype=np.int64), self.shape)
+        return self._decode_columns(genes)
+
+    def decode(self, genes: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Decode an ``(n, len(dims))`` gene matrix.
+
+        Returns the field arrays (``dp`` derived when the GPU count is exact, and
+        ``num_microbatches``) and the number of violated constraints per configuration
+        (0 = structurally valid; memory is checked by the evaluation).
+        """
+        genes = np.asarray(genes, dtype=np.int64)
+        return self._decode_columns(tuple(genes[:, j] for j in range(genes.shape[1])))
+
+    def _decode_columns(self, cols) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        a = {d: self.values[d][g] for d, g in zip(self.dims, cols, strict=True)}
+        masks = self._constraint_masks(a)
+        violations = np.zeros(a["tp"].shape, dtype=np.int8)
+        for name in (*CONSTRAINTS, "canonical"):
+            violations += ~masks[name]
+        return a, violations
+
+    def _constraint_masks(self, a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Evaluate every constraint (bool arrays, True = satisfied); fills a['dp'], a['nmb']."""
+        m, t = self.model, self.training
+        n_gpus = self.gpus
+        tp, pp, cp, vp = a["tp"], a["pp"], a["cp"], a["vp"]
+        model_par = tp * pp * cp
+        if self.allow_idle_gpus:
+            dp = a["dp"]
+            gpus_ok = dp * model_par <= n_gpus
+        else:
+            dp = np.maximum(n_gpus // model_par, 1)
+            gpus_ok = (n_gpus % model_par == 0) & np.isin(dp, self.values["dp"])
+        a["dp"] = dp
+        per_step = dp * a["micro_batch_size"]
+        nmb = t.global_batch_size // per_step
+        a["num_microbatches"] = np.maximum(nmb, 1)
+        sched, sp, zero = a["schedule"], a["sequence_parallel"].astype(bool), a["zero_stage"]
+        if self.uneven_layers:
+            layers_ok = pp * vp <= m.num_layers
+        else:
+            layers_ok = m.num_layers % (pp * vp) == 0
+        interleaved = sched == _INTERLEAVED
+        batch_ok = t.global_batch_size % per_step == 0
+        if self.num_microbatches is not None:
+            batch_ok &= np.isin(nmb, self.num_microbatches)
+        masks = {
+            "gpus": gpus_ok,
+            "tp_heads": m.num_attention_heads % tp == 0,
+            "tp_kv_heads": (m.kv_heads % tp == 0) | (tp % m.kv_heads == 0),
+            "tp_domain": (tp <= self.cluster.scale_up_size) | self.allow_tp_across_nodes,
+            "layers": layers_ok,
+            "cp_seq": (cp == 1) | (t.seq_len % (2 * cp) == 0),
+            "sequence_parallel": ~sp | ((tp > 1) & (t.seq_len % tp == 0)),
+            "batch": batch_ok,
+            # vp > 1 <=> interleaved; interleaved/zb need pp > 1; interleaved needs pp | nmb
+            "schedule": ((vp > 1) == interleaved)
+            & ((pp > 1) | ((sched != _INTERLEAVED) & (sched != _ZB)))
+            & (~interleaved | (nmb % pp == 0)),
+        }
+        # Drop exact duplicates: with pp = 1 the schedule does not matter (keep 1f1b), with
+        # dp = 1 the ZeRO stage does not (keep the smallest stage offered).
+        canonical = np.ones(tp.shape, dtype=bool)
+        sched_vals = self.values["schedule"]
+        if _1F1B in sched_vals:
+            canonical &= ~((pp == 1) & (sched == _GPIPE))
+        zmin = self.values["zero_stage"].min()
+        canonical &= ~((dp == 1) & (zero > zmin))
+        masks["canonical"] = canonical
+        return masks
+
+    def repair(self, genes: np.ndarray) -> np.ndarray:
+        """Move gene vectors to the canonical neighbour that the schedule rules allow.
+
+        With ``pp = 1`` the schedule becomes 1f1b and vp 1; with ``pp > 1`` the schedule
+        follows vp (``vp > 1`` -> interleaved, ``vp = 1`` and interleaved -> 1f1b); with
+        ``tp = 1`` sequence parallelism is off. Only values that are candidates are used.
+        These rules join the feasible islands that a pure penalty leaves apart, so the
+        evolutionary strategies reach corners such as ``tp = 8, pp = 1``.
+        """
+        g = np.array(genes, dtype=np.int64, copy=True)
+        col = {d: j for j, d in enumerate(self.dims)}
+        val = {d: self.values[d][g[:, j]] for d, j in col.items()}
+
+        def index_of(d: str, v: int) -> int:
+            hit = np.flatnonzero(self.values[d] == v)
+            return int(hit[0]) if hit.size else -1
+
+        def setto(d: str, mask: np.ndarray, v: int) -> None:
+            i = index_of(d, v)
+            if i >= 0:
+                g[mask, col[d]] = i
+
+        pp1 = val["pp"] == 1
+        setto("schedule", pp1, _1F1B)
+        setto("vp", pp1, 1)
+        vp_many = ~pp1 & (val["vp"] > 1)
+        setto("schedule", vp_many, _INTERLEAVED)
+        setto("schedule", ~pp1 & (val["vp"] == 1) & (val["schedule"] == _INTERLEAVED), _1F1B)
+        setto("sequence_parallel", val["tp"] == 1, 0)
+        return g
+
+    def batch(self, a: dict[str, np.ndarray], idx: np.ndarray | None = None) -> ConfigBatch:
+        """ConfigBatch of the decoded arrays (optionally only at ``idx``)."""
+        cols = {
+            k: (v if idx is None else v[idx])
+            for k, v in a.items()
+            if k in SEARCH_DIMS or k == "num_microbatches"
+        }
+        return ConfigBatch.from_arrays(**cols)
+
+    def iter_chunks(self, chunk_size: int = 2**18) -> Iterator[np.ndarray]:
+        """Consecutive blocks of flat indices covering the whole space."""
+        for start in range(0, self.size, chunk_size):
+            yield np.arange(start, min(start + chunk_size, self.size), dtype=np.int64)
+
+    def encode(self, config: ParallelConfig) -> int | None:
+        """Flat index of a configuration, or None if one of its values is not a candidate."""
+        idx = []
+        for d in self.dims:
+            v = getattr(config, d)
+            if d in _CATEGORICAL:
+                v = _CATEGORICAL[d].index(v)
+            hit = np.flatnonzero(self.values[d] == int(v))
+            if hit.size == 0:
+                return None
+            idx.append(int(hit[0]))
+        return int(np.ravel_multi_index(idx, self.shape))
+
+    def explain_empty(self) -> str:
+        """One line saying why no configuration satisfies the constraints.
+
+        Applies the constraints in order to the whole space and reports the first that leaves
+        nothing, with the operands of a rejected example (from :func:`resolve_config`).
+        """
+        alive_count: dict[str, int] = {}
+        first_bad: dict[str, dict[str, Any]] = {}
+        for flat in self.iter_chunks():
+            a, _ = self.decode_flat(flat)
+            masks = self._constraint_masks(a)
+            ok = np.ones(flat.shape, dtype=bool)
+            for name in (*CONSTRAINTS, "canonical"):
+                before = ok
+                ok = ok & masks[name]
+                alive_count[name] = alive_count.get(name, 0) + int(ok.sum())
+                bad = np.flatnonzero(before & ~masks[name])
+                if bad.size and name not in first_bad:
+                    first_bad[name] = {k: v[bad[0]] for k, v in a.items()}
+        for name in (*CONSTRAINTS, "canonical"):
+            if alive_count.get(name, 0) == 0:
+                example = first_bad.get(name)
+                why = self._why(example) if example is not None else name
+                return f"no parallel configuration satisfies the constraints: {why}"
+        return "no parallel configuration satisfies the constraints"
+
+    def _why(self, ex: dict[str, Any]) -> str:
+        cfg = {k: ex[k].item() for k in SEARCH_DIMS if k in ex}
+        cfg["recompute"] = RECOMPUTE[cfg["recompute"]]
+        cfg["schedule"] = SCHEDULE[cfg["schedule"]]
+        cfg["sequence_parallel"] = bool(cfg["sequence_parallel"])
+        if not self.allow_idle_gpus and cfg["dp"] not in self.values["dp"]:
+            cfg["dp"] = int(self.values["dp"][0])  # the pinned dp that the GPU count rejects
+        try:
+            pc = ParallelConfig(**cfg)
+            resolve_config(
+                pc,
+                self.model,
+                self.training,
+                self.cluster,
+                allow_idle_gpus=self.allow_idle_gpus,
+                allow_tp_across_nodes=self.allow_tp_across_nodes,
+            )
+        except ValidationError as err:
+            return format_validation_error(err)
+        except SpecError as err:
+            return str(err)
+        if self.num_microbatches is not None:
+            return f"num_microbatches must be one of {self.num_microbatches.tolist()}"
+        return ", ".join(f"{k}={v}" for k, v in cfg.items()) + " is invalid"
+
+
+# --------------------------------------------------------------------------------------------
+def _candidates(d: str, model: ModelSpec, training: TrainingSpec, n_gpus: int, scale_up: int,
+                *, allow_idle_gpus: bool, allow_tp_across_nodes: bool, uneven_layers: bool,
+                max_micro_batch_size: int, max_vp: int, max_cp: int) -> np.ndarray:
+    """Default candidate values of one dimension (constraints then prune combinations)."""
+    if d == "tp":
+        v = divisors(model.num_attention_heads)
+        return v[v <= (n_gpus if allow_tp_across_nodes else min(scale_up, n_gpus))]
+    if d == "pp":
+        v = divisors(model.num_layers)
+        if uneven_layers:
+            v = np.union1d(v, divisors(n_gpus)[divisors(n_gpus) <= model.num_layers])
+        return v[v <= n_gpus]
+    if d == "cp":
+        v = _powers_of_two(min(max_cp, n_gpus))
+        return v[(v == 1) | (training.seq_len % (2 * v) == 0)]
+    if d == "dp":
+        if allow_idle_gpus:
+            v = divisors(training.global_batch_size)
+            return v[v <= n_gpus]
+        return divisors(n_gpus)
+    if d == "vp":
+        v = divisors(model.num_layers)
+        return v[v <= max_vp]
+    if d == "zero_stage":
+        return np.arange(4)
+    if d == "micro_batch_size":
+        v = _powers_of_two(max_micro_batch_size)
+        return v[v <= training.global_batch_size]
+    if d == "recompute":
+        return np.arange(len(RECOMPUTE))
+    if d == "sequence_parallel":
+        return np.array([0, 1])
+    if d == "schedule":
+        return np.arange(len(SCHEDULE))
+    raise KeyError(d)
+
+
+def _fixed_values(d: str, value: Any) -> np.ndarray:
+    """User-pinned value(s) of a dimension as a sorted unique int64 array (validated)."""
+    items = list(value) if isinstance(value, (list, tuple, range, set, np.ndarray)) else [value]
+    if not items:
+        raise SpecError(f"{d}: empty list of values")
+    out = []
+    for v in items:
+        v = getattr(v, "value", v)  # str Enums from the CLI
+        if d in _CATEGORICAL:
+            table = _CATEGORICAL[d]
+            if v not in table:
+                raise SpecError(f"{d} = {v!r}: expected one of {', '.join(table)}")
+            out.append(table.index(v))
+        elif d == "sequence_parallel":
+            if not isinstance(v, (bool, np.bool_)) and v not in (0, 1):
+                raise SpecError(f"sequence_parallel = {v!r}: expected true or false")
+            out.append(int(bool(v)))
+        else:
+            if isinstance(v, bool) or not float(v).is_integer():
+                raise SpecError(f"{d} = {v!r}: expected an integer")
+            v = int(v)
+            lo = 0 if d == "zero_stage" else 1
+            if v < lo or (d == "zero_stage" and v > 3):
+                expect = "0, 1, 2 or 3" if d == "zero_stage" else "a positive integer"
+                raise SpecError(f"{d} = {v}: expected {expect}")
+            out.append(v)
+    return np.unique(np.asarray(out, dtype=np.int64))
+
+
+def make_space(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterSpec,
+    *,
+    allow_idle_gpus: bool = False,
+    allow_tp_across_nodes: bool = False,
+    uneven_layers: bool = False,
+    max_micro_batch_size: int = 16,
+    max_vp: int = 16,
+    max_cp: int = 16,
+    **fixed: Any,
+) -> SearchSpace:
+    """The search space for ``model`` trained as ``training`` on ``cluster``.
+
+    Parameters
+    ----------
+    model, training, cluster
+        Validated specs (the cluster already scaled to the GPU count).
+    allow_idle_gpus
+        Accept ``dp*tp*pp*cp <= gpus`` instead of ``== gpus`` (dp becomes a searched dimension).
+    allow_tp_across_nodes
+        Let tp exceed the scale-up (NVLink) domain.
+    uneven_layers
+        Accept ``pp*vp`` that does not divide the layer count (uneven stages).
+    max_micro_batch_size, max_vp, max_cp
+        Caps of the default candidate lists (micro-batch sizes and cp are powers of two; vp
+        divides the layer count).
+    **fixed
+        Pin a dimension to one value (``tp=8``) or a list / range of values
+        (``pp=[4, 8, 16]``). Names: dp tp pp vp cp zero_stage (or zero) micro_batch_size
+        (or micro_batch) recompute sequence_parallel schedule num_microbatches.
+        ``None`` means "search it".
+
+    Returns
+    -------
+    SearchSpace
+    """
+    fixed = {_ALIASES.get(k, k): v for k, v in fixed.items() if v is not None}
+    nmb = fixed.pop("num_microbatches", None)
+    unknown = sorted(set(fixed) - set(SEARCH_DIMS))
+    if unknown:
+        raise SpecError(
+            f"unknown parallel dimension {unknown[0]!r}: expected one of "
+            f"{', '.join(SEARCH_DIMS)}, num_microbatches"
+        )
+    n_gpus = cluster.total_gpus
+    values = {}
+    for d in SEARCH_DIMS:
+        if d in fixed:
+            values[d] = _fixed_values(d, fixed[d])
+        else:
+            values[d] = _candidates(
+                d, model, training, n_gpus, cluster.scale_up_size,
+                allow_idle_gpus=allow_idle_gpus, allow_tp_across_nodes=allow_tp_across_nodes,
+                uneven_layers=uneven_layers, max_micro_batch_size=max_micro_batch_size,
+                max_vp=max_vp, max_cp=max_cp,
+            )
+        values[d].setflags(write=False)
+    # A vp pinned above 1 implies the interleaved schedule, and sp is only meaningful with tp>1:
+    # narrow the free dimensions rather than make the user say so.
+    if "schedule" not in fixed and values["vp"].min() > 1:
+        values["schedule"] = np.array([_INTERLEAVED])
+    if "vp" not in fixed and "schedule" in fixed and _INTERLEAVED not in values["schedule"]:
+        values["vp"] = np.array([1])
+    return SearchSpace(
+        model=model,
+        training=training,
+        cluster=cluster,
+        values=values,
+        allow_idle_gpus=allow_idle_gpus,
+        allow_tp_across_nodes=allow_tp_across_nodes,
+        uneven_layers=uneven_layers,
+        num_microbatches=None if nmb is None else _fixed_values("num_microbatches", nmb),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Scored:
+    """What a strategy sees of a block of configurations (one entry per flat index).
+
+    ``score`` is the single objective (inf where invalid or not fitting); ``F`` the Pareto
+    objectives (:data:`PARETO_OBJECTIVES`, inf where invalid).
+    """
+
+    flat: np.ndarray
+    violations: np.ndarray
+    fits: np.ndarray
+    step_time_s: np.ndarray
+    peak_memory_bytes: np.ndarray
+    gpus: np.ndarray
+    score: np.ndarray
+
+    @property
+    def valid(self) -> np.ndarray:
+        return self.violations == 0
+
+    @property
+    def ok(self) -> np.ndarray:
+        """Valid and fits in memory."""
+        return self.valid & self.fits
+
+    @property
+    def F(self) -> np.ndarray:
+        return np.stack([self.step_time_s, self.peak_memory_bytes, self.gpus.astype(float)], 1)
+
+    def take(self, idx: np.ndarray) -> Scored:
+        return Scored(**{k: getattr(self, k)[idx] for k in self.__dataclass_fields__})
+
+
+def objective_score(objective: str, step_time_s, peak_memory_bytes, gpus) -> np.ndarray:
+    """The single objective to minimise.
+
+    ``time``: step time [s]; ``memory``: peak memory per GPU [bytes]; ``cost``: GPU-seconds per
+    step (``step_time_s * gpus``), which ranks like cost per token since the tokens per step
+    are fixed.
+    """
+    if objective == "time":
+        return np.asarray(step_time_s, dtype=float)
+    if objective == "memory":
+        return np.asarray(peak_memory_bytes, dtype=float)
+    if objective == "cost":
+        return np.asarray(step_time_s, dtype=float) * gpus
+    raise SpecError(f"objective = {objective!r}: expected one of {', '.join(OBJECTIVES)}")
+
+
+@dataclass(frozen=True, eq=False)
+class Problem:
+    """A space, the evaluation function and the objective: what every strategy's ``run`` takes.
+
+    ``evaluator(model, training, cluster, batch, *, kernels=..., calibration=...)`` returns an
+    object with arrays ``step_time_s``, ``fits`` and a dict ``memory_bytes`` holding ``peak``
+    (the contract of ``perfmodel.step.evaluate``).
+    """
+
+    space: SearchSpace
+    evaluator: Callable[..., Any]
+    objective: str = "time"
+    kernels: str = "fused"
+    calibration: Any = None
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise SpecError(
+                f"objective = {self.objective!r}: expected one of {', '.join(OBJECTIVES)}"
+            )
+
+    def evaluate_batch(self, batch: ConfigBatch) -> Any:
+        """The evaluator's full result (a StepResult) for a batch."""
+        kw: dict[str, Any] = {"kernels": self.kernels}
+        if self.calibration is not None:
+            kw["calibration"] = self.calibration
+        s = self.space
+        return self.evaluator(s.model, s.training, s.cluster, batch, **kw)
+
+    def score_flat(self, flat: np.ndarray) -> Scored:
+        """Decode flat indices, evaluate the structurally valid ones, score all of them."""
+        flat = np.asarray(flat, dtype=np.int64)
+        a, violations = self.space.decode_flat(flat)
+        return self._score(flat, a, violations)
+
+    def score_genes(self, genes: np.ndarray) -> Scored:
+        genes = np.asarray(genes, dtype=np.int64)
+        a, violations = self.space.decode(genes)
+        flat = np.ravel_multi_index(tuple(genes.T), self.space.shape).astype(np.int64)
+        return self._score(flat, a, violations)
+
+    def _score(self, flat, a, violations) -> Scored:
+        n = flat.shape[0]
+        valid = np.flatnonzero(violations == 0)
+        step = np.full(n, np.inf)
+        peak = np.full(n, np.inf)
+        fits = np.zeros(n, dtype=bool)
+        if valid.size:
+            res = self.evaluate_batch(self.space.batch(a, valid))
+            step[valid] = res.step_time_s
+            peak[valid] = res.memory_bytes["peak"]
+            fits[valid] = res.fits
+        gpus = a["dp"] * a["tp"] * a["pp"] * a["cp"]
+        score = objective_score(self.objective, step, peak, gpus)
+        score = np.where((violations == 0) & fits, score, np.inf)
+        return Scored(flat, violations, fits, step, peak, gpus, score)
