@@ -92,6 +92,11 @@ class GPUSpec(Spec):
     calibration: str | None = Field(
         default=None, description="name of a folder under hardware_specs/calibration"
     )
+    launch_overhead_us: NonNegFloat | None = Field(
+        default=None,
+        description="host time to dispatch one kernel or collective (framework + driver); "
+        "None uses the compute model's defaults fitted on the H200 eager runs",
+    )
     mamf_tflops: PosFloat | None = Field(
         default=None,
         description="maximum achievable bf16 matmul TFLOP/s, measured (the ceiling a large GEMM "
