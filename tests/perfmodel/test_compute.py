@@ -76,7 +76,8 @@ def test_recompute_order_and_full_equals_forward_when_fused():
     out = C.compute_times(GPT175, TR, H200, batch(recompute=np.array([0, 1, 2])))
     r = out["layer_recompute_s"]
     assert r[0] == 0 < r[1] < r[2]
-    assert r[2] == pytest.approx(out["layer_fwd_s"][2])
+    # the recompute is one more forward (its host dispatch overlaps the backward: within 10%)
+    assert r[2] == pytest.approx(out["layer_fwd_s"][2], rel=0.1)
 
 
 def test_sequence_parallel_and_cp_reduce_time():
