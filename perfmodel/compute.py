@@ -32,6 +32,7 @@ CUDA-core peak in eager PyTorch (``torch.backends.cuda.matmul.allow_tf32`` is Fa
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from perfmodel.calibration import KERNEL_MIN_S, Calibration, calibration_for
 from perfmodel.config import ConfigBatch
@@ -169,6 +170,9 @@ def _overlap_s(gpu_s, cpu_s):
     return hi * ((gpu_s / hi) ** COMPOSE_P + (cpu_s / hi) ** COMPOSE_P) ** (1.0 / COMPOSE_P)
 
 
+_SHAPE_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "recompute")
+
+
 def compute_times(
     model: ModelSpec,
     training: TrainingSpec,
@@ -179,6 +183,10 @@ def compute_times(
     calibration: Calibration | str | None = None,
 ) -> dict[str, np.ndarray]:
     """Compute times per micro-batch per GPU (and the optimizer step per step).
+
+    The per-layer terms depend only on the configuration's shape fields (tp, cp, micro-batch,
+    sequence parallel, recompute), which take few distinct values in a search batch: they are
+    computed once per distinct shape and spread back (see :func:`_compute_times`).
 
     Parameters
     ----------
@@ -201,6 +209,34 @@ def compute_times(
     Narayanan et al. 2021 (SC21), Sec. 3 (GEMMs per layer); Korthikanti et al. 2022, Sec. 4-5
     (sequence parallelism, selective and full recompute); Dao 2023 (FlashAttention-2).
     """
+    if len(batch) > 256:
+        cols = [getattr(batch, f).astype(np.int64) for f in _SHAPE_FIELDS]
+        key = cols[0]
+        for c in cols[1:]:
+            key = key * 1_000_003 + c
+        codes, uniq = pd.factorize(key)
+        if len(uniq) < len(batch):
+            first = np.empty(len(uniq), dtype=np.int64)
+            first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
+            sub = _compute_times(model, training, gpu, batch.take(first), kernels, calibration)
+            out = {k: v[codes] for k, v in sub.items()}
+            out["optimizer_s"] = _optimizer_s(model, training, gpu, batch, kernels, calibration)
+            return out
+    return _compute_times(model, training, gpu, batch, kernels, calibration)
+
+
+def _optimizer_s(model, training, gpu, batch, kernels, calibration) -> np.ndarray:
+    """Optimizer step over this GPU's parameter shard: bytes over the achieved fused-AdamW
+    bandwidth [s]."""
+    cal = calibration_for(gpu, calibration)
+    opt_bytes = OPTIMIZER_BYTES_PER_PARAM[(training.optimizer, kernels)] * (
+        optimizer_params_per_gpu(model, batch)
+    )
+    return opt_bytes / cal.membw_bytes_per_s("adamw")
+
+
+def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[str, np.ndarray]:
+    """:func:`compute_times` for every configuration of ``batch``, without de-duplication."""
     if kernels not in ("fused", "eager"):
         raise ValueError(f"kernels {kernels!r}: expected 'fused' or 'eager'")
     cal = calibration_for(gpu, calibration)
@@ -414,9 +450,7 @@ def compute_times(
         lb.mem("layernorm", 3 * act_b * Tn * h)
 
     # ---- optimizer: this GPU's shard, bytes over the achieved fused-AdamW bandwidth
-    opt_key = (training.optimizer, kernels)
-    opt_bytes = OPTIMIZER_BYTES_PER_PARAM[opt_key] * optimizer_params_per_gpu(model, batch)
-    optimizer_s = opt_bytes / cal.membw_bytes_per_s("adamw")
+    optimizer_s = _optimizer_s(model, training, gpu, batch, kernels, cal)
 
     return {
         "layer_fwd_s": layer_fwd_s,

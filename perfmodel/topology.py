@@ -29,9 +29,10 @@ channels x per-NIC speed); NVIDIA DGX SuperPOD reference architecture (rail-opti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
+import pandas as pd
 from numpy.typing import ArrayLike
 
 from perfmodel.config import ConfigBatch
@@ -176,6 +177,18 @@ def parallel_groups(
     gradients reduced over the data-parallel-with-context-parallel group).
     """
     tp, cp, dp, pp = batch.tp, batch.cp, batch.dp, batch.pp
+    if len(tp) > 256:
+        # A search batch has few distinct (tp, cp, dp, pp): place each once, spread back.
+        key = ((tp.astype(np.int64) * 100_003 + cp) * 100_003 + dp) * 100_003 + pp
+        codes, uniq = pd.factorize(key)
+        if len(uniq) < len(tp):
+            first = np.empty(len(uniq), dtype=np.int64)
+            first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
+            sub = parallel_groups(cluster, batch.take(first), names)
+            return {
+                k: GroupPlacement(**{f.name: getattr(g, f.name)[codes] for f in fields(g)})
+                for k, g in sub.items()
+            }
     layout = {  # (size, stride)
         "tp": (tp, 1),
         "cp": (cp, tp),
