@@ -34,6 +34,7 @@ __all__ = ["SUBCOMMANDS", "app", "main"]
 #: Subcommands: name -> "module:function" (a typer command function), registered on import.
 SUBCOMMANDS: dict[str, str] = {
     "realtime": "search.cli_realtime:realtime",
+    "validate": "search.validate:validate_command",
 }
 
 app = typer.Typer(
@@ -89,6 +90,25 @@ class Objective(str, Enum):
 class Kernels(str, Enum):
     fused = "fused"
     eager = "eager"
+
+
+class Emit(str, Enum):
+    megatron = "megatron"
+    torchtitan = "torchtitan"
+    deepspeed = "deepspeed"
+
+
+def _launch_text(fmt: str, model: str, result: Any) -> str:
+    """The best configuration as launch settings (see :mod:`search.emit`)."""
+    from perfmodel.config import ParallelConfig
+    from perfmodel.specs import TrainingSpec, load_model
+    from search.emit import emit
+
+    s = result.setup
+    training = TrainingSpec(global_batch_size=s["global_batch_size"], seq_len=s["seq_len"],
+                            precision=s["precision"], optimizer=s["optimizer"])
+    config = ParallelConfig(**result.best_row["config"])
+    return emit(fmt, config, load_model(model), training)
 
 
 def _fail(message: str) -> None:
@@ -221,6 +241,8 @@ def planner(
     None,
     list_presets_: Annotated[bool, typer.Option("--list", help="list every preset and exit")]
     = False,
+    emit: Annotated[Emit | None, typer.Option(help="also print the best configuration as "
+                                              "launch settings for this framework")] = None,
 ) -> None:
     """Search (or, with every parallel option given, evaluate) parallel configurations."""
     if ctx.invoked_subcommand is not None:
@@ -258,8 +280,17 @@ def planner(
             result.top.to_csv(csv, index=False)
         except OSError as e:
             _fail(f"--csv {csv}: cannot write: {e.strerror}")
+    launch = None
+    if emit is not None:
+        try:
+            launch = _launch_text(emit.value, model, result)
+        except SpecError as e:
+            _fail(str(e))
     if json_out:
-        typer.echo(json.dumps(result.to_json(), indent=2))
+        doc = result.to_json()
+        if launch is not None:
+            doc["launch"] = {"format": emit.value, "text": launch}
+        typer.echo(json.dumps(doc, indent=2))
         return
     _print_best(out, result)
     if result.strategy != "single":
@@ -268,6 +299,9 @@ def planner(
         out.print(f"searched {result.evaluated:,} configurations ({result.feasible:,} fit in "
                   f"memory, {result.space_size:,} in the space before constraints) with "
                   f"{result.strategy} in {result.seconds:.2f} s")
+    if launch is not None:
+        out.print(f"\n[bold]{emit.value} launch settings:[/]")
+        typer.echo(launch, nl=False)
 
 
 def _register_subcommands() -> None:

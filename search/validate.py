@@ -17,12 +17,14 @@ fitted per row.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import typer
 
 from hardware_specs import ROOT as SPECS_ROOT
 from perfmodel.config import ConfigBatch, ParallelConfig, resolve_config
@@ -295,3 +297,46 @@ def summary(report: pd.DataFrame) -> dict:
         "max_abs_error": float(err.max()),
         "worst_row": str(report.loc[err.idxmax(), "row_id"]) if len(report) else "",
     }
+
+
+def validate_command(
+    vtrain: bool = typer.Option(True, "--vtrain/--no-vtrain", help="also rank the vTrain runs"),
+    json_out: bool = typer.Option(False, "--json", help="one JSON document on stdout"),
+) -> None:
+    """Predicted versus published step times (the validation report)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    report, skipped = training_runs_report()
+    doc: dict = {"training_runs": summary(report), "rows": report.to_dict("records"),
+                 "skipped": skipped.to_dict("records")}
+    if vtrain:
+        rows, groups = vtrain_report()
+        doc["vtrain"] = {
+            "groups": int(len(groups)),
+            "mean_spearman": float(groups["spearman"].mean()),
+            "mape_single_node": float(rows.loc[rows["set"] == "single", "error"].abs().mean()),
+            "mape_multi_node": float(rows.loc[rows["set"] == "multi", "error"].abs().mean()),
+        }
+    if json_out:
+        typer.echo(json.dumps(doc, indent=2, default=float))
+        return
+    out = Console(highlight=False)
+    t = Table(title="published runs: predicted vs measured step time", title_justify="left")
+    for col in ("row", "model", "GPUs", "config", "measured", "predicted", "error"):
+        t.add_column(col, justify="right" if col in ("GPUs", "measured", "predicted", "error")
+                     else "left")
+    for r in report.itertuples():
+        t.add_row(r.row_id, r.model, str(r.gpus), r.config, f"{r.measured_s:.4g} s",
+                  f"{r.predicted_s:.4g} s", f"{r.error:+.1%}")
+    out.print(t)
+    s = doc["training_runs"]
+    out.print(f"{s['rows']} rows: MAPE {s['mape']:.1%}, worst {s['worst_row']} "
+              f"({s['max_abs_error']:.1%})")
+    for r in skipped.itertuples():
+        out.print(f"not expressible: {r.row_id} {r.model}: {r.reason}")
+    if vtrain:
+        v = doc["vtrain"]
+        out.print(f"vTrain: {v['groups']} groups, mean Spearman {v['mean_spearman']:.3f}, "
+                  f"MAPE {v['mape_single_node']:.1%} (one node), "
+                  f"{v['mape_multi_node']:.1%} (multi-node)")
