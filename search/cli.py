@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import sys
 import time
 from enum import Enum
 from pathlib import Path
@@ -247,7 +248,9 @@ def planner(
     """Search (or, with every parallel option given, evaluate) parallel configurations."""
     if ctx.invoked_subcommand is not None:
         return
-    out = Console(highlight=False)
+    # Tables are wide: when stdout is not a terminal (a pipe, a file, a notebook), do not wrap
+    # them at rich's default of 80 columns.
+    out = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
     if list_presets_:
         for kind in ("model", "cluster", "gpu"):
             out.print(f"{kind}s: " + ", ".join(list_presets(kind)), soft_wrap=True)
