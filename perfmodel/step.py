@@ -136,6 +136,49 @@ def peak_flops_for(cluster: ClusterSpec, precision: str) -> float:
     return cluster.gpu.peak_flops(dtype)
 
 
+def bottleneck_stage_s(
+    num_layers: int,
+    pp: np.ndarray,
+    layer_s: np.ndarray,
+    first_extra_s: np.ndarray,
+    last_extra_s: np.ndarray,
+    iterations: int = 60,
+) -> np.ndarray:
+    """Slowest stage [s] of the best contiguous split of ``num_layers`` equal layers over ``pp``
+    stages, the first also holding ``first_extra_s`` (embedding) and the last ``last_extra_s``
+    (logits and loss).
+
+    This is the layer-partition problem of exercise 9.4 (:func:`perfmodel.pipeline.partition_layers`
+    solves it by dynamic programming for arbitrary costs) specialised to equal layer costs, where
+    it is vectorised: a bottleneck ``T`` is feasible when the stages can hold all layers,
+    ``floor((T-e)/c) + (p-2)*floor(T/c) + floor((T-g)/c) >= L``; a bisection on ``T`` finds the
+    smallest feasible one for every configuration at once.
+
+    References
+    ----------
+    Bokhari 1988 (chains-on-chains partitioning); Narayanan et al. 2019 (PipeDream), Sec. 3.1.
+    """
+    p = pp.astype(np.float64)
+    c = np.maximum(layer_s, 1e-30)
+    e, g = first_extra_s, last_extra_s
+    L = float(num_layers)
+
+    def capacity(t):
+        first = np.floor(np.maximum(t - e, -c) / c)
+        last = np.floor(np.maximum(t - g, -c) / c)
+        mid = np.floor(t / c)
+        return np.where(p > 1, first + last + np.maximum(p - 2, 0) * mid, np.floor((t - e - g) / c))
+
+    lo = np.maximum((L * c + e + g) / p, np.maximum(e, g))  # never below the average or an end
+    hi = L * c + e + g
+    for _ in range(iterations):
+        mid_t = 0.5 * (lo + hi)
+        ok = capacity(mid_t) >= L
+        hi = np.where(ok, mid_t, hi)
+        lo = np.where(ok, lo, mid_t)
+    return hi
+
+
 def pipeline_makespan_s(
     t_first_s: np.ndarray,
     t_mid_s: np.ndarray,
@@ -146,6 +189,7 @@ def pipeline_makespan_s(
     schedule: np.ndarray,
     fwd_fraction: np.ndarray,
     w_fraction: np.ndarray,
+    t_max_s: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Makespan of one pipelined step and its steady-state (bubble-free) part [s].
 
@@ -158,10 +202,15 @@ def pipeline_makespan_s(
     ``max(F + B - W, F, B)/(F + B + W)``, with ``F = fwd_fraction`` and ``W = w_fraction`` of
     the stage time and ``B`` the rest.
 
+    ``t_max_s``, when given, is the slowest stage of an uneven split (see
+    :func:`bottleneck_stage_s`); the stage times then only give the total.
+
     Returns ``(makespan_s, steady_s)``.
     """
     p = pp.astype(np.float64)
     t_max = np.maximum(np.maximum(t_first_s, t_last_s), t_mid_s)
+    if t_max_s is not None:
+        t_max = t_max_s
     total = np.where(p > 1, t_first_s + t_last_s + np.maximum(p - 2, 0) * t_mid_s, t_first_s)
     fill = total - t_max
     fill = np.where(schedule == _SCHED_INTERLEAVED, fill / vp, fill)
@@ -239,9 +288,16 @@ def evaluate(
     denom = np.maximum(layer_fwd_s + layer_bwd_s, 1e-30)
     w_fraction = 0.5 * ct["layer_bwd_s"] / denom
     fwd_fraction = layer_fwd_s / denom
-    makespan_s, steady_s = pipeline_makespan_s(t_first, t_mid, t_last, pp, vp, m, b.schedule,
-                                               fwd_fraction, w_fraction)
+    # Layers that do not divide evenly into pp*vp chunks (a search with uneven_layers): the
+    # best contiguous split sets the slowest stage (one chunk per rank; with interleaving the
+    # per-rank split is approximated by the even share).
+    uneven = (model.num_layers % (b.pp * b.vp)) != 0
     t_max = np.maximum(np.maximum(t_first, t_last), t_mid)
+    if np.any(uneven):
+        t_max_uneven = bottleneck_stage_s(model.num_layers, b.pp, layer_s, embed_s, logits_s)
+        t_max = np.where(uneven & (b.vp == 1), t_max_uneven, t_max)
+    makespan_s, steady_s = pipeline_makespan_s(t_first, t_mid, t_last, pp, vp, m, b.schedule,
+                                               fwd_fraction, w_fraction, t_max_s=t_max)
     comm_share = np.where(t_max > 0, (layers_per_stage * (tp_comm_s + cp_comm_s)) / t_max, 0.0)
     tp_share = np.where(t_max > 0, (layers_per_stage * tp_comm_s) / t_max, 0.0)
     cp_share = comm_share - tp_share
