@@ -54,7 +54,7 @@ class ParallelConfig(Spec):
     topk_ratio: Annotated[float, Field(gt=0, le=1)] = 0.01
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ParallelConfig":
+    def _consistent(self) -> ParallelConfig:
         if self.vp > 1 and self.schedule != "interleaved":
             raise ValueError(
                 f"vp ({self.vp}) > 1 needs schedule 'interleaved' (got schedule '{self.schedule}')"
@@ -160,7 +160,7 @@ class ConfigBatch:
         return self.dp * self.tp * self.pp * self.cp
 
     @classmethod
-    def from_arrays(cls, **arrays) -> "ConfigBatch":
+    def from_arrays(cls, **arrays) -> ConfigBatch:
         """Build from arrays (or scalars, broadcast); missing fields take ParallelConfig defaults.
 
         String values for categorical fields are converted to codes.
@@ -180,14 +180,14 @@ class ConfigBatch:
         return cls(**out)
 
     @classmethod
-    def from_configs(cls, configs: list[ParallelConfig]) -> "ConfigBatch":
+    def from_configs(cls, configs: list[ParallelConfig]) -> ConfigBatch:
         """Batch of resolved configs (``num_microbatches`` must be set)."""
         cols = {f.name: [getattr(c, f.name) for c in configs] for f in fields(cls)}
         if any(v is None for v in cols["num_microbatches"]):
             raise ValueError("resolve configs (num_microbatches) before batching them")
         return cls.from_arrays(**cols)
 
-    def take(self, idx) -> "ConfigBatch":
+    def take(self, idx) -> ConfigBatch:
         """Sub-batch at the given indices or boolean mask."""
         return ConfigBatch(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
 

@@ -40,6 +40,7 @@ __all__ = [
     "NON_ALLOCATOR_RESERVE_BYTES",
     "ZERO3_LIVE_LAYERS",
     "eager_layer_activation_bytes",
+    "is_gpu",
     "layer_activation_bytes",
     "max_micro_batch_size",
     "memory_breakdown",
@@ -384,10 +385,19 @@ def stage_params(model: ModelSpec, tp, pp) -> dict[str, np.ndarray]:
     }
 
 
+def is_gpu(gpu: GPUSpec) -> bool:
+    """Whether the part is a GPU with a CUDA-style runtime (vendor other than ``"cpu"``).
+
+    The GPU-only allowances (:data:`LIBRARY_WORKSPACE_BYTES`, :data:`ALLOCATOR_ALLOWANCE_FRACTION`,
+    :data:`NON_ALLOCATOR_RESERVE_BYTES`) do not exist for CPU processes (the harness's ``local``
+    cluster, vendor ``"cpu"``): no cuBLAS workspaces, no caching allocator, no driver reserve."""
+    return gpu.vendor.lower() != "cpu"
+
+
 def usable_hbm_bytes(gpu: GPUSpec) -> float:
     """HBM the PyTorch allocator can fill: the spec's capacity less
-    :data:`NON_ALLOCATOR_RESERVE_BYTES` (H200: 141 -> 139.8 GiB)."""
-    return gpu.hbm_bytes - NON_ALLOCATOR_RESERVE_BYTES
+    :data:`NON_ALLOCATOR_RESERVE_BYTES` (H200: 141 -> 139.8 GiB); all of it for a CPU process."""
+    return gpu.hbm_bytes - (NON_ALLOCATOR_RESERVE_BYTES if is_gpu(gpu) else 0.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -561,7 +571,8 @@ def memory_breakdown(
     act_last = np.where(single, act_first, act_last)
 
     # 4. Other buffers.
-    base_other = LIBRARY_WORKSPACE_BYTES + 0.0 * tp
+    gpu_part = is_gpu(cluster.gpu)
+    base_other = (LIBRARY_WORKSPACE_BYTES if gpu_part else 0.0) + 0.0 * tp
     bucket = np.where(zero >= 2, 2.0 * np.minimum(BUCKET_PARAMS, n_first) * gb, 0.0)
     if eager:  # torch DDP copies every gradient into its buckets (gradient_as_bucket_view=False)
         bucket = np.where((zero == 0) & (shard > 1), n_first * gb, bucket)
@@ -599,7 +610,7 @@ def memory_breakdown(
         )
 
     allocated = weights + grads + opt + acts + other
-    allowance = ALLOCATOR_ALLOWANCE_FRACTION * allocated
+    allowance = (ALLOCATOR_ALLOWANCE_FRACTION if gpu_part else 0.0) * allocated
     peak = allocated + allowance
     return {
         "weights": weights,

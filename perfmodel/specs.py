@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
 import tomllib
 from enum import Enum
 from pathlib import Path
@@ -27,19 +26,19 @@ from hardware_specs import find_preset, list_presets
 from perfmodel import units
 
 __all__ = [
-    "SpecError",
+    "ClusterSpec",
     "Dtype",
     "GPUSpec",
     "LinkTier",
-    "ClusterSpec",
     "ModelSpec",
+    "SpecError",
     "TrainingSpec",
-    "load_gpu",
+    "format_validation_error",
     "load_cluster",
+    "load_gpu",
     "load_model",
     "load_training",
     "model_from_hf_config",
-    "format_validation_error",
 ]
 
 
@@ -147,7 +146,7 @@ class LinkTier(Spec):
     oversubscription: Annotated[float, Field(ge=1.0)] = 1.0
 
     @model_validator(mode="after")
-    def _one_bandwidth(self) -> "LinkTier":
+    def _one_bandwidth(self) -> LinkTier:
         if (self.bw_gbyte_per_s is None) == (self.bw_gbit_per_s is None):
             raise ValueError(
                 f"tier '{self.name}': give exactly one of bw_gbyte_per_s or bw_gbit_per_s "
@@ -183,7 +182,7 @@ class ClusterSpec(Spec):
     description: str = ""
 
     @model_validator(mode="after")
-    def _tiers_nest(self) -> "ClusterSpec":
+    def _tiers_nest(self) -> ClusterSpec:
         prev = 1
         for i, t in enumerate(self.tiers):
             size = t.domain_size
@@ -217,7 +216,7 @@ class ClusterSpec(Spec):
         out[-1] = total
         return out
 
-    def with_gpus(self, gpus: int) -> "ClusterSpec":
+    def with_gpus(self, gpus: int) -> ClusterSpec:
         """The same cluster scaled to ``gpus`` GPUs (whole nodes, or one partial node)."""
         if gpus <= 0:
             raise SpecError(f"gpus ({gpus}) must be positive")
@@ -264,7 +263,7 @@ class ModelSpec(Spec):
     source: str = ""
 
     @model_validator(mode="after")
-    def _heads(self) -> "ModelSpec":
+    def _heads(self) -> ModelSpec:
         kv = self.kv_heads
         if self.num_attention_heads % kv:
             raise ValueError(

@@ -63,7 +63,7 @@ class StepResult:
     def __len__(self) -> int:
         return len(self.batch)
 
-    def take(self, idx) -> "StepResult":
+    def take(self, idx) -> StepResult:
         """Sub-result at the given indices or boolean mask."""
         return StepResult(
             batch=self.batch.take(idx),

@@ -292,7 +292,7 @@ def summary(report: pd.DataFrame) -> dict:
     """MAPE and worst row of a training-runs report."""
     err = report["error"].abs()
     return {
-        "rows": int(len(report)),
+        "rows": len(report),
         "mape": float(err.mean()),
         "max_abs_error": float(err.max()),
         "worst_row": str(report.loc[err.idxmax(), "row_id"]) if len(report) else "",
@@ -313,7 +313,7 @@ def validate_command(
     if vtrain:
         rows, groups = vtrain_report()
         doc["vtrain"] = {
-            "groups": int(len(groups)),
+            "groups": len(groups),
             "mean_spearman": float(groups["spearman"].mean()),
             "mape_single_node": float(rows.loc[rows["set"] == "single", "error"].abs().mean()),
             "mape_multi_node": float(rows.loc[rows["set"] == "multi", "error"].abs().mean()),

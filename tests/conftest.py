@@ -7,7 +7,7 @@ import matplotlib
 matplotlib.use("Agg")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from hypothesis import settings  # noqa: E402
+from hypothesis import settings
 
 settings.register_profile("ci", max_examples=60, deadline=None)
 settings.register_profile("dev", max_examples=30, deadline=None)
