@@ -1,7 +1,9 @@
 """Exhaustive grid search: every configuration of the space, in whole numpy chunks.
 
-The space is numbered ``0 .. size-1``; each chunk of flat indices is decoded, masked by the
-structural constraints and the valid part evaluated in one call of the cost model. Only the
+The space is numbered ``0 .. size-1``; ranges whose (tp, pp, cp, vp) prefix already violates a
+constraint are skipped (:meth:`SearchSpace.iter_chunks`), each remaining chunk of flat indices is
+decoded, masked by the structural constraints and the valid part evaluated in one call of the
+cost model. Only the
 top-k, the Pareto front and the smallest footprint are kept between chunks, so memory stays
 bounded whatever the size of the space.
 """
@@ -49,6 +51,8 @@ class GridSearch:
             tally.add(problem.score_flat(flat))
             if progress is not None:
                 progress(int(flat[-1]) + 1, total)
+        if progress is not None:
+            progress(total, total)  # ranges after the last valid prefix were skipped
         return finalize(
             problem,
             strategy=self.name,

@@ -34,6 +34,23 @@ def pareto_mask(F: np.ndarray) -> np.ndarray:
     cand = np.flatnonzero(np.all(np.isfinite(F), axis=1))
     if cand.size == 0:
         return keep
+    # Objectives constant over the candidates decide nothing; with two or fewer left the front
+    # is a sort and a running minimum (Kung, Luccio, Preparata 1975), O(n log n).
+    Fc = F[cand]
+    varying = np.flatnonzero(np.ptp(Fc, axis=0) > 0)
+    if varying.size <= 2:
+        if varying.size == 0:
+            keep[cand] = True
+            return keep
+        uniq, inv = np.unique(Fc[:, varying], axis=0, return_inverse=True)
+        inv = inv.reshape(-1)
+        if varying.size == 1:
+            on = uniq[:, 0] == uniq[0, 0]
+        else:  # rows are sorted by (f0, f1): on the front iff f1 beats every earlier row
+            prev_min = np.concatenate([[np.inf], np.minimum.accumulate(uniq[:-1, 1])])
+            on = uniq[:, 1] < prev_min
+        keep[cand[on[inv]]] = True
+        return keep
     # lexicographic order: the first row is always non-dominated
     order = np.lexsort(F[cand].T[::-1])
     cand = cand[order]

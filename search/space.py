@@ -65,6 +65,9 @@ _GPIPE = SCHEDULE.index("gpipe")
 _1F1B = SCHEDULE.index("1f1b")
 
 #: Constraint names, in the order they are checked (and reported when nothing is left).
+#: Constraints that depend only on the (tp, pp, cp, dp, vp) prefix of the gene vector.
+_PREFIX_CONSTRAINTS = ("gpus", "tp_heads", "tp_kv_heads", "tp_domain", "layers", "cp_seq")
+
 CONSTRAINTS = (
     "gpus",
     "tp_heads",
@@ -241,10 +244,33 @@ class SearchSpace:
         }
         return ConfigBatch.from_arrays(**cols)
 
-    def iter_chunks(self, chunk_size: int = 2**18) -> Iterator[np.ndarray]:
-        """Consecutive blocks of flat indices covering the whole space."""
-        for start in range(0, self.size, chunk_size):
-            yield np.arange(start, min(start + chunk_size, self.size), dtype=np.int64)
+    def iter_chunks(self, chunk_size: int = 2**18, prune: bool = True) -> Iterator[np.ndarray]:
+        """Blocks of flat indices (ascending). ``prune=False``: the whole space. Otherwise every
+        configuration whose
+        ``(tp, pp, cp[, dp], vp)`` prefix passes the constraints that depend on the prefix alone
+        (GPU count, heads, scale-up domain, layers, sequence split). The prefix genes come
+        first in the gene order, so each valid prefix is one contiguous range of flat indices;
+        the invalid ranges (most of the raw space) are skipped without being decoded."""
+        if not prune:
+            for start in range(0, self.size, chunk_size):
+                yield np.arange(start, min(start + chunk_size, self.size), dtype=np.int64)
+            return
+        k = self.dims.index("vp") + 1
+        block = int(np.prod(self.shape[k:], dtype=np.int64))
+        n_prefix = int(np.prod(self.shape[:k], dtype=np.int64))
+        genes = np.unravel_index(np.arange(n_prefix, dtype=np.int64), self.shape[:k])
+        zeros = np.zeros(n_prefix, dtype=np.int64)
+        a = {d: self.values[d][g] for d, g in
+             zip(self.dims, [*genes] + [zeros] * (len(self.dims) - k), strict=True)}
+        masks = self._constraint_masks(a)
+        ok = np.logical_and.reduce([masks[n] for n in _PREFIX_CONSTRAINTS])
+        starts = np.flatnonzero(ok).astype(np.int64) * block
+        if starts.size == 0:
+            return
+        per_chunk = max(1, chunk_size // block)
+        offsets = np.arange(block, dtype=np.int64)
+        for i in range(0, starts.size, per_chunk):
+            yield (starts[i:i + per_chunk, None] + offsets).ravel()
 
     def encode(self, config: ParallelConfig) -> int | None:
         """Flat index of a configuration, or None if one of its values is not a candidate."""
@@ -267,7 +293,7 @@ class SearchSpace:
         """
         alive_count: dict[str, int] = {}
         first_bad: dict[str, dict[str, Any]] = {}
-        for flat in self.iter_chunks():
+        for flat in self.iter_chunks(prune=False):
             a, _ = self.decode_flat(flat)
             masks = self._constraint_masks(a)
             ok = np.ones(flat.shape, dtype=bool)
