@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,28 +64,60 @@ def _f(x) -> float | None:
     return None if math.isnan(v) else v
 
 
+_CLUSTER_BY_GPU = (  # (substrings of gpu_type / interconnect text, cluster preset); first match
+    (("GB300",), "gb300-nvl72"),
+    (("GB200",), "gb200-nvl72"),
+    (("B200",), "dgx-b200"),
+    (("H200",), "dgx-h200"),
+    (("H100",), "dgx-h100"),
+    (("MI300",), "mi300x-8"),
+    (("A100", "40GB"), "dgx-a100-40g"),
+    (("A100",), "dgx-a100-80g"),
+    (("V100", "SXM2"), "dgx-v100"),
+    (("V100", "DGX-1"), "dgx-v100"),
+    (("V100",), "dgx2-v100"),
+)
+
+
 def _cluster_for(gpu_type: str, gpus: int) -> ClusterSpec:
+    """The cluster preset of a published run's GPU (DGX-class nodes of that GPU)."""
     g = gpu_type.upper()
-    if "V100" in g:
-        name = "dgx2-v100"
-    elif "H100" in g:
-        name = "dgx-h100"
-    elif "A100" in g:
-        name = "dgx-a100-80g"
-    else:
-        raise SpecError(f"gpu_type {gpu_type!r} has no cluster preset")
-    return load_cluster(name, gpus=gpus)
+    for keys, name in _CLUSTER_BY_GPU:
+        if all(k in g for k in keys):
+            per_node = load_cluster(name).gpus_per_node
+            if gpus <= per_node or gpus % per_node == 0:
+                return load_cluster(name, gpus=gpus)
+            raise SpecError(f"{gpus} GPUs is not whole {name} nodes")
+    raise SpecError(f"gpu_type {gpu_type!r} has no cluster preset")
 
 
-def _era(source: str) -> str:
-    s = source.lower()
-    if "nemo" in s:
-        return "nemo-2024"
-    return "megatron-2021"  # Megatron-LM 2020/2021 and Korthikanti 2022 (same code base)
+def _years(*texts: str) -> list[int]:
+    return [int(y) for t in texts for y in re.findall(r"\b(20[12]\d)\b", t)]
+
+
+def _modern(r: pd.Series) -> bool:
+    """Whether a run used a current software stack (flash attention, overlapped data-, tensor-
+    and pipeline-parallel communication, distributed optimizer): NeMo / Megatron-Core /
+    torchtitan era, any Hopper or newer GPU, or a source dated 2023 or later. Megatron-LM
+    2020-2022 (and DeepSpeed of that time) had none of these."""
+    low = " ".join(str(r.get(k, "")) for k in ("source", "software")).lower()
+    if any(k in low for k in ("nemo", "megatron-core", "mcore", "torchtitan", "transformer engine",
+                              "transformer-engine", "flash")):
+        return True
+    if any(k in str(r.get("gpu_type", "")).upper() for k in ("H100", "H200", "B200", "GB2",
+                                                              "GB3", "MI300")):
+        return True
+    # the software's own date when given (a paper may be published a year after its runs)
+    years = _years(str(r.get("software", ""))) or _years(str(r.get("source", "")))
+    return bool(years) and max(years) >= 2023
+
+
+_GATED = ("llama", "mistral", "mixtral", "qwen", "gemma", "deepseek", "yi-", "baichuan", "olmo")
 
 
 def case_from_row(r: pd.Series) -> Case:
-    """Express one row of ``training_runs_dev.csv``; raises SpecError with the reason if not."""
+    """Express one row of a training-runs CSV (the columns of ``training_runs_dev.csv``);
+    raises SpecError with the reason if the tool cannot express it."""
     rid = r["row_id"]
     layer_scope = str(r["measurement_scope"]).lower().startswith("one transformer layer")
     gb = _f(r["global_batch_size"])
@@ -92,19 +125,23 @@ def case_from_row(r: pd.Series) -> Case:
         gb = _f(r["micro_batch_size"])  # one micro-batch through one layer
     if gb is None:
         raise SpecError("global batch size not published")
-    era = _era(str(r["source"]))
+    modern = _modern(r)
     name = str(r["model"])
     lname = name.lower()
+    if any(k in lname for k in ("moe", "mixtral", "switch", "deepseek-v", "expert")):
+        raise SpecError("mixture-of-experts runs need expert parallelism, which is not modelled")
     L, h = int(r["num_layers"]), int(r["hidden_size"])
     heads = int(_f(r["num_attention_heads"]))
     kv = _f(r["num_query_groups"])
-    is_llama = "llama" in lname
+    gated = any(k in lname for k in _GATED)
     is_nemotron = "nemotron" in lname
+    rope = gated or is_nemotron or "bloom" not in lname and modern and "gpt" not in lname
     vocab = _f(r["vocab_size"])
     if vocab is None:
         # NeMo's default tokenizers: Nemotron 256000, GPT-3 51200 (validation README notes).
-        vocab = 256000 if is_nemotron else 51200
-    act = "swiglu" if is_llama else ("relu2" if is_nemotron else "gelu")
+        vocab = 256000 if is_nemotron else (128256 if "llama3" in lname.replace("-", "")
+                                            else 32000 if gated else 51200)
+    act = "swiglu" if gated else ("relu2" if is_nemotron else "gelu")
     seq = int(r["seq_len"])
     model = ModelSpec(
         name=name,
@@ -116,14 +153,23 @@ def case_from_row(r: pd.Series) -> Case:
         vocab_size=int(vocab),
         max_seq_len=seq,
         activation=act,
-        norm="rmsnorm" if is_llama else "layernorm",
-        position_embedding="rope" if (is_llama or is_nemotron) else "learned",
-        tied_embeddings=not (is_llama or is_nemotron),
-        linear_bias=not (is_llama or is_nemotron),
+        norm="rmsnorm" if gated else "layernorm",
+        position_embedding="rope" if rope else "learned",
+        tied_embeddings=not (gated or is_nemotron),
+        linear_bias=not (gated or is_nemotron),
     )
     prec_txt = str(r["precision"]).lower()
-    precision = "fp8" if "fp8" in prec_txt else ("bf16" if "bf16" in prec_txt else "fp16")
-    if era == "nemo-2024":
+    if "fp4" in prec_txt:
+        precision = "fp4"
+    elif "fp8" in prec_txt:
+        precision = "fp8"
+    elif "bf16" in prec_txt or "bfloat" in prec_txt:
+        precision = "bf16"
+    elif ("fp32" in prec_txt or "tf32" in prec_txt) and "mixed" not in prec_txt:
+        precision = "fp32"
+    else:
+        precision = "fp16" if not modern else "bf16"
+    if modern:
         sw = dict(overlap_grad_reduce=True, overlap_tp_comm=True, overlap_p2p_comm=True,
                   flash_attention=True)
     else:
@@ -131,7 +177,8 @@ def case_from_row(r: pd.Series) -> Case:
         # p2p, fused softmax storing the attention scores (no flash attention).
         sw = dict(overlap_grad_reduce=False, overlap_tp_comm=False, overlap_p2p_comm=False,
                   flash_attention=False)
-    if "deepspeed" in str(r["zero_or_dist_optimizer"]).lower():
+    zero_txt = str(r["zero_or_dist_optimizer"]).lower()
+    if "deepspeed" in zero_txt and not modern:
         sw["zero3_gather"] = "tensor"  # DeepSpeed ZeRO-3 (2021) gathers parameter by parameter
     training = TrainingSpec(global_batch_size=int(gb), seq_len=seq, precision=precision,
                             optimizer="adam", **sw)
@@ -151,34 +198,47 @@ def case_from_row(r: pd.Series) -> Case:
         recompute = "full"
     elif rec_txt.startswith("selective"):
         recompute = "selective"
-    elif era == "nemo-2024" or rec_txt.startswith("none"):
+    elif modern or rec_txt.startswith("none"):
         recompute = "none"
     else:
         recompute = "full"  # Megatron/DeepSpeed era runs of this size used full recompute
-    zero_txt = str(r["zero_or_dist_optimizer"]).lower()
-    zero = 3 if "stage 3" in zero_txt else (1 if era == "nemo-2024" else 0)
+    if "stage 3" in zero_txt or "zero-3" in zero_txt or "fsdp" in zero_txt:
+        zero = 3
+    elif "stage 2" in zero_txt or "zero-2" in zero_txt:
+        zero = 2
+    elif "stage 1" in zero_txt or "zero-1" in zero_txt or "distributed optimizer" in zero_txt:
+        zero = 1
+    elif zero_txt.startswith("none") or zero_txt.startswith("no "):
+        zero = 0
+    else:
+        zero = 1 if modern else 0
     sp_txt = str(r["sequence_parallel"]).lower()
-    sp = sp_txt.startswith("y") or (era == "nemo-2024" and t > 1)
+    sp_off = sp_txt in ("n", "no", "false", "off", "0")
+    sp = sp_txt.startswith("y") or (modern and t > 1 and not sp_off)
     cfg = ParallelConfig(
         dp=d, tp=t, pp=p, vp=vp, cp=cp, zero_stage=zero, micro_batch_size=mbs,
         recompute=recompute, sequence_parallel=sp,
         schedule="interleaved" if vp > 1 else "1f1b",
     )
     scope = "step"
+    cluster = _cluster_for(str(r["gpu_type"]), gpus)
     if layer_scope:
         scope = "layer"
-        cluster = _cluster_for(str(r["gpu_type"]), gpus)
         training = training.model_copy(update={"global_batch_size": mbs})
         cfg = cfg.model_copy(update={"dp": 1})
         measured = _f(r["seconds_per_iteration"])
     else:
-        cluster = _cluster_for(str(r["gpu_type"]), gpus)
         measured = _f(r["seconds_per_iteration"])
         if measured is None:
             tps = _f(r["tokens_per_sec_per_gpu"])
             if tps is None:
-                raise SpecError("neither iteration time nor tokens/s published")
+                tps_total = _f(r.get("tokens_per_sec_total"))
+                if tps_total is None:
+                    raise SpecError("neither iteration time nor tokens/s published")
+                tps = tps_total / gpus
             measured = gb * seq / (tps * gpus)
+    if measured is None:
+        raise SpecError("no measured time")
     cfg = resolve_config(cfg, model, training, cluster if scope == "step" else None)
     return Case(rid, name, model, training, cluster, cfg, float(measured), scope,
                 str(r["reliability"])[:2].strip())
@@ -300,6 +360,8 @@ def summary(report: pd.DataFrame) -> dict:
 
 
 def validate_command(
+    runs: Path | None = typer.Option(None, "--runs", help="a training-runs CSV with the columns "
+                                     "of the shipped training_runs_dev.csv (default: that file)"),
     vtrain: bool = typer.Option(True, "--vtrain/--no-vtrain", help="also rank the vTrain runs"),
     json_out: bool = typer.Option(False, "--json", help="one JSON document on stdout"),
 ) -> None:
@@ -307,7 +369,11 @@ def validate_command(
     from rich.console import Console
     from rich.table import Table
 
-    report, skipped = training_runs_report()
+    try:
+        report, skipped = training_runs_report(runs)
+    except (OSError, KeyError, pd.errors.ParserError) as e:
+        typer.echo(f"plan: error: --runs {runs}: cannot read a training-runs table: {e}", err=True)
+        raise typer.Exit(2) from None
     doc: dict = {"training_runs": summary(report), "rows": report.to_dict("records"),
                  "skipped": skipped.to_dict("records")}
     if vtrain:
