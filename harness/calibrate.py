@@ -203,6 +203,7 @@ def local_cluster(nproc: int, calibration: dict[str, Any]) -> ClusterSpec:
         peak_tflops=PeakTflops(fp32=tf, tf32=tf, bf16=tf, fp16=tf),
         hbm_gib=ram / nproc / units.GIB,
         hbm_tbyte_per_s=run["copy_bytes_per_s"] / units.TERA,
+        launch_overhead_us=run["op_overhead_s"] / units.US,  # per-op eager dispatch, measured
     )
     if nproc > 1:
         tier = LinkTier(

@@ -33,7 +33,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from perfmodel.specs import ModelSpec
 
@@ -107,7 +107,10 @@ class Attention(nn.Module):
         self.selective = False  # set by set_recompute("selective")
         rows = (spec.num_attention_heads + 2 * spec.kv_heads) * hd
         self.qkv = nn.Linear(h, rows, bias=spec.linear_bias)
-        self.o = nn.Linear(spec.num_attention_heads * hd, h, bias=spec.linear_bias)
+        # row-parallel output: its bias is added after the tensor-parallel reduction (Megatron
+        # RowParallelLinear), so it is a separate parameter outside the sharded linear
+        self.o = nn.Linear(spec.num_attention_heads * hd, h, bias=False)
+        self.o_bias = nn.Parameter(torch.zeros(h)) if spec.linear_bias else None
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.rope:
@@ -125,7 +128,8 @@ class Attention(nn.Module):
             y = checkpoint(self._core, q, k, v, use_reentrant=False)
         else:
             y = self._core(q, k, v)
-        return self.o(y.transpose(1, 2).reshape(b, t, -1))
+        out = self.o(y.transpose(1, 2).reshape(b, t, -1))
+        return out if self.o_bias is None else out + self.o_bias
 
 
 class MLP(nn.Module):
@@ -136,7 +140,8 @@ class MLP(nn.Module):
         h, f = spec.hidden_size, spec.ffn_hidden_size
         self.act = spec.activation
         self.fc1 = nn.Linear(h, 2 * f if spec.gated_mlp else f, bias=spec.linear_bias)
-        self.fc2 = nn.Linear(f, h, bias=spec.linear_bias)
+        self.fc2 = nn.Linear(f, h, bias=False)  # row-parallel: bias added after the reduction
+        self.fc2_bias = nn.Parameter(torch.zeros(h)) if spec.linear_bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.fc1(x)
@@ -147,7 +152,8 @@ class MLP(nn.Module):
             y = F.relu(y).square()
         else:
             y = F.gelu(y, approximate="tanh")
-        return self.fc2(y)
+        out = self.fc2(y)
+        return out if self.fc2_bias is None else out + self.fc2_bias
 
 
 class Block(nn.Module):
@@ -167,7 +173,11 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.full_recompute and torch.is_grad_enabled():
-            return checkpoint(self._body, x, use_reentrant=False)
+            # the whole block is recomputed, its last collective included, as Megatron-LM's
+            # full recompute does (torch's default non-reentrant checkpoint stops early, after
+            # the last tensor the backward needs, skipping the final reduction)
+            with set_checkpoint_early_stop(False):
+                return checkpoint(self._body, x, use_reentrant=False)
         return self._body(x)
 
 
@@ -185,6 +195,7 @@ class TinyGPT(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.num_layers)})
         self.norm = _norm(spec)
         self.head = nn.Linear(h, spec.vocab_size, bias=False)
+        self.seq_scatter = None  # sequence parallel: callable splitting the embeddings (apply_tp)
         self._init_weights(spec)
         if spec.tied_embeddings:
             with torch.no_grad():
@@ -211,7 +222,8 @@ class TinyGPT(nn.Module):
             h = self.tok(x)
             if self.pos is not None:
                 h = h + self.pos(torch.arange(t, device=x.device))
-            x = h
+            # Megatron-SP: split the summed embeddings along the sequence (set by apply_tp)
+            x = h if self.seq_scatter is None else self.seq_scatter(h)
         for layer in self.layers.values():
             x = layer(x)
         if self.head is not None:  # last stage: hidden -> logits

@@ -22,7 +22,7 @@ import numpy as np
 from perfmodel.config import ConfigBatch, ParallelConfig, resolve_config
 from perfmodel.specs import ClusterSpec, ModelSpec, SpecError, TrainingSpec
 
-__all__ = ["harness_training", "spearman", "verify"]
+__all__ = ["harness_training", "select_configs", "spearman", "verify"]
 
 
 def harness_training(global_batch_size: int = 8, seq_len: int = 32) -> TrainingSpec:
@@ -55,6 +55,57 @@ def spearman(a: list[float] | np.ndarray, b: list[float] | np.ndarray) -> float:
     if a.size < 3:
         return float("nan")
     return float(spearmanr(a, b).statistic)
+
+
+def select_configs(
+    model: ModelSpec,
+    nproc: int,
+    top_k: int,
+    *,
+    cluster: ClusterSpec,
+    training: TrainingSpec | None = None,
+    num_poor: int = 3,
+    kernels: str = "eager",
+) -> list[dict]:
+    """The planner's ``top_k`` configurations for ``nproc`` local processes that the harness
+    can run (the best of each dp x tp x pp layout first), plus ``num_poor`` deliberately poor
+    ones (evenly spaced over the slower half of the ranking) for spread.
+
+    Searches with :func:`search.api.plan` (grid, every configuration, ``cp = 1``, no gradient
+    compression: the harness implements neither) and drops those :func:`harness.worker.check_config`
+    refuses. Returns config dicts, fastest predicted first, the poor ones last.
+    """
+    from harness.worker import ConfigRefused, check_config
+    from search.api import plan
+
+    training = training or harness_training()
+    res = plan(model, cluster, training, strategy="grid", top=100_000, kernels=kernels,
+               cp=1)  # fmt: skip
+    runnable = []
+    for row in res.rows:
+        c = dict(row["config"])
+        try:
+            check_config(c, model, training.global_batch_size, training.seq_len)
+        except ConfigRefused:
+            continue
+        if c not in runnable:
+            runnable.append(c)
+    # the best configuration of each (dp, tp, pp) layout first, fastest first, then the rest in
+    # rank order: the top picks mix layouts instead of ZeRO variants of one layout
+    seen, first, later = set(), [], []
+    for c in runnable:
+        key = (c["dp"], c["tp"], c["pp"])
+        (later if key in seen else first).append(c)
+        seen.add(key)
+    top = sorted(first[:top_k], key=runnable.index)
+    top += later[: top_k - len(top)]
+    rest = [c for c in runnable if c not in top]
+    half = rest[len(rest) // 2 :]
+    poor = []
+    if half and num_poor > 0:
+        idx = np.unique(np.linspace(0, len(half) - 1, num_poor).round().astype(int))
+        poor = [half[i] for i in idx]
+    return top + poor
 
 
 def verify(

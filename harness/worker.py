@@ -19,7 +19,8 @@ Composition (torchtitan's order, one named step each, per pipeline stage module)
 4. tensor parallel on ``mesh["tp"]`` (Colwise QKV / fc1, Rowwise o / fc2, vocab-parallel
    embedding and head, Megatron sequence parallel over the norms when ``sequence_parallel``);
 5. data parallel on ``mesh["dp"]``: ZeRO-0 DDP, ZeRO-1 ``ZeroRedundancyOptimizer`` (+ DDP),
-   ZeRO-2 / ZeRO-3 FSDP2 ``fully_shard(reshard_after_forward=False / True)``; with tensor-parallel
+   ZeRO-2 / ZeRO-3 FSDP2 ``fully_shard(reshard_after_forward=False / True)`` in units of about
+   40 M parameters (buckets), gradients reduce-scattered every micro-batch; with tensor-parallel
    (DTensor) parameters DDP and ZeroRedundancyOptimizer do not work, so ZeRO-0/1 use the
    ``flat`` implementation here (one flat all-reduce, or reduce-scatter + sharded AdamW +
    all-gather), which ``dp_impl="flat"`` selects everywhere;
@@ -76,9 +77,11 @@ def dp_implementation(par: dict, dp_impl: str = "auto") -> str:
         return "none"
     if zero >= 2:
         return f"fsdp-zero{zero}"
-    if dp_impl == "flat" or tp > 1:
+    if zero == 1 and dp_impl == "torch" and tp == 1:
+        return "zero1-torch"
+    if dp_impl == "flat" or tp > 1 or zero == 1:
         return f"flat{zero}"
-    return "ddp" if zero == 0 else "zero1-torch"
+    return "ddp"
 
 
 def check_config(
@@ -142,21 +145,36 @@ def stage_ids(schedule: str, pp: int, vp: int, pp_rank: int) -> tuple[list[int],
 # ------------------------------------------------------------------------------------------------
 # Parallelization steps
 # ------------------------------------------------------------------------------------------------
-def apply_tp(m: TinyGPT, tp_mesh, sp: bool) -> None:
-    """Megatron tensor parallel (+ sequence parallel) with torch.distributed.tensor.parallel."""
-    from torch.distributed.tensor import Replicate, Shard
+def apply_tp(m: TinyGPT, tp_mesh, sp: bool) -> list[str]:
+    """Megatron tensor parallel (+ sequence parallel) with torch.distributed.tensor.parallel.
+
+    As Megatron-LM (Shoeybi et al. 2019; Korthikanti et al. 2022; ``megatron/core``):
+
+    * QKV and ``fc1`` column-parallel, ``o`` and ``fc2`` row-parallel, their biases added after
+      the reduction (all-reduce, or reduce-scatter with sequence parallelism);
+    * word embedding vocabulary-parallel with its output all-reduced; learned positions
+      replicated and added after it; with sequence parallelism the sum is split along the
+      sequence (no communication forward, an all-gather of its gradient backward:
+      ``scatter_to_sequence_parallel_region``);
+    * output layer column-parallel over the vocabulary, logits left sharded for the
+      vocabulary-parallel cross-entropy (:func:`vocab_parallel_cross_entropy`);
+    * with sequence parallelism the norms (and the row-parallel biases) run on the local
+      sequence slice as plain modules; their gradients are partial sums, all-reduced over tp
+      once per step (:func:`allreduce_sequence_parallel_grads`, Megatron's
+      ``_allreduce_layernorm_grads``).
+
+    Returns the names (in ``m``) of the parameters whose gradients need that all-reduce.
+    """
+    from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
         RowwiseParallel,
-        SequenceParallel,
         parallelize_module,
     )
 
     if sp:
         block_plan = {
-            "ln1": SequenceParallel(),
-            "ln2": SequenceParallel(),
             "attn": PrepareModuleInput(
                 input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
             ),
@@ -179,21 +197,84 @@ def apply_tp(m: TinyGPT, tp_mesh, sp: bool) -> None:
         parallelize_module(b, tp_mesh, block_plan)
     plan = {}
     if m.tok is not None:
-        plan["tok"] = RowwiseParallel(
-            input_layouts=Replicate(), output_layouts=Shard(1) if sp else Replicate()
-        )
-        if m.pos is not None:
-            plan["pos"] = RowwiseParallel(
-                input_layouts=Replicate(), output_layouts=Shard(0) if sp else Replicate()
-            )
-    if m.head is not None:
+        plan["tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
         if sp:
-            plan["norm"] = SequenceParallel()
+
+            def seq_scatter(x: torch.Tensor) -> torch.Tensor:
+                d = DTensor.from_local(x, tp_mesh, [Replicate()], run_check=False)
+                return d.redistribute(tp_mesh, [Shard(1)]).to_local()
+
+            m.seq_scatter = seq_scatter
+    if m.head is not None:
         plan["head"] = ColwiseParallel(
-            input_layouts=Shard(1) if sp else Replicate(), output_layouts=Replicate()
+            input_layouts=Shard(1) if sp else Replicate(), output_layouts=Shard(-1)
         )
     if plan:
         parallelize_module(m, tp_mesh, plan)
+    if not sp:
+        return []
+    return [
+        n
+        for n, _ in m.named_parameters()
+        if ".ln1." in n
+        or ".ln2." in n
+        or n.endswith(("o_bias", "fc2_bias"))
+        or n.startswith("norm.")
+    ]
+
+
+class _VocabParallelCE(torch.autograd.Function):
+    """Cross-entropy over vocabulary-sharded logits (Megatron ``vocab_parallel_cross_entropy``):
+    three all-reduces of one fp32 value per token over tp (max, target logit, sum of exp)."""
+
+    @staticmethod
+    def forward(ctx, logits, target, group, vocab_start):
+        v_local = logits.shape[-1]
+        lmax = logits.detach().max(dim=-1).values
+        dist.all_reduce(lmax, op=dist.ReduceOp.MAX, group=group)
+        z = logits - lmax[:, None]
+        local = target - vocab_start
+        outside = (local < 0) | (local >= v_local)
+        idx = local.clamp(0, v_local - 1)
+        pred = z.gather(1, idx[:, None]).squeeze(1).masked_fill(outside, 0.0)
+        dist.all_reduce(pred, group=group)
+        e = z.exp()
+        sum_e = e.sum(dim=-1)
+        dist.all_reduce(sum_e, group=group)
+        ctx.save_for_backward(e.div_(sum_e[:, None]), idx, outside)
+        return (sum_e.log() - pred).mean()
+
+    @staticmethod
+    def backward(ctx, g):
+        softmax, idx, outside = ctx.saved_tensors
+        grad = softmax.clone()
+        rows = torch.arange(grad.shape[0])
+        grad[rows, idx] -= (~outside).to(grad.dtype)
+        return grad * (g / grad.shape[0]), None, None, None
+
+
+def vocab_parallel_cross_entropy(logits, target, group) -> torch.Tensor:
+    """Mean cross-entropy of ``logits`` (B, T, V/tp), this rank's vocabulary slice."""
+    v_local = logits.shape[-1]
+    start = dist.get_rank(group) * v_local
+    return _VocabParallelCE.apply(
+        logits.reshape(-1, v_local).float(), target.reshape(-1), group, start
+    )
+
+
+def allreduce_sequence_parallel_grads(params: list, group) -> None:
+    """Sum the partial (sequence-slice) gradients of sequence-parallel replicated parameters
+    over tp: one coalesced all-reduce per step (Megatron ``_allreduce_layernorm_grads``).
+    With sharded gradients (ZeRO-2/3) each rank reduces its shard: the sums commute."""
+    grads = [_local(p.grad) for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    off = 0
+    for g in grads:
+        g.copy_(flat[off : off + g.numel()].view_as(g))
+        off += g.numel()
 
 
 def apply_dp(m: TinyGPT, impl: str, dp_mesh):
@@ -201,10 +282,21 @@ def apply_dp(m: TinyGPT, impl: str, dp_mesh):
     if impl.startswith("fsdp"):
         from torch.distributed.fsdp import fully_shard
 
+        from perfmodel.memory import BUCKET_PARAMS
+
         reshard = impl == "fsdp-zero3"
+        # FSDP units sized like Megatron-LM / DeepSpeed communication buckets (40 M
+        # parameters; torchtitan wraps every layer): runs of consecutive layers of at least
+        # BUCKET_PARAMS each, the rest (the whole stage of a small model) in the root unit
+        group, size = [], 0
         for b in m.layers.values():
-            fully_shard(b, mesh=dp_mesh, reshard_after_forward=reshard)
+            group.append(b)
+            size += sum(_local(p).numel() for p in b.parameters())
+            if size >= BUCKET_PARAMS:
+                fully_shard(group, mesh=dp_mesh, reshard_after_forward=reshard)
+                group, size = [], 0
         fully_shard(m, mesh=dp_mesh, reshard_after_forward=reshard)
+        m._harness_zero3 = reshard
         return m
     if impl in ("ddp", "zero1-torch"):
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -220,12 +312,29 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class FlatDP:
     """Data parallelism over local (TP-sharded) tensors: ZeRO-0 all-reduce or ZeRO-1.
 
-    ZeRO-1 (Rajbhandari et al. 2020, Sec. 5.1, P_os): gradients reduce-scattered (average) into
-    this rank's 1/dp slice of the flat buffer, AdamW on the slice (fp32 master slice), updated
-    parameters all-gathered: 2 (dp-1)/dp * P bytes sent per rank, as the plain all-reduce.
+    ZeRO-0: the gradients are copied into one flat buffer (DDP's bucket copy,
+    ``gradient_as_bucket_view=False``), all-reduced (average) and copied back.
+
+    ZeRO-1 as Megatron-LM's distributed optimizer (Rajbhandari et al. 2020, Sec. 5.1, P_os):
+    gradients accumulate into one contiguous fp32 buffer (Megatron's ``main_grad``: a
+    post-accumulate hook adds each gradient to its slice and frees it), which is reduce-scattered
+    (average) in place; AdamW updates this rank's ``1/dp`` slice of the parameters directly (fp32
+    parameters need no master copy); the updated slices are all-gathered into the same buffer
+    (its gradients are no longer needed) and copied into the parameters. Sends
+    2 (dp-1)/dp * P bytes per rank, as the all-reduce.
     """
 
-    def __init__(self, params: list[torch.nn.Parameter], zero: int, group, opt_kwargs: dict):
+    def __init__(
+        self,
+        params: list[torch.nn.Parameter],
+        zero: int,
+        group,
+        opt_kwargs: dict,
+        keep_grads: list[torch.nn.Parameter] = (),
+    ):
+        # keep_grads: parameters whose .grad is still needed after the backward (tp all-reduce of
+        # sequence-parallel gradients, tied embeddings); added to the buffer in step()
+        self.keep = {id(p) for p in keep_grads}
         self.params = params
         self.zero = zero
         self.group = group
@@ -234,30 +343,51 @@ class FlatDP:
         numel = sum(_local(p).numel() for p in params)
         self.padded = math.ceil(numel / self.n) * self.n
         self.numel = numel
-        if zero == 1:
-            flat = self._flatten([_local(p).detach() for p in params])
-            chunk = self.padded // self.n
-            self.shard = torch.nn.Parameter(
-                flat[self.rank * chunk : (self.rank + 1) * chunk].clone()
-            )
-            self.opt = torch.optim.AdamW([self.shard], **opt_kwargs)
-        else:
+        if zero != 1:
             self.opt = torch.optim.AdamW(params, **opt_kwargs)
+            return
+        self.buf = torch.zeros(self.padded, dtype=torch.float32)
+        chunk = self.padded // self.n
+        lo, hi = self.rank * chunk, (self.rank + 1) * chunk
+        self.slices = []  # (param slice as a Parameter sharing storage, buffer offset)
+        off = 0
+        for p in params:
+            lp = _local(p)
+            a, b = max(lo, off), min(hi, off + lp.numel())
+            if a < b:
+                view = lp.detach().view(-1)[a - off : b - off]
+                self.slices.append((torch.nn.Parameter(view), a - lo))
+            if id(p) not in self.keep:
+                p.register_post_accumulate_grad_hook(self._make_hook(off))
+            off += lp.numel()
+        self.opt = torch.optim.AdamW([sl for sl, _ in self.slices], **opt_kwargs)
 
-    def _flatten(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        flat = torch.zeros(self.padded, dtype=torch.float32)
-        torch.cat([t.reshape(-1) for t in tensors], out=flat[: self.numel])
-        return flat
+    def _make_hook(self, off: int):
+        def hook(p: torch.nn.Parameter) -> None:
+            g = p.grad
+            if hasattr(g, "placements") and g.placements != p.placements:
+                g = g.redistribute(p.device_mesh, p.placements)
+            g = _local(g)
+            self.buf[off : off + g.numel()].add_(g.reshape(-1))
+            p.grad = None
+
+        return hook
 
     def _grads(self) -> list[torch.Tensor]:
+        for p in self.params:  # a DTensor grad may come in another placement than its
+            # parameter (the vocabulary-parallel embedding's is Replicate): slice it locally
+            g = p.grad
+            if g is not None and hasattr(g, "placements") and g.placements != p.placements:
+                p.grad = g.redistribute(p.device_mesh, p.placements)
         return [
             _local(p.grad) if p.grad is not None else torch.zeros_like(_local(p))
             for p in self.params
         ]
 
     def step(self) -> None:
-        flat = self._flatten(self._grads())
         if self.zero == 0:
+            flat = torch.zeros(self.padded, dtype=torch.float32)
+            torch.cat([t.reshape(-1) for t in self._grads()], out=flat[: self.numel])
             dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.group)
             off = 0
             for p in self.params:
@@ -267,25 +397,40 @@ class FlatDP:
                     p.grad = torch.zeros_like(p)
                 _local(p.grad).copy_(g)
                 off += lp.numel()
+            del flat
             self.opt.step()
             return
         chunk = self.padded // self.n
+        off = 0
+        for p in self.params:  # kept gradients, and any that bypassed the hook (the
+            # zero-bubble schedules' weight backward assigns .grad without accumulating)
+            if p.grad is not None:
+                self._make_hook(off)(p)  # add to the buffer, free
+            off += _local(p).numel()
+        mine = self.buf[self.rank * chunk : (self.rank + 1) * chunk]
         out = torch.empty(chunk, dtype=torch.float32)
-        dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.AVG, group=self.group)
-        self.shard.grad = out
+        dist.reduce_scatter_tensor(out, self.buf, op=dist.ReduceOp.AVG, group=self.group)
+        mine.copy_(out)
+        del out
+        for sl, a in self.slices:
+            sl.grad = mine[a : a + sl.numel()]
         self.opt.step()
-        full = torch.empty(self.padded, dtype=torch.float32)
-        dist.all_gather_into_tensor(full, self.shard.detach(), group=self.group)
         with torch.no_grad():
+            for sl, a in self.slices:
+                mine[a : a + sl.numel()].copy_(sl)
+                sl.grad = None
+            dist.all_gather_into_tensor(self.buf, mine.clone(), group=self.group)
             off = 0
             for p in self.params:
                 lp = _local(p)
-                lp.copy_(full[off : off + lp.numel()].view_as(lp))
+                lp.copy_(self.buf[off : off + lp.numel()].view_as(lp))
                 off += lp.numel()
 
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
+        if self.zero == 1:
+            self.buf.zero_()
         self.opt.zero_grad(set_to_none=True)
 
 
@@ -329,7 +474,7 @@ def run(job: dict, out_dir: Path) -> dict:
     mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
     pp_rank, dp_rank, tp_rank = (mesh[d].get_local_rank() for d in ("pp", "dp", "tp"))
     dim_of_group = {mesh[d].get_group().group_name: d for d in ("pp", "dp", "tp")}
-    dim_of_group[dist.group.WORLD.group_name] = "world"
+    dim_of_group.setdefault(dist.group.WORLD.group_name, "world")
     ids, n_stages = stage_ids(sched_name, pp, vp, pp_rank)
     emb_group = None
     if spec.tied_embeddings and pp > 1:  # first stage's rank and last stage's rank
@@ -352,18 +497,21 @@ def run(job: dict, out_dir: Path) -> dict:
 
     # 3-6. build, parallelize, wrap (memory meter active from here on)
     full = build_model(spec, seed=hz.get("seed", 0))
-    mods, raw = [], []
+    mods, raw, sp_names = [], [], []
     for s in ids:
         m = make_stage(full, s, n_stages)
         set_recompute(m, par.get("recompute", "none"))
+        names = []
         if tp > 1:
-            apply_tp(m, mesh["tp"], bool(par.get("sequence_parallel")))
+            names = apply_tp(m, mesh["tp"], bool(par.get("sequence_parallel")))
         raw.append(m)
+        sp_names.append(set(names))
         mods.append(apply_dp(m, impl, mesh["dp"]))
     del full
     gc.collect()
     t["parallelized_s"] = time.perf_counter() - T_START
     params = [p for m in raw for p in m.parameters()]
+    sp_params = [p for m, ns in zip(raw, sp_names) for n, p in m.named_parameters() if n in ns]
     # tensors made before the meter is entered are tracked explicitly; everything later
     # (optimizer states, FSDP buffers, activations, gradients, p2p buffers) is seen by the mode
     mem = PeakMemMeter()
@@ -376,7 +524,9 @@ def run(job: dict, out_dir: Path) -> dict:
             "foreach": False,
         }
         if impl.startswith("flat"):
-            opt = FlatDP(params, int(impl[-1]), mesh["dp"].get_group(), opt_kwargs)
+            tied = [p for p in tied_pairs(raw) if p is not None] if spec.tied_embeddings else []
+            opt = FlatDP(params, int(impl[-1]), mesh["dp"].get_group(), opt_kwargs,
+                         keep_grads=sp_params + tied)  # fmt: skip
         elif impl == "zero1-torch":
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -390,15 +540,20 @@ def run(job: dict, out_dir: Path) -> dict:
             opt = torch.optim.AdamW(params, **opt_kwargs)
         param_bytes = sum(_local(p).numel() * _local(p).element_size() for p in params)
 
+    tp_group = mesh["tp"].get_group()
+
     def ce(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if tp > 1:  # logits sharded over the vocabulary
+            return vocab_parallel_cross_entropy(logits, target, tp_group)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
 
     sched = None
     if pp > 1:
         from torch.distributed import pipelining as P
 
+        stage_cls = _ShardedGradStage if impl.startswith("fsdp") else P.PipelineStage
         stages = [
-            P.PipelineStage(m, s, n_stages, torch.device("cpu"), group=mesh["pp"].get_group())
+            stage_cls(m, s, n_stages, torch.device("cpu"), group=mesh["pp"].get_group())
             for m, s in zip(mods, ids)
         ]
         if sched_name == "gpipe":
@@ -425,14 +580,17 @@ def run(job: dict, out_dir: Path) -> dict:
             m = mods[0]
             for i, (xm, ym) in enumerate(zip(x.chunk(nmb), y.chunk(nmb))):
                 last = i == nmb - 1
-                if impl.startswith("fsdp"):
-                    m.set_requires_gradient_sync(last)
+                if impl.startswith("fsdp"):  # ZeRO-2/3: reduce-scatter every micro-batch
+                    m.set_requires_gradient_sync(True)
+                    m.set_reshard_after_backward(impl == "fsdp-zero3" or last)
                 ctx = m.no_sync() if impl in ("ddp", "zero1-torch") and not last else _null()
                 with ctx:
                     loss = ce(m(xm), ym)
                     (loss / nmb).backward()
                 losses.append(loss.detach())
         sum_tied_grads(raw, emb_group, spec)
+        if sp_params:
+            allreduce_sequence_parallel_grads(sp_params, tp_group)
         opt.step()
         if isinstance(opt, FlatDP):
             opt.zero_grad()
@@ -489,6 +647,40 @@ def run(job: dict, out_dir: Path) -> dict:
         },
         "phases_s": t,
     }
+
+
+def _sharded_grad_stage_class():
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.pipelining import PipelineStage
+
+    class ShardedGradStage(PipelineStage):
+        """ZeRO-2/3 inside a pipeline: gradients reduce-scattered after every micro-batch's
+        backward (P_g never holds a whole gradient, Rajbhandari et al. 2020 Sec. 5.2), ZeRO-3
+        parameters resharded after it. torch's stage instead accumulates unsharded gradients
+        until the last micro-batch (ZeRO-1 memory and traffic)."""
+
+        def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
+            m = self.submod
+            if backward_type != "full" or not isinstance(m, FSDPModule):
+                return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+            m.set_requires_gradient_sync(True)
+            m.set_is_last_backward(True)
+            m.set_reshard_after_backward(bool(getattr(m, "_harness_zero3", False)))
+            names = ("set_is_last_backward", "set_reshard_after_backward",
+                     "set_requires_gradient_sync")  # fmt: skip
+            for n in names:  # keep torch's stage from switching the sync off again
+                setattr(m, n, lambda *a, **k: None)
+            try:
+                return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+            finally:
+                for n in names:
+                    delattr(m, n)
+
+    return ShardedGradStage
+
+
+def _ShardedGradStage(*args, **kwargs):
+    return _sharded_grad_stage_class()(*args, **kwargs)
 
 
 class _null:

@@ -65,8 +65,12 @@ __all__ = [
     "params_per_gpu",
     "pp_activation_bytes",
     "pp_sends_per_microbatch",
+    "pp_tied_embedding_bytes",
+    "replicated_layer_params",
+    "sequence_parallel_grad_params",
     "stage_params",
     "tp_activation_bytes",
+    "tp_boundary_bytes",
     "tp_collectives_per_layer",
 ]
 
@@ -135,10 +139,59 @@ def stage_params(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
     return layers + extra
 
 
+def replicated_layer_params(model: ModelSpec) -> int:
+    """Parameters of one layer that tensor parallelism replicates instead of splitting: the two
+    norms, the biases of the row-parallel linears (attention output, MLP down projection, added
+    after the reduction) and the MoE router (Megatron-LM ``RowParallelLinear``, ``TopKRouter``)."""
+    h = model.hidden_size
+    row_bias = (1 + model.num_experts) * h if model.linear_bias else 0
+    router = h * model.num_experts if model.num_experts > 1 else 0
+    return 2 * model.norm_params() + row_bias + router
+
+
+def sequence_parallel_grad_params(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
+    """Replicated parameters whose gradient is a partial sum under sequence parallelism (each
+    tensor-parallel rank sees only its sequence slice): norms and row-parallel biases of the
+    stage's layers, plus the final norm on the last stage (the largest stage of the two).
+
+    References
+    ----------
+    Korthikanti et al. 2022, Sec. 4.2.2; Megatron-LM ``finalize_model_grads``
+    (``_allreduce_layernorm_grads``: parameters flagged ``sequence_parallel``).
+    """
+    h = model.hidden_size
+    per_layer = 2 * model.norm_params() + (2 * h if model.linear_bias else 0)
+    return model.num_layers / batch.pp * per_layer + model.norm_params()
+
+
 def params_per_gpu(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
-    """Parameters held by one GPU of the largest stage: ``stage_params / tp`` (Megatron splits
-    the attention, MLP and vocabulary matrices across ``tp``; norms, replicated, are ignored)."""
-    return stage_params(model, batch) / batch.tp
+    """Parameters held by one GPU of the largest stage.
+
+    Tensor parallelism splits the attention, MLP and vocabulary matrices (and column-parallel
+    biases) ``tp`` ways; norms, row-parallel biases, the router (:func:`replicated_layer_params`)
+    and learned position embeddings are replicated on every tensor-parallel rank (Megatron-LM:
+    ``VocabParallelEmbedding`` for words, a plain embedding for positions). First stage: layers
+    + word embedding / tp + positions; last (``pp > 1``): layers + final norm + output layer / tp
+    (a tied model's copy of the word embedding); ``pp == 1``: all of them. The largest of the
+    two end stages. Without replicated parameters this is ``stage_params / tp``.
+
+    References
+    ----------
+    Shoeybi et al. 2019, Sec. 3 (what is split); Narayanan et al. 2021, Sec. 5.1.
+    """
+    tp = batch.tp.astype(np.float64)
+    pp = batch.pp.astype(np.float64)
+    rep = float(replicated_layer_params(model))
+    layer = (model.layer_params() - rep) / tp + rep
+    layers = model.num_layers / pp * layer
+    h, v = model.hidden_size, model.vocab_size
+    pos = float(model.embedding_params() - v * h)
+    word = v * h / tp
+    out = model.output_params() / tp
+    first = word + pos
+    last = model.norm_params() + np.where(model.output_params() > 0, out, word)
+    single = word + pos + model.norm_params() + out
+    return layers + np.where(pp > 1, np.maximum(first, last), single)
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,6 +289,71 @@ def tp_collectives_per_layer(batch: ConfigBatch) -> tuple[np.ndarray, np.ndarray
     return fwd, bwd
 
 
+def tp_boundary_bytes(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:
+    """Tensor-parallel bytes per step outside the transformer layers, on the busier end stage.
+
+    Per micro-batch, in all-reduce equivalents of the ``b*(s/cp)*h`` activations:
+
+    * first stage, vocabulary-parallel word embedding: its output all-reduced (1); with sequence
+      parallelism and learned positions Megatron all-reduces, adds the positions and splits the
+      sum along the sequence, whose backward all-gathers the gradient (1.5); with sequence
+      parallelism and no learned positions the all-reduce becomes a reduce-scatter forward and
+      an all-gather backward (1);
+    * last stage, column-parallel output layer: the ``f`` operator, an all-reduce of its input
+      gradient (or all-gather forward + reduce-scatter backward with sequence parallelism) (1);
+      and the vocabulary-parallel cross-entropy: 3 all-reduces of one fp32 value per token
+      (maximum logit, target logit, sum of exponentials).
+
+    Per step, with sequence parallelism: one all-reduce of the partial gradients of the
+    replicated parameters (:func:`sequence_parallel_grad_params`); with ZeRO-2/3 each rank holds
+    and reduces only its ``1/(dp*cp)`` gradient shard (the sums commute).
+
+    References
+    ----------
+    Megatron-LM ``VocabParallelEmbedding``, ``LanguageModelEmbedding`` (``reduce_scatter_embeddings``
+    only without learned positions, else ``scatter_to_sequence_parallel_region``),
+    ``ColumnParallelLinear`` (output layer), ``vocab_parallel_cross_entropy`` (three all-reduces),
+    ``finalize_model_grads._allreduce_layernorm_grads``; Shoeybi et al. 2019, Sec. 3.
+    """
+    tp = batch.tp
+    sp = np.asarray(batch.sequence_parallel, dtype=bool)
+    m = batch.num_microbatches.astype(np.float64)
+    one = bytes_per_gpu("all_reduce", tp_activation_bytes(model, training, batch), tp)
+    learned = model.position_embedding == "learned"
+    embed = np.where(sp & learned, 1.5, 1.0) * one
+    tokens = batch.micro_batch_size * (training.seq_len / batch.cp)
+    loss = 3.0 * bytes_per_gpu("all_reduce", 4.0 * tokens, tp)
+    shard = np.where(batch.zero_stage >= 2, (batch.dp * batch.cp).astype(np.float64), 1.0)
+    g = grad_bytes_per_elem(training) / shard
+    layers_sp = sequence_parallel_grad_params(model, batch) - model.norm_params()
+    sp_first = np.where(sp, bytes_per_gpu("all_reduce", layers_sp * g, tp), 0.0)
+    sp_last = np.where(
+        sp, bytes_per_gpu("all_reduce", (layers_sp + model.norm_params()) * g, tp), 0.0
+    )
+    first = m * embed + sp_first
+    last = m * (one + loss) + sp_last
+    single = m * (embed + one + loss) + sp_last
+    return np.where(batch.pp > 1, np.maximum(first, last), single)
+
+
+def pp_tied_embedding_bytes(
+    model: ModelSpec, training: TrainingSpec, batch: ConfigBatch
+) -> np.ndarray:
+    """Tied embeddings with ``pp > 1``: the first and last stage each hold the word embedding
+    and all-reduce its gradient between them once per step (``V*h/tp`` values, over 2 ranks;
+    ZeRO-2/3 reduce their ``1/(dp*cp)`` shard). Counted in the ``pp`` dimension.
+
+    References
+    ----------
+    Megatron-LM ``finalize_model_grads._allreduce_word_embedding_grads``; Narayanan et al. 2021.
+    """
+    if model.output_params() > 0:
+        return np.zeros(batch.tp.shape)
+    shard = np.where(batch.zero_stage >= 2, (batch.dp * batch.cp).astype(np.float64), 1.0)
+    buf = model.vocab_size * model.hidden_size / batch.tp * grad_bytes_per_elem(training) / shard
+    return np.where(batch.pp > 1, bytes_per_gpu("all_reduce", buf, 2.0), 0.0)
+
+
 def pp_activation_bytes(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:
     """One pipeline send per GPU [bytes]: ``b * (s/cp) * h`` activations, divided by ``tp`` with
     sequence parallelism (each tensor-parallel rank holds a ``1/tp`` sequence slice).
@@ -320,10 +438,11 @@ def comm_bytes_per_gpu(
     # tensor parallel: all-reduce equivalents per layer per micro-batch
     tp_fwd, tp_bwd = tp_collectives_per_layer(batch)
     tp_one = bytes_per_gpu("all_reduce", tp_activation_bytes(model, training, batch), batch.tp)
-    tp = m * layers * (tp_fwd + tp_bwd) * tp_one
+    tp = m * layers * (tp_fwd + tp_bwd) * tp_one + tp_boundary_bytes(model, training, batch)
 
     # pipeline parallel: sends of the busiest stage
     pp = m * pp_sends_per_microbatch(batch) * pp_activation_bytes(model, training, batch)
+    pp = pp + pp_tied_embedding_bytes(model, training, batch)
 
     # context parallel: ring attention K/V exchanges
     cp_fwd, cp_bwd = cp_sends_per_layer(batch)

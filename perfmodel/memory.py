@@ -576,7 +576,23 @@ def memory_breakdown(
     bucket = np.where(zero >= 2, 2.0 * np.minimum(BUCKET_PARAMS, n_first) * gb, 0.0)
     if eager:  # torch DDP copies every gradient into its buckets (gradient_as_bucket_view=False)
         bucket = np.where((zero == 0) & (shard > 1), n_first * gb, bucket)
+        # FSDP2 with units of BUCKET_PARAMS reduce-scatters one unit's unsharded gradients
+        # while the next unit's are produced: two buckets, but never more than the stage
+        # (a small model is one unit). ZeRO-3: those unsharded gradients are already in the
+        # live units (``zero3`` below)
+        bucket = np.where(
+            (zero == 2) & (shard > 1), np.minimum(2.0 * BUCKET_PARAMS, n_first) * gb, bucket
+        )
+        bucket = np.where((zero >= 3) & (shard > 1), 0.0, bucket)
+        # ZeRO-1 (Megatron's distributed optimizer): gradients accumulate into one persistent
+        # contiguous buffer (``main_grad``), live at every moment of the step, not created by
+        # the backward; it replaces the gradients
+        z1 = (zero == 1) & (shard > 1)
+        bucket = np.where(z1, n_first * gb, bucket)
+        g1, g2 = np.where(z1, 0.0, g1), np.where(z1, 0.0, g2)
     z3_layer = sp_["layer"] * (wb + gb) * ZERO3_LIVE_LAYERS
+    if eager:  # FSDP units of BUCKET_PARAMS (harness, DeepSpeed): two live, at most the stage
+        z3_layer = np.minimum(2.0 * BUCKET_PARAMS, n_first) * (wb + gb)
     zero3 = np.where((zero >= 3) & (shard > 1), z3_layer, 0.0)
     fp8_cache = 0.0
     if not eager and precision in ("fp8", "fp4"):
@@ -607,6 +623,7 @@ def memory_breakdown(
             gb,
             (w1, g1, o1, act_first, other_first),
             (w2, g2, o2, act_last, other_last),
+            autocast=precision != "fp32",
         )
 
     allocated = weights + grads + opt + acts + other
@@ -626,15 +643,22 @@ def memory_breakdown(
     }
 
 
-def _eager_moments(model, sp_, rc, pp, tp, logit, layers, layer_full, grad_bytes, first, last):
+def _eager_moments(
+    model, sp_, rc, pp, tp, logit, layers, layer_full, grad_bytes, first, last, autocast=True
+):
     """Eager PyTorch: the largest moment of a step, on the first or last stage.
 
     Moments: forward end (loss forward), loss backward, the first recomputed layer's backward
     (full recompute only), backward end.
 
     Returns weights (fp32 + live bf16 autocast copies), gradients, optimizer, activations,
-    other, and the stage index of the peak.
+    other, and the stage index of the peak. Without autocast (fp32 training) there are no
+    16-bit weight copies and the logits are the fp32 logits themselves (4 bytes per logit,
+    not 2 + 4).
     """
+    cast = 1.0 if autocast else 0.0
+    held = 2.0 if autocast else 4.0  # the logits tensor the step keeps referencing [B/logit]
+    lo16 = 2.0 if autocast else 0.0  # separate 16-bit logits next to the fp32 ones
     h, v = float(model.hidden_size), float(model.vocab_size)
     full = rc == _CODE_FULL
     gemm_layers = layers * sp_["gemm_layer"]
@@ -646,13 +670,13 @@ def _eager_moments(model, sp_, rc, pp, tp, logit, layers, layer_full, grad_bytes
         ("last", last, True, pp == 1),
     ):
         head = np.where(has_head, head_gemm, 0.0)
-        bf16_all = 2.0 * (gemm_layers + head)  # autocast weight cache, forward end
-        bf16_saved = np.where(full, 2.0 * head, bf16_all)  # still saved at the loss backward
-        logits_fwd = np.where(has_head, 10.0 * logit, 0.0)
-        logits_bwd = np.where(has_head, _EAGER_LOGITS_PEAK_VALUES * logit, 0.0)
+        bf16_all = cast * 2.0 * (gemm_layers + head)  # autocast weight cache, forward end
+        bf16_saved = np.where(full, cast * 2.0 * head, bf16_all)  # still saved at the loss backward
+        logits_fwd = np.where(has_head, (8.0 + lo16) * logit, 0.0)
+        logits_bwd = np.where(has_head, (_EAGER_LOGITS_PEAK_VALUES - 2.0 + lo16) * logit, 0.0)
         # end of backward: all gradients, the 16-bit logits still referenced by the step's
         # local variable, the dense gradient of a tied embedding before accumulation
-        end_extra = np.where(has_head, 2.0 * logit, 0.0) + np.where(
+        end_extra = np.where(has_head, held * logit, 0.0) + np.where(
             tied_single & has_embed, 4.0 * v * h / tp, 0.0
         )
         fwd = (w + bf16_all, 0.0 * g, o, act + logits_fwd, oth)
@@ -660,10 +684,10 @@ def _eager_moments(model, sp_, rc, pp, tp, logit, layers, layer_full, grad_bytes
         # full recompute, backward of the stage's last layer: its recomputed activations and
         # bf16 weights next to the checkpoints, the output layer's gradient, the 16-bit logits
         recomp = (
-            w + 2.0 * (sp_["gemm_layer"] + head),
+            w + cast * 2.0 * (sp_["gemm_layer"] + head),
             np.where(has_head, grad_bytes * head, 0.0),
             o,
-            np.where(full, act + layer_full + np.where(has_head, 2.0 * logit, 0.0), 0.0),
+            np.where(full, act + layer_full + np.where(has_head, held * logit, 0.0), 0.0),
             oth,
         )
         end = (w + 0.0, g, o, end_extra, oth)

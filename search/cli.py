@@ -36,6 +36,7 @@ __all__ = ["SUBCOMMANDS", "app", "main"]
 SUBCOMMANDS: dict[str, str] = {
     "realtime": "search.cli_realtime:realtime",
     "validate": "search.validate:validate_command",
+    "verify": "harness.cli_verify:verify_cmd",
 }
 
 app = typer.Typer(

@@ -36,7 +36,24 @@ def batch(**kw):
 def test_stage_params_pp1_is_the_whole_model():
     b = batch(pp=[1])
     assert v.stage_params(GPT3, b)[0] == GPT3.param_count()
-    assert v.params_per_gpu(GPT3, batch(tp=[8]))[0] == pytest.approx(GPT3.param_count() / 8)
+    # tp splits everything but the norms, the row-parallel biases and the positions
+    rep = 96 * (4 * 12288 + 2 * 12288) + 2048 * 12288 + 2 * 12288
+    assert v.replicated_layer_params(GPT3) == 4 * 12288 + 2 * 12288
+    assert v.params_per_gpu(GPT3, batch(tp=[8]))[0] == pytest.approx(
+        (GPT3.param_count() - rep) / 8 + rep
+    )
+    assert v.params_per_gpu(GPT3, batch(tp=[1]))[0] == GPT3.param_count()
+
+
+def test_params_per_gpu_tiny_hand():
+    # 4 layers, h 64, V 256, learned positions (32), layernorm, biases, untied; tp 2, pp 2.
+    # layer: 12h^2 + 13h = 49984, replicated 2*2h + 2h = 384 -> (49984-384)/2 + 384 = 25184
+    # first stage: 2 * 25184 + 256*64/2 + 32*64 = 60608; last: 2 * 25184 + 128 + 8192 = 58688
+    tiny = ModelSpec(name="tiny", num_layers=4, hidden_size=64, num_attention_heads=4,
+                     ffn_hidden_size=256, vocab_size=256, max_seq_len=32,
+                     position_embedding="learned", tied_embeddings=False)  # fmt: skip
+    assert v.params_per_gpu(tiny, batch(tp=[2], pp=[2]))[0] == 60608
+    assert v.params_per_gpu(tiny, batch(tp=[1], pp=[1]))[0] == tiny.param_count()
 
 
 def test_stage_params_pp_gt_1_largest_end_stage():
@@ -52,7 +69,7 @@ def test_stage_params_pp_gt_1_largest_end_stage():
 
 def test_dp_all_reduce_bf16_hand():
     b = batch(dp=[4], tp=[2], pp=[1])
-    psi = GPT3.param_count() / 2
+    psi = v.params_per_gpu(GPT3, b)[0]
     # 2 (n-1)/n * psi * 2 bytes
     assert v.comm_bytes_per_gpu(GPT3, BF16, b)["dp"][0] == pytest.approx(2 * 0.75 * psi * 2)
     fp32 = load_training(precision="fp32")
@@ -61,7 +78,7 @@ def test_dp_all_reduce_bf16_hand():
 
 def test_dp_group_includes_context_parallel():
     b = batch(dp=[2], cp=[2], tp=[8])
-    psi = GPT3.param_count() / 8
+    psi = v.params_per_gpu(GPT3, b)[0]
     assert v.comm_bytes_per_gpu(GPT3, BF16, b)["dp"][0] == pytest.approx(2 * 0.75 * psi * 2)
 
 
@@ -74,7 +91,7 @@ def test_zero_stages():
     # with 4 micro-batches: ZeRO-2 reduce-scatters every micro-batch, ZeRO-3 also gathers twice
     b4 = batch(dp=8, tp=8, zero_stage=[1, 2, 3], num_microbatches=4)
     dp4 = v.comm_bytes_per_gpu(GPT3, BF16, b4)["dp"]
-    unit = 7 / 8 * GPT3.param_count() / 8 * 2  # one RS or AG
+    unit = 7 / 8 * v.params_per_gpu(GPT3, b4)[0] * 2  # one RS or AG
     np.testing.assert_allclose(dp4, [2 * unit, 5 * unit, 12 * unit])
 
 
@@ -82,7 +99,7 @@ def test_gradient_compression():
     n, ratio = 16, 0.01
     b = batch(dp=n, tp=8, grad_compression=["none", "topk", "int8", "1bit"], topk_ratio=ratio)
     dp = v.comm_bytes_per_gpu(GPT3, BF16, b)["dp"]
-    psi = GPT3.param_count() / 8
+    psi = v.params_per_gpu(GPT3, b)[0]
     ar = 2 * (n - 1) / n * psi
     scale = 4 / 2048
     assert dp[0] == pytest.approx(ar * 2)
@@ -108,9 +125,31 @@ def test_tensor_parallel_hand():
     tp = v.comm_bytes_per_gpu(GPT3, BF16, b)["tp"]
     per_ar = 2 * 7 / 8 * ACT
     layers = 96 / 8
+    # layers, plus the embedding / output layer / loss terms (test_tp_boundary_hand)
     np.testing.assert_allclose(
-        tp, [4 * per_ar * layers, 6 * per_ar * layers, 3 * 4 * per_ar * layers]
+        tp - v.tp_boundary_bytes(GPT3, BF16, b),
+        [4 * per_ar * layers, 6 * per_ar * layers, 3 * 4 * per_ar * layers],
     )
+
+
+def test_tp_boundary_hand():
+    # GPT-3 (learned positions, layernorm, biases, tied), bf16, tp 8, b 1, s 2048, h 12288
+    b = batch(tp=8, pp=[8, 8, 1], num_microbatches=[1, 3, 1],
+              sequence_parallel=[False, True, False], zero_stage=0)  # fmt: skip
+    one = 2 * 7 / 8 * ACT  # one all-reduce equivalent of the activations
+    loss = 3 * 2 * 7 / 8 * 2048 * 4  # 3 fp32 all-reduces of one value per token
+    # SP: per layer 2 layernorms (2h each) + 2 row biases = 6h; 12 layers + final norm (2h)
+    sp_first = 2 * 7 / 8 * 12 * 6 * 12288 * 2  # the first stage has no final norm
+    got = v.tp_boundary_bytes(GPT3, BF16, b)
+    # pp 8, no SP: the last stage (output layer + loss) is busier than the embedding;
+    # SP with learned positions: the embedding is 1.5 (all-reduce + all-gather of its grad),
+    # which makes the first stage the busier one
+    np.testing.assert_allclose(got, [one + loss, 3 * 1.5 * one + sp_first, 2 * one + loss])
+    assert v.tp_boundary_bytes(GPT3, BF16, batch(tp=1))[0] == 0
+    # ZeRO-2: the SP gradient all-reduce runs on the 1/dp shard
+    z = batch(tp=8, pp=8, dp=4, num_microbatches=1, sequence_parallel=True, zero_stage=[0, 2])
+    t = v.tp_boundary_bytes(GPT3, BF16, z)
+    assert t[0] - t[1] == pytest.approx(sp_first * 3 / 4)
 
 
 def test_pipeline_hand():
@@ -123,7 +162,14 @@ def test_pipeline_hand():
         sequence_parallel=[False, False, False, False, True],
     )
     pp = v.comm_bytes_per_gpu(GPT3, BF16, b)["pp"]
-    np.testing.assert_allclose(pp, [0, 8 * ACT, 8 * 2 * ACT, 8 * 4 * ACT, 8 * 2 * ACT / 8])
+    # GPT-3 is tied: the word-embedding gradient all-reduce between first and last stage
+    tied = 2 * 1 / 2 * 50257 * 12288 / 8 * 2
+    assert v.pp_tied_embedding_bytes(GPT3, BF16, b)[1] == pytest.approx(tied)
+    assert v.pp_tied_embedding_bytes(LLAMA_LIKE, BF16, b)[1] == 0
+    np.testing.assert_allclose(
+        pp - np.array([0, 1, 1, 1, 1]) * tied,
+        [0, 8 * ACT, 8 * 2 * ACT, 8 * 4 * ACT, 8 * 2 * ACT / 8],
+    )
 
 
 def test_context_parallel_gqa_hand():
@@ -157,7 +203,10 @@ def test_exercise_9_5_closed_form(nd, nm, np_, mbs):
     b = batch(dp=nd, tp=nm, pp=np_, micro_batch_size=mbs, num_microbatches=bglob // (nd * mbs))
     got = v.comm_bytes_per_gpu(GPT3, BF16, b)
     total = got["dp"][0] + got["tp"][0] + got["pp"][0] + got["cp"][0]
-    p_stage = v.stage_params(GPT3, b)[0]
+    # the exercise counts the layers only: take off the embedding / output / loss tp terms and
+    # the tied-embedding all-reduce, and use the parameters one GPU really holds
+    total -= v.tp_boundary_bytes(GPT3, BF16, b)[0] + v.pp_tied_embedding_bytes(GPT3, BF16, b)[0]
+    p_stage = v.params_per_gpu(GPT3, b)[0] * nm
     assert total == pytest.approx(closed_form_per_gpu(nd, nm, np_, bglob, S, H, 96, p_stage))
 
 
@@ -167,8 +216,8 @@ def test_exercise_9_5_cluster_total_pp1(nd, nm):
     bglob = 64
     b = batch(dp=nd, tp=nm, num_microbatches=bglob // nd)
     got = v.comm_bytes_per_gpu(GPT3, BF16, b)
-    total = nd * nm * sum(x[0] for x in got.values())
-    m = GPT3.param_count()
+    total = nd * nm * (sum(x[0] for x in got.values()) - v.tp_boundary_bytes(GPT3, BF16, b)[0])
+    m = v.params_per_gpu(GPT3, b)[0] * nm  # replicated norms, biases, positions counted nm times
     assert total == pytest.approx(2 * (nd - 1) * m * 2 + 8 * (nm - 1) * bglob * S * H * 96 * 2)
 
 
