@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -316,7 +317,28 @@ def load_calibration(folder: str | Path, gpu: str | GPUSpec | None = None) -> Ca
         if path.name not in _REFERENCE_GPU:
             raise SpecError(f"calibration '{folder}': give the measured GPU (gpu=...)")
         gpu = _REFERENCE_GPU[path.name]
-    return _load_cached(str(path.resolve()), load_gpu(gpu).model_dump_json())
+    spec = load_gpu(gpu)
+    _check_measured_part(path, spec)
+    return _load_cached(str(path.resolve()), spec.model_dump_json())
+
+
+def _check_measured_part(path: Path, gpu: GPUSpec) -> None:
+    """Refuse a calibration measured on another part: its absolute rates would be read as
+    fractions of this GPU's peak (an H200 table on an A100 gives 90 % MFU)."""
+    env_file = path / "env.json"
+    if not env_file.exists():
+        return
+    try:
+        measured = str(json.loads(env_file.read_text()).get("name", ""))
+    except (json.JSONDecodeError, OSError):
+        return
+    models = re.findall(r"\b([A-Z]{1,3}\d{2,4}[A-Z]?)\b", measured.upper())
+    if models and not any(m_ in gpu.name.upper() for m_ in models):
+        raise SpecError(
+            f"calibration '{path}' was measured on {measured!r}, not on the cluster's GPU "
+            f"'{gpu.name}': measure this GPU with calibrate_gpu.py, or leave the calibration "
+            "out to scale the shipped one by datasheet"
+        )
 
 
 @functools.lru_cache(maxsize=16)

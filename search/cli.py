@@ -245,6 +245,14 @@ def planner(
     = False,
     emit: Annotated[Emit | None, typer.Option(help="also print the best configuration as "
                                               "launch settings for this framework")] = None,
+    calibration: Annotated[Path | None, typer.Option(
+        help="folder of your own GPU measurements (the format calibrate_gpu.py writes)")] = None,
+    allow_idle_gpus: Annotated[bool, typer.Option(
+        help="allow dp*tp*pp*cp below the GPU count")] = False,
+    allow_tp_across_nodes: Annotated[bool, typer.Option(
+        help="allow tensor parallelism beyond the scale-up (NVLink) domain")] = False,
+    uneven_layers: Annotated[bool, typer.Option(
+        help="allow pp*vp that does not divide the layer count (uneven stages)")] = False,
 ) -> None:
     """Search (or, with every parallel option given, evaluate) parallel configurations."""
     if ctx.invoked_subcommand is not None:
@@ -265,6 +273,9 @@ def planner(
             optimizer=optimizer.value if optimizer else None,
             strategy=strategy.value, objective=objective.value, top=top,
             kernels=kernels.value, progress=progress,
+            calibration=str(calibration) if calibration is not None else None,
+            allow_idle_gpus=allow_idle_gpus, allow_tp_across_nodes=allow_tp_across_nodes,
+            uneven_layers=uneven_layers,
             dp=dp, tp=tp, pp=pp, vp=vp, cp=cp, zero_stage=zero, micro_batch_size=micro_batch,
             recompute=recompute.value if recompute else None,
             sequence_parallel=sequence_parallel,

@@ -39,3 +39,29 @@ def test_validate_json():
     doc = json.loads(r.stdout)
     assert doc["training_runs"]["rows"] >= 55
     assert doc["training_runs"]["mape"] <= 0.10
+
+
+def test_calibration_of_another_gpu_is_refused():
+    r = runner.invoke(app, ["--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "64",
+                            "--calibration", "hardware_specs/calibration/h200"])
+    assert r.exit_code == 2
+    assert "measured on 'NVIDIA H200'" in r.stderr and "A100" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_own_calibration_folder_on_its_gpu():
+    r = runner.invoke(app, ["--model", "gpt3-1.3b", "--cluster", "dgx-h200", "--gpus", "8",
+                            "--global-batch", "64", "--calibration",
+                            "hardware_specs/calibration/h200", "--json"])
+    assert r.exit_code == 0, r.output
+    assert 0 < json.loads(r.stdout)["best"]["mfu"] < 0.8
+
+
+def test_uneven_layers_admits_pipeline_degrees_not_dividing_layers():
+    # 126 layers: pp=4 is only possible with uneven stages
+    base = ["--model", "llama3.1-405b", "--cluster", "dgx-h100", "--gpus", "512",
+            "--global-batch", "512", "--seq-len", "4096", "--pp", "4", "--json"]
+    assert runner.invoke(app, base).exit_code == 2
+    r = runner.invoke(app, [*base, "--uneven-layers"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["best"]["config"]["pp"] == 4
