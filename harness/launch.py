@@ -238,6 +238,7 @@ def summarize(out: Path, nproc: int) -> dict[str, Any]:
         "peak_memory_bytes_per_rank": [r["memory"]["peak_bytes"] for r in ranks],
         "steady_memory_bytes_per_rank": [r["memory"]["steady_bytes"] for r in ranks],
         "param_bytes_per_rank": [r["memory"]["param_bytes"] for r in ranks],
+        "peak_snapshot_per_rank": [r["memory"].get("peak_snapshot") for r in ranks],
         "dp_impl": r0["dp_impl"],
         "phases_s": r0["phases_s"],
     }

@@ -32,6 +32,7 @@ allocator; on GPU compare with ``torch.cuda.max_memory_allocated``).
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections import Counter
 
@@ -154,6 +155,12 @@ class PeakMemMeter(TorchDispatchMode):
         self.cur_bytes = 0
         self.peak_bytes = 0
         self._orig_resize = None
+        # debugging aid (HARNESS_MEM_DEBUG=1): the live storages by creating op and shape at
+        # the peak, as {label: bytes}
+        self.debug = bool(os.environ.get("HARNESS_MEM_DEBUG"))
+        self._labels: dict[int, str] = {}
+        self.peak_snapshot: dict[str, int] = {}
+        self._label = "tracked"
 
     # --- bookkeeping -------------------------------------------------------------------------
     def _dec(self, key: int, rec: list[int]) -> None:
@@ -171,10 +178,23 @@ class PeakMemMeter(TorchDispatchMode):
             return
         self._live[key] = (rec, ref)
         self.cur_bytes += rec[0]
-        self.peak_bytes = max(self.peak_bytes, self.cur_bytes)
+        if self.debug:
+            self._labels[key] = self._label
+        self._bump()
+
+    def _bump(self) -> None:
+        if self.cur_bytes > self.peak_bytes:
+            self.peak_bytes = self.cur_bytes
+            if self.debug:
+                snap: dict[str, int] = {}
+                for k, (rec, _ref) in self._live.items():
+                    lab = self._labels.get(k, "?")
+                    snap[lab] = snap.get(lab, 0) + rec[0]
+                self.peak_snapshot = snap
 
     def track(self, *objs) -> None:
         """Track the storages of every tensor (or DTensor's local tensor) in ``objs``."""
+        self._label = "tracked"
         for t in tree_flatten(list(objs))[0]:
             if isinstance(t, torch.Tensor):
                 t = getattr(t, "_local_tensor", t)
@@ -183,6 +203,7 @@ class PeakMemMeter(TorchDispatchMode):
 
     def reset_peak(self) -> None:
         self.peak_bytes = self.cur_bytes
+        self.peak_snapshot = {}
 
     # --- mode ---------------------------------------------------------------------------------
     def __enter__(self):
@@ -198,8 +219,9 @@ class PeakMemMeter(TorchDispatchMode):
                 rec = meter._live[key][0]
                 meter.cur_bytes += st.nbytes() - before
                 rec[0] = st.nbytes()
-                meter.peak_bytes = max(meter.peak_bytes, meter.cur_bytes)
+                meter._bump()
             else:
+                meter._label = f"resize_ {size}"
                 meter._add_storage(st)
             return out
 
@@ -221,6 +243,8 @@ class PeakMemMeter(TorchDispatchMode):
             return out
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                if self.debug:
+                    self._label = f"{func.__name__} {tuple(t.shape)}"
                 try:
                     self._add_storage(t.untyped_storage())
                 except (RuntimeError, NotImplementedError):

@@ -197,7 +197,7 @@ def apply_tp(m: TinyGPT, tp_mesh, sp: bool) -> list[str]:
         parallelize_module(b, tp_mesh, block_plan)
     plan = {}
     if m.tok is not None:
-        plan["tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        m.tok = VocabParallelEmbedding(m.tok, tp_mesh.get_group())
         if sp:
 
             def seq_scatter(x: torch.Tensor) -> torch.Tensor:
@@ -221,6 +221,45 @@ def apply_tp(m: TinyGPT, tp_mesh, sp: bool) -> list[str]:
         or n.endswith(("o_bias", "fc2_bias"))
         or n.startswith("norm.")
     ]
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """Megatron ``reduce_from_tensor_model_parallel_region``: all-reduce (sum) forward,
+    identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+class VocabParallelEmbedding(torch.nn.Module):
+    """Megatron-LM's ``VocabParallelEmbedding``: this rank's ``V/tp`` rows of the table as a
+    plain local parameter; token ids outside the slice give zero rows; the partial outputs are
+    all-reduced over tp. Its gradient is the local ``(V/tp, h)`` slice (torch's
+    ``RowwiseParallel`` embedding produces a replicated full-vocabulary ``(V, h)`` gradient
+    instead, which Megatron never holds)."""
+
+    def __init__(self, emb: torch.nn.Embedding, group) -> None:
+        super().__init__()
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        v = emb.weight.shape[0]
+        self.group, self.start, self.rows = group, r * (v // n), v // n
+        self.weight = torch.nn.Parameter(
+            emb.weight.detach()[self.start : self.start + self.rows].clone()
+        )
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.rows)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out = out.masked_fill(outside[..., None], 0.0)
+        return _ReduceFromTP.apply(out, self.group)
 
 
 class _VocabParallelCE(torch.autograd.Function):
@@ -372,6 +411,19 @@ class FlatDP:
             p.grad = None
 
         return hook
+
+    def absorb_grads(self) -> None:
+        """Add every gradient the autograd hooks did not see to the buffer and free it.
+
+        torch's zero-bubble weight backward (``stage_backward_weight``) assigns ``.grad``
+        directly, so the post-accumulate hooks do not run; Megatron-LM's zero-bubble weight pass
+        (``WeightGradStore``) accumulates straight into ``main_grad``. Called after each weight
+        backward. Kept gradients (sequence-parallel norms, tied embeddings) stay in ``.grad``."""
+        off = 0
+        for p in self.params:
+            if p.grad is not None and id(p) not in self.keep:
+                self._make_hook(off)(p)
+            off += _local(p).numel()
 
     def _grads(self) -> list[torch.Tensor]:
         for p in self.params:  # a DTensor grad may come in another placement than its
@@ -551,11 +603,14 @@ def run(job: dict, out_dir: Path) -> dict:
     if pp > 1:
         from torch.distributed import pipelining as P
 
-        stage_cls = _ShardedGradStage if impl.startswith("fsdp") else P.PipelineStage
+        stage_cls = _ShardedGradStage if impl.startswith("fsdp") else _main_grad_stage_class()
         stages = [
             stage_cls(m, s, n_stages, torch.device("cpu"), group=mesh["pp"].get_group())
             for m, s in zip(mods, ids)
         ]
+        if isinstance(opt, FlatDP) and opt.zero == 1:
+            for st in stages:  # zero bubble: weight gradients into the main-grad buffer
+                st.after_weight_backward = opt.absorb_grads
         if sched_name == "gpipe":
             sched = P.ScheduleGPipe(stages[0], n_microbatches=nmb, loss_fn=ce)
         elif sched_name == "1f1b":
@@ -642,6 +697,7 @@ def run(job: dict, out_dir: Path) -> dict:
             "peak_bytes": int(max(peaks[1:] or peaks)) if peaks else None,
             "peak_first_step_bytes": int(peaks[0]) if peaks else None,
             "steady_bytes": int(steady_bytes),
+            "peak_snapshot": mem.peak_snapshot if mem.debug else None,
             "param_bytes": int(param_bytes),
             "ru_maxrss_bytes": _maxrss_bytes(),
         },
@@ -677,6 +733,23 @@ def _sharded_grad_stage_class():
                     delattr(m, n)
 
     return ShardedGradStage
+
+
+def _main_grad_stage_class():
+    from torch.distributed.pipelining import PipelineStage
+
+    class MainGradStage(PipelineStage):
+        """A stage that calls ``after_weight_backward()`` after each weight-gradient pass of a
+        zero-bubble schedule (ZeRO-1: :meth:`FlatDP.absorb_grads`)."""
+
+        after_weight_backward = None
+
+        def backward_weight_one_chunk(self, bwd_chunk_id: int, last_backward=False):
+            super().backward_weight_one_chunk(bwd_chunk_id, last_backward=last_backward)
+            if self.after_weight_backward is not None:
+                self.after_weight_backward()
+
+    return MainGradStage
 
 
 def _ShardedGradStage(*args, **kwargs):

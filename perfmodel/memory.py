@@ -29,7 +29,7 @@ from typing import Literal
 import numpy as np
 
 from perfmodel.config import ConfigBatch
-from perfmodel.pipeline import inflight_microbatches
+from perfmodel.pipeline import SCHEDULE, inflight_microbatches, schedule_code
 from perfmodel.specs import ClusterSpec, GPUSpec, ModelSpec, TrainingSpec
 from perfmodel.units import GIB, MIB
 
@@ -80,6 +80,7 @@ ZERO3_LIVE_LAYERS = 2
 and the one being prefetched (DeepSpeed / FSDP prefetch one module ahead)."""
 
 _CODE_NONE, _CODE_SELECTIVE, _CODE_FULL = 0, 1, 2
+_CODE_ZB = SCHEDULE.index("zb")
 _EAGER_LOGITS_PEAK_VALUES = 14  # bytes per logit at the loss backward, see memory_breakdown
 
 
@@ -328,7 +329,9 @@ def eager_layer_activation_bytes(
     stats = (8.0 if norm == "layernorm" else 4.0) * sb / r  # mean + rstd, or rstd
 
     residuals = 2 * (4.0 * sb * h / r + stats)  # the two norm inputs (fp32) and their stats
-    norm_casts = 2 * e * sb * h / r if autocast else 2 * 4.0 * sb * h / r  # GEMM inputs
+    # GEMM inputs (QKV, fc1): with sequence parallelism DTensor saves the all-gathered,
+    # full-sequence input (Megatron-LM saves the shard and gathers it again in the backward)
+    norm_casts = 2 * e * sb * h if autocast else 2 * 4.0 * sb * h
     qkv_out = e * sb * (a + 2 * g) * d / t
     repeat_kv = np.where(g < a, 2 * e * sb * a * d / t, 0.0)
     attn_out = e * sb * a * d / t + 4.0 * a * sb / t
@@ -442,7 +445,11 @@ def memory_breakdown(
     logit), the loss backward (the same plus the loss gradient and log-softmax gradient; fp32
     logits freed: 14 bytes per logit), and the end of the backward (all fp32 gradients, the
     16-bit logits still referenced, and the dense gradient of a tied embedding before it is
-    added to the output layer's).
+    added to the output layer's). Eager also counts what plain PyTorch's parallel APIs hold
+    (docs/memory.md, checked against the harness): gradients of earlier micro-batches during
+    later ones, torch pipelining's per-micro-batch receive buffers and kept outputs, the
+    zero-bubble input-gradient pass's GEMM output gradients, FSDP2 ZeRO-2's sharded plus
+    unsharded weights, DTensor sequence parallelism's gathered GEMM inputs.
 
     Parameters
     ----------
@@ -498,6 +505,11 @@ def memory_breakdown(
         wb, gb, ob = state_bytes_per_param(precision, training.optimizer, fp32_main_grads=True)
     w1, g1, o1 = zero_state_bytes(n_first, shard, zero, wb, gb, ob)
     w2, g2, o2 = zero_state_bytes(n_last, shard, zero, wb, gb, ob)
+    if eager:  # FSDP2 ZeRO-2 (reshard_after_forward=False) keeps the sharded parameters (the
+        # optimizer's) next to the unsharded ones it computes with
+        z2 = (zero == 2) & (dp * cp > 1)
+        w1 = w1 + np.where(z2, n_first * wb / (dp * cp), 0.0)
+        w2 = w2 + np.where(z2, n_last * wb / (dp * cp), 0.0)
 
     # 3. Activations per layer, per in-flight micro-batch.
     kw = {
@@ -555,7 +567,7 @@ def memory_breakdown(
     if eager:
         embed_act = 8.0 * sb * 2  # token and position indices (int64)
         # final LayerNorm input (fp32) + stats, bf16 cast of its output (output-layer input)
-        final_act = (4.0 * sb * h + 8.0 * sb) / r + e * sb * h / r
+        final_act = (4.0 * sb * h + 8.0 * sb) / r + e * sb * h  # head input: gathered (sp)
         logits_held = 0.0 * logit  # the loss's saved tensors are in the moments below
     else:
         embed_act = 8.0 * sb + drop * sb * h / r  # token ids (int64), embedding dropout mask
@@ -591,8 +603,14 @@ def memory_breakdown(
         bucket = np.where(z1, n_first * gb, bucket)
         g1, g2 = np.where(z1, 0.0, g1), np.where(z1, 0.0, g2)
     z3_layer = sp_["layer"] * (wb + gb) * ZERO3_LIVE_LAYERS
-    if eager:  # FSDP units of BUCKET_PARAMS (harness, DeepSpeed): two live, at most the stage
-        z3_layer = np.minimum(2.0 * BUCKET_PARAMS, n_first) * (wb + gb)
+    zero3_last = None
+    if eager:  # FSDP units of BUCKET_PARAMS (harness, DeepSpeed): two live, at most the model
+        # chunk (each interleaved chunk is a module of its own, sharded and gathered alone; the
+        # first chunk holds the embedding, the last the output layer)
+        other_chunks = (vp - 1) / vp * layers * sp_["layer"]
+        z3_layer = np.minimum(2.0 * BUCKET_PARAMS, n_first - other_chunks) * (wb + gb)
+        z3_last = np.minimum(2.0 * BUCKET_PARAMS, n_last - other_chunks) * (wb + gb)
+        zero3_last = np.where((zero >= 3) & (shard > 1), z3_last, 0.0)
     zero3 = np.where((zero >= 3) & (shard > 1), z3_layer, 0.0)
     fp8_cache = 0.0
     if not eager and precision in ("fp8", "fp4"):
@@ -600,6 +618,24 @@ def memory_breakdown(
         fp8_cache = per * layers * sp_["gemm_layer"]
     other_first = base_other + bucket + zero3 + fp8_cache
     other_last = other_first.copy()
+    if zero3_last is not None:
+        other_last = other_last - zero3 + zero3_last
+    if eager:
+        # torch.distributed.pipelining preallocates one receive buffer per micro-batch and
+        # local stage for the step (activations forward, their gradients backward; fp32
+        # residual stream, sequence-sharded with sp); the in-flight micro-batches' activation
+        # buffers are the stage inputs already counted in the activations. Megatron-LM allocates
+        # them per transfer instead.
+        p2p = 4.0 * sb * h / r
+        grad_first, fwd_first = m * vp, np.maximum(m - infl_first / vp, 0.0) * (vp - 1)
+        grad_last, fwd_last = m * (vp - 1), np.maximum(m * vp - infl_last, 0.0)
+        other_first = other_first + np.where(pp > 1, (grad_first + fwd_first) * p2p, 0.0)
+        other_last = other_last + np.where(pp > 1, (grad_last + fwd_last) * p2p, 0.0)
+        # the last stage's schedule keeps every micro-batch's output (the logits) until the
+        # step ends (``PipelineStage.output_chunks``, merged and returned by ``step``): the
+        # earlier micro-batches' are live next to the last one's moments
+        held_logit = 2.0 if precision != "fp32" else 4.0
+        other_last = other_last + np.where(pp > 1, (m - 1.0) * held_logit * logit, 0.0)
 
     if not eager:
         total_first = w1 + g1 + o1 + act_first + other_first
@@ -611,6 +647,23 @@ def memory_breakdown(
         acts, other = pick(act_first, act_last), pick(other_first, other_last)
         peak_stage = np.where(first_peak, 0, 1)
     else:
+        # zero bubble (ZB-H1) split backward, stages after the first: the input-gradient pass
+        # (B) keeps, for the deferred weight-gradient pass (W), the output gradient dY of every
+        # GEMM of the stage next to its input X (Qi et al. 2024, Sec. 2; torch
+        # ``stage_backward_input`` / Megatron's ``WeightGradStore``): QKV and fc1 column-parallel
+        # (sequence-gathered, split by t), the row-parallel o and fc2 outputs before their
+        # reduction (full h, partial sums). Plus the B pass's working set on the fused QKV
+        # gradient (Q, K and V gradients scattered into it, two fused-size tensors live).
+        # torch runs stage 0's whole backward at its W step, so the first stage keeps none.
+        f_cols = float(model.ffn_hidden_size) * (2.0 if model.gated_mlp else 1.0)
+        qkv_cols = (a + 2.0 * model.kv_heads) * model.head_size
+        e_gemm = 2.0 if precision != "fp32" else 4.0
+        dy_layer = e_gemm * sb * ((qkv_cols + f_cols) / tp + 2.0 * h)
+        zb_last = np.where(
+            schedule_code(sched) == _CODE_ZB,
+            layers * dy_layer + 2.0 * e_gemm * sb * qkv_cols / tp,
+            0.0,
+        )
         weights, grads, opt, acts, other, peak_stage = _eager_moments(
             model,
             sp_,
@@ -624,6 +677,11 @@ def memory_breakdown(
             (w1, g1, o1, act_first, other_first),
             (w2, g2, o2, act_last, other_last),
             autocast=precision != "fp32",
+            zb_last=zb_last,
+            accumulating=(
+                (schedule_code(sched) != 0) & (m > np.maximum(infl_first, 1.0)),
+                (schedule_code(sched) != 0) & (m > np.maximum(infl_last, 1.0)),
+            ),
         )
 
     allocated = weights + grads + opt + acts + other
@@ -644,7 +702,20 @@ def memory_breakdown(
 
 
 def _eager_moments(
-    model, sp_, rc, pp, tp, logit, layers, layer_full, grad_bytes, first, last, autocast=True
+    model,
+    sp_,
+    rc,
+    pp,
+    tp,
+    logit,
+    layers,
+    layer_full,
+    grad_bytes,
+    first,
+    last,
+    autocast=True,
+    zb_last=0.0,
+    accumulating=(False, False),
 ):
     """Eager PyTorch: the largest moment of a step, on the first or last stage.
 
@@ -665,9 +736,9 @@ def _eager_moments(
     head_gemm = v * h / tp  # the output layer's GEMM weight (a cast of a tied embedding)
     tied_single = (model.output_params() == 0) & (pp == 1)
     out = {}
-    for name, (w, g, o, act, oth), has_head, has_embed in (
-        ("first", first, pp == 1, True),
-        ("last", last, True, pp == 1),
+    for name, (w, g, o, act, oth), has_head, has_embed, zb, acc in (
+        ("first", first, pp == 1, True, 0.0, accumulating[0]),
+        ("last", last, True, pp == 1, zb_last, accumulating[1]),
     ):
         head = np.where(has_head, head_gemm, 0.0)
         bf16_all = cast * 2.0 * (gemm_layers + head)  # autocast weight cache, forward end
@@ -679,13 +750,19 @@ def _eager_moments(
         end_extra = np.where(has_head, held * logit, 0.0) + np.where(
             tied_single & has_embed, 4.0 * v * h / tp, 0.0
         )
-        fwd = (w + bf16_all, 0.0 * g, o, act + logits_fwd, oth)
-        bwd = (w + bf16_saved, 0.0 * g, o, act + logits_bwd, oth)
+        # gradient accumulation: once a micro-batch's backward has run (m larger than the
+        # micro-batches in flight, not GPipe), its gradients (ZeRO-2/3: their reduce-scattered
+        # shards) stay next to the next micro-batches' activations
+        g_acc = np.where(acc, g, 0.0)
+        fwd = (w + bf16_all, g_acc, o, act + logits_fwd, oth)
+        # zero bubble: the end of the stage's input-gradient pass, all activations and the
+        # loss buffers still saved for the weight pass, plus the GEMM output gradients
+        bwd = (w + bf16_saved, g_acc, o, act + logits_bwd + zb, oth)
         # full recompute, backward of the stage's last layer: its recomputed activations and
         # bf16 weights next to the checkpoints, the output layer's gradient, the 16-bit logits
         recomp = (
             w + cast * 2.0 * (sp_["gemm_layer"] + head),
-            np.where(has_head, grad_bytes * head, 0.0),
+            np.where(acc, g, np.where(has_head, grad_bytes * head, 0.0)),
             o,
             np.where(full, act + layer_full + np.where(has_head, held * logit, 0.0), 0.0),
             oth,
