@@ -98,6 +98,12 @@ def comm_times(
     Module docstrings of :mod:`perfmodel.comm_volume` (what is sent) and
     :mod:`perfmodel.topology` (at what bandwidth).
     """
+    if len(batch) > 256:
+        # Search batches repeat the same communication many times over (vp and the schedule
+        # do not change it): compute each distinct case once and spread it back.
+        sub, codes = batch.unique_by(_COMM_FIELDS)
+        if 2 * len(sub) < len(batch):
+            return {k: v[codes] for k, v in comm_times(model, training, cluster, sub).items()}
     groups = parallel_groups(cluster, batch, ("tp", "cp", "pp", "dp_cp"))
     g_tp, g_cp, g_pp, g_dp = groups["tp"], groups["cp"], groups["pp"], groups["dp_cp"]
 
@@ -153,6 +159,11 @@ def comm_times(
 # --------------------------------------------------------------------------------------------
 # Overlap of the data-parallel reduction with the backward pass
 # --------------------------------------------------------------------------------------------
+#: The configuration fields that communication times depend on.
+_COMM_FIELDS = ("dp", "tp", "pp", "cp", "zero_stage", "micro_batch_size", "num_microbatches",
+                "recompute", "sequence_parallel", "grad_compression", "topk_ratio")
+
+
 def tensors_per_layer(model: ModelSpec) -> int:
     """Parameter tensors of one transformer layer: the attention's QKV and output projections
     and the MLP's two (three when gated) matrices, their biases, and two norms (weight, plus

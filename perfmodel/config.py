@@ -191,6 +191,21 @@ class ConfigBatch:
         """Sub-batch at the given indices or boolean mask."""
         return ConfigBatch(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
 
+    def unique_by(self, names: tuple[str, ...]) -> tuple[ConfigBatch, np.ndarray]:
+        """The distinct configurations by the fields ``names`` (first occurrences) and, for
+        every configuration, the index of its representative: ``f(batch) == f(sub)[codes]`` for
+        any cost ``f`` that reads only those fields. Exact (mixed-radix key of per-field codes)."""
+        import pandas as pd
+
+        key = np.zeros(len(self), dtype=np.int64)
+        for name in names:
+            codes, uniq = pd.factorize(getattr(self, name))
+            key = key * len(uniq) + codes
+        codes, uniq = pd.factorize(key)
+        first = np.empty(len(uniq), dtype=np.int64)
+        first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
+        return self.take(first), codes
+
     def config(self, i: int) -> ParallelConfig:
         """The i-th configuration as a ParallelConfig."""
         d = {f.name: getattr(self, f.name)[i].item() for f in fields(self)}

@@ -356,7 +356,8 @@ def evaluate(
     mfu = mflops / (step_s * gpus * peak)
     hfu = hflops / (step_s * gpus * peak)
 
-    mem = memory.memory_breakdown(model, training, cluster, b, kernels=kernels)
+    mem = memory.memory_breakdown(model, training, cluster, b, kernels=kernels,
+                                  flash_attention=training.flash_attention)
     vol = comm_volume.comm_bytes_per_gpu(model, training, b)
     n = len(b)
     return StepResult(
