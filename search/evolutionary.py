@@ -24,7 +24,7 @@ import numpy as np
 
 from search.grid import Progress
 from search.pareto import Tally
-from search.result import SearchResult, finalize
+from search.result import SearchResult, finalize_tally
 from search.space import Problem, Scored
 
 __all__ = ["GeneticSearch", "penalized"]
@@ -121,14 +121,5 @@ class GeneticSearch:
                               for k in Scored.__dataclass_fields__})
                 fit = np.concatenate([fit[: self.elite], penalized(fs, hbm)])
                 stall = 0
-        return finalize(
-            problem,
-            strategy=self.name,
-            top_flat=tally.top_flat,
-            pareto_flat=tally.front_flat,
-            smallest_flat=tally.small_flat,
-            evaluated=tally.evaluated,
-            feasible=tally.feasible,
-            seconds=time.perf_counter() - t0,
-            extra={"generations": gen + 1},
-        )
+        return finalize_tally(problem, tally, strategy=self.name, t0=t0,
+                              extra={"generations": gen + 1})

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from search.pareto import Tally
-from search.result import SearchResult, finalize
+from search.result import SearchResult, finalize_tally
 from search.space import Problem
 
 __all__ = ["GridSearch", "Progress"]
@@ -53,13 +53,4 @@ class GridSearch:
                 progress(int(flat[-1]) + 1, total)
         if progress is not None:
             progress(total, total)  # ranges after the last valid prefix were skipped
-        return finalize(
-            problem,
-            strategy=self.name,
-            top_flat=tally.top_flat,
-            pareto_flat=tally.front_flat,
-            smallest_flat=tally.small_flat,
-            evaluated=tally.evaluated,
-            feasible=tally.feasible,
-            seconds=time.perf_counter() - t0,
-        )
+        return finalize_tally(problem, tally, strategy=self.name, t0=t0)

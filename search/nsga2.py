@@ -36,7 +36,7 @@ from pymoo.optimize import minimize
 
 from search.grid import Progress
 from search.pareto import Tally
-from search.result import SearchResult, finalize
+from search.result import SearchResult, finalize_tally
 from search.space import Problem
 
 __all__ = ["NSGA2Search", "hypervolume", "hypervolume_ratio"]
@@ -129,17 +129,8 @@ class NSGA2Search:
             eliminate_duplicates=dedup,
         )
         minimize(adapter, algorithm, ("n_gen", self.generations), seed=seed, verbose=False)
-        return finalize(
-            problem,
-            strategy=self.name,
-            top_flat=tally.top_flat,
-            pareto_flat=tally.front_flat,
-            smallest_flat=tally.small_flat,
-            evaluated=tally.evaluated,
-            feasible=tally.feasible,
-            seconds=time.perf_counter() - t0,
-            extra={"function_calls": adapter.calls},
-        )
+        return finalize_tally(problem, tally, strategy=self.name, t0=t0,
+                              extra={"function_calls": adapter.calls})
 
 
 def hypervolume(F: np.ndarray, ref_point: np.ndarray) -> float:

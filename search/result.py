@@ -20,7 +20,14 @@ import pandas as pd
 from perfmodel import units
 from perfmodel.config import COMPRESSION, RECOMPUTE, SCHEDULE, ConfigBatch
 
-__all__ = ["Diagnostic", "SearchResult", "diagnose", "explain_difference", "finalize"]
+__all__ = [
+    "Diagnostic",
+    "SearchResult",
+    "diagnose",
+    "explain_difference",
+    "finalize",
+    "finalize_tally",
+]
 
 #: Thresholds of the diagnostics (second seed, "monitoring": bubble > 0.3, comm ratio > 0.4).
 BUBBLE_SHARE_MAX = 0.30
@@ -344,4 +351,24 @@ def finalize(
             "kernels": problem.kernels,
         },
         extra=dict(extra or {}),
+    )
+
+
+def finalize_tally(
+    problem: Any, tally: Any, *, strategy: str, t0: float, extra: dict[str, Any] | None = None
+) -> SearchResult:
+    """:func:`finalize` from a :class:`search.pareto.Tally` kept during a search started at
+    ``t0`` (``time.perf_counter()``): the one way every strategy builds its result."""
+    import time
+
+    return finalize(
+        problem,
+        strategy=strategy,
+        top_flat=tally.top_flat,
+        pareto_flat=tally.front_flat,
+        smallest_flat=tally.small_flat,
+        evaluated=tally.evaluated,
+        feasible=tally.feasible,
+        seconds=time.perf_counter() - t0,
+        extra=extra,
     )
