@@ -52,6 +52,16 @@ class ParallelConfig(Spec):
     schedule: Schedule = "1f1b"
     grad_compression: Compression = "none"
     topk_ratio: Annotated[float, Field(gt=0, le=1)] = 0.01
+    ep: PosInt = 1
+    etp: PosInt | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _etp_follows_tp(cls, data):
+        """``etp`` left out (or None) is ``tp``: Megatron's default expert tensor parallel size."""
+        if isinstance(data, dict) and data.get("etp") is None:
+            data = {**data, "etp": data.get("tp", 1)}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> ParallelConfig:
@@ -70,6 +80,50 @@ class ParallelConfig(Spec):
     @property
     def gpus(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        """Expert tensor parallel size; Megatron's default is tp (``--expert-tensor-parallel-size``)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data parallel size: the stage's GPUs over ``ep * etp`` (MoE parallel folding)."""
+        return self.dp * self.cp * self.tp // (self.ep * self.expert_tp)
+
+
+def check_expert_parallel(c: ParallelConfig, model: ModelSpec, cluster: ClusterSpec | None = None,
+                          *, allow_tp_across_nodes: bool = False) -> None:
+    """Megatron-Core MoE parallel folding: the experts of a pipeline stage are laid out as
+    ``etp x ep x expert-dp`` on the same ``tp x cp x dp`` GPUs the attention uses. Raises
+    :class:`SpecError` naming the operands (Megatron ``parallel_state.initialize_model_parallel``
+    and ``arguments.py`` checks)."""
+    etp = c.expert_tp
+    if not model.is_moe:  # etp has no experts to split: it is ignored (set to tp)
+        if c.ep != 1:
+            raise SpecError(
+                f"ep ({c.ep}) applies to MoE models; '{model.name}' is dense (num_experts = 1)"
+            )
+        return
+    if model.num_experts % c.ep:
+        raise SpecError(f"ep ({c.ep}) must divide num_experts ({model.num_experts})")
+    if model.expert_ffn_size % etp:
+        raise SpecError(f"etp ({etp}) must divide the expert FFN size ({model.expert_ffn_size})")
+    stage = c.tp * c.cp * c.dp
+    if stage % (c.ep * etp):
+        raise SpecError(
+            f"ep*etp ({c.ep}*{etp}={c.ep * etp}) must divide tp*cp*dp "
+            f"({c.tp}*{c.cp}*{c.dp}={stage}), the GPUs of one pipeline stage"
+        )
+    if c.tp > 1 and not c.sequence_parallel:
+        raise SpecError(
+            f"MoE with tp ({c.tp}) > 1 needs sequence_parallel (Megatron-LM requires it)"
+        )
+    if cluster is not None and etp > cluster.scale_up_size and not allow_tp_across_nodes:
+        raise SpecError(
+            f"etp ({etp}) must fit in the scale-up domain ({cluster.scale_up_size} GPUs) "
+            f"of cluster '{cluster.name}'"
+        )
 
 
 def resolve_config(
@@ -127,7 +181,9 @@ def resolve_config(
                 f"tp ({c.tp}) must fit in the scale-up domain ({cluster.scale_up_size} GPUs) "
                 f"of cluster '{cluster.name}'"
             )
-    return c.model_copy(update={"num_microbatches": nmb})
+    check_expert_parallel(c, m, cluster, allow_tp_across_nodes=allow_tp_across_nodes)
+    etp = c.expert_tp if m.is_moe else c.tp
+    return c.model_copy(update={"num_microbatches": nmb, "etp": etp})
 
 
 @dataclass(frozen=True)
@@ -151,6 +207,8 @@ class ConfigBatch:
     schedule: np.ndarray
     grad_compression: np.ndarray
     topk_ratio: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
 
     def __len__(self) -> int:
         return int(self.dp.shape[0])
@@ -159,19 +217,28 @@ class ConfigBatch:
     def gpus(self) -> np.ndarray:
         return self.dp * self.tp * self.pp * self.cp
 
+    @property
+    def expert_dp(self) -> np.ndarray:
+        """Expert data parallel size ``tp*cp*dp / (ep*etp)`` (at least 1)."""
+        return np.maximum(self.dp * self.cp * self.tp // (self.ep * self.etp), 1)
+
     @classmethod
     def from_arrays(cls, **arrays) -> ConfigBatch:
         """Build from arrays (or scalars, broadcast); missing fields take ParallelConfig defaults.
 
-        String values for categorical fields are converted to codes.
+        String values for categorical fields are converted to codes. ``etp`` defaults to ``tp``
+        (Megatron's default expert tensor parallel size).
         """
         n = max((np.size(v) for v in arrays.values()), default=1)
         defaults = ParallelConfig()
         out = {}
+        etp_missing = arrays.get("etp") is None
         for f in fields(cls):
             v = arrays.pop(f.name, None)
             if f.name == "num_microbatches" and v is None:
                 v = 1
+            if f.name == "etp" and etp_missing:
+                v = out["tp"]
             if v is None:
                 v = getattr(defaults, f.name)
             out[f.name] = _as_code_array(f.name, v, n)
@@ -183,6 +250,7 @@ class ConfigBatch:
     def from_configs(cls, configs: list[ParallelConfig]) -> ConfigBatch:
         """Batch of resolved configs (``num_microbatches`` must be set)."""
         cols = {f.name: [getattr(c, f.name) for c in configs] for f in fields(cls)}
+        cols["etp"] = [c.expert_tp for c in configs]
         if any(v is None for v in cols["num_microbatches"]):
             raise ValueError("resolve configs (num_microbatches) before batching them")
         return cls.from_arrays(**cols)

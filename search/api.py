@@ -204,7 +204,8 @@ def plan(
         ``progress(done, total)`` callback.
     **fixed
         Pin parallel dimensions: ``dp tp pp vp cp zero_stage micro_batch_size recompute
-        sequence_parallel schedule num_microbatches``; a value pins, a list / range restricts.
+        sequence_parallel schedule ep etp num_microbatches`` (ep, etp: expert parallel and
+        expert tensor parallel, searched for MoE models); a value pins, a list / range restricts.
         With all of them pinned, the one configuration is evaluated (as
         :func:`evaluate_config`).
 
@@ -282,6 +283,8 @@ def evaluate_config(
     for d in SEARCH_DIMS:
         if pinned[d] is None and d != "dp":
             pinned[d] = getattr(defaults, d)
+    if pinned["etp"] is None:
+        pinned["etp"] = pinned["tp"]  # Megatron's default expert tensor parallel size
     if not schedule_given and pinned["vp"] > 1:
         pinned["schedule"] = "interleaved"
     return plan(

@@ -147,7 +147,13 @@ def _config_line(c: dict[str, Any]) -> str:
     return (f"dp={c['dp']} tp={c['tp']} pp={c['pp']} vp={c['vp']} cp={c['cp']} "
             f"zero={c['zero_stage']} mbs={c['micro_batch_size']} m={c['num_microbatches']} "
             f"recompute={c['recompute']} sp={'on' if c['sequence_parallel'] else 'off'} "
-            f"schedule={c['schedule']}")
+            f"schedule={c['schedule']}"
+            + (f" ep={c['ep']} etp={c['etp']}" if _is_moe_row(c) else ""))
+
+
+def _is_moe_row(c: dict[str, Any]) -> bool:
+    """Whether a configuration uses expert parallelism (MoE): shows the ep / etp columns."""
+    return c.get("ep", 1) > 1 or c.get("etp", c["tp"]) != c["tp"]
 
 
 def _print_best(out: Console, r: Any) -> None:
@@ -189,14 +195,17 @@ def _print_best(out: Console, r: Any) -> None:
 
 def _print_top(out: Console, r: Any) -> None:
     t = Table(title=f"top {len(r.rows)} by {r.objective}", title_justify="left")
-    for col in ("#", "dp", "tp", "pp", "vp", "cp", "zero", "mbs", "recompute", "sp", "sched",
-                "step", "MFU", "peak mem", "why below #1"):
+    moe = any(_is_moe_row(row["config"]) for row in r.rows)
+    expert_cols = ("ep", "etp") if moe else ()
+    for col in ("#", "dp", "tp", "pp", "vp", "cp", *expert_cols, "zero", "mbs", "recompute",
+                "sp", "sched", "step", "MFU", "peak mem", "why below #1"):
         t.add_column(col, justify="left" if col in ("recompute", "sched", "why below #1")
                      else "right")
     for i, row in enumerate(r.rows):
         c = row["config"]
+        expert = (str(c["ep"]), str(c["etp"])) if moe else ()
         t.add_row(str(i + 1), str(c["dp"]), str(c["tp"]), str(c["pp"]), str(c["vp"]),
-                  str(c["cp"]), str(c["zero_stage"]), str(c["micro_batch_size"]),
+                  str(c["cp"]), *expert, str(c["zero_stage"]), str(c["micro_batch_size"]),
                   c["recompute"], "on" if c["sequence_parallel"] else "off", c["schedule"],
                   units.fmt_seconds(row["step_time_s"]), f"{row['mfu']:.1%}",
                   units.fmt_bytes(row["memory_bytes"]["peak"]),
@@ -230,6 +239,9 @@ def planner(
     sequence_parallel: Annotated[bool | None, typer.Option(
         "--sequence-parallel/--no-sequence-parallel")] = None,
     schedule: Annotated[Schedule | None, typer.Option()] = None,
+    ep: Annotated[int | None, typer.Option(help="expert-parallel size (MoE; searched if "
+                                           "omitted)")] = None,
+    etp: Annotated[int | None, typer.Option(help="expert tensor-parallel size (MoE)")] = None,
     strategy: Annotated[Strategy, typer.Option(help="search strategy")] = Strategy.grid,
     objective: Annotated[Objective, typer.Option(help="what 'best' minimises: step time, "
                                                  "peak memory, or GPU-seconds per step")] =
@@ -280,6 +292,7 @@ def planner(
             recompute=recompute.value if recompute else None,
             sequence_parallel=sequence_parallel,
             schedule=schedule.value if schedule else None,
+            ep=ep, etp=etp,
         )
     except SpecError as e:
         _fail(str(e))

@@ -36,7 +36,7 @@ MEMORY_HEADROOM_MIN = 0.05
 
 _CONFIG_COLS = (
     "dp", "tp", "pp", "vp", "cp", "zero_stage", "micro_batch_size", "num_microbatches",
-    "recompute", "sequence_parallel", "schedule", "grad_compression",
+    "recompute", "sequence_parallel", "schedule", "grad_compression", "ep", "etp",
 )
 
 
@@ -65,6 +65,7 @@ def _rows(batch: ConfigBatch, res: Any) -> tuple[pd.DataFrame, list[dict[str, An
         "sequence_parallel": batch.sequence_parallel,
         "schedule": np.asarray(SCHEDULE)[batch.schedule],
         "grad_compression": np.asarray(COMPRESSION)[batch.grad_compression],
+        "ep": batch.ep, "etp": batch.etp,
         "gpus": batch.gpus,
         "step_time_s": np.asarray(res.step_time_s, dtype=float),
         "tokens_per_s": np.asarray(res.tokens_per_s, dtype=float),
@@ -158,8 +159,9 @@ def explain_difference(best: dict[str, Any], other: dict[str, Any], objective: s
     a, b = best, other
     short = {"zero_stage": "zero", "micro_batch_size": "mbs", "num_microbatches": "m",
              "sequence_parallel": "sp"}
+    follows_tp = ca.get("etp", ca["tp"]) == ca["tp"] and cb.get("etp", cb["tp"]) == cb["tp"]
     diffs = [f"{short.get(k, k)} {_fmt(ca[k])}->{_fmt(cb[k])}" for k in ca
-             if k in _CONFIG_COLS and ca[k] != cb[k]]
+             if k in _CONFIG_COLS and ca[k] != cb[k] and not (k == "etp" and follows_tp)]
     if objective == "memory":
         d = {k: b["memory_bytes"][k] - a["memory_bytes"].get(k, 0.0)
              for k in b["memory_bytes"] if k != "peak"}
