@@ -115,9 +115,10 @@ class Calibration:
         if len(pts) > 64:
             q = np.rint(np.clip(pts, 0.0, 65.0) * 1000.0).astype(np.int64)  # log2 to 1e-3
             codes, uniq = pd.factorize((q[:, 0] << 34) | (q[:, 1] << 17) | q[:, 2])
-            first = np.empty(len(uniq), dtype=np.int64)
-            first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
-            return self._lookup(key, name, pts[first])[codes]
+            if len(uniq) < len(pts):  # (all distinct: interpolate them directly)
+                first = np.empty(len(uniq), dtype=np.int64)
+                first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
+                return self._lookup(key, name, pts[first])[codes]
         v = lin(pts)
         bad = ~np.isfinite(v)
         if np.any(bad):

@@ -28,6 +28,7 @@ from typing import Literal
 
 import numpy as np
 
+from perfmodel import moe
 from perfmodel.config import ConfigBatch
 from perfmodel.pipeline import SCHEDULE, inflight_microbatches, schedule_code
 from perfmodel.specs import ClusterSpec, GPUSpec, ModelSpec, TrainingSpec
@@ -367,7 +368,8 @@ def stage_params(model: ModelSpec, tp, pp) -> dict[str, np.ndarray]:
     p = np.asarray(pp, dtype=np.float64)
     h, v = model.hidden_size, model.vocab_size
     norms = 2 * model.norm_params()
-    gemm = model.layer_params() - norms
+    # routed MoE experts are split by ep*etp, not tp: see perfmodel.moe.expert_params_per_gpu
+    gemm = model.layer_params() - norms - model.routed_expert_params_per_layer()
     layer = gemm / t + norms  # GEMM weights split by t, norms replicated
     pos = model.embedding_params() - v * h  # learned position table (0 for RoPE)
     embedding = v * h / t + pos
@@ -505,6 +507,11 @@ def memory_breakdown(
         wb, gb, ob = state_bytes_per_param(precision, training.optimizer, fp32_main_grads=True)
     w1, g1, o1 = zero_state_bytes(n_first, shard, zero, wb, gb, ob)
     w2, g2, o2 = zero_state_bytes(n_last, shard, zero, wb, gb, ob)
+    # 2b. Routed MoE experts: split ep*etp ways, states sharded over expert-dp (Megatron-Core
+    # distributed optimizer over the expert-data-parallel group); both end stages hold them.
+    n_expert = moe.expert_params_per_gpu(model, c)
+    we, ge, oe = zero_state_bytes(n_expert, c.expert_dp, zero, wb, gb, ob)
+    w1, g1, o1, w2, g2, o2 = w1 + we, g1 + ge, o1 + oe, w2 + we, g2 + ge, o2 + oe
     if eager:  # FSDP2 ZeRO-2 (reshard_after_forward=False) keeps the sharded parameters (the
         # optimizer's) next to the unsharded ones it computes with
         z2 = (zero == 2) & (dp * cp > 1)
@@ -515,7 +522,7 @@ def memory_breakdown(
     kw = {
         "tp": tp,
         "sequence_parallel": sp,
-        "ffn_hidden_size": model.ffn_hidden_size,
+        "ffn_hidden_size": moe.effective_ffn_size(model),  # ffn_hidden_size when dense
         "num_kv_heads": model.kv_heads,
         "head_dim": model.head_size,
         "gated_mlp": model.gated_mlp,
@@ -554,6 +561,10 @@ def memory_breakdown(
             bytes_per_value=e,
             **kw,
         )
+    # MoE: dispatched tokens, expert outputs before the combine, router scores (perfmodel.moe)
+    moe_extra = moe.moe_activation_extra_bytes(model, training, c, e)
+    layer_act = layer_act + np.where(rc == _CODE_FULL, 0.0, moe_extra)
+    layer_full = layer_full + moe_extra
     # the layer being recomputed (fused: summed; eager: only in its own moment, see below)
     recompute_extra = np.where(rc == _CODE_FULL, 0.0 if eager else layer_full, 0.0)
 
@@ -602,7 +613,7 @@ def memory_breakdown(
         z1 = (zero == 1) & (shard > 1)
         bucket = np.where(z1, n_first * gb, bucket)
         g1, g2 = np.where(z1, 0.0, g1), np.where(z1, 0.0, g2)
-    z3_layer = sp_["layer"] * (wb + gb) * ZERO3_LIVE_LAYERS
+    z3_layer = (sp_["layer"] + n_expert / layers) * (wb + gb) * ZERO3_LIVE_LAYERS
     zero3_last = None
     if eager:  # FSDP units of BUCKET_PARAMS (harness, DeepSpeed): two live, at most the model
         # chunk (each interleaved chunk is a module of its own, sharded and gathered alone; the
@@ -615,8 +626,9 @@ def memory_breakdown(
     fp8_cache = 0.0
     if not eager and precision in ("fp8", "fp4"):
         per = 2.0 if precision == "fp8" else 1.0  # low-precision copy + its transpose
-        fp8_cache = per * layers * sp_["gemm_layer"]
-    other_first = base_other + bucket + zero3 + fp8_cache
+        fp8_cache = per * (layers * sp_["gemm_layer"] + n_expert)
+    dispatch = moe.moe_dispatch_buffer_bytes(model, training, c, e)  # MoE all-to-all buffers
+    other_first = base_other + bucket + zero3 + fp8_cache + dispatch
     other_last = other_first.copy()
     if zero3_last is not None:
         other_last = other_last - zero3 + zero3_last

@@ -519,6 +519,13 @@ class TrainingSpec(Spec):
         default=True, description="pipeline sends/receives overlap compute (--overlap-p2p-comm)"
     )
     flash_attention: bool = Field(default=True, description="no s^2 attention scores are stored")
+    moe_token_dispatcher: Literal["alltoall", "allgather"] = Field(
+        default="alltoall", description="MoE token dispatcher (--moe-token-dispatcher-type)"
+    )
+    overlap_moe_comm: bool = Field(
+        default=False, description="expert-parallel all-to-all overlaps another micro-batch's "
+        "compute (--overlap-moe-expert-parallel-comm, DeepSeek-V3 DualPipe-style overlap)"
+    )
     zero3_gather: Literal["layer", "tensor"] = Field(
         default="layer",
         description="ZeRO-3 all-gather granularity: one per layer (PyTorch FSDP2, Megatron-FSDP) "

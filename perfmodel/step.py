@@ -31,6 +31,7 @@ TIME_TERMS = (
     "compute",
     "tp_comm",
     "cp_comm",
+    "ep_comm",
     "bubble",
     "pp_comm",
     "dp_comm",
@@ -38,7 +39,7 @@ TIME_TERMS = (
     "optimizer",
 )
 MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other", "peak")
-COMM_DIMS = ("dp", "tp", "pp", "cp")
+COMM_DIMS = ("dp", "tp", "pp", "cp", "ep")
 
 _SCHED_GPIPE, _SCHED_1F1B, _SCHED_INTERLEAVED, _SCHED_ZB = 0, 1, 2, 3
 
@@ -109,6 +110,8 @@ class StepResult:
             "pp": b.pp,
             "vp": b.vp,
             "cp": b.cp,
+            "ep": b.ep,
+            "etp": b.etp,
             "zero_stage": b.zero_stage,
             "micro_batch_size": b.micro_batch_size,
             "num_microbatches": b.num_microbatches,
@@ -272,7 +275,12 @@ def evaluate(
     # Ring attention overlaps each K/V exchange step with the attention of the previous block.
     cp_comm_s = comm["cp_layer_fwd_s"] + comm["cp_layer_bwd_s"]
     cp_comm_s = np.where(b.cp > 1, cp_comm_s, 0.0)
-    layer_s = layer_fwd_s + layer_bwd_s + tp_comm_s + cp_comm_s
+    # MoE token dispatch + combine, averaged over the layers (perfmodel.moe); with the overlap
+    # switch only what exceeds the layer's compute stays exposed.
+    ep_comm_s = model.moe_layer_fraction * (comm["ep_layer_fwd_s"] + comm["ep_layer_bwd_s"])
+    if training.overlap_moe_comm:
+        ep_comm_s = np.maximum(ep_comm_s - (layer_fwd_s + layer_bwd_s), 0.0)
+    layer_s = layer_fwd_s + layer_bwd_s + tp_comm_s + cp_comm_s + ep_comm_s
 
     # 2. per-stage time of one micro-batch (forward + backward).
     body_s = layers_per_stage * layer_s
@@ -298,9 +306,11 @@ def evaluate(
         t_max = np.where(uneven & (b.vp == 1), t_max_uneven, t_max)
     makespan_s, steady_s = pipeline_makespan_s(t_first, t_mid, t_last, pp, vp, m, b.schedule,
                                                fwd_fraction, w_fraction, t_max_s=t_max)
-    comm_share = np.where(t_max > 0, (layers_per_stage * (tp_comm_s + cp_comm_s)) / t_max, 0.0)
+    comm_share = np.where(t_max > 0, (layers_per_stage * (tp_comm_s + cp_comm_s + ep_comm_s))
+                          / t_max, 0.0)
     tp_share = np.where(t_max > 0, (layers_per_stage * tp_comm_s) / t_max, 0.0)
-    cp_share = comm_share - tp_share
+    ep_share = np.where(t_max > 0, (layers_per_stage * ep_comm_s) / t_max, 0.0)
+    cp_share = comm_share - tp_share - ep_share
 
     # 4a. pipeline p2p: one activation send forward and one gradient send backward per
     # micro-batch per stage boundary (v times with interleaving). Overlapped sends leave only
@@ -316,6 +326,8 @@ def evaluate(
     # 4b. data-parallel gradient reduction (and ZeRO-1/2 parameter all-gather): hidden behind
     # the backward of the last micro-batch when overlapped, else fully exposed.
     dp_grad_s = np.where(b.dp > 1, comm["dp_grad_s"], 0.0)
+    # routed experts' gradients over expert-dp, on the same links (perfmodel.moe)
+    dp_grad_s = dp_grad_s + comm["expert_dp_grad_s"]
     if training.overlap_grad_reduce:
         last_bwd_s = layers_per_stage * layer_bwd_s
         dp_exposed_s = comm_time_mod.exposed_dp_time_s(dp_grad_s, last_bwd_s)
@@ -325,6 +337,7 @@ def evaluate(
     # data-parallel communication (FSDP2, Megatron-FSDP), exposed only beyond compute; fully
     # exposed otherwise (DeepSpeed ZeRO-3 of 2021, Narayanan et al. 2021 Table 2).
     z3_s = np.where(b.zero_stage == 3, comm["zero3_gather_s"], 0.0)
+    z3_s = z3_s + np.where(b.zero_stage == 3, comm["expert_zero3_gather_s"], 0.0)
     if training.overlap_grad_reduce:
         zero3_exposed_s = np.maximum(z3_s - steady_s, 0.0)
     else:
@@ -340,6 +353,7 @@ def evaluate(
         "compute": steady_s * (1.0 - comm_share),
         "tp_comm": steady_s * tp_share,
         "cp_comm": steady_s * cp_share,
+        "ep_comm": steady_s * ep_share,
         "bubble": makespan_s - steady_s,
         "pp_comm": pp_exposed_s,
         "dp_comm": dp_exposed_s,
