@@ -114,7 +114,7 @@ def comm_times(
         coll.reduce_scatter_time(act, g_tp.size, g_tp.bw_bytes_per_s, g_tp.latency_s)
     )
     tp_one = np.where(batch.sequence_parallel, ag_rs, ar)
-    tp_fwd_n, tp_bwd_n = tp_collectives_per_layer(batch)
+    tp_fwd_n, tp_bwd_n = tp_collectives_per_layer(batch, model)
 
     # context parallel: sequential ring sends of the K/V chunk to the next rank
     kv_send = coll.p2p_time(

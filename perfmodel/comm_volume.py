@@ -302,7 +302,8 @@ def tp_activation_bytes(model: ModelSpec, training: TrainingSpec, batch: ConfigB
     return tokens * model.hidden_size * activation_bytes_per_elem(training)
 
 
-def tp_collectives_per_layer(batch: ConfigBatch) -> tuple[np.ndarray, np.ndarray]:
+def tp_collectives_per_layer(batch: ConfigBatch, model: ModelSpec | None = None
+                             ) -> tuple[np.ndarray, np.ndarray]:
     """All-reduce-equivalents per layer per micro-batch: (forward, backward incl. recompute).
 
     Forward 2 (attention output, MLP output; the ``g`` operators of Shoeybi et al. 2019 Fig. 4),
@@ -311,6 +312,13 @@ def tp_collectives_per_layer(batch: ConfigBatch) -> tuple[np.ndarray, np.ndarray
     """
     fwd = np.full(batch.tp.shape, 2.0)
     bwd = 2.0 + np.where(batch.recompute == 2, 2.0, 0.0)
+    if model is not None and model.is_moe:
+        # MoE layers with expert parallelism: the router takes the sequence-parallel slice and
+        # the tokens travel by the dispatcher (perfmodel.moe), so the MLP's collective is gone
+        # in the MoE layers (with ep = 1 the experts sit behind the tp all-gather as a dense MLP)
+        gone = np.where(batch.ep > 1, model.moe_layer_fraction, 0.0)
+        fwd = fwd - gone
+        bwd = bwd - gone * np.where(batch.recompute == 2, 2.0, 1.0)
     return fwd, bwd
 
 
@@ -462,7 +470,7 @@ def comm_bytes_per_gpu(
              for op in ops)
 
     # tensor parallel: all-reduce equivalents per layer per micro-batch
-    tp_fwd, tp_bwd = tp_collectives_per_layer(batch)
+    tp_fwd, tp_bwd = tp_collectives_per_layer(batch, model)
     tp_one = bytes_per_gpu("all_reduce", tp_activation_bytes(model, training, batch), batch.tp)
     tp = m * layers * (tp_fwd + tp_bwd) * tp_one + tp_boundary_bytes(model, training, batch)
 

@@ -14,7 +14,9 @@ FFN size, ``imb`` the load-imbalance factor):
   are exchanged in the ep group (a fraction ``(ep-1)/ep`` leaves the GPU), once to dispatch and
   once to combine in the forward, and the same two in the backward (their gradients); full
   recompute repeats the forward's. With ``etp > 1`` the received tokens are all-gathered in the
-  etp group before the experts and reduce-scattered after them. The ``allgather`` dispatcher
+  etp group before the experts and reduce-scattered after them. These replace the MLP's tensor-
+  parallel all-gather / reduce-scatter in the MoE layers (with ep = 1 the experts are fed by
+  that sequence-parallel all-gather, as a dense MLP is). The ``allgather`` dispatcher
   instead all-gathers the group's ``T`` tokens over ``ep*etp`` GPUs and reduce-scatters them back
   (no top-k copies, but every GPU receives every token).
 * **experts**: each GPU holds ``E/ep`` experts, each ``1/etp`` of the FFN, and runs them as a
@@ -153,7 +155,9 @@ def dispatch_ops_per_layer(model: ModelSpec, training: TrainingSpec, batch: Conf
         return {"allgather": ("all_gather", np.where(ep * etp > 1, buf, 0.0), ep * etp)}
     rt = routed_tokens_per_gpu(model, training, batch)
     a2a_buf = np.where(ep > 1, rt * h * bytes_per_value, 0.0)
-    gather_buf = np.where(etp > 1, etp * rt * model.load_imbalance * h * bytes_per_value, 0.0)
+    # with ep = 1 the tp group's sequence-parallel all-gather feeds the experts (tp term)
+    gather_buf = np.where((etp > 1) & (ep > 1),
+                          etp * rt * model.load_imbalance * h * bytes_per_value, 0.0)
     return {"a2a": ("all_to_all", a2a_buf, ep), "etp_gather": ("all_gather", gather_buf, etp)}
 
 
