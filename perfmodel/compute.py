@@ -353,6 +353,8 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         t_sp = T / tp
         ph.mem("softmax", phi * 2 * 4.0 * t_sp * model.num_experts, 2 if pass_ == "bwd" else 1)
         ph.mem("copy", phi * (1 + model.moe_top_k) * act_b * t_sp * h, 2)
+        if not eager:  # the dispatcher's host sync exposes the MoE block's CPU time
+            ph.add(phi * moe.MOE_HOST_SYNC_S, 0)
 
     def attention(ph: _Phase, pass_: str) -> None:
         if training.flash_attention:

@@ -43,6 +43,7 @@ from perfmodel.specs import ModelSpec, TrainingSpec
 from perfmodel.topology import GroupPlacement
 
 __all__ = [
+    "MOE_HOST_SYNC_S",
     "a2a_per_layer",
     "all_to_all_tiered_time",
     "dispatch_ops_per_layer",
@@ -54,6 +55,18 @@ __all__ = [
     "routed_tokens_per_gpu",
     "tokens_per_gpu",
 ]
+
+
+MOE_HOST_SYNC_S = 2.0e-3
+"""Host time exposed per MoE layer pass (forward or backward) and micro-batch [s]. The token
+dispatcher copies the per-expert token counts to the host (the grouped GEMM's ``m_splits`` and
+the all-to-all split sizes, a device-to-host synchronisation), so the CPU cannot run ahead of
+the GPU there: the Python and launch time of the MoE block (router, dispatcher pre- and
+post-processing, permute, the grouped GEMMs' setup) is added to the GPU time instead of hidden
+behind it. Megatron-Core's remedies confirm the effect: ``--moe-pad-expert-input-to-capacity``
+(no sync), CUDA graphs of ``moe_router`` / ``moe_preprocess`` (Megatron-Bridge 26.x recipes).
+Fitted, as the one MoE-specific parameter, on ``moe_runs_dev.csv`` (88 rows, 8 models):
+2.0 ms (leave-one-model-out fits 1.9-2.7 ms; docs/moe.md)."""
 
 
 def tokens_per_gpu(training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:

@@ -27,6 +27,7 @@ import json
 
 from perfmodel.config import ParallelConfig
 from perfmodel.specs import ModelSpec, TrainingSpec
+from search.emit_moe import megatron_moe_args, torchtitan_moe_lines
 
 FORMATS = ("megatron", "torchtitan", "deepspeed")
 
@@ -85,6 +86,7 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
             args.append("--overlap-param-gather")
     if training.overlap_tp_comm and c.tp > 1:
         args.append("--tp-comm-overlap")
+    args += megatron_moe_args(c, model, training)  # MoE / MLA flags (search.emit_moe)
     header = [f"# data parallel d={c.dp}: launch on dp*tp*pp*cp = {c.gpus} GPUs"]
     if c.zero_stage >= 2:
         header.append(f"# ZeRO-{c.zero_stage} has no Megatron flag; the distributed optimizer "
@@ -121,6 +123,7 @@ def torchtitan_toml(config: ParallelConfig, model: ModelSpec, training: Training
         f'pipeline_parallel_schedule = "{schedule}"',
         f"pipeline_parallel_microbatch_size = {c.micro_batch_size}",
         f"context_parallel_degree = {c.cp}",
+        *torchtitan_moe_lines(c, model),
         "",
         "[activation_checkpoint]",
         f'mode = "{c.recompute}"',
