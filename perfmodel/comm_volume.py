@@ -313,10 +313,13 @@ def tp_collectives_per_layer(batch: ConfigBatch, model: ModelSpec | None = None
     fwd = np.full(batch.tp.shape, 2.0)
     bwd = 2.0 + np.where(batch.recompute == 2, 2.0, 0.0)
     if model is not None and model.is_moe:
-        # MoE layers with expert parallelism: the router takes the sequence-parallel slice and
-        # the tokens travel by the dispatcher (perfmodel.moe), so the MLP's collective is gone
-        # in the MoE layers (with ep = 1 the experts sit behind the tp all-gather as a dense MLP)
-        gone = np.where(batch.ep > 1, model.moe_layer_fraction, 0.0)
+        # MoE layers with expert parallelism (or etp != tp): the router takes the sequence-
+        # parallel slice and the tokens travel by the dispatcher (perfmodel.moe), so the MLP's
+        # collective is gone in the MoE layers (ep = 1, etp = tp: experts behind the tp
+        # all-gather as a dense MLP)
+        from perfmodel.moe import uses_dispatcher
+
+        gone = np.where(uses_dispatcher(batch), model.moe_layer_fraction, 0.0)
         fwd = fwd - gone
         bwd = bwd - gone * np.where(batch.recompute == 2, 2.0, 1.0)
     return fwd, bwd

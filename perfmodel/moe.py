@@ -54,6 +54,7 @@ __all__ = [
     "moe_dispatch_buffer_bytes",
     "routed_tokens_per_gpu",
     "tokens_per_gpu",
+    "uses_dispatcher",
 ]
 
 
@@ -148,6 +149,13 @@ def moe_dispatch_buffer_bytes(model: ModelSpec, training: TrainingSpec, batch: C
 # --------------------------------------------------------------------------------------------
 # Communication
 # --------------------------------------------------------------------------------------------
+def uses_dispatcher(batch: ConfigBatch) -> np.ndarray:
+    """Whether the MoE layers move tokens by the dispatcher (ep > 1, or an expert tensor
+    parallel group other than tp); else (ep = 1, etp = tp) the experts sit behind the tensor-
+    parallel all-gather like a dense MLP and the tp term carries their communication."""
+    return (batch.ep > 1) | (batch.etp != batch.tp)
+
+
 def a2a_per_layer(batch: ConfigBatch) -> tuple[np.ndarray, np.ndarray]:
     """Dispatch-or-combine exchanges per MoE layer per micro-batch: (forward, backward incl.
     recompute). Forward 2 (dispatch, combine), backward 2 (their gradients), plus 2 when full
@@ -168,8 +176,9 @@ def dispatch_ops_per_layer(model: ModelSpec, training: TrainingSpec, batch: Conf
         return {"allgather": ("all_gather", np.where(ep * etp > 1, buf, 0.0), ep * etp)}
     rt = routed_tokens_per_gpu(model, training, batch)
     a2a_buf = np.where(ep > 1, rt * h * bytes_per_value, 0.0)
-    # with ep = 1 the tp group's sequence-parallel all-gather feeds the experts (tp term)
-    gather_buf = np.where((etp > 1) & (ep > 1),
+    # with ep = 1 and etp = tp the tp group's sequence-parallel all-gather feeds the experts
+    # (counted in the tp term, see uses_dispatcher)
+    gather_buf = np.where((etp > 1) & uses_dispatcher(batch),
                           etp * rt * model.load_imbalance * h * bytes_per_value, 0.0)
     return {"a2a": ("all_to_all", a2a_buf, ep), "etp_gather": ("all_gather", gather_buf, etp)}
 

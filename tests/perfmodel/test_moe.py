@@ -185,3 +185,14 @@ def test_compute_runs_for_every_moe_preset():
         b = batch(dp=8, ep=8, etp=1)
         out = compute_times(m, TR, gpu, b)
         assert all(np.all(np.isfinite(v)) and np.all(v >= 0) for v in out.values())
+
+
+def test_etp_other_than_tp_pays_the_gather_even_without_ep():
+    # tp = 1, etp = 4, ep = 1: the 4 expert shards need every token of the etp group: an
+    # all-gather of 4*T*k*h (3/4 of it from the others) per dispatch, and no tp collective
+    b = batch(dp=8, tp=1, pp=1, ep=1, etp=4)
+    T = 4096  # b*s/(cp*tp)
+    per = 3 / 4 * 4 * T * 2 * 4096 * 2
+    assert comm_volume.ep_dispatch_bytes(MIX, TR, b)[0] == pytest.approx(4 * 32 * 4 * per)
+    same = batch(dp=8, tp=4, pp=1, ep=1, etp=4, sequence_parallel=True)
+    assert comm_volume.ep_dispatch_bytes(MIX, TR, same)[0] == 0.0  # behind the tp all-gather
