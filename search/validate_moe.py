@@ -158,7 +158,12 @@ def moe_case_from_row(r: pd.Series) -> Case:
     if model.num_layers % chunks:
         check_model = model.model_copy(update={"num_layers": chunks * -(-model.num_layers
                                                                          // chunks)})
-    cfg = resolve_config(cfg, check_model, training, cluster)
+    try:
+        cfg = resolve_config(cfg, check_model, training, cluster)
+    except SpecError as err:
+        if "must divide tp*cp*dp" in str(err):  # ep*etp*pp larger than the GPU count
+            raise SpecError(f"published layout is not runnable in Megatron-Core: {err}") from None
+        raise
     return Case(str(r["row_id"]), str(r["model"]), model, training, cluster, cfg,
                 float(measured), "step", str(r.get("status", "")))
 
