@@ -32,7 +32,6 @@ CUDA-core peak in eager PyTorch (``torch.backends.cuda.matmul.allow_tf32`` is Fa
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from perfmodel.calibration import KERNEL_MIN_S, Calibration, calibration_for
 from perfmodel.config import ConfigBatch
@@ -210,15 +209,9 @@ def compute_times(
     (sequence parallelism, selective and full recompute); Dao 2023 (FlashAttention-2).
     """
     if len(batch) > 256:
-        cols = [getattr(batch, f).astype(np.int64) for f in _SHAPE_FIELDS]
-        key = cols[0]
-        for c in cols[1:]:
-            key = key * 1_000_003 + c
-        codes, uniq = pd.factorize(key)
-        if len(uniq) < len(batch):
-            first = np.empty(len(uniq), dtype=np.int64)
-            first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
-            sub = _compute_times(model, training, gpu, batch.take(first), kernels, calibration)
+        sub_batch, codes = batch.unique_by(_SHAPE_FIELDS)  # exact (no hash collisions)
+        if len(sub_batch) < len(batch):
+            sub = _compute_times(model, training, gpu, sub_batch, kernels, calibration)
             out = {k: v[codes] for k, v in sub.items()}
             out["optimizer_s"] = _optimizer_s(model, training, gpu, batch, kernels, calibration)
             return out
