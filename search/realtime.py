@@ -260,7 +260,7 @@ def load_realtime(spec: str | Path | dict | RealtimeSpec) -> RealtimeSpec:
             p = preset
         data, source = _read(p), str(p)
     try:
-        return RealtimeSpec.model_validate(data)
+        return RealtimeSpec.model_validate(data, strict=True)
     except ValidationError as err:
         raise SpecError(format_validation_error(err, source)) from None
 
