@@ -152,6 +152,12 @@ class LinkTier(Spec):
                 f"tier '{self.name}': give exactly one of bw_gbyte_per_s or bw_gbit_per_s "
                 f"(got bw_gbyte_per_s={self.bw_gbyte_per_s}, bw_gbit_per_s={self.bw_gbit_per_s})"
             )
+        if self.bw_bytes_per_s < 1e3:  # collectives.MIN_BW_BYTES_PER_S: a unit mistake
+            key = "bw_gbyte_per_s" if self.bw_gbyte_per_s is not None else "bw_gbit_per_s"
+            raise ValueError(
+                f"tier '{self.name}': {key} = {getattr(self, key)!r} is below 1 kB/s "
+                "(a unit mistake?)"
+            )
         return self
 
     @property

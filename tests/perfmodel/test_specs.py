@@ -509,3 +509,11 @@ def test_training_and_model_dicts_strict():
         load_training({"global_batch_size": "64"})
     with pytest.raises(SpecError, match="seq_len = True"):
         load_training(seq_len=True)
+
+
+def test_tier_bandwidth_below_a_kilobyte_per_second_refused(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text(_CLUSTER_TOML.format(gpn="8", nodes="4").replace("bw_gbit_per_s = 200",
+                                                                  "bw_gbit_per_s = 1e-300"))
+    with pytest.raises(SpecError, match="bw_gbit_per_s = 1e-300"):
+        load_cluster(f)
