@@ -10,7 +10,8 @@ worst case. The plan is made once, offline ("compile time"), and exactly:
 2. Options per model: each device whose memory holds it and which meets the bound alone; only when
    no single device does (too slow or too small), a split by layers over two linked devices, at
    the cut that minimises the standalone latency (block + activation transfer + block).
-3. Branch and bound over the options, highest priority first (see _BranchAndBound). Each placement is checked with
+3. Branch and bound over the options, highest priority first (see :class:`_BranchAndBound`),
+   bounded by :data:`MAX_NODES`. Each placement is checked with
    fixed-priority response-time analysis per device (models sharing a device preempt each other
    at layer boundaries), the memory of each device (static pools), and, when given, the
    end-to-end deadline of the critical path (perception -> prediction -> planning -> control).
