@@ -18,7 +18,7 @@ import json
 import tomllib
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -407,12 +407,28 @@ def format_validation_error(err: ValidationError, source: str = "") -> str:
     return prefix + "; ".join(parts)
 
 
+def _tuples_from_lists(cls: type[Spec], data: Any) -> Any:
+    """TOML and JSON have no tuples: a list given for a field declared as a tuple is one (strict
+    validation would refuse it)."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for name, f in cls.model_fields.items():
+        v = out.get(name)
+        if isinstance(v, list) and (
+            get_origin(f.annotation) is tuple
+            or any(get_origin(a) is tuple for a in get_args(f.annotation))
+        ):
+            out[name] = tuple(v)
+    return out
+
+
 def _build(cls: type[Spec], data: dict[str, Any], source: str) -> Any:
     """Validate what a file (or a dict) holds, strictly: no coercion, so ``gpus_per_node =
     true`` or ``num_nodes = "128"`` is an error naming the field, not 1 or 128 (an int is
     still accepted where a float is expected)."""
     try:
-        return cls.model_validate(data, strict=True)
+        return cls.model_validate(_tuples_from_lists(cls, data), strict=True)
     except ValidationError as err:
         raise SpecError(format_validation_error(err, source)) from None
 
