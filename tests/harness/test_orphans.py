@@ -71,10 +71,52 @@ def test_sigterm_to_launcher_leaves_no_process(tmp_path):
     assert time.time() - t0 < 15
 
 
-@pytest.mark.slow
-@pytest.mark.torch
-def test_sigkill_of_launcher_ranks_follow_within_seconds(tmp_path):
-    proc, tree = _start(tmp_path)
-    proc.kill()  # no cleanup possible: the ranks' watchdog must end them (and torchrun)
+# launcher -> "torchrun" (own session) -> "rank" with the watchdog; no torch needed, ~1 s
+_RANK = (
+    "import pathlib, os, sys, time\n"
+    "from harness.watchdog import start_parent_watchdog\n"
+    "start_parent_watchdog(0.1)\n"
+    "pathlib.Path(sys.argv[1], 'rank.pid').write_text(str(os.getpid()))\n"
+    "time.sleep(60)\n"
+)
+_MID = (
+    "import subprocess, sys, time\n"
+    "subprocess.Popen([sys.executable, '-c', sys.argv[2], sys.argv[1]], start_new_session=True)\n"
+    "time.sleep(60)\n"
+)
+_LAUNCH = (
+    "import os, subprocess, sys, time\n"
+    "from harness.watchdog import launcher_env\n"
+    "env = dict(os.environ, **launcher_env())\n"
+    "subprocess.Popen([sys.executable, '-c', sys.argv[2], sys.argv[1], sys.argv[3]], env=env,\n"
+    "                 start_new_session=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_sigkill_of_launcher_rank_and_torchrun_follow_within_a_second(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, str(tmp_path), _MID, _RANK], env=env,
+                            start_new_session=True)
+    deadline = time.time() + 30
+    while not (tmp_path / "rank.pid").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "rank.pid").exists()
+    tree = descendants(proc.pid)  # the fake torchrun and its rank
+    assert len(tree) == 2 and int((tmp_path / "rank.pid").read_text()) in tree
+    proc.kill()  # no cleanup possible: the rank's watchdog ends itself and its parent
     proc.wait(timeout=10)
-    assert _left(tree, 5.0) == []
+    t0 = time.time()
+    assert _left(tree, 3.0) == []
+    assert time.time() - t0 < 3.0
+
+
+def test_terminate_as_interrupt_raises_keyboard_interrupt_and_restores():
+    from harness.watchdog import Terminated, terminate_as_interrupt
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), terminate_as_interrupt():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert issubclass(Terminated, KeyboardInterrupt)
