@@ -188,7 +188,7 @@ def run_single(cfg: MoEHarnessConfig) -> list[float]:
     losses = []
     for s in range(cfg.steps):
         loss = _loss(cfg, p, data[s], 0)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         for v in p.values():
             v.grad = None
         loss.backward()
