@@ -44,6 +44,7 @@ __all__ = [
     "Timeline",
     "bubble_fraction",
     "inflight_microbatches",
+    "layout_chunk_times",
     "megatron_layout",
     "partition_layers",
     "pipeline_efficiency",
@@ -826,3 +827,26 @@ def _layout_for(L: int, p: int, v: int) -> tuple[int, int, bool, bool] | None:
                 return f, rest - f, False, False
         k -= v
     return None
+
+
+def layout_chunk_times(
+    table,
+    layer_fwd_s: float,
+    layer_bwd_s: float,
+    embed_fwd_s: float = 0.0,
+    embed_bwd_s: float = 0.0,
+    logits_fwd_s: float = 0.0,
+    logits_bwd_s: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward time of every model chunk, shape ``(pp, vp)`` [s], for
+    :func:`simulate` (and so the Gantt chart) of an uneven layout: ``table`` from
+    :func:`stage_layer_table` times the per-layer times, the embedding on virtual stage 0, the
+    logits and loss on the last virtual stage."""
+    t = np.asarray(table, dtype=np.float64)
+    fwd = t * layer_fwd_s
+    bwd = t * layer_bwd_s
+    fwd[0, 0] += embed_fwd_s
+    bwd[0, 0] += embed_bwd_s
+    fwd[-1, -1] += logits_fwd_s
+    bwd[-1, -1] += logits_bwd_s
+    return fwd, bwd

@@ -372,7 +372,7 @@ def finalize(
             "framework": None if space.framework is None else space.framework.name,
             "training_switches": {k: getattr(space.training, k) for k in (
                 "overlap_grad_reduce", "overlap_tp_comm", "overlap_p2p_comm",
-                "flash_attention", "zero3_gather")},
+                "flash_attention", "zero3_gather", "grad_reduce_in_fp32", "fp8_params")},
         },
         extra=dict(extra or {}),
     )

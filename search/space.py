@@ -485,6 +485,8 @@ def make_space(
             f"{', '.join(SEARCH_DIMS)}, num_microbatches"
         )
     n_gpus = cluster.total_gpus
+    if framework is not None and not framework.uneven_pipeline:
+        uneven_layers = False  # the stack splits layers evenly only
     values = {}
     for d in SEARCH_DIMS:
         if d in fixed:

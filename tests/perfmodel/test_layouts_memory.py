@@ -212,3 +212,72 @@ def test_llama_style_7b_eager_mbs2_is_oom_on_h200():
     out = mem.memory_breakdown(m, tr, load_cluster("dgx-h200", gpus=1), b, kernels="eager")
     assert not bool(out["fits"][0])
     assert out["peak"][0] > 139.8 * GIB
+
+
+# ------------------------------------------------------------------------- Gantt and emit
+def _pinned_405b():
+    m = load_model("llama3.1-405b")
+    tr = load_training(global_batch_size=256, seq_len=8192)
+    cl = load_cluster("dgx-h100", gpus=512)
+    cfg = resolve_config(ParallelConfig(dp=4, tp=8, pp=8, vp=8, cp=2, schedule="interleaved",
+                                        sequence_parallel=True, zero_stage=1), m, tr, cl)
+    return m, tr, cl, cfg
+
+
+def test_layout_chunk_times_hand_computed():
+    from perfmodel.pipeline import layout_chunk_times
+
+    t = stage_layer_table(6, 2, 2, embedding_as_layer=True, loss_as_layer=True)  # [[1,2],[2,1]]
+    f, b = layout_chunk_times(t, 1.0, 2.0, 0.5, 0.25, 3.0, 4.0)
+    assert f.tolist() == [[1.5, 2.0], [2.0, 4.0]]
+    assert b.tolist() == [[2.25, 4.0], [4.0, 6.0]]
+
+
+def test_gantt_of_a_126_layer_layout():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from search.plots import plot_config_timeline
+
+    m = load_model("llama3.1-405b")
+    tr = load_training(global_batch_size=4, seq_len=2048)
+    cl = load_cluster("dgx-h100", gpus=32)
+    cfg = resolve_config(ParallelConfig(dp=1, tp=8, pp=4, vp=4, schedule="interleaved"), m, tr,
+                         cl)  # (126 + 2) / 16 = 8 layers per chunk
+    fig = plot_config_timeline(m, tr, cl, cfg)
+    title = fig.axes[0].get_title()
+    assert "7/8/8/8" in title and "8/8/8/7" in title
+
+
+def test_emit_megatron_uneven_flags():
+    from search.emit import emit
+
+    m, tr, _, cfg = _pinned_405b()
+    text = emit("megatron", cfg, m, tr)
+    assert "--account-for-embedding-in-pipeline-split" in text
+    assert "--account-for-loss-in-pipeline-split" in text
+    assert "--num-virtual-stages-per-pipeline-rank 8" in text
+    assert "--num-layers-per-virtual-pipeline-stage" not in text
+    c2 = cfg.model_copy(update={"embedding_as_layer": False, "loss_as_layer": False, "vp": 1,
+                                "schedule": "1f1b", "pp": 16, "dp": 2,
+                                "first_stage_layers": 7, "last_stage_layers": 7})
+    text = emit("megatron", c2, m, tr)
+    assert "--decoder-first-pipeline-num-layers 7" in text
+    assert "--decoder-last-pipeline-num-layers 7" in text
+
+
+def test_search_limits_and_headroom():
+    from search import api
+
+    kw = dict(gpus=8, global_batch_size=64, seq_len=2048, tp=[1, 2], pp=[1, 2], cp=1)
+    base = api.plan("llama3.1-8b", "dgx-h100", objective="memory", **kw)
+    slow = max(r["step_time_s"] for r in base.rows)
+    lim = api.plan("llama3.1-8b", "dgx-h100", objective="memory", max_step_time_s=0.9 * slow,
+                   **kw)
+    assert all(r["step_time_s"] <= 0.9 * slow for r in lim.rows)
+    fast = api.plan("llama3.1-8b", "dgx-h100", objective="time", max_memory_bytes=40 * GIB, **kw)
+    assert all(r["memory_bytes"]["peak"] <= 40 * GIB for r in fast.rows)
+    tight = api.plan("llama3.1-8b", "dgx-h100", memory_headroom=0.3, **kw)
+    assert tight.usable_bytes == pytest.approx(80 * GIB * 0.7 - 1.2 * GIB)
+    assert all(r["memory_bytes"]["peak"] <= tight.usable_bytes for r in tight.rows)
+    assert tight.setup["memory_headroom"] == 0.3
