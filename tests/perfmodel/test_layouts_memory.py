@@ -185,7 +185,6 @@ def _vendor_rows():
 NOT_FITTING = {"R0156", "R0160", "R0171", "R0172", "R0173", "R0242"}
 
 
-@pytest.mark.slow
 def test_vendor_recipe_rows_fit_without_full_recompute():
     from search.validate import case_from_row
 
