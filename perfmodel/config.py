@@ -145,7 +145,7 @@ def _with_layer_layout(c: ParallelConfig, num_layers: int) -> ParallelConfig:
         if c.pp == 1:
             raise SpecError(
                 "first_stage_layers, last_stage_layers, embedding_as_layer and loss_as_layer "
-                f"need pp > 1 (got pp=1)"
+                "need pp > 1 (got pp=1)"
             )
         counts = stage_layer_counts(num_layers, c.pp, c.vp, first, last, c.embedding_as_layer,
                                     c.loss_as_layer)

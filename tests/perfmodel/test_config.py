@@ -89,8 +89,10 @@ def test_resolve_fills_num_microbatches():
             ParallelConfig(dp=1, tp=2, pp=2, vp=3, schedule="interleaved"),
             LLAMA7,
             None,
-            "pp*vp (2*3=6) does not divide num_layers (32) and no Megatron-LM layout fits "
-            "(first/last-stage layer counts, or the embedding and the loss counted as layers)",
+            (
+                "pp*vp (2*3=6) does not divide num_layers (32) and no Megatron-LM layout fits "
+                "(first/last-stage layer counts, or the embedding and the loss counted as layers)"
+            ),
         ),
         (
             ParallelConfig(pp=4, vp=3, schedule="interleaved"),

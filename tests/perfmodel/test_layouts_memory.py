@@ -113,7 +113,7 @@ def test_evaluate_uses_the_layout_time():
 # ------------------------------------------------------------------------- memory terms
 def test_fp8_saved_gemm_inputs_hand_computed():
     # GPT block, s=1, b=1, h=1, a=1, f=4h, no dropout, flash: bf16 vs TE fp8 saved GEMM inputs
-    kw = dict(flash=True, dropout=False)
+    kw = {"flash": True, "dropout": False}
     bf16 = mem.layer_activation_bytes(1, 1, 1, 1, **kw)
     fp8 = mem.layer_activation_bytes(1, 1, 1, 1, gemm_input_bytes=1.0, **kw)
     # qkv input -1, fc1 input -1, fc2 input (gelu output, 4 values) -4, projection cast +1
@@ -268,7 +268,8 @@ def test_emit_megatron_uneven_flags():
 def test_search_limits_and_headroom():
     from search import api
 
-    kw = dict(gpus=8, global_batch_size=64, seq_len=2048, tp=[1, 2], pp=[1, 2], cp=1)
+    kw = {"gpus": 8, "global_batch_size": 64, "seq_len": 2048, "tp": [1, 2], "pp": [1, 2],
+          "cp": 1}
     base = api.plan("llama3.1-8b", "dgx-h100", objective="memory", **kw)
     slow = max(r["step_time_s"] for r in base.rows)
     lim = api.plan("llama3.1-8b", "dgx-h100", objective="memory", max_step_time_s=0.9 * slow,

@@ -254,7 +254,7 @@ def test_fp8_cache_counted():
     f8 = mem.memory_breakdown(LLAMA, load_training(TRAIN, precision="fp8"), CLUSTER, b)
     sp = mem.stage_params(LLAMA, 4, 2)
     extra = 2 * sp["layers_per_stage"] * sp["gemm_layer"]
-    held = lambda r: r["other"] - r["allocator_allowance"]  # noqa: E731 (buffers, no allowance)
+    held = lambda r: r["other"] - r["allocator_allowance"]  # buffers, no allowance
     np.testing.assert_allclose(held(f8) - held(bf), extra)
 
 
