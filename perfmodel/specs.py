@@ -455,12 +455,12 @@ def format_validation_error(err: ValidationError, source: str = "", data: Any = 
     parts = []
     for e in err.errors():
         locs = list(e["loc"])
-        if len(locs) >= 2 and locs[0] == "tiers" and isinstance(locs[1], int):
-            head, locs = _tier_label(data, locs[1]), locs[2:]
-            loc = head + (": " + ".".join(str(x) for x in locs) if locs else "")
-        else:
-            loc = ".".join(str(x) for x in locs) or "(spec)"
+        where = ""
+        if len(locs) >= 3 and locs[0] == "tiers" and isinstance(locs[1], int):
+            where, locs = _tier_label(data, locs[1]) + ": ", locs[2:]
+        loc = ".".join(str(x) for x in locs) or "(spec)"
         msg = e["msg"]
+        start = len(parts)
         if e["type"] == "extra_forbidden":
             key = str(e["loc"][-1])
             close = difflib.get_close_matches(key, _fields_at(cls, e["loc"][:-1]), n=1,
@@ -477,6 +477,7 @@ def format_validation_error(err: ValidationError, source: str = "", data: Any = 
                          "infinity)")
         else:
             parts.append(f"{loc} = {e.get('input')!r}: {msg.removeprefix('Value error, ')}")
+        parts[start:] = [where + x for x in parts[start:]]
     prefix = f"{source}: " if source else ""
     return prefix + "; ".join(parts)
 
