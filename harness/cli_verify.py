@@ -20,8 +20,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from pydantic import ValidationError
+
 from perfmodel import units
-from perfmodel.specs import SpecError
+from perfmodel.specs import SpecError, format_validation_error
 
 __all__ = ["verify_cmd"]
 
@@ -43,6 +45,32 @@ def _cfg(c: dict[str, Any]) -> str:
     if c.get("pp", 1) > 1:
         s += f" {c['schedule']}"
     return s
+
+
+#: Largest relative spread of the first-step loss across configurations still called equal: every
+#: configuration trains the same model from the same seed on the same batch, so parallelism
+#: must not change the loss beyond float32 reduction order (about 1e-6; 1e-3 leaves margin).
+LOSS_RTOL = 1e-3
+
+
+def loss_check(runs: list[dict[str, Any]]) -> tuple[float | None, str]:
+    """Largest relative difference of each run's first-step loss from the first run's, and a
+    line saying whether the configurations compute the same loss."""
+    losses = [(r["config"], r["measured"]["losses"][0]) for r in runs
+              if r.get("ok") and r.get("measured", {}).get("losses")
+              and r["measured"]["losses"][0] is not None]
+    if len(losses) < 2:
+        return None, "loss equality: fewer than two runs report a loss"
+    ref = losses[0][1]
+    worst_cfg, worst = max(((c, abs(v - ref) / max(abs(ref), 1e-12)) for c, v in losses),
+                           key=lambda x: x[1])
+    verdict = "equal" if worst <= LOSS_RTOL else f"DIFFERENT (worst {_cfg(worst_cfg)})"
+    return worst, (f"loss equality: first-step loss {ref:.6g} in {len(losses)} runs, largest "
+                   f"relative difference {worst:.1e} (tolerance {LOSS_RTOL:.0e}): {verdict}")
+
+
+def _bytes_pair(a: float, b: float) -> str:
+    return f"{units.fmt_bytes(a)} / {units.fmt_bytes(b)}"
 
 
 def _pct(pred: float, meas: float) -> str:
@@ -77,8 +105,11 @@ def verify_cmd(
     try:
         spec = load_model(model) if model else tiny_spec(seq_len=max(seq_len, 32))
         training = harness_training(global_batch, seq_len)
+    except ValidationError as e:
+        _fail(format_validation_error(e).replace("global_batch_size", "--global-batch")
+              .replace("seq_len", "--seq-len"))
     except (SpecError, ValueError) as e:
-        _fail(str(e))
+        _fail(str(e).splitlines()[0])
     err = Console(stderr=True, highlight=False)
     if not json_out:
         err.print(f"calibrating {nproc} local processes (cached) ...")
@@ -108,25 +139,30 @@ def verify_cmd(
         typer.echo(json.dumps(out, indent=1))
         return
     out = Console(highlight=False)
-    t = Table(title=f"{spec.name} on {nproc} local processes: predicted vs measured",
+    t = Table(title=f"{spec.name} on {nproc} local processes: predicted / measured",
               title_justify="left")  # fmt: skip
-    for col in ("config", "step pred", "step meas", "dp bytes p/m", "tp bytes p/m",
-                "pp bytes p/m", "peak mem p/m", "mem err"):  # fmt: skip
-        t.add_column(col, justify="left" if col == "config" else "right")
+    for col in ("config", "step pred", "step meas", "dp bytes", "tp bytes", "pp bytes",
+                "peak mem", "mem err", "loss"):  # fmt: skip
+        # fold (wrap) a cell that does not fit rather than cut it with an ellipsis
+        t.add_column(col, justify="left" if col == "config" else "right", overflow="fold")
     for r in res["runs"]:
         if not r.get("ok"):
-            t.add_row(_cfg(r["config"]), "", "", "", "", "", "", f"failed: {r.get('error')}")
+            t.add_row(_cfg(r["config"]), "", "", "", "", "", "", "",
+                      f"failed: {r.get('error')}")
             continue
         p, m = r["predicted"], r["measured"]
-        cells = []
-        for d in ("dp", "tp", "pp"):
-            a, b = p["comm_bytes"].get(d, 0.0), m["comm_bytes"].get(d, 0.0)
-            cells.append(f"{int(a):,} / {int(b):,}")
+        cells = [_bytes_pair(p["comm_bytes"].get(d, 0.0), m["comm_bytes"].get(d, 0.0))
+                 for d in ("dp", "tp", "pp")]
+        loss = (m.get("losses") or [None])[0]
         t.add_row(_cfg(r["config"]), units.fmt_seconds(p["step_time_s"]),
                   units.fmt_seconds(m["step_time_s"]), *cells,
-                  f"{units.fmt_bytes(p['peak_memory_bytes'])} / "
-                  f"{units.fmt_bytes(m['peak_memory_bytes'])}",
-                  _pct(p["peak_memory_bytes"], m["peak_memory_bytes"]))  # fmt: skip
+                  _bytes_pair(p["peak_memory_bytes"], m["peak_memory_bytes"]),
+                  _pct(p["peak_memory_bytes"], m["peak_memory_bytes"]),
+                  "" if loss is None else f"{loss:.6g}")  # fmt: skip
     out.print(t)
     ok = sum(1 for r in res["runs"] if r.get("ok"))
     out.print(f"Spearman rank correlation of step times over {ok} runs: {res['spearman']:.3f}")
+    out.print(loss_check(res["runs"])[1])
+    out.print("peak mem: predicted / measured torch allocator peak of the busiest rank; the "
+              "measurement includes the gloo buffers and the CPU allocator's caching, which the "
+              "model does not count, so small models read high")
