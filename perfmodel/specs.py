@@ -456,7 +456,7 @@ def format_validation_error(err: ValidationError, source: str = "", data: Any = 
     for e in err.errors():
         locs = list(e["loc"])
         where = ""
-        if len(locs) >= 3 and locs[0] == "tiers" and isinstance(locs[1], int):
+        if len(locs) >= 2 and locs[0] == "tiers" and isinstance(locs[1], int):
             where, locs = _tier_label(data, locs[1]) + ": ", locs[2:]
         loc = ".".join(str(x) for x in locs) or "(spec)"
         msg = e["msg"]
@@ -471,7 +471,10 @@ def format_validation_error(err: ValidationError, source: str = "", data: Any = 
         elif e["type"] == "missing":
             parts.append(f"missing key '{loc}'")
         elif e["type"] in ("value_error", "assertion_error") and loc == "(spec)":
-            parts.append(msg.removeprefix("Value error, "))
+            msg = msg.removeprefix("Value error, ")
+            if where and msg.startswith("tier '"):  # the label already names the tier
+                msg = msg.split(": ", 1)[-1]
+            parts.append(msg)
         elif e["type"] == "finite_number":
             parts.append(f"{loc} = {e.get('input')!r}: expected a finite number (not NaN or "
                          "infinity)")

@@ -326,3 +326,28 @@ def test_loss_check_numbers():
     worst, line = loss_check(runs)
     assert worst == pytest.approx(0.0005) and "equal" in line
     assert loss_check(runs[:1])[0] is None
+
+
+def test_tier_validator_message_names_the_tier(tmp_path):
+    text = find_preset("cluster", "dgx-a100-80g").read_text()
+    f = tmp_path / "c.toml"
+    f.write_text(text.replace("bw_gbit_per_s = 200", "bw_gbit_per_s = 200\nbw_gbyte_per_s = 25"))
+    line = one_line_error(["--cluster", str(f)], "tier 1 (InfiniBand 'hdr-ib'): give exactly one")
+    assert "tiers.1" not in line
+
+
+def test_verify_explains_the_zero_bubble_memory_row():
+    pytest.importorskip("torch")
+    from harness.cli_verify import memory_notes
+
+    def run(schedule, m, pred, meas):
+        return {"ok": True, "config": {"dp": 1, "tp": 2, "pp": 2, "zero_stage": 0,
+                                        "micro_batch_size": 2, "num_microbatches": m,
+                                        "schedule": schedule},
+                "predicted": {"peak_memory_bytes": pred}, "measured": {"peak_memory_bytes": meas}}
+
+    # measured with plan verify --nproc 4 (tiny GPT, 2 cores): zb 1.71 / 2.66 MB, 1f1b 1.60 / 1.71
+    notes = memory_notes([run("zb", 4, 1709312.0, 2658496), run("1f1b", 4, 1596416.0, 1706728)])
+    assert len(notes) == 1 and "-35.7%" in notes[0] and "retain_graph=True" in notes[0]
+    assert memory_notes([run("1f1b", 4, 1.0e6, 2.0e6)])[0].endswith("not explained by the "
+                                                                     "memory model")
