@@ -17,10 +17,9 @@ import math
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
-
-from pydantic import ValidationError
 
 from perfmodel import units
 from perfmodel.specs import SpecError, format_validation_error

@@ -198,9 +198,10 @@ def assumed_lines(s: dict[str, Any]) -> list[str]:
     did not give, grouped by where it came from."""
     sw = s.get("training_switches") or {}
     on = [_SWITCH_NAMES[k] for k in _SWITCH_NAMES if sw.get(k)]
-    lines = [f"assumed setup: framework {s.get('framework') or '(none: default switches)'}; "
+    first = (f"assumed setup: framework {s.get('framework') or '(none: default switches)'}; "
              f"overlap {', '.join(on) or 'none'}; flash attention "
-             f"{'on' if sw.get('flash_attention') else 'off'}"]
+             f"{'on' if sw.get('flash_attention') else 'off'}")
+    lines = [first]
     values = {**{k: s.get(k) for k in ("seq_len", "global_batch_size", "precision",
                                          "optimizer")}, **sw}
     by_source: dict[str, list[str]] = {}

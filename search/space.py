@@ -18,7 +18,6 @@ A :class:`Problem` couples a space with the one vectorized evaluation path
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any

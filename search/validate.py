@@ -26,11 +26,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import typer
+from pydantic import ValidationError
 
 from hardware_specs import ROOT as SPECS_ROOT
 from perfmodel.config import ConfigBatch, ParallelConfig, resolve_config
-from pydantic import ValidationError
-
 from perfmodel.specs import (
     ClusterSpec,
     ModelSpec,

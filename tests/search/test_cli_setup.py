@@ -12,9 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 import search
-import search.api as api
 from perfmodel.frameworks import load_framework
 from perfmodel.specs import SpecError, load_model
+from search import api
 from search.cli import app, term_note
 from search.validate import VALIDATION_DIR, case_from_row, predict_case
 

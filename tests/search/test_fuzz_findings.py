@@ -268,7 +268,7 @@ def test_partition_layers_is_optimal(costs, data):
 def test_partition_layers_memory_is_o_layers_times_stages():
     # 20,000 layers on 64 stages: the old L x L table would be 20,001^2 * 8 B = 3.0 GiB
     tracemalloc.start()
-    b, worst = partition_layers(np.ones(20_000), 64)
+    _, worst = partition_layers(np.ones(20_000), 64)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert worst == math.ceil(20_000 / 64)
