@@ -330,6 +330,9 @@ def finalize(
     frame, rows = _rows(batch, res)
     nt, npar = len(top_flat), len(pareto_flat)
     top = frame.iloc[:nt].reset_index(drop=True)
+    if strategy == "single" and nt == 0 and len(smallest_flat):
+        # one configuration asked for: show it even though it does not fit (fits is False)
+        top = frame.iloc[nt + npar:nt + npar + 1].reset_index(drop=True)
     par = frame.iloc[nt:nt + npar]
     order = np.lexsort((par["peak_memory_bytes"].to_numpy(), par["step_time_s"].to_numpy()))
     pareto = par.iloc[order].reset_index(drop=True)
