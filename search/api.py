@@ -12,6 +12,7 @@ message.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from pydantic import ValidationError
 
 from perfmodel.config import ParallelConfig, resolve_config
 from perfmodel.frameworks import FrameworkSpec, apply_framework, load_framework
+from perfmodel.profile import evaluate as profile_evaluate
+from perfmodel.profile import load_profile
 from perfmodel.specs import (
     ClusterSpec,
     ModelSpec,
@@ -109,10 +112,12 @@ def make_problem(
     calibration: Any = None,
     evaluator: Callable[..., Any] | None = None,
     framework: str | Path | FrameworkSpec | None = None,
+    profile: Any = None,
     **fixed: Any,
 ) -> Problem:
     """Load the specs, build the space and bind the evaluation path (see :func:`plan`)."""
     fw = None if framework is None else load_framework(framework)
+    prof = load_profile(profile)
     m, t, c = _specs(model, cluster, training, gpus, {
         "global_batch_size": global_batch_size, "seq_len": seq_len, "precision": precision,
         "optimizer": optimizer}, fw)
@@ -122,8 +127,11 @@ def make_problem(
     kernels = getattr(kernels, "value", kernels)
     if kernels not in ("fused", "eager"):
         raise SpecError(f"kernels = {kernels!r}: expected fused or eager")
-    return Problem(space, evaluator or _default_evaluator(), getattr(objective, "value", objective),
-                   kernels, calibration)
+    evaluator = evaluator or _default_evaluator()
+    if prof is not None and not prof.is_neutral:
+        evaluator = functools.partial(profile_evaluate, profile=prof, evaluator=evaluator)
+    return Problem(space, evaluator, getattr(objective, "value", objective), kernels,
+                   calibration, profile=None if prof is None else prof.name)
 
 
 def _check_single(space: SearchSpace) -> None:
@@ -176,6 +184,7 @@ def plan(
     evaluator: Callable[..., Any] | None = None,
     progress: Progress | None = None,
     framework: str | Path | FrameworkSpec | None = None,
+    profile: Any = None,
     **fixed: Any,
 ) -> SearchResult:
     """Search the parallel configurations of ``model`` on ``cluster`` and rank them.
@@ -213,6 +222,11 @@ def plan(
         ``"nemo-24.09"``, ``"deepspeed"``, ``"torchtitan"``, a TOML path or a FrameworkSpec):
         sets its switches (overlaps, flash attention) on the training setup, before the single
         overrides above, and keeps the search to what it runs (see ``perfmodel.frameworks``).
+    profile
+        An efficiency profile fitted to measured runs (``plan calibrate``): a shipped name
+        (``"nemo-24.09"``), a TOML path or an :class:`perfmodel.profile.EfficiencyProfile`;
+        it scales kernel rates and link bandwidths and adds a per-step host time (see
+        ``perfmodel.profile``). None: the uncalibrated model.
     **fixed
         Pin parallel dimensions: ``dp tp pp vp cp zero_stage micro_batch_size recompute
         sequence_parallel schedule num_microbatches``; a value pins, a list / range restricts.
@@ -237,7 +251,8 @@ def plan(
         seq_len=seq_len, precision=precision, optimizer=optimizer, objective=objective,
         kernels=kernels, allow_idle_gpus=allow_idle_gpus,
         allow_tp_across_nodes=allow_tp_across_nodes, uneven_layers=uneven_layers,
-        calibration=calibration, evaluator=evaluator, framework=framework, **fixed,
+        calibration=calibration, evaluator=evaluator, framework=framework, profile=profile,
+        **fixed,
     )
     space = problem.space
     if all(len(space.values[d]) == 1 for d in space.dims):
@@ -271,6 +286,7 @@ def evaluate_config(
     calibration: Any = None,
     evaluator: Callable[..., Any] | None = None,
     framework: str | Path | FrameworkSpec | None = None,
+    profile: Any = None,
     **config: Any,
 ) -> SearchResult:
     """Predict one configuration (fields of :class:`ParallelConfig`; missing ones take its
@@ -301,5 +317,5 @@ def evaluate_config(
         seq_len=seq_len, precision=precision, optimizer=optimizer, kernels=kernels,
         allow_idle_gpus=allow_idle_gpus, allow_tp_across_nodes=allow_tp_across_nodes,
         calibration=calibration, evaluator=evaluator, num_microbatches=nmb,
-        framework=framework, **pinned,
+        framework=framework, profile=profile, **pinned,
     )

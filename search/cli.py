@@ -37,6 +37,7 @@ SUBCOMMANDS: dict[str, str] = {
     "realtime": "search.cli_realtime:realtime",
     "validate": "search.validate:validate_command",
     "verify": "harness.cli_verify:verify_cmd",
+    "calibrate": "search.calibrate:calibrate_command",
 }
 
 app = typer.Typer(
@@ -162,7 +163,8 @@ def _print_best(out: Console, r: Any) -> None:
           ("overlap_grad_reduce", "overlap_tp_comm", "overlap_p2p_comm") if sw.get(k)]
     out.print(f"assumed setup: framework {s.get('framework') or '(none: default switches)'}; "
               f"overlap {', '.join(on) or 'none'}; flash attention "
-              f"{'on' if sw.get('flash_attention') else 'off'}")
+              f"{'on' if sw.get('flash_attention') else 'off'}"
+              f"{'; profile ' + s['profile'] if s.get('profile') else ''}")
     out.print(f"\n[bold]{title}:[/] {_config_line(row['config'])}")
     out.print(f"  step time {units.fmt_seconds(row['step_time_s'])}   "
               f"{units.fmt_count(row['tokens_per_s'])} tokens/s   MFU {row['mfu']:.1%}   "
@@ -263,6 +265,9 @@ def planner(
         help="the training stack you will launch (megatron-2021, megatron-2022, nemo-24.07, "
              "nemo-24.09, bridge-25.x, deepspeed, torchtitan, or a TOML file): sets its "
              "switches and keeps the search to what it runs")] = None,
+    profile: Annotated[str | None, typer.Option(
+        help="efficiency profile: a shipped one (megatron-2021, megatron-2022, nemo-24.07, "
+             "nemo-24.09, bridge-25.x) or a TOML file written by `plan calibrate`")] = None,
 ) -> None:
     """Search (or, with every parallel option given, evaluate) parallel configurations."""
     if ctx.invoked_subcommand is not None:
@@ -271,7 +276,7 @@ def planner(
     # them at rich's default of 80 columns.
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
     if list_presets_:
-        for kind in ("model", "cluster", "gpu", "framework"):
+        for kind in ("model", "cluster", "gpu", "framework", "profile"):
             out.print(f"{kind}s: " + ", ".join(list_presets(kind)), soft_wrap=True)
         return
     err = Console(stderr=True)
@@ -285,7 +290,7 @@ def planner(
             kernels=kernels.value, progress=progress,
             calibration=str(calibration) if calibration is not None else None,
             allow_idle_gpus=allow_idle_gpus, allow_tp_across_nodes=allow_tp_across_nodes,
-            uneven_layers=uneven_layers, framework=framework,
+            uneven_layers=uneven_layers, framework=framework, profile=profile,
             dp=dp, tp=tp, pp=pp, vp=vp, cp=cp, zero_stage=zero, micro_batch_size=micro_batch,
             recompute=recompute.value if recompute else None,
             sequence_parallel=sequence_parallel,

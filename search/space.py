@@ -572,6 +572,7 @@ class Problem:
     objective: str = "time"
     kernels: str = "fused"
     calibration: Any = None
+    profile: str | None = None  # name of the efficiency profile bound into the evaluator
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
