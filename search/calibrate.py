@@ -325,18 +325,22 @@ def fit_profile(cases: list[Case], *, name: str = "calibrated", description: str
                          note=why)
         params.append(entry)
 
-    # separability: strongly correlated fitted parameters
+    # separability: two fitted parameters the runs move together (their sensitivity columns
+    # are nearly parallel, or their posterior correlation is strong)
     if len(names) >= 2:
         d = np.sqrt(np.clip(np.diag(cov), 1e-30, None))
         corr = cov / np.outer(d, d)
+        norm = np.linalg.norm(S, axis=0)
         for a in range(len(names)):
             for b in range(a + 1, len(names)):
-                if abs(corr[a, b]) >= 0.8:
+                cos = float(S[:, a] @ S[:, b] / max(norm[a] * norm[b], 1e-30))
+                if abs(corr[a, b]) >= 0.8 or abs(cos) >= 0.98:
                     pa, pb = by[names[a]], by[names[b]]
                     warnings.append(
-                        f"the runs cannot separate {pa.name} and {pb.name} (correlation "
-                        f"{corr[a, b]:+.2f}): their split follows the prior; to separate them "
-                        f"add runs that differ in one but not the other, e.g. "
+                        f"the runs cannot separate {pa.name} and {pb.name} (they change the "
+                        f"runs in the same proportions: cosine {cos:+.2f}, posterior "
+                        f"correlation {corr[a, b]:+.2f}); their split follows the prior. To "
+                        f"separate them add runs that differ in one but not the other: "
                         f"{pa.informed_by} ({pa.name}), or {pb.informed_by} ({pb.name})")
     err_after = after / meas - 1.0
     for i in np.flatnonzero(np.abs(err_after) > 0.15):

@@ -62,8 +62,8 @@ def test_bound_and_separation_warnings(dev):
     fit = fit_profile(fake)
     assert any("sits at its bound" in w and "gemm_16bit" in w for w in fit.warnings)
     assert any("still" in w for w in fit.warnings)
-    # two runs of the same shape family cannot separate the two GEMM-like terms
-    fit2 = fit_profile([by["R0226"], by["R0246"]])
+    # the same model and shape on 8 and 128 GPUs: every term scales alike, nothing separates
+    fit2 = fit_profile([by["R0206"], by["R0210"]])
     assert any("cannot separate" in w and "add runs" in w for w in fit2.warnings)
 
 
@@ -77,30 +77,41 @@ def test_one_run_and_contradictory_runs_are_refused(dev):
         fit_profile([a, b])
 
 
-_WELL = None
+def _well_predicted_by_group(dev, tol=0.02):
+    """Group -> rows the uncalibrated model predicts within ``tol`` (groups with >= 2)."""
+    from search.calibrate import group_key
 
-
-def _well_predicted(dev, tol=0.02):
     df, cases, _ = dev
     pred = _predict(cases, EfficiencyProfile())
-    meas = np.array([c.measured_step_s for c in cases])
-    return [c.row_id for c, e in zip(cases, pred / meas - 1, strict=True) if abs(e) < tol]
+    out: dict[str, list] = {}
+    for (_, r), c, p in zip(df.iterrows(), cases, pred, strict=True):
+        out.setdefault(group_key(r), []).append((c, abs(p / c.measured_step_s - 1) < tol))
+    return {g: v for g, v in out.items() if sum(ok for _, ok in v) >= 2}
+
+
+_WELL: dict = {}
 
 
 @pytest.mark.slow
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=5, deadline=None, print_blob=False,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_calibrating_on_well_predicted_rows_changes_little(dev, data):
-    """Target: calibration on runs the model already predicts within 2 % moves no prediction
-    of the dev split by more than 2 % (it must not fit noise)."""
-    global _WELL
-    _WELL = _WELL or _well_predicted(dev)
-    _, cases, by = dev
-    ids = data.draw(st.lists(st.sampled_from(_WELL), min_size=2, max_size=3, unique=True))
+    """Target: calibrating on runs of one cluster that the model already predicts within 2 %
+    moves no prediction of that cluster's runs by more than 2 % (it must not fit noise)."""
+    if not _WELL:
+        _WELL.update(_well_predicted_by_group(dev))
+    g = data.draw(st.sampled_from(sorted(_WELL)))
+    rows = _WELL[g]
+    good = [c.row_id for c, ok in rows if ok]
+    ids = data.draw(st.lists(st.sampled_from(good), min_size=2, max_size=3, unique=True))
+    by = {c.row_id: c for c, _ in rows}
     fit = fit_profile([by[i] for i in ids])
+    cases = [c for c, _ in rows]
     base = _predict(cases, EfficiencyProfile())
     new = _predict(cases, fit.profile)
-    assert np.max(np.abs(new / base - 1)) <= 0.02, (ids, fit.profile.values())
+    change = float(np.max(np.abs(new / base - 1)))
+    assert change <= 0.02, (g, ids, change, fit.profile.values())
 
 
 # ---- the CLI -------------------------------------------------------------------------------
