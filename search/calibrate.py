@@ -126,7 +126,7 @@ def normalize_runs(df: pd.DataFrame, source: str = "runs") -> pd.DataFrame:
                     for i, r in enumerate(df["row_id"])]
     for c in ("measurement_scope", "sequence_parallel", "activation_recompute",
               "zero_or_dist_optimizer", "software", "source", "reliability"):
-        df[c] = df[c].fillna("").astype(str)
+        df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
     return df
 
 

@@ -125,11 +125,11 @@ def test_cli_calibrate_writes_a_profile_that_plan_uses(tmp_path):
     assert p.name == "mine" and p.gemm_16bit < 0.95
     kw = dict(gpus=8, global_batch_size=128, seq_len=8192, tp=1, pp=1, cp=2,
               micro_batch_size=1, zero_stage=1)
-    base = api.evaluate_config("llama3-8b", "dgx-h100", **kw)
-    cal = api.evaluate_config("llama3-8b", "dgx-h100", profile=out, **kw)
+    base = api.evaluate_config("llama3.1-8b", "dgx-h100", **kw)
+    cal = api.evaluate_config("llama3.1-8b", "dgx-h100", profile=out, **kw)
     assert cal.rows[0]["step_time_s"] > base.rows[0]["step_time_s"] * 1.05
     assert cal.setup["profile"] == "mine"
-    r2 = runner.invoke(app, ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
+    r2 = runner.invoke(app, ["--model", "llama3.1-8b", "--cluster", "dgx-h100", "--gpus", "8",
                              "--tp", "1", "--pp", "1", "--cp", "2", "--micro-batch", "1",
                              "--zero", "1", "--global-batch", "128", "--seq-len", "8192",
                              "--profile", str(out)])
@@ -138,7 +138,7 @@ def test_cli_calibrate_writes_a_profile_that_plan_uses(tmp_path):
 
 
 def test_plan_with_shipped_profile_name():
-    r = api.plan("llama3-8b", "dgx-h100", gpus=8, global_batch_size=64, seq_len=4096,
+    r = api.plan("llama3.1-8b", "dgx-h100", gpus=8, global_batch_size=64, seq_len=4096,
                  profile="nemo-24.09", tp=1, pp=1, cp=1, micro_batch_size=1, zero_stage=1)
     assert r.setup["profile"] == "nemo-24.09"
 
