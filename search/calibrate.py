@@ -35,7 +35,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pandas as pd
@@ -46,16 +46,26 @@ from perfmodel.specs import SpecError
 from search.validate import VALIDATION_DIR, Case, case_from_row, predict_case
 
 __all__ = [
+    "ERAS",
     "NOISE",
     "OPTIONAL_COLUMNS",
     "REQUIRED_COLUMNS",
     "FitResult",
+    "calibrate_command",
+    "calibration_pair",
+    "check_consistent",
     "cross_validate",
     "dev_cases",
+    "era_of",
+    "fit_era",
     "fit_profile",
     "group_key",
+    "load_profile",
+    "normalize_runs",
     "read_runs",
     "runs_to_cases",
+    "write_profile",
+    "write_shipped_profiles",
 ]
 
 NOISE = 0.03
@@ -213,13 +223,11 @@ def _sensitivity(cases, profile, names, base_pred) -> np.ndarray:
         p = by[n]
         h = 0.05 if p.log else 10.0
         x = math.log(vals[n]) if p.log else vals[n]
-        lo, hi = (math.log(p.lo), math.log(p.hi)) if p.log else (p.lo, p.hi)
-        if x + h > hi:
+        if x + h > (math.log(p.hi) if p.log else p.hi):
             h = -h
         new = math.exp(x + h) if p.log else x + h
         pred = _predict(cases, profile.with_values(**{n: new}))
         S[:, j] = np.log(pred / base_pred) / h
-        del lo
     return S
 
 
@@ -252,10 +260,16 @@ def fit_profile(cases: list[Case], *, name: str = "calibrated", description: str
     lo = np.array([math.log(by[n].lo) if by[n].log else by[n].lo for n in names])
     hi = np.array([math.log(by[n].hi) if by[n].log else by[n].hi for n in names])
 
+    memo: dict[bytes, np.ndarray] = {}
+
     def resid(x):
-        prof = neutral.with_values(**_values_from_x(x, names))
-        r = np.log(_predict(cases, prof) / meas) / noise
-        return np.concatenate([r, (x - x0) / sg])
+        key = np.asarray(x, dtype=np.float64).tobytes()
+        if key not in memo:  # the Jacobian re-evaluates the point the solver just took
+            prof = neutral.with_values(**_values_from_x(x, names))
+            r = np.log(_predict(cases, prof) / meas) / noise
+            memo.clear()
+            memo[key] = np.concatenate([r, (x - x0) / sg])
+        return memo[key]
 
     def jac(x):
         # forward differences with an absolute step (the neutral point is x = 0, where a
@@ -294,7 +308,8 @@ def fit_profile(cases: list[Case], *, name: str = "calibrated", description: str
     if dof > 0:
         cov = cov * max(1.0, float(np.sum(data_r**2)) / dof)
     sx = np.sqrt(np.clip(np.diag(cov), 0.0, None))
-    S = _sensitivity(cases, prof, names, after) if names else np.zeros((n_rows, 0))
+    # d log(predicted) / dx of every run at the solution: the data rows of the Jacobian
+    S = J[:n_rows] * noise if names else np.zeros((n_rows, 0))
     ids = [c.row_id for c in cases]
     params, unc = [], {}
     for p in PARAMETERS:
@@ -346,9 +361,8 @@ def fit_profile(cases: list[Case], *, name: str = "calibrated", description: str
     for i in np.flatnonzero(np.abs(err_after) > 0.15):
         warnings.append(f"run {ids[i]} is still {err_after[i]:+.0%} off after calibration: "
                         "the profile cannot explain it (a setting of that run the model misses?)")
-    unc_all = {k: v for k, v in unc.items()}
     prof = prof.model_copy(update={"description": description, "fitted_on": fitted_on,
-                                   "uncertainty": unc_all})
+                                   "uncertainty": unc})
     rows = pd.DataFrame({
         "row_id": ids, "model": [c.label for c in cases],
         "gpus": [c.cluster.total_gpus for c in cases],
@@ -484,24 +498,24 @@ def write_profile(fit: FitResult, path: str | Path, header: str = "") -> None:
     Path(path).write_text(profile_toml(fit.profile, header))
 
 
-__all__ += ["ERAS", "calibration_pair", "check_consistent", "era_of", "fit_era", "load_profile",
-            "normalize_runs", "write_profile"]
-
 
 # --------------------------------------------------------------------------------------------
 # the command
 # --------------------------------------------------------------------------------------------
+_RUNS_HELP = ("CSV of your measured runs: one row per run with the columns of "
+              "training_runs_dev.csv; at least " + ", ".join(REQUIRED_COLUMNS)
+              + " and seconds_per_iteration (or tokens_per_sec_per_gpu)")
+
+
 def calibrate_command(
-    runs: Path = typer.Option(..., "--runs", help="CSV of your measured runs: one row per run "
-                              "with the columns of training_runs_dev.csv; at least model, "
-                              "num_layers, hidden_size, num_attention_heads, seq_len, "
-                              "global_batch_size, micro_batch_size, tensor_parallel, "
-                              "pipeline_parallel, gpu_type, num_gpus, precision and "
-                              "seconds_per_iteration (or tokens_per_sec_per_gpu)"),
-    out: Path | None = typer.Option(None, "--out", help="write the fitted profile (TOML) here; "
-                                    "use it with `plan --profile FILE`"),
-    name: str = typer.Option("calibrated", "--name", help="name stored in the profile"),
-    json_out: bool = typer.Option(False, "--json", help="one JSON document on stdout"),
+    runs: Annotated[Path, typer.Option("--runs", help=_RUNS_HELP)],
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="write the fitted profile (TOML) here; use it with "
+        "`plan --profile FILE`")] = None,
+    name: Annotated[str, typer.Option("--name", help="name stored in the profile")] =
+    "calibrated",
+    json_out: Annotated[bool, typer.Option("--json", help="one JSON document on stdout")] =
+    False,
 ) -> None:
     """Fit an efficiency profile to your cluster's measured runs."""
     from rich.console import Console

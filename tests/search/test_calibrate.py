@@ -123,8 +123,8 @@ def test_cli_calibrate_writes_a_profile_that_plan_uses(tmp_path):
     assert "gemm_16bit" in r.output and "R0206" in r.output and "profile written" in r.output
     p = load_profile(out)
     assert p.name == "mine" and p.gemm_16bit < 0.95
-    kw = dict(gpus=8, global_batch_size=128, seq_len=8192, tp=1, pp=1, cp=2,
-              micro_batch_size=1, zero_stage=1)
+    kw = {"gpus": 8, "global_batch_size": 128, "seq_len": 8192, "tp": 1, "pp": 1, "cp": 2,
+          "micro_batch_size": 1, "zero_stage": 1}
     base = api.evaluate_config("llama3.1-8b", "dgx-h100", **kw)
     cal = api.evaluate_config("llama3.1-8b", "dgx-h100", profile=out, **kw)
     assert cal.rows[0]["step_time_s"] > base.rows[0]["step_time_s"] * 1.05

@@ -58,3 +58,22 @@ def test_no_group_above_8_percent(cv):
 def test_every_group_at_most_8_percent(cv):
     groups, _ = cv
     assert (groups[groups.held_out > 0].mape_after <= 0.08).all()
+
+
+@pytest.mark.slow
+def test_shipped_profiles_still_improve_their_era():
+    """Each shipped era profile lowers the MAPE of the rows it was fitted on. Fails when the base
+    model changes enough that the profiles are stale: refit with ``python -m search.calibrate``."""
+    import numpy as np
+
+    from perfmodel.profile import EfficiencyProfile, load_profile
+    from search.calibrate import ERAS, _predict, dev_cases, era_of
+
+    df, cases = dev_cases()
+    eras = [era_of(r) for _, r in df.iterrows()]
+    for era, _ in ERAS:
+        sel = [c for c, e in zip(cases, eras, strict=True) if e == era]
+        meas = np.array([c.measured_step_s for c in sel])
+        before = np.abs(_predict(sel, EfficiencyProfile()) / meas - 1).mean()
+        after = np.abs(_predict(sel, load_profile(era)) / meas - 1).mean()
+        assert after < before, (era, before, after)
