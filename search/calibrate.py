@@ -140,12 +140,29 @@ def normalize_runs(df: pd.DataFrame, source: str = "runs") -> pd.DataFrame:
     return df
 
 
-def runs_to_cases(df: pd.DataFrame) -> tuple[list[Case], list[tuple[str, str]]]:
-    """Cases of the rows the tool can express, and ``(row_id, reason)`` for the others."""
+def runs_to_cases(df: pd.DataFrame, cluster: Any = None) -> tuple[list[Case],
+                                                                  list[tuple[str, str]]]:
+    """Cases of the rows the tool can express, and ``(row_id, reason)`` for the others.
+
+    ``cluster`` (a preset name, TOML path or ClusterSpec) replaces the cluster preset picked
+    from each row's ``gpu_type``: describe your own fabric, and the profile is relative to it
+    (use the same cluster with ``plan --profile``).
+    """
+    from dataclasses import replace
+
+    from perfmodel.config import resolve_config
+    from perfmodel.specs import load_cluster
+
     cases, skipped = [], []
     for _, r in df.iterrows():
         try:
-            cases.append(case_from_row(r))
+            c = case_from_row(r)
+            if cluster is not None:
+                cl = load_cluster(cluster, gpus=c.cluster.total_gpus)
+                cfg = resolve_config(c.config, c.model, c.training,
+                                     cl if c.scope == "step" else None)
+                c = replace(c, cluster=cl, config=cfg)
+            cases.append(c)
         except SpecError as e:
             skipped.append((str(r["row_id"]), str(e)))
         except (ValueError, TypeError, KeyError) as e:
@@ -516,6 +533,9 @@ def calibrate_command(
     "calibrated",
     json_out: Annotated[bool, typer.Option("--json", help="one JSON document on stdout")] =
     False,
+    cluster: Annotated[str | None, typer.Option(
+        "--cluster", help="your cluster (preset or TOML) instead of the preset picked from each "
+        "row's gpu_type; use the same one with `plan --profile`")] = None,
 ) -> None:
     """Fit an efficiency profile to your cluster's measured runs."""
     from rich.console import Console
@@ -527,7 +547,7 @@ def calibrate_command(
 
     try:
         df = read_runs(runs)
-        cases, skipped = runs_to_cases(df)
+        cases, skipped = runs_to_cases(df, cluster)
         if skipped and len(cases) < 2:
             rid, why = skipped[0]
             fail(f"--runs {runs}: row {rid}: {why}" + (

@@ -218,3 +218,26 @@ def test_validate_with_profile():
     assert r.exit_code == 0, r.output[-500:]
     r = runner.invoke(app, ["validate", "--no-vtrain", "--profile", "nope"])
     assert r.exit_code == 2
+
+
+def test_own_cluster_spec_changes_the_reference(tmp_path):
+    """With --cluster, the runs are predicted on the user's own fabric (here half the
+    InfiniBand bandwidth of a DGX H100), so the profile is relative to that spec."""
+    from search.calibrate import runs_to_cases
+
+    f = _rows(["R0242", "R0246"], tmp_path)  # Nemotron-4 340B BF16, 128 and 2048 H100
+    df = read_runs(f)
+    own = tmp_path / "half-ib.toml"
+    own.write_text(
+        'name = "half-ib"\ngpu = "h100-sxm5-80gb"\ngpus_per_node = 8\nnum_nodes = 256\n'
+        '[[tiers]]\nname = "nvlink4"\nkind = "nvlink"\ndomain_size = 8\nbw_gbyte_per_s = 450\n'
+        'latency_us = 3.0\n[[tiers]]\nname = "ib"\nkind = "infiniband"\nbw_gbit_per_s = 200\n'
+        'latency_us = 8.0\n')
+    cases, skipped = runs_to_cases(df, str(own))
+    assert not skipped and all(c.cluster.name == "half-ib" for c in cases)
+    assert cases[0].cluster.total_gpus == 128
+    default, _ = runs_to_cases(df)
+    slow = _predict(cases, EfficiencyProfile())
+    assert np.all(slow > _predict(default, EfficiencyProfile()))  # slower network, longer steps
+    r = runner.invoke(app, ["calibrate", "--runs", str(f), "--cluster", "nope-cluster"])
+    _one_line_exit_2(r)
