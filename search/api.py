@@ -12,8 +12,9 @@ message.
 
 from __future__ import annotations
 
-import numbers
+import functools
 import inspect
+import numbers
 import os
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
@@ -25,6 +26,8 @@ from pydantic import ValidationError
 
 from perfmodel.config import ParallelConfig, resolve_config
 from perfmodel.frameworks import FrameworkSpec, apply_framework, load_framework
+from perfmodel.profile import evaluate as profile_evaluate
+from perfmodel.profile import load_profile
 from perfmodel.specs import (
     ClusterSpec,
     ModelSpec,
@@ -287,6 +290,7 @@ def make_problem(
     overlap_tp_comm: bool | None = None,
     overlap_p2p_comm: bool | None = None,
     zero3_gather: str | None = None,
+    profile: Any = None,
     **fixed: Any,
 ) -> Problem:
     """Load the specs, build the space and bind the evaluation path (see :func:`plan`)."""
@@ -294,6 +298,7 @@ def make_problem(
                      precision=precision, optimizer=optimizer, objective=objective,
                      kernels=kernels, **fixed)
     fw = None if framework is None else load_framework(framework)
+    prof = load_profile(profile)
     m, t, c, why = _specs(model, cluster, training, gpus, {
         "global_batch_size": global_batch_size, "seq_len": seq_len, "precision": precision,
         "optimizer": optimizer, "flash_attention": flash_attention,
@@ -308,10 +313,13 @@ def make_problem(
     from perfmodel.memory import SEARCH_MEMORY_HEADROOM
 
     headroom = SEARCH_MEMORY_HEADROOM if memory_headroom is None else float(memory_headroom)
-    return Problem(space, evaluator or _default_evaluator(), getattr(objective, "value", objective),
-                   kernels, calibration, memory_headroom=headroom,
+    evaluator = evaluator or _default_evaluator()
+    if prof is not None and not prof.is_neutral:
+        evaluator = functools.partial(profile_evaluate, profile=prof, evaluator=evaluator)
+    return Problem(space, evaluator, getattr(objective, "value", objective), kernels,
+                   calibration, memory_headroom=headroom,
                    max_step_time_s=max_step_time_s, max_memory_bytes=max_memory_bytes,
-                   assumed=why)
+                   assumed=why, profile=None if prof is None else prof.name)
 
 
 def _check_single(space: SearchSpace) -> None:
@@ -372,6 +380,7 @@ def plan(
     overlap_tp_comm: bool | None = None,
     overlap_p2p_comm: bool | None = None,
     zero3_gather: str | None = None,
+    profile: Any = None,
     **fixed: Any,
 ) -> SearchResult:
     """Search the parallel configurations of ``model`` on ``cluster`` and rank them.
@@ -423,6 +432,11 @@ def plan(
     flash_attention, overlap_grad_reduce, overlap_tp_comm, overlap_p2p_comm, zero3_gather
         Single training switches (:class:`perfmodel.specs.TrainingSpec`); ``None`` keeps the
         framework's (or the training spec's) value.
+    profile
+        An efficiency profile fitted to measured runs (``plan calibrate``): a shipped name
+        (``"nemo-24.09"``), a TOML path or an :class:`perfmodel.profile.EfficiencyProfile`;
+        it scales kernel rates and link bandwidths and adds a per-step host time (see
+        ``perfmodel.profile``). None: the uncalibrated model.
     **fixed
         Pin parallel dimensions: ``dp tp pp vp cp zero_stage micro_batch_size recompute
         sequence_parallel schedule num_microbatches``; a value pins, a list / range restricts.
@@ -450,7 +464,7 @@ def plan(
         allow_tp_across_nodes=allow_tp_across_nodes, uneven_layers=uneven_layers,
         calibration=calibration, evaluator=evaluator, memory_headroom=memory_headroom,
         max_step_time_s=max_step_time_s, max_memory_bytes=max_memory_bytes,
-        framework=framework,
+        framework=framework, profile=profile,
         flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
         overlap_tp_comm=overlap_tp_comm, overlap_p2p_comm=overlap_p2p_comm,
         zero3_gather=zero3_gather, **fixed,

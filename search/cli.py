@@ -37,6 +37,7 @@ SUBCOMMANDS: dict[str, str] = {
     "realtime": "search.cli_realtime:realtime",
     "validate": "search.validate:validate_command",
     "verify": "harness.cli_verify:verify_cmd",
+    "calibrate": "search.calibrate:calibrate_command",
 }
 
 app = typer.Typer(
@@ -242,7 +243,8 @@ def assumed_lines(s: dict[str, Any]) -> list[str]:
     on = [_SWITCH_NAMES[k] for k in _SWITCH_NAMES if sw.get(k)]
     first = (f"assumed setup: framework {s.get('framework') or '(none: default switches)'}; "
              f"overlap {', '.join(on) or 'none'}; flash attention "
-             f"{'on' if sw.get('flash_attention') else 'off'}")
+             f"{'on' if sw.get('flash_attention') else 'off'}"
+             f"{'; profile ' + s['profile'] if s.get('profile') else ''}")
     lines = [first]
     values = {**{k: s.get(k) for k in ("seq_len", "global_batch_size", "precision",
                                          "optimizer")}, **sw}
@@ -458,6 +460,9 @@ def planner(
         help="pipeline sends / receives overlap compute")] = None,
     zero3_gather: Annotated[Zero3Gather | None, typer.Option(
         help="ZeRO-3 gathers per layer (FSDP2) or per tensor (DeepSpeed 2021)")] = None,
+    profile: Annotated[str | None, typer.Option(
+        help="efficiency profile: a shipped one (megatron-2021, megatron-2022, nemo-24.07, "
+             "nemo-24.09, bridge-25.x) or a TOML file written by `plan calibrate`")] = None,
 ) -> None:
     """Search (or, with every parallel option given, evaluate) parallel configurations."""
     if ctx.invoked_subcommand is not None:
@@ -466,7 +471,7 @@ def planner(
     # them at rich's default of 80 columns.
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
     if list_presets_:
-        for kind in ("model", "cluster", "gpu", "framework"):
+        for kind in ("model", "cluster", "gpu", "framework", "profile"):
             out.print(f"{kind}s: " + ", ".join(list_presets(kind)), soft_wrap=True)
         return
     check_bounds(gpus=gpus, global_batch=global_batch, seq_len=seq_len, dp=dp, tp=tp, pp=pp,
@@ -485,7 +490,7 @@ def planner(
             uneven_layers=uneven_layers, memory_headroom=memory_headroom,
             max_step_time_s=_quantity(max_step_time, _UNITS_S, "--max-step-time", "s"),
             max_memory_bytes=_quantity(max_memory, _UNITS_B, "--max-memory", "gib"),
-            framework=framework,
+            framework=framework, profile=profile,
             training=str(training) if training is not None else None,
             flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
             overlap_tp_comm=overlap_tp_comm, overlap_p2p_comm=overlap_p2p_comm,

@@ -373,6 +373,7 @@ def finalize(
             "optimizer": space.training.optimizer,
             "kernels": problem.kernels,
             "framework": None if space.framework is None else space.framework.name,
+            "profile": getattr(problem, "profile", None),
             "training_switches": {k: getattr(space.training, k) for k in (
                 "overlap_grad_reduce", "overlap_tp_comm", "overlap_p2p_comm",
                 "flash_attention", "zero3_gather", "grad_reduce_in_fp32", "fp8_params")},

@@ -623,6 +623,7 @@ class Problem:
     max_memory_bytes: float | None = None
     #: where each training value the caller left out came from (reported, not used)
     assumed: Mapping[str, str] = field(default_factory=dict)
+    profile: str | None = None  # name of the efficiency profile bound into the evaluator
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:

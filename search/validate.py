@@ -284,24 +284,36 @@ def case_from_row(r: pd.Series) -> Case:
                 str(r["reliability"])[:2].strip())
 
 
-def predict_case(case: Case, kernels: str = "fused") -> float:
-    """Predicted seconds for the case's measured quantity."""
+def predict_case(case: Case, kernels: str = "fused", profile=None) -> float:
+    """Predicted seconds for the case's measured quantity (under an efficiency profile: a
+    :class:`perfmodel.profile.EfficiencyProfile`, a shipped name or a TOML path)."""
+    from perfmodel import profile as profile_mod
+
+    prof = profile_mod.load_profile(profile)
     batch = ConfigBatch.from_configs([case.config])
     if case.scope == "layer":
         from perfmodel import comm_time, compute
+        from perfmodel.calibration import calibration_for
 
-        ct = compute.compute_times(case.model, case.training, case.cluster.gpu, batch,
-                                   kernels=kernels)
-        cm = comm_time.comm_times(case.model, case.training, case.cluster, batch)
+        cal, cluster = None, case.cluster
+        if prof is not None and not prof.is_neutral:
+            cal = prof.calibration(calibration_for(cluster.gpu), case.training.precision)
+            cluster = prof.cluster(cluster)
+        ct = compute.compute_times(case.model, case.training, cluster.gpu, batch,
+                                   kernels=kernels, calibration=cal)
+        cm = comm_time.comm_times(case.model, case.training, cluster, batch)
         layer = (ct["layer_fwd_s"] + ct["layer_bwd_s"] + ct["layer_recompute_s"]
                  + cm["tp_layer_fwd_s"] + cm["tp_layer_bwd_s"])
         return float(layer[0])
-    res = evaluate(case.model, case.training, case.cluster, batch, kernels=kernels)
+    res = profile_mod.evaluate(case.model, case.training, case.cluster, batch, profile=prof,
+                               kernels=kernels)
     return float(res.step_time_s[0])
 
 
-def training_runs_report(path: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Predicted vs published for every expressible row.
+def training_runs_report(path: Path | None = None, profile=None) -> tuple[
+        pd.DataFrame, pd.DataFrame]:
+    """Predicted vs published for every expressible row (under ``profile``, see
+    :func:`predict_case`).
 
     Returns ``(report, skipped)``: ``report`` has row_id, model, gpus, measured_s, predicted_s,
     error (signed fraction); ``skipped`` has row_id and reason.
@@ -311,7 +323,7 @@ def training_runs_report(path: Path | None = None) -> tuple[pd.DataFrame, pd.Dat
     for _, r in df.iterrows():
         try:
             case = case_from_row(r)
-            pred = predict_case(case)
+            pred = predict_case(case, profile=profile)
         except ValidationError as err:
             skipped.append({"row_id": r["row_id"], "model": r["model"],
                             "reason": format_validation_error(err)})
@@ -445,15 +457,23 @@ def validate_command(
                                      "of the shipped training_runs_dev.csv (default: that file)"),
     vtrain: bool = typer.Option(True, "--vtrain/--no-vtrain", help="also rank the vTrain runs"),
     json_out: bool = typer.Option(False, "--json", help="one JSON document on stdout"),
+    profile: str | None = typer.Option(None, "--profile", help="predict under this efficiency "
+                                       "profile (shipped name or TOML from `plan calibrate`)"),
 ) -> None:
     """Predicted versus published step times (the validation report)."""
     from rich.console import Console
     from rich.table import Table
 
+    from perfmodel.profile import load_profile
+
     try:
-        report, skipped = training_runs_report(runs)
+        prof = load_profile(profile)
+        report, skipped = training_runs_report(runs, profile=prof)
     except SpecError as e:
         typer.echo(f"plan: error: {e}", err=True)
+        raise typer.Exit(2) from None
+    except (OSError, KeyError, pd.errors.ParserError) as e:
+        typer.echo(f"plan: error: --runs {runs}: cannot read a training-runs table: {e}", err=True)
         raise typer.Exit(2) from None
     doc: dict = {"training_runs": summary(report), "rows": report.to_dict("records"),
                  "skipped": skipped.to_dict("records")}
