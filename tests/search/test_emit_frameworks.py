@@ -339,3 +339,17 @@ def test_torchtitan_flavor_is_the_model(torchtitan_config):
         assert (a.dim, a.n_layers, a.n_heads, a.n_kv_heads, a.vocab_size, a.rope_theta) == (
             m.hidden_size, m.num_layers, m.num_attention_heads, m.kv_heads, m.vocab_size,
             m.rope_base), preset
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cli_emit_output_is_a_file_the_framework_reads(fmt, readers):
+    """`plan --emit X > file`: stdout alone is read by the framework, with the planned degrees."""
+    from typer.testing import CliRunner
+
+    from search.cli import app
+    from tests.search.test_cli_emit_validate import ALL_RUN
+
+    r = CliRunner().invoke(app, [*ALL_RUN, "--emit", fmt])
+    assert r.exit_code == 0, r.output
+    got = readers[fmt](r.stdout, 16) if fmt != "deepspeed" else readers[fmt](r.stdout, 8)
+    assert (got["dp"], got["tp"], got["pp"]) == (8, 1, 2)
