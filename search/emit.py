@@ -68,6 +68,8 @@ _BRIDGE_PRECISION = {"bf16": "bf16_mixed", "fp16": "fp16_mixed",
                      "fp8-cs": "bf16_with_fp8_current_scaling_mixed",
                      "fp8-block": "bf16_with_fp8_subchannel_scaling_mixed",
                      "mxfp8": "bf16_with_mxfp8_mixed", "nvfp4": "bf16_with_nvfp4_mixed"}
+_BRIDGE_ACT = {"gelu": "gelu (torch.nn.functional.gelu)", "swiglu": "SwiGLU (F.silu, gated)",
+               "relu2": "squared ReLU (megatron.core.activations.squared_relu)"}
 #: Nearest recipe a framework may run instead, in order of preference.
 _NEAREST_RECIPE = {"fp8-delayed": ("fp8-cs", "fp8-block", "mxfp8", "bf16"),
                    "fp8-cs": ("fp8-delayed", "fp8-block", "mxfp8", "bf16"),
@@ -332,9 +334,6 @@ def _bridge_sections(config: ParallelConfig, model: ModelSpec, training: Trainin
     mdl.update({
         "normalization": "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
         "gated_linear_unit": m.activation == "swiglu",
-        "activation_func": {"gelu": "torch.nn.functional.gelu",
-                            "swiglu": "torch.nn.functional.silu",
-                            "relu2": "megatron.core.activations.squared_relu"}[m.activation],
         "add_bias_linear": m.linear_bias,
         "add_qkv_bias": m.linear_bias or m.qkv_bias,
         "share_embeddings_and_output_weights": m.tied_embeddings,
@@ -411,6 +410,8 @@ def bridge_yaml(config: ParallelConfig, model: ModelSpec, training: TrainingSpec
         "#   torchrun ... pretrain_<recipe>.py --config-file bridge.yaml",
         f"# launch on dp*tp*pp*cp = {c.dp}*{c.tp}*{c.pp}*{c.cp} = {c.gpus} GPUs (data parallel "
         f"{c.dp} follows from the world size); {m_count} micro-batches per step",
+        f"# activation {_BRIDGE_ACT[model.activation]}: a callable, set by the recipe's model "
+        "provider (Bridge's YAML overrides leave callables alone)",
     ]
     for sec, body in sections.items():
         if isinstance(body, dict):
