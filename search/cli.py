@@ -288,20 +288,20 @@ def planner(
         # stdout carries only the launch settings (`plan --emit deepspeed > ds.json`)
         out = Console(stderr=True, highlight=False)
     progress = _LazyProgress(err) if err.is_terminal and not json_out else None
-    plan_kwargs: dict[str, Any] = dict(
-        model=model, cluster=cluster, gpus=gpus, global_batch_size=global_batch,
-        seq_len=seq_len, precision=precision.value if precision else None,
-        optimizer=optimizer.value if optimizer else None,
-        strategy=strategy.value, objective=objective.value, top=top,
-        kernels=kernels.value, progress=progress,
-        calibration=str(calibration) if calibration is not None else None,
-        allow_idle_gpus=allow_idle_gpus, allow_tp_across_nodes=allow_tp_across_nodes,
-        uneven_layers=uneven_layers, framework=framework,
-        dp=dp, tp=tp, pp=pp, vp=vp, cp=cp, zero_stage=zero, micro_batch_size=micro_batch,
-        recompute=recompute.value if recompute else None,
-        sequence_parallel=sequence_parallel,
-        schedule=schedule.value if schedule else None,
-    )
+    plan_kwargs: dict[str, Any] = {
+        "model": model, "cluster": cluster, "gpus": gpus, "global_batch_size": global_batch,
+        "seq_len": seq_len, "precision": precision.value if precision else None,
+        "optimizer": optimizer.value if optimizer else None,
+        "strategy": strategy.value, "objective": objective.value, "top": top,
+        "kernels": kernels.value, "progress": progress,
+        "calibration": str(calibration) if calibration is not None else None,
+        "allow_idle_gpus": allow_idle_gpus, "allow_tp_across_nodes": allow_tp_across_nodes,
+        "uneven_layers": uneven_layers, "framework": framework,
+        "dp": dp, "tp": tp, "pp": pp, "vp": vp, "cp": cp, "zero_stage": zero,
+        "micro_batch_size": micro_batch, "recompute": recompute.value if recompute else None,
+        "sequence_parallel": sequence_parallel,
+        "schedule": schedule.value if schedule else None,
+    }
     try:
         result = api.plan(**plan_kwargs)
     except SpecError as e:

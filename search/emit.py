@@ -300,10 +300,10 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
     head = [
         "# Megatron-LM (Megatron-Core 0.16) arguments for pretrain_gpt.py; '#' lines are comments:",
         "#   torchrun ... pretrain_gpt.py $(grep -v '^#' megatron.args) --data-path ... ",
-        f"# launch on dp*tp*pp*cp = {c.dp}*{c.tp}*{c.pp}*{c.cp} = {c.gpus} GPUs: Megatron derives "
-        f"data parallel {c.dp} from the world size;",
-        f"# {m_count} micro-batches of {c.micro_batch_size} per step (gradient accumulation), "
-        f"schedule {'interleaved 1F1B' if c.vp > 1 else '1F1B'}",
+        (f"# launch on dp*tp*pp*cp = {c.dp}*{c.tp}*{c.pp}*{c.cp} = {c.gpus} GPUs: Megatron "
+         f"derives data parallel {c.dp} from the world size;"),
+        (f"# {m_count} micro-batches of {c.micro_batch_size} per step (gradient accumulation), "
+         f"schedule {'interleaved 1F1B' if c.vp > 1 else '1F1B'}"),
     ]
     if uneven:
         head.append(f"# layers per pipeline chunk: {'/'.join(map(str, chunks))}")
@@ -408,10 +408,10 @@ def bridge_yaml(config: ParallelConfig, model: ModelSpec, training: TrainingSpec
     lines = [
         "# Megatron-Bridge ConfigContainer override: the recipe's example script reads it with",
         "#   torchrun ... pretrain_<recipe>.py --config-file bridge.yaml",
-        f"# launch on dp*tp*pp*cp = {c.dp}*{c.tp}*{c.pp}*{c.cp} = {c.gpus} GPUs (data parallel "
-        f"{c.dp} follows from the world size); {m_count} micro-batches per step",
-        f"# activation {_BRIDGE_ACT[model.activation]}: a callable, set by the recipe's model "
-        "provider (Bridge's YAML overrides leave callables alone)",
+        (f"# launch on dp*tp*pp*cp = {c.dp}*{c.tp}*{c.pp}*{c.cp} = {c.gpus} GPUs (data "
+         f"parallel {c.dp} follows from the world size); {m_count} micro-batches per step"),
+        (f"# activation {_BRIDGE_ACT[model.activation]}: a callable, set by the recipe's model "
+         "provider (Bridge's YAML overrides leave callables alone)"),
     ]
     for sec, body in sections.items():
         if isinstance(body, dict):
@@ -506,8 +506,8 @@ def torchtitan_toml(config: ParallelConfig, model: ModelSpec, training: Training
     m_count = training.global_batch_size // (c.dp * c.micro_batch_size)
     head = [
         "# torchtitan job config: torchrun ... -m torchtitan.train --job.config_file torchtitan.toml",
-        f"# launch on dp*tp*pp*cp = {c.dp}*{c.tp}*{c.pp}*{c.cp} = {c.gpus} GPUs; {m_count} "
-        f"micro-batches of {c.micro_batch_size} per step",
+        (f"# launch on dp*tp*pp*cp = {c.dp}*{c.tp}*{c.pp}*{c.cp} = {c.gpus} GPUs; {m_count} "
+         f"micro-batches of {c.micro_batch_size} per step"),
     ]
     if m.name not in _TORCHTITAN_FLAVOR:
         head.append(f"# flavor '{flavor}' is not shipped with torchtitan: register it in "
@@ -620,8 +620,10 @@ class Launch:
                     f"mbs={c['micro_batch_size']} recompute={c['recompute']} "
                     f"sp={'on' if c['sequence_parallel'] else 'off'} schedule={c['schedule']}"
                     f"{' ' + alt['precision'] if alt.get('precision_changed') else ''}, step "
-                    f"{alt['step_time_s']:.3g} s vs {alt['planned_step_time_s']:.3g} s planned "
-                    f"(plan ... --framework {self.framework} --emit {self.format})")
+                    f"{alt['step_time_s']:.3g} s"
+                    + (f" vs {alt['planned_step_time_s']:.3g} s planned"
+                       if alt.get("planned_step_time_s") is not None else "")
+                    + f" (plan ... --framework {self.framework} --emit {self.format})")
         elif alt and alt.get("error"):
             msg += f"; and the search finds nothing {self.framework} runs: {alt['error']}"
         return msg
@@ -679,8 +681,7 @@ def _alternative(fmt: str, fw: FrameworkSpec, model: ModelSpec, training: Traini
     alt_training = training.model_copy(update={"precision": precision})
     alt: dict[str, Any] = {
         "framework": fw.name, "config": row["config"], "step_time_s": row["step_time_s"],
-        "planned_step_time_s": planned_step_time_s if planned_step_time_s is not None
-        else float("nan"),
+        "planned_step_time_s": planned_step_time_s,
         "precision": recipe, "precision_changed": recipe != precision_recipe(training),
         "mfu": row["mfu"], "text": None,
     }

@@ -39,10 +39,9 @@ warnings.filterwarnings("ignore", message=".*Transformer Engine.*")
 @pytest.fixture(scope="module")
 def deepspeed_config():
     pytest.importorskip("deepspeed")
-    import torch.distributed as tdist
-
     import deepspeed
     import deepspeed.comm as dscomm
+    import torch.distributed as tdist
     from deepspeed.accelerator import get_accelerator
     from deepspeed.runtime.config import DeepSpeedConfig
 
