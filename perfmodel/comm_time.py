@@ -165,7 +165,9 @@ def comm_times(
 # --------------------------------------------------------------------------------------------
 #: The configuration fields that communication times depend on.
 _COMM_FIELDS = ("dp", "tp", "pp", "cp", "zero_stage", "micro_batch_size", "num_microbatches",
-                "recompute", "sequence_parallel", "grad_compression", "topk_ratio", "ep", "etp")
+                "recompute", "sequence_parallel", "grad_compression", "topk_ratio",
+                "vp", "first_stage_layers", "last_stage_layers", "embedding_as_layer",
+                "loss_as_layer", "ep", "etp")
 
 
 def moe_comm_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,

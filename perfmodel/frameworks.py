@@ -20,11 +20,17 @@ from pydantic import Field
 from perfmodel.config import RECOMPUTE, SCHEDULE
 from perfmodel.specs import Spec, SpecError, TrainingSpec, _build, _resolve
 
-__all__ = ["FrameworkSpec", "apply_framework", "framework_pins", "load_framework",
+__all__ = ["PRECISION_RECIPES", "FrameworkSpec", "apply_framework", "framework_pins", "load_framework",
            "zero_pp_allowed"]
 
 ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb"]
 RecomputeName = Literal["none", "selective", "full"]
+#: Precision recipes a launch config can name (``search.emit`` maps each to the stack's switch):
+#: plain ``fp8`` is delayed scaling (Transformer Engine's and Megatron's default), ``fp4`` NVFP4.
+PrecisionRecipe = Literal["fp32", "bf16", "fp16", "fp8-cs", "fp8-delayed", "fp8-block", "mxfp8",
+                          "nvfp4"]
+PRECISION_RECIPES: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8-cs", "fp8-delayed",
+                                      "fp8-block", "mxfp8", "nvfp4")
 
 
 class FrameworkSpec(Spec):
@@ -41,6 +47,11 @@ class FrameworkSpec(Spec):
     overlap_p2p_comm: bool
     flash_attention: bool
     zero3_gather: Literal["layer", "tensor"] = "layer"
+    grad_reduce_in_fp32: bool = Field(
+        default=True, description="fp32 main-grad buffer and reduction (Megatron-LM's bf16 "
+        "default); NeMo's performance recipes reduce in bf16")
+    fp8_params: bool = Field(
+        default=False, description="fp8 recipes keep fp8 model weights (--fp8-param-gather)")
     # capabilities: what a search may choose for this stack
     zero_stages: tuple[Literal[0, 1, 2, 3], ...] = Field(min_length=1)
     max_zero_stage_with_pp: Literal[0, 1, 2, 3] = Field(
@@ -51,12 +62,16 @@ class FrameworkSpec(Spec):
         description="Megatron-style sequence parallelism with tp > 1: never, either, always")
     context_parallel: bool
     uneven_pipeline: bool = Field(description="stages may hold different layer counts")
+    precisions: tuple[PrecisionRecipe, ...] = Field(
+        default=PRECISION_RECIPES, min_length=1,
+        description="precision recipes the stack's launch config can switch on")
 
     def training_switches(self) -> dict[str, Any]:
         """The TrainingSpec fields this stack fixes."""
         return {k: getattr(self, k) for k in ("overlap_grad_reduce", "overlap_tp_comm",
                                                "overlap_p2p_comm", "flash_attention",
-                                               "zero3_gather")}
+                                               "zero3_gather", "grad_reduce_in_fp32",
+                                               "fp8_params")}
 
     def describe(self) -> str:
         """One line for the report header."""

@@ -22,7 +22,8 @@ from __future__ import annotations
 from perfmodel.config import ParallelConfig
 from perfmodel.specs import ModelSpec, TrainingSpec
 
-__all__ = ["megatron_bridge_moe_overrides", "megatron_moe_args", "torchtitan_moe_lines"]
+__all__ = ["megatron_bridge_moe_fields", "megatron_bridge_moe_overrides", "megatron_moe_args",
+           "torchtitan_moe_fields", "torchtitan_moe_lines"]
 
 
 def _layer_freq(model: ModelSpec) -> str:
@@ -73,19 +74,36 @@ def megatron_moe_args(config: ParallelConfig, model: ModelSpec, training: Traini
     return args
 
 
+def megatron_bridge_moe_fields(config: ParallelConfig, model: ModelSpec,
+                               training: TrainingSpec) -> dict[str, object]:
+    """Megatron-Bridge ``model`` (``GPTModelProvider``) fields of the MoE part ({} when dense)."""
+    if not model.is_moe:
+        return {}
+    c = config
+    out: dict[str, object] = {
+        "num_moe_experts": model.num_experts, "moe_router_topk": model.moe_top_k,
+        "moe_ffn_hidden_size": model.expert_ffn_size,
+        "expert_model_parallel_size": c.ep, "expert_tensor_parallel_size": c.expert_tp,
+        "moe_token_dispatcher_type": training.moe_token_dispatcher, "moe_grouped_gemm": True,
+    }
+    if model.shared_ffn_size:
+        out["moe_shared_expert_intermediate_size"] = model.shared_ffn_size
+    return out
+
+
 def megatron_bridge_moe_overrides(config: ParallelConfig, model: ModelSpec,
                                   training: TrainingSpec) -> list[str]:
     """Megatron-Bridge recipe overrides (``model.<field>=<value>``) for the MoE part."""
+    return [f"model.{k}={v}"
+            for k, v in megatron_bridge_moe_fields(config, model, training).items()]
+
+
+def torchtitan_moe_fields(config: ParallelConfig, model: ModelSpec) -> dict[str, int]:
+    """torchtitan ``[parallelism]`` keys for expert parallelism ({} for a dense model)."""
     if not model.is_moe:
-        return []
-    c = config
-    return [f"model.num_moe_experts={model.num_experts}",
-            f"model.moe_router_topk={model.moe_top_k}",
-            f"model.moe_ffn_hidden_size={model.expert_ffn_size}",
-            f"model.expert_model_parallel_size={c.ep}",
-            f"model.expert_tensor_parallel_size={c.expert_tp}",
-            f"model.moe_token_dispatcher_type={training.moe_token_dispatcher}",
-            "model.moe_grouped_gemm=True"]
+        return {}
+    return {"expert_parallel_degree": config.ep,
+            "expert_tensor_parallel_degree": config.expert_tp}
 
 
 def torchtitan_moe_lines(config: ParallelConfig, model: ModelSpec) -> list[str]:
