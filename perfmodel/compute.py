@@ -228,6 +228,26 @@ def _overlap_s(gpu_s, cpu_s):
 _SHAPE_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "recompute", "ep", "etp")
 
 
+UNFUSED_ROPE_KERNELS = 6
+"""Elementwise kernels of an unfused rotary embedding of q and k (split halves, two products
+with cos / sin, negate, cat, add: Megatron ``_apply_rotary_pos_emb_bshd`` without
+``apply_rope_fusion``), as counted for the eager path."""
+
+
+def unfused_activation_kernels(model: ModelSpec, pass_: str) -> tuple[int, float]:
+    """(kernels, values moved per MLP intermediate column and token) of the MLP's bias + activation
+    run as separate PyTorch ops. Gated (GLU): the fc1 bias add (reads and writes the ``2f`` fc1
+    output: 4), then on the halves gate clamp (2), linear clamp (2), the activation's scale,
+    sigmoid and product (2 + 2 + 3, quick-GELU ``x*sigmoid(1.702x)``), the linear offset add (2)
+    and the gate product (3): 8 kernels, 20 values per column, against the fused kernel's 3.
+    Without a gate: bias add (2) and activation (2). The backward runs autograd's kernels of
+    each op, taken as twice the forward's (16 kernels, 40 values). Source: Megatron-Core
+    ``mlp.py`` (``glu`` with ``activation_func_clamp_value``, ``glu_linear_offset`` when
+    ``bias_activation_fusion`` is off); Megatron-Bridge ``GPTOSSProvider``."""
+    n_k, vals = (8, 20.0) if model.gated_mlp else (2, 4.0)
+    return (n_k, vals) if pass_ == "fwd" else (2 * n_k, 2.0 * vals)
+
+
 def compute_times(
     model: ModelSpec,
     training: TrainingSpec,
@@ -332,7 +352,9 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
                 continue
             for lay in layouts:
                 if name.startswith("expert_"):  # one grouped GEMM over the local experts
-                    ph.add(grouped_gemm_time_s(cal, count, m_, n_, k_, lay, peak, ratio))
+                    # Transformer Engine's GroupedLinear (general_grouped_gemm) launches one
+                    # cuBLAS GEMM per local expert: ``count`` launches on the host
+                    ph.add(grouped_gemm_time_s(cal, count, m_, n_, k_, lay, peak, ratio), count)
                 else:
                     ph.add(count * gemm_time_s(cal, m_, n_, k_, lay, peak, ratio), count)
 
@@ -404,9 +426,14 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         else:
             ph.mem("layernorm", 2 * act_b * Tn * h, 2)  # fused ln1, ln2
             ph.mem("dropout", (3 * act_b + 1) * Tn * h, 2)  # fused bias + dropout + add, x2
-            ph.mem("gelu", (act_cols + f_gpu) * act_b * T)  # fused bias + activation
+            if model.fused_elementwise:
+                ph.mem("gelu", (act_cols + f_gpu) * act_b * T)  # fused bias + activation
+            else:  # unfused_activation_kernels: separate PyTorch ops
+                n_k, vals = unfused_activation_kernels(model, "fwd")
+                ph.mem("gelu", vals / n_k * f_gpu * act_b * T, n_k)
             if model.position_embedding == "rope":
-                ph.mem("copy", 2 * act_b * T * (nh_gpu + model.kv_heads / tp) * d)
+                ph.mem("copy", 2 * act_b * T * (nh_gpu + model.kv_heads / tp) * d,
+                       1 if model.fused_elementwise else UNFUSED_ROPE_KERNELS)
             if lowp:  # quantise the four GEMM inputs
                 ph.mem("copy", (act_b + 1) * T * (2 * h + nh_gpu * d + f_gpu), 4)
 
@@ -441,9 +468,16 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         ph.mem("layernorm", 3 * act_b * Tn * h, 2)  # fused ln backward
         ph.mem("dropout", (2 * act_b + 1) * Tn * h, 2)  # dropout backward
         ph.mem("add", 3 * act_b * Tn * h, 2)  # residual gradient sums
-        ph.mem("gelu", (2 * act_cols + f_gpu) * act_b * T)  # bias + activation backward
+        if model.fused_elementwise:
+            ph.mem("gelu", (2 * act_cols + f_gpu) * act_b * T)  # bias + activation backward
+        else:
+            n_k, vals = unfused_activation_kernels(model, "bwd")
+            ph.mem("gelu", vals / n_k * f_gpu * act_b * T, n_k)
+            if has_bias and not lowp:  # bias gradients: column sums of the output gradients
+                ph.mem("add", act_b * T * (gemms[0][2] + h + act_cols + h) / 4, 4)
         if model.position_embedding == "rope":
-            ph.mem("copy", 2 * act_b * T * (nh_gpu + model.kv_heads / tp) * d)
+            ph.mem("copy", 2 * act_b * T * (nh_gpu + model.kv_heads / tp) * d,
+                   1 if model.fused_elementwise else UNFUSED_ROPE_KERNELS)
         if lowp:  # quantise the output gradients
             ph.mem("copy", (act_b + 1) * T * (gemms[0][2] + act_cols + 2 * h), 4)
 

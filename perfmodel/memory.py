@@ -681,7 +681,8 @@ def memory_breakdown(
             **kw,
         )
     # MoE: dispatched tokens, expert outputs before the combine, router scores (perfmodel.moe)
-    moe_extra = moe.moe_activation_extra_bytes(model, training, c, e)
+    moe_extra = moe.moe_activation_extra_bytes(model, training, c, e,
+                                               kw.get("gemm_input_bytes"))
     layer_act = layer_act + np.where(rc == _CODE_FULL, 0.0, moe_extra)
     layer_full = layer_full + moe_extra
     # the layer being recomputed (fused: summed; eager: only in its own moment, see below)

@@ -117,20 +117,26 @@ def effective_ffn_size(model: ModelSpec) -> float:
 
 
 def moe_activation_extra_bytes(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch,
-                               bytes_per_value: float) -> np.ndarray:
+                               bytes_per_value: float, gemm_input_bytes: float | None = None
+                               ) -> np.ndarray:
     """Activation bytes an MoE layer keeps beyond a dense MLP's, averaged over the layers, per
     micro-batch and GPU: the permuted (dispatched) expert input and the expert output before the
-    probability-weighted combine (``2 * etp*T*k*imb * h`` values), and the fp32 router logits and
-    probabilities (``2 * 4 * T * E`` bytes).
+    probability-weighted combine (``etp*T*k*imb * h`` values each), and the fp32 router logits
+    and probabilities (``2 * 4 * T * E`` bytes). The permuted input is the first expert GEMM's
+    input: under Transformer Engine's fp8 / fp4 recipes ``GroupedLinear`` saves its fp8 cast
+    (``gemm_input_bytes``, 1 byte; :func:`perfmodel.memory.fp8_gemm_input_bytes`), the expert
+    output stays in the activation dtype.
 
     References
     ----------
-    Megatron-Core ``moe_utils.permute`` / ``unpermute`` (saved for the backward), ``router.py``.
+    Megatron-Core ``moe_utils.permute`` / ``unpermute`` (saved for the backward), ``router.py``;
+    Transformer Engine ``pytorch/module/grouped_linear.py`` (saved ``inputmats``).
     """
     if not model.is_moe:
         return np.zeros(len(batch))
     rows = batch.etp * routed_tokens_per_gpu(model, training, batch) * model.load_imbalance
-    per_layer = 2.0 * rows * model.hidden_size * bytes_per_value + 8.0 * tokens_per_gpu(
+    g_in = bytes_per_value if gemm_input_bytes is None else gemm_input_bytes
+    per_layer = rows * model.hidden_size * (g_in + bytes_per_value) + 8.0 * tokens_per_gpu(
         training, batch) * model.num_experts
     return model.moe_layer_fraction * per_layer
 

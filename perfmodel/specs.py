@@ -323,6 +323,11 @@ class ModelSpec(Spec):
     )
     moe_router_dtype: Literal["fp32", "bf16"] = "fp32"
     moe_router_bias: bool = Field(default=False, description="router has a bias (GPT-OSS)")
+    fused_elementwise: bool = Field(
+        default=True, description="bias + activation, bias + dropout + add and RoPE run as fused "
+        "kernels (Megatron's bias_activation_fusion, bias_dropout_fusion, apply_rope_fusion); "
+        "False: as separate PyTorch ops (Megatron-Bridge GPTOSSProvider: the clamped GeGLU, "
+        "its biases and the learnable-sink attention leave the fusions off)")
     # Multi-head latent attention (DeepSeek-V2/V3): head_dim is the no-RoPE q/k head size.
     q_lora_rank: PosInt | None = None
     kv_lora_rank: PosInt | None = None

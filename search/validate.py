@@ -459,6 +459,9 @@ def validate_command(
     vtrain: bool = typer.Option(True, "--vtrain/--no-vtrain", help="also rank the vTrain runs"),
     moe: bool = typer.Option(True, "--moe/--no-moe", help="also the published MoE runs "
                              "(moe_runs_dev.csv)"),
+    tuned: bool = typer.Option(False, "--tuned", help="also the tuned-recipe check of the MoE "
+                               "runs: a free search per setting against the best published "
+                               "recipe (search.validate_moe.moe_tuned_report; about a minute)"),
     json_out: bool = typer.Option(False, "--json", help="one JSON document on stdout"),
     profile: str | None = typer.Option(None, "--profile", help="predict under this efficiency "
                                        "profile (shipped name or TOML from `plan calibrate`)"),
@@ -492,6 +495,12 @@ def validate_command(
         from search.validate_moe import moe_doc
 
         doc["moe_runs"], moe_report, moe_skipped = moe_doc()
+    if tuned:
+        from search.validate_moe import moe_tuned_report, moe_tuned_summary
+
+        tuned_report = moe_tuned_report()
+        doc["moe_tuned"] = {"summary": moe_tuned_summary(tuned_report),
+                            "settings": tuned_report.to_dict("records")}
     if json_out:
         typer.echo(json.dumps(doc, indent=2, default=float))
         return
@@ -516,6 +525,10 @@ def validate_command(
         from search.validate_moe import print_moe_report
 
         print_moe_report(out, moe_report, moe_skipped)
+    if tuned:
+        from search.validate_moe import print_moe_tuned
+
+        print_moe_tuned(out, tuned_report)
     if vtrain:
         v = doc["vtrain"]
         out.print(f"vTrain: {v['groups']} groups, mean Spearman {v['mean_spearman']:.3f}, "

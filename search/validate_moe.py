@@ -35,7 +35,8 @@ from perfmodel.specs import ClusterSpec, ModelSpec, SpecError, TrainingSpec, loa
 from perfmodel.step import evaluate
 from search.validate import VALIDATION_DIR, Case, _cluster_for
 
-__all__ = ["moe_case_from_row", "moe_runs_report", "moe_summary", "moe_tuned_report"]
+__all__ = ["moe_case_from_row", "moe_runs_report", "moe_summary", "moe_tuned_report",
+           "moe_tuned_summary", "print_moe_tuned"]
 
 _PRESETS = {"deepseek-v3": "deepseek-v3", "qwen3-235b-a22b": "qwen3-235b-a22b",
             "qwen3-30b-a3b": "qwen3-30b-a3b", "gpt-oss-120b": "gpt-oss-120b",
@@ -243,6 +244,33 @@ def moe_tuned_report(path: Path | None = None, limit: int | None = None) -> pd.D
     if len(out):
         out["ok"] = (out["ratio"] >= 0.90) & (out["ratio"] <= 1.15)
     return out
+
+
+def moe_tuned_summary(tuned: pd.DataFrame) -> dict:
+    """Settings of the tuned-recipe check and how many are within [0.90, 1.15]."""
+    n = len(tuned)
+    ok = int(tuned["ok"].sum()) if n else 0
+    return {"settings": n, "within": ok, "fraction": ok / n if n else float("nan"),
+            "band": [0.90, 1.15]}
+
+
+def print_moe_tuned(out, tuned: pd.DataFrame) -> None:
+    """The tuned-recipe check as a table and its one-line summary."""
+    from rich.table import Table
+
+    t = Table(title="MoE tuned recipes: best published over the search's best", title_justify="left")
+    for col in ("model", "GPU", "GPUs", "batch", "precision", "measured", "search best",
+                "ratio", "search's config"):
+        t.add_column(col, justify="left" if col in ("model", "GPU", "precision",
+                                                    "search's config") else "right")
+    for r in tuned.itertuples():
+        t.add_row(r.model, r.gpu, str(r.gpus), str(r.global_batch), r.precision,
+                  f"{r.measured_s:.4g} s", f"{r.predicted_best_s:.4g} s", f"{r.ratio:.2f}",
+                  r.best_config)
+    out.print(t)
+    s = moe_tuned_summary(tuned)
+    out.print(f"tuned-recipe check: {s['within']} of {s['settings']} settings within "
+              f"[0.90, 1.15] ({s['fraction']:.0%})")
 
 
 def _cfg_text(row) -> str:

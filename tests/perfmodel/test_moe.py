@@ -196,3 +196,59 @@ def test_etp_other_than_tp_pays_the_gather_even_without_ep():
     assert comm_volume.ep_dispatch_bytes(MIX, TR, b)[0] == pytest.approx(4 * 32 * 4 * per)
     same = batch(dp=8, tp=4, pp=1, ep=1, etp=4, sequence_parallel=True)
     assert comm_volume.ep_dispatch_bytes(MIX, TR, same)[0] == 0.0  # behind the tp all-gather
+
+
+def test_grouped_gemm_launches_one_gemm_per_local_expert(monkeypatch):
+    # Transformer Engine's GroupedLinear launches one cuBLAS GEMM per local expert. With the
+    # host cost per launch made huge (1 s) the layer is launch-bound: Mixtral with ep = 2 holds
+    # 8/2 = 4 local experts, with ep = 8 one; the forward's two grouped GEMMs (fc1, fc2) then
+    # differ by 2 * (4 - 1) = 6 launches = 6 s, the backward's four (dgrad, wgrad) by 12 s.
+    from perfmodel import compute
+
+    gpu = load_cluster("dgx-h100").gpu
+    monkeypatch.setattr(compute, "CPU_FWD_LAUNCH_S", 1.0)
+    monkeypatch.setattr(compute, "CPU_BWD_LAUNCH_S", 1.0)
+    t2 = compute_times(MIX, TR, gpu, batch(dp=16, pp=4, ep=2, etp=1))
+    t8 = compute_times(MIX, TR, gpu, batch(dp=16, pp=4, ep=8, etp=1))
+    assert t2["layer_fwd_s"][0] - t8["layer_fwd_s"][0] == pytest.approx(6.0, rel=0.01)
+    assert t2["layer_bwd_s"][0] - t8["layer_bwd_s"][0] == pytest.approx(12.0, rel=0.01)
+
+
+def test_unfused_elementwise_kernels_by_hand():
+    # GPT-OSS (Megatron-Bridge leaves bias_activation_fusion off): the gated activation runs as
+    # 8 kernels moving 20 values per intermediate column and token instead of the fused 3;
+    # the backward 16 kernels and 40 values instead of 5; RoPE 6 kernels instead of 1.
+    from perfmodel.compute import UNFUSED_ROPE_KERNELS, unfused_activation_kernels
+
+    oss = load_model("gpt-oss-120b")
+    assert not oss.fused_elementwise and MIX.fused_elementwise
+    assert unfused_activation_kernels(oss, "fwd") == (8, 20.0)
+    assert unfused_activation_kernels(oss, "bwd") == (16, 40.0)
+    assert UNFUSED_ROPE_KERNELS == 6
+    # the unfused model is slower, by the extra elementwise traffic only (same GEMMs)
+    gpu = load_cluster("dgx-b200").gpu
+    tr = load_training(global_batch_size=64, seq_len=4096)
+    b = batch(dp=8, ep=8, etp=1, micro_batch_size=4)
+    slow = compute_times(oss, tr, gpu, b)["layer_fwd_s"][0]
+    fast = compute_times(oss.model_copy(update={"fused_elementwise": True}), tr, gpu, b)
+    # extra forward traffic: (20 - 3) values * k*f = 4*2880 columns * 16384 tokens * 2 bytes at
+    # the activation kernels' bandwidth, and 5 more RoPE passes over q and k (64 + 8 heads of
+    # 64, read and written: 2 * 2 bytes) at the copy bandwidth; the phase is GPU-bound, so the
+    # smooth maximum passes the difference through (within 5 %)
+    from perfmodel.calibration import calibration_for
+
+    cal = calibration_for(gpu, None)
+    extra_s = (17 * 4 * 2880 * 16384 * 2 / cal.membw_bytes_per_s("gelu")
+               + 5 * 2 * 2 * 16384 * 72 * 64 / cal.membw_bytes_per_s("copy"))
+    assert slow - fast["layer_fwd_s"][0] == pytest.approx(extra_s, rel=0.05)
+
+
+def test_fp8_recipes_save_the_permuted_expert_input_in_fp8():
+    # Mixtral, b=1, s=4096, tp=1: T*k = 8192 routed rows of h = 4096; bf16: permuted input and
+    # expert output 2 bytes each, + fp32 router scores 8 * 4096 * 8 bytes
+    b = batch(dp=16, pp=4, ep=8, etp=1)
+    router = 8.0 * 4096 * 8
+    bf16 = moe.moe_activation_extra_bytes(MIX, TR, b, 2.0)[0]
+    fp8 = moe.moe_activation_extra_bytes(MIX, TR, b, 2.0, 1.0)[0]
+    assert bf16 == pytest.approx(8192 * 4096 * 4 + router)
+    assert fp8 == pytest.approx(8192 * 4096 * 3 + router)
