@@ -20,7 +20,9 @@ def test_megatron_moe_and_mla_flags_deepseek():
                  "--qk-pos-emb-head-dim 64", "--v-head-dim 128"):
         assert flag in args, flag
     text = emit("megatron", cfg, m, TR)
-    assert "--expert-model-parallel-size 64 \\" in text
+    assert "--expert-model-parallel-size 64" in text.splitlines()  # one argument a line
+    bridge = emit("bridge", cfg, m, TR)
+    assert "expert_model_parallel_size: 64" in bridge and "num_moe_experts: 256" in bridge
     assert "model.expert_model_parallel_size=64" in megatron_bridge_moe_overrides(cfg, m, TR)
 
 

@@ -2,9 +2,9 @@
 
 Issue targets: step-time MAPE <= 10 % with every row expressible or refused for a stated true
 limit; the tuned-recipe check in >= 80 % of settings. Measured at the time of writing: MAPE
-19.9 % (42 % of rows within 10 %), tuned check 20 of 43 settings (docs/moe.md). The MAPE target
-is not met; the tests below guard what is reached so that a change cannot make it worse
-unnoticed, and check the refusals.
+17.1 % (52 % of rows within 10 %; leave-one-model-out 19.2 %), tuned check see docs/moe.md. The
+targets are not met; the tests below guard what is reached so that a change cannot make it
+worse unnoticed, and check the refusals.
 """
 
 import numpy as np
@@ -40,8 +40,12 @@ def test_moe_mape_does_not_regress(report):
     rows, _ = report
     s = moe_summary(rows)
     table = rows[["row_id", "config", "measured_s", "predicted_s", "error"]].to_string()
-    assert s["mape"] <= 0.21, f"MAPE {s['mape']:.1%}\n{table}"
-    assert s["within_10pct"] >= 0.40
+    assert s["mape"] <= 0.18, f"MAPE {s['mape']:.1%}\n{table}"
+    assert s["within_10pct"] >= 0.50
+    # GPT-OSS-120B: its unfused elementwise ops (Megatron-Bridge GPTOSSProvider) modelled,
+    # MAPE 10.4 % (was 23 % too fast on average)
+    oss = rows[rows["model"] == "GPT-OSS-120B"]
+    assert len(oss) == 16 and np.abs(oss["error"]).mean() <= 0.11
     # Grok-1 (dgxc, measured iteration times): within 11 % on every row (-7 to -10.1 %)
     grok = rows[rows["model"] == "Grok-1"]
     assert len(grok) == 12 and np.all(np.abs(grok["error"]) <= 0.11)
@@ -52,6 +56,25 @@ def test_tuned_check_runs_on_two_settings():
     t = moe_tuned_report(limit=2)
     assert len(t) == 2 and np.all(np.isfinite(t["ratio"])) and (t["ratio"] > 0).all()
     assert set(t.columns) >= {"measured_s", "predicted_best_s", "ratio", "ok", "best_config"}
+    # what `plan validate --tuned` prints and puts in its JSON
+    from rich.console import Console
+
+    from search.validate_moe import moe_tuned_summary, print_moe_tuned
+
+    s = moe_tuned_summary(t)
+    assert s["settings"] == 2 and s["within"] == int(t["ok"].sum()) and s["band"] == [0.90, 1.15]
+    out = Console(record=True, width=200)
+    print_moe_tuned(out, t)
+    assert f"tuned-recipe check: {s['within']} of 2 settings within [0.90, 1.15]" in out.export_text()
+
+
+def test_plan_validate_has_the_tuned_switch():
+    from typer.testing import CliRunner
+
+    from search.cli import app
+
+    res = CliRunner().invoke(app, ["validate", "--help"])
+    assert res.exit_code == 0 and "--tuned" in res.output
 
 
 def test_case_of_a_row_by_hand():
