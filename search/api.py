@@ -52,7 +52,7 @@ DEFAULT_GLOBAL_BATCH = 1536
 DEFAULT_SEQ_LEN = 2048
 
 #: Strategy names accepted by :func:`plan`.
-STRATEGIES = ("grid", "nsga2", "ga")
+STRATEGIES = ("grid", "dp", "nsga2", "ga")
 
 
 def _default_evaluator() -> Callable[..., Any]:
@@ -67,6 +67,10 @@ def _strategy(strategy: Any, top: int) -> Any:
     name = getattr(strategy, "value", strategy)
     if name == "grid":
         return GridSearch(top=top)
+    if name == "dp":
+        from search.dp import DPSearch
+
+        return DPSearch(top=top)
     if name == "ga":
         from search.evolutionary import GeneticSearch
 
@@ -190,8 +194,10 @@ def plan(
     gpus
         Scale the cluster to this many GPUs.
     strategy
-        ``"grid"`` (exhaustive), ``"nsga2"`` (multi-objective, pymoo), ``"ga"`` (genetic), or
-        a strategy object with ``run(problem, seed, progress)``.
+        ``"grid"`` (exhaustive), ``"dp"`` (the grid's outer choices with per-stage layer
+        counts and block recompute chosen by dynamic programming, :mod:`search.dp`; implies
+        ``uneven_layers``), ``"nsga2"`` (multi-objective, pymoo), ``"ga"`` (genetic), or a
+        strategy object with ``run(problem, seed, progress)``.
     objective
         ``"time"`` (step time), ``"memory"`` (peak memory per GPU) or ``"cost"``
         (GPU-seconds per step).
@@ -232,6 +238,8 @@ def plan(
         Unknown preset, invalid spec, or no configuration satisfying the constraints (the
         message names the operands).
     """
+    if getattr(strategy, "value", strategy) == "dp":
+        uneven_layers = True  # the DP's layouts need not divide the layers evenly
     problem = make_problem(
         model, cluster, training, gpus=gpus, global_batch_size=global_batch_size,
         seq_len=seq_len, precision=precision, optimizer=optimizer, objective=objective,
