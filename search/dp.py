@@ -317,7 +317,7 @@ def balanced_counts(coef: StageCoefficients, iterations: int = 60
     ok_lo, _ = reachable(lo)
     hi = np.where(ok_lo, lo, hi)
     for _ in range(iterations):
-        if not np.any(feasible & (hi - lo > 1e-12 * hi)):
+        if not np.any(feasible & (hi - lo > 1e-10 * hi)):
             break
         mid = 0.5 * (lo + hi)
         ok, _ = reachable(mid)
@@ -346,7 +346,7 @@ def balanced_counts(coef: StageCoefficients, iterations: int = 60
 # --------------------------------------------------------------------------------------------
 # The searcher
 # --------------------------------------------------------------------------------------------
-def _coefficients(problem: Problem, rows: ConfigBatch) -> dict[str, np.ndarray]:
+def _coefficients(problem: Problem, rows: ConfigBatch, width: int) -> dict[str, np.ndarray]:
     """Per-configuration scalars of the stage costs, from the cost model's own terms: one
     layer's time without and with full recompute (:func:`perfmodel.step.evaluate`), the
     embedding and logits time, and each stage's memory at 1 and 2 units with 0, 1 and 2
@@ -361,30 +361,38 @@ def _coefficients(problem: Problem, rows: ConfigBatch) -> dict[str, np.ndarray]:
                     layout_mod.without_layout(rows, "keep"), **kw).extra
     full = evaluate(s.model, s.training, s.cluster,
                     layout_mod.without_layout(rows, "full"), **kw).extra
-    S = int(rows.pp.max())
-    vp = rows.vp.astype(np.float64)[:, None]
-    stage = np.broadcast_to(np.arange(S)[None, :], (len(rows), S))
-
-    def m(units, rec_units):
-        return layout_mod.stage_memory_bytes(
-            s.model, s.training, s.cluster, rows, stage, units * vp, rec_units * vp,
-            flash_attention=s.training.flash_attention)["peak"]
-
-    m10, m20, m21, m22 = m(1, 0), m(2, 0), m(2, 1), m(2, 2)
-    saved = m21 - m22
-    pp = rows.pp[:, None]
-    e = keep["embed_s"][:, None]
-    g = keep["logits_s"][:, None]
-    fixed = np.where(stage == 0, e, 0.0) + np.where(stage == pp - 1, g, 0.0)
-    return {
+    out = {
         "unit_s": rows.vp * keep["layer_s"],
         "recompute_unit_s": rows.vp * np.maximum(full["layer_s"] - keep["layer_s"], 0.0),
-        "fixed_s": fixed,
-        "mem1_bytes": m10,
-        "mem_unit_bytes": m20 - m10,
-        "once_bytes": m21 - m20 + saved,
-        "saved_bytes": saved,
     }
+    per_stage = {k: np.zeros((len(rows), int(width))) for k in
+                 ("fixed_s", "mem1_bytes", "mem_unit_bytes", "once_bytes", "saved_bytes")}
+    for p in np.unique(rows.pp):  # one pass per pipeline depth: arrays of pp stages only
+        idx = np.flatnonzero(rows.pp == p)
+        sub = rows.take(idx)
+        vp = sub.vp.astype(np.float64)[:, None]
+        stage = np.broadcast_to(np.arange(p)[None, :], (idx.size, int(p)))
+
+        def m(units, rec_units, sub=sub, vp=vp, stage=stage):
+            return layout_mod.stage_memory_bytes(
+                s.model, s.training, s.cluster, sub, stage, units * vp, rec_units * vp,
+                flash_attention=s.training.flash_attention)["peak"]
+
+        m10, m20, m21, m22 = m(1, 0), m(2, 0), m(2, 1), m(2, 2)
+        saved = m21 - m22
+        e = keep["embed_s"][idx, None]
+        g = keep["logits_s"][idx, None]
+        vals = {
+            "fixed_s": np.where(stage == 0, e, 0.0) + np.where(stage == p - 1, g, 0.0),
+            "mem1_bytes": m10,
+            "mem_unit_bytes": m20 - m10,
+            "once_bytes": m21 - m20 + saved,
+            "saved_bytes": saved,
+        }
+        for k, v in vals.items():
+            per_stage[k][idx, :p] = v
+    out.update(per_stage)
+    return out
 
 
 def _solve(problem: Problem, rows: ConfigBatch, coef: dict[str, np.ndarray],
@@ -392,14 +400,24 @@ def _solve(problem: Problem, rows: ConfigBatch, coef: dict[str, np.ndarray],
     """Run :func:`balanced_counts` for jobs (row, N) and return counts and recomputed units."""
     units = problem.space.model.num_layers // rows.vp
     cap = mem.usable_hbm_bytes(problem.space.cluster.gpu)
-    c = StageCoefficients(
-        **{k: v[job_row] for k, v in coef.items()},
-        cap_bytes=np.full(job_row.shape, cap),
-        units=units[job_row],
-        stages=rows.pp[job_row],
-        recompute_units=recompute_units,
-    )
-    return balanced_counts(c)
+    J = job_row.size
+    width = coef["fixed_s"].shape[1]
+    cnt = np.zeros((J, width), dtype=np.int64)
+    rec = np.zeros((J, width), dtype=np.int64)
+    bott = np.full(J, np.inf)
+    pp_job = rows.pp[job_row]
+    for p in np.unique(pp_job):  # one pass per pipeline depth: arrays of pp stages only
+        j = np.flatnonzero(pp_job == p)
+        r = job_row[j]
+        c = StageCoefficients(
+            **{k: (v[r, :p] if v.ndim == 2 else v[r]) for k, v in coef.items()},
+            cap_bytes=np.full(j.shape, cap),
+            units=units[r],
+            stages=pp_job[j],
+            recompute_units=recompute_units[j],
+        )
+        cnt[j, :p], rec[j, :p], bott[j] = balanced_counts(c)
+    return cnt, rec, bott
 
 
 @dataclass(frozen=True)
@@ -423,17 +441,46 @@ class DPSearch:
     name: str = "dp"
 
     def run(self, problem: Problem, seed: int = 0, progress=None) -> SearchResult:
-        """Search; ``seed`` is unused (the DP is deterministic)."""
+        """Search; ``seed`` is unused (the DP is deterministic).
+
+        Phase 1 evaluates every outer configuration with the even split (what the grid
+        evaluates) and bounds from below the step time any layout of it can reach. Phase 2
+        runs the DP on the outer configurations in the order of that bound and stops where
+        the bound passes the k-th best step found (objectives ``time`` and ``cost``; the
+        ``memory`` objective runs the DP everywhere)."""
         t0 = time.perf_counter()
         if problem.kernels != "fused":
             raise SpecError("strategy dp models Megatron-LM layouts: kernels must be 'fused' "
                             f"(got kernels '{problem.kernels}')")
         space = problem.space
         L = space.model.num_layers
+        width = int(space.values["pp"].max())
         tally = Tally(self.top)
-        candidates: list[ConfigBatch] = []
-        offset = 0
-        n_layouts = 0
+        kept = {"batch": None, "ids": np.zeros(0, dtype=np.int64)}
+        n_cand = 0
+
+        def score_and_keep(cand: ConfigBatch) -> Any:
+            """Evaluate, fold into the tally, keep only what the tally still reports."""
+            nonlocal n_cand
+            res = problem.evaluate_batch(cand)
+            ids = n_cand + np.arange(len(cand), dtype=np.int64)
+            n_cand += len(cand)
+            step = np.asarray(res.step_time_s, dtype=float)
+            peak = np.asarray(res.memory_bytes["peak"], dtype=float)
+            fits = np.asarray(res.fits, dtype=bool)
+            score = np.where(fits, objective_score(problem.objective, step, peak, cand.gpus),
+                             np.inf)
+            tally.add(Scored(ids, np.zeros(len(cand), dtype=np.int8), fits, step, peak,
+                             cand.gpus, score))
+            live = np.concatenate([tally.top_flat, tally.front_flat, tally.small_flat])
+            both = cand if kept["batch"] is None else _concat([kept["batch"], cand])
+            both_ids = np.concatenate([kept["ids"], ids])
+            sel = np.flatnonzero(np.isin(both_ids, live))
+            kept["batch"], kept["ids"] = both.take(sel), both_ids[sel]
+            return res
+
+        # Phase 1: the even splits, and a lower bound per outer configuration.
+        rows_l, bound_l = [], []
         total = space.size
         for flat in space.iter_chunks():
             a, viol = space.decode_flat(flat)
@@ -442,50 +489,53 @@ class DPSearch:
                 progress(int(flat[-1]) + 1, total)
             if valid.size == 0:
                 continue
-            rows_all = space.batch(a, valid)
-            for start in range(0, len(rows_all), self.chunk_rows):
-                rows = rows_all.take(np.arange(start, min(start + self.chunk_rows,
-                                                          len(rows_all))))
-                cand = self._candidates(problem, rows, L)
-                n_layouts += int(np.sum(cand.has_layout))
-                res = problem.evaluate_batch(cand)
-                ids = offset + np.arange(len(cand), dtype=np.int64)
-                offset += len(cand)
-                step = np.asarray(res.step_time_s, dtype=float)
-                peak = np.asarray(res.memory_bytes["peak"], dtype=float)
-                fits = np.asarray(res.fits, dtype=bool)
-                gpus = cand.gpus
-                score = objective_score(problem.objective, step, peak, gpus)
-                score = np.where(fits, score, np.inf)
-                tally.add(Scored(ids, np.zeros(len(cand), dtype=np.int8), fits, step, peak,
-                                 gpus, score))
-                candidates.append(cand)
+            rows = space.batch(a, valid)
+            res = score_and_keep(rows)
+            ok = np.flatnonzero((L % rows.vp == 0) & (L // rows.vp >= rows.pp))
+            if ok.size:
+                sub = rows.take(ok)
+                rows_l.append(sub)
+                bound_l.append(_step_lower_bound(problem, sub, res.take(ok), L))
         if progress is not None:
             progress(total, total)
-        if not candidates:
+        if kept["batch"] is None:
             raise SpecError(space.explain_empty())
-        every = _concat(candidates)
+        n_layouts, n_solved = 0, 0
+        if rows_l:
+            rows = _concat(rows_l)
+            bound = np.concatenate(bound_l)
+            if problem.objective == "memory":
+                bound = np.full_like(bound, -np.inf)
+            order = np.argsort(bound, kind="stable")
+            # Phase 2: the DP, best bound first, until no layout can enter the top.
+            for start in range(0, order.size, self.chunk_rows):
+                kth = tally.top_keys[-1, 0] if len(tally.top_flat) >= self.top else np.inf
+                idx = order[start:start + self.chunk_rows]
+                idx = idx[bound[idx] < kth]
+                if idx.size == 0:
+                    break
+                lay = self._layouts(problem, rows.take(idx), L)
+                n_solved += idx.size
+                if len(lay):
+                    n_layouts += len(lay)
+                    score_and_keep(lay)
         pick = np.concatenate([tally.top_flat, tally.front_flat, tally.small_flat])
-        batch = every.take(pick.astype(np.int64))
+        pos = {int(x): k for k, x in enumerate(kept["ids"])}
+        batch = kept["batch"].take(np.array([pos[int(x)] for x in pick], dtype=np.int64))
         return finalize_batch(problem, batch, len(tally.top_flat), len(tally.front_flat),
                               strategy=self.name, evaluated=tally.evaluated,
                               feasible=tally.feasible, seconds=time.perf_counter() - t0,
-                              extra={"layouts": n_layouts})
+                              extra={"layouts": n_layouts, "dp_solved": n_solved})
 
     # ------------------------------------------------------------------------------------
-    def _candidates(self, problem: Problem, rows: ConfigBatch, L: int) -> ConfigBatch:
-        """The rows themselves (the even split) followed by the DP's layouts."""
-        ok = (L % rows.vp == 0) & (L // rows.vp >= rows.pp)
-        sub = rows.take(np.flatnonzero(ok))
-        if len(sub) == 0:
-            return rows
-        coef = _coefficients(problem, sub)
+    def _layouts(self, problem: Problem, sub: ConfigBatch, L: int) -> ConfigBatch:
+        """The DP's layouts of the outer configurations ``sub`` (all with vp | L)."""
+        coef = _coefficients(problem, sub, int(sub.pp.max()))
         rc = sub.recompute
-        n = len(sub)
         units = L // sub.vp
         # Jobs: keep-mode rows (none / selective) solve with no recompute; full rows with the
         # per-stage optimum, then (Megatron) one count around its largest and "all".
-        job_row = np.arange(n)
+        job_row = np.arange(len(sub))
         job_n = np.where(rc == _FULL, -1, 0)
         cnt, rec, bott = _solve(problem, sub, coef, job_n, job_row)
         if not self.per_stage_recompute:
@@ -514,8 +564,43 @@ class DPSearch:
         rec_m = np.where(((new_rc == _FULL) & any_rec)[:, None], stage_rec, -1)
         lay = dataclasses.replace(lay, recompute=new_rc, stage_layers=stage_layers,
                                   stage_recompute_layers=rec_m)
-        lay = _dedupe(lay, L)
-        return _concat([rows, lay])
+        return _dedupe(lay, L)
+
+
+def _step_lower_bound(problem: Problem, rows: ConfigBatch, res: Any, L: int) -> np.ndarray:
+    """A step time no layout of these outer configurations goes below [s].
+
+    The slowest stage is at least the perfect balance without recompute,
+    ``T >= max((U c + e + g) / P, c + max(e, g))`` (``c``: one unit of ``vp`` layers, ``e``,
+    ``g``: embedding and logits + loss), and the pipeline makespan ``(m - z/v) T + z/v *
+    total`` grows with both ``T`` and the total (``z``: the fill factor, 1, or at least 1/3
+    for ZB-H1). The p2p and optimizer terms of the even split are kept; the data-parallel and
+    ZeRO-3 terms, which a layout can hide differently, are dropped. The objective ``cost``
+    multiplies by the GPUs."""
+    from perfmodel.step import evaluate
+
+    s = problem.space
+    kw: dict[str, Any] = {"kernels": problem.kernels}
+    if problem.calibration is not None:
+        kw["calibration"] = problem.calibration
+    keep = evaluate(s.model, s.training, s.cluster, layout_mod.without_layout(rows, "keep"),
+                    **kw).extra
+    units = (L // rows.vp).astype(np.float64)
+    P = rows.pp.astype(np.float64)
+    c = rows.vp * keep["layer_s"]
+    e, g = keep["embed_s"], keep["logits_s"]
+    total = units * c + e + g
+    T = np.maximum(total / P, c + np.where(P > 1, np.maximum(e, g), e + g))
+    m = rows.num_microbatches.astype(np.float64)
+    v = np.where(rows.schedule == 2, rows.vp, 1).astype(np.float64)
+    z = np.where(rows.schedule == 3, 1.0 / 3.0, 1.0) / v
+    z = np.where(P > 1, z, 0.0)
+    makespan = (m - z) * T + z * total
+    t = res.time_s
+    step = makespan + np.asarray(t["pp_comm"]) + np.asarray(t["optimizer"])
+    if problem.objective == "cost":
+        step = step * rows.gpus
+    return step
 
 
 def _layout_width(b: ConfigBatch) -> int:
