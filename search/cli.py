@@ -79,6 +79,7 @@ class Schedule(str, Enum):
 
 class Strategy(str, Enum):
     grid = "grid"
+    dp = "dp"
     nsga2 = "nsga2"
     ga = "ga"
 
@@ -147,7 +148,17 @@ def _config_line(c: dict[str, Any]) -> str:
     return (f"dp={c['dp']} tp={c['tp']} pp={c['pp']} vp={c['vp']} cp={c['cp']} "
             f"zero={c['zero_stage']} mbs={c['micro_batch_size']} m={c['num_microbatches']} "
             f"recompute={c['recompute']} sp={'on' if c['sequence_parallel'] else 'off'} "
-            f"schedule={c['schedule']}")
+            f"schedule={c['schedule']}" + _layout_text(c))
+
+
+def _layout_text(c: dict[str, Any]) -> str:
+    """The per-stage layout of a DP configuration (search/dp.py), or nothing."""
+    if not c.get("stage_layers"):
+        return ""
+    text = f"\n  stage layers {list(c['stage_layers'])}"
+    if c.get("stage_recompute_layers"):
+        text += f", recomputed {list(c['stage_recompute_layers'])}"
+    return text
 
 
 def _print_best(out: Console, r: Any) -> None:

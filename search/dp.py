@@ -495,7 +495,10 @@ class DPSearch:
             if ok.size:
                 sub = rows.take(ok)
                 rows_l.append(sub)
-                bound_l.append(_step_lower_bound(problem, sub, res.take(ok), L))
+                t = getattr(res, "time_s", {})
+                other = sum(np.broadcast_to(np.asarray(t.get(k, 0.0), dtype=float),
+                                            (len(rows),))[ok] for k in ("pp_comm", "optimizer"))
+                bound_l.append(_step_lower_bound(problem, sub, other, L))
         if progress is not None:
             progress(total, total)
         if kept["batch"] is None:
@@ -567,7 +570,8 @@ class DPSearch:
         return _dedupe(lay, L)
 
 
-def _step_lower_bound(problem: Problem, rows: ConfigBatch, res: Any, L: int) -> np.ndarray:
+def _step_lower_bound(problem: Problem, rows: ConfigBatch, other_s: np.ndarray, L: int
+                      ) -> np.ndarray:
     """A step time no layout of these outer configurations goes below [s].
 
     The slowest stage is at least the perfect balance without recompute,
@@ -575,8 +579,8 @@ def _step_lower_bound(problem: Problem, rows: ConfigBatch, res: Any, L: int) -> 
     ``g``: embedding and logits + loss), and the pipeline makespan ``(m - z/v) T + z/v *
     total`` grows with both ``T`` and the total (``z``: the fill factor, 1, or at least 1/3
     for ZB-H1). The p2p and optimizer terms of the even split are kept; the data-parallel and
-    ZeRO-3 terms, which a layout can hide differently, are dropped. The objective ``cost``
-    multiplies by the GPUs."""
+    ZeRO-3 terms, which a layout can hide differently, are dropped (``other_s``: the p2p and
+    optimizer time). The objective ``cost`` multiplies by the GPUs."""
     from perfmodel.step import evaluate
 
     s = problem.space
@@ -596,8 +600,7 @@ def _step_lower_bound(problem: Problem, rows: ConfigBatch, res: Any, L: int) -> 
     z = np.where(rows.schedule == 3, 1.0 / 3.0, 1.0) / v
     z = np.where(P > 1, z, 0.0)
     makespan = (m - z) * T + z * total
-    t = res.time_s
-    step = makespan + np.asarray(t["pp_comm"]) + np.asarray(t["optimizer"])
+    step = makespan + other_s
     if problem.objective == "cost":
         step = step * rows.gpus
     return step

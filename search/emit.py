@@ -61,13 +61,17 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
         args.append("--untie-embeddings-and-output-weights")
     if not model.linear_bias:
         args.append("--disable-bias-linear")
-    if c.vp > 1:
+    layout_args, layout_notes = megatron_layout_args(c)
+    if c.vp > 1 and c.stage_layers is None:
         args.append(f"--num-layers-per-virtual-pipeline-stage {model.num_layers // (c.pp * c.vp)}")
+    args += layout_args
     if c.sequence_parallel:
         args.append("--sequence-parallel")
     if c.zero_stage >= 1:
         args.append("--use-distributed-optimizer")
-    if c.recompute == "full":
+    if c.recompute == "full" and c.stage_recompute_layers is not None:
+        pass  # block recompute of a per-stage layout: in layout_args
+    elif c.recompute == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform",
                  "--recompute-num-layers 1"]
     elif c.recompute == "selective":
@@ -86,10 +90,48 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
     if training.overlap_tp_comm and c.tp > 1:
         args.append("--tp-comm-overlap")
     header = [f"# data parallel d={c.dp}: launch on dp*tp*pp*cp = {c.gpus} GPUs"]
+    header += layout_notes
     if c.zero_stage >= 2:
         header.append(f"# ZeRO-{c.zero_stage} has no Megatron flag; the distributed optimizer "
                       "(ZeRO-1) is the closest")
     return "\n".join(header + [a + " \\" for a in args[:-1]] + [args[-1]]) + "\n"
+
+
+def megatron_layout_args(c: ParallelConfig) -> tuple[list[str], list[str]]:
+    """Megatron-LM flags of a per-stage layout (``stage_layers``, ``stage_recompute_layers``)
+    and comment lines.
+
+    ``--pipeline-model-parallel-layout``: one ``|``-separated entry per virtual stage in layer
+    order (virtual stage ``c * pp + s`` is chunk c of rank s), ``E`` the embedding, ``t`` a
+    decoder layer, ``L`` the loss (``megatron/core/transformer/pipeline_parallel_layer_layout.py``;
+    it also sets the virtual pipeline size). Block recompute: ``--recompute-granularity full
+    --recompute-method block --recompute-num-layers N``, the first N layers of every chunk
+    (``transformer_block.py``); per-stage counts that are not one N for every stage have no
+    Megatron-LM flag, so the largest N is written with a comment.
+    """
+    if c.stage_layers is None:
+        return [], []
+    per_chunk = [n // c.vp for n in c.stage_layers]
+    stages = []
+    for chunk in range(c.vp):
+        for s, k in enumerate(per_chunk):
+            body = f"t*{k}" if k > 1 else "t" * k
+            if chunk == 0 and s == 0:
+                body = "E" + body
+            if chunk == c.vp - 1 and s == c.pp - 1:
+                body = body + "L"
+            stages.append(body)
+    args = [f'--pipeline-model-parallel-layout "{"|".join(stages)}"']
+    notes: list[str] = []
+    r = c.stage_recompute_layers
+    if r is not None and c.recompute == "full":
+        n = max(k // c.vp for k in r)
+        args += ["--recompute-granularity full", "--recompute-method block",
+                 f"--recompute-num-layers {n}"]
+        if any(k != min(n * c.vp, lay) for k, lay in zip(r, c.stage_layers, strict=True)):
+            notes.append(f"# per-stage recompute layers {list(r)} differ from one count per "
+                         f"chunk; --recompute-num-layers {n} recomputes at least as many")
+    return args, notes
 
 
 def torchtitan_toml(config: ParallelConfig, model: ModelSpec, training: TrainingSpec) -> str:
