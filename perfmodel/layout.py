@@ -43,6 +43,7 @@ from perfmodel.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 __all__ = [
     "layout_memory_breakdown",
+    "layout_timeline",
     "stage_counts",
     "stage_memory_bytes",
     "stage_times_s",
@@ -242,3 +243,29 @@ def layout_memory_breakdown(
     out["peak_stage"][idx] = k
     out["fits"][idx] = out["peak"][idx] <= mem.usable_hbm_bytes(cluster.gpu)
     return out
+
+
+def layout_timeline(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config,
+                    *, kernels: str = "fused", calibration=None):
+    """The simulated pipeline step (:func:`perfmodel.pipeline.simulate`) of one resolved
+    configuration, its stages timed by its layout (the even split when it has none): the input
+    of :func:`search.plots.plot_pipeline_timeline`, the Gantt chart of a search result.
+
+    A stage's forward is its layers' forward (the share ``layer_fwd / layer`` of a layer
+    without recompute, applied to the embedding and loss too); the rest of the stage time,
+    recompute included, is its backward.
+    """
+    from perfmodel.pipeline import simulate
+    from perfmodel.step import evaluate
+
+    b = ConfigBatch.from_configs([config])
+    kw = {"kernels": kernels, "calibration": calibration}
+    keep = evaluate(model, training, cluster, without_layout(b, "keep"), **kw).extra
+    full = evaluate(model, training, cluster, without_layout(b, "full"), **kw).extra
+    layers, rec = stage_counts(model, b)
+    t = stage_times_s(layers, rec, keep["layer_s"], full["layer_s"], keep["embed_s"],
+                      keep["logits_s"], b.pp)[0, :config.pp]
+    share = float(keep["layer_fwd_s"][0] / keep["layer_s"][0])
+    extra = (full["layer_s"][0] - keep["layer_s"][0]) * rec[0, :config.pp]
+    fwd = (t - extra) * share
+    return simulate(fwd, t - fwd, int(config.num_microbatches), config.schedule, v=config.vp)

@@ -385,6 +385,7 @@ def evaluate(
         comm_bytes_per_gpu={k: np.asarray(vol[k], dtype=np.float64) for k in COMM_DIMS},
         fits=np.asarray(mem["fits"], dtype=bool),
         extra={"layer_s": np.asarray(layer_s, dtype=np.float64),
+               "layer_fwd_s": np.asarray(layer_fwd_s, dtype=np.float64) + 0.0 * m,
                "embed_s": np.asarray(embed_s, dtype=np.float64) + 0.0 * m,
                "logits_s": np.asarray(logits_s, dtype=np.float64) + 0.0 * m},
     )

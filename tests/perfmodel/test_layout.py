@@ -107,3 +107,16 @@ def test_config_batch_round_trip():
     assert batch.config(0).stage_recompute_layers == (1, 0, 0)
     assert batch.config(1).stage_layers is None
     assert batch.take([1]).config(0).stage_recompute_layers is None
+
+
+def test_layout_timeline_paced_by_the_slowest_stage():
+    """The Gantt input of a layout: per-stage times from the layout, so the stage with the
+    most layers is the busiest device."""
+    cfg = resolve_config(ParallelConfig(**BASE, recompute="none",
+                                        stage_layers=(5,) + (7,) * 16 + (9,)),
+                         MODEL, TRAINING, CLUSTER)
+    tl = layout.layout_timeline(MODEL, TRAINING, CLUSTER, cfg)
+    busy = np.zeros(18)
+    for stage, _mb, _chunk, _op, t0, t1 in tl.events:
+        busy[stage] += t1 - t0
+    assert int(np.argmax(busy)) == 17 and int(np.argmin(busy)) == 0
