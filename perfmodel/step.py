@@ -306,6 +306,10 @@ def evaluate(
         t_max = np.where(lay, st["max"], t_max)
         layers_per_stage = np.where(lay, st["max_layers"], layers_per_stage)
         hflops_layout = st["hardware_flops"]
+        # the backward that hides the gradient reduction: the slowest stage's, whose layers
+        # recompute only in part
+        layer_bwd_s = np.where(lay, ct["layer_bwd_s"] + st["recompute_share"]
+                               * ct["layer_recompute_s"], layer_bwd_s)
     makespan_s, steady_s = pipeline_makespan_s(t_first, t_mid, t_last, pp, vp, m, b.schedule,
                                                fwd_fraction, w_fraction, t_max_s=t_max)
     comm_share = np.where(t_max > 0, (layers_per_stage * (tp_comm_s + cp_comm_s)) / t_max, 0.0)
@@ -398,8 +402,9 @@ def _layout_stages(model, training, cluster, b, embed_s, logits_s, *, kernels, c
     One layer's time without and with full recompute comes from :func:`evaluate` itself on the
     batch without layouts (``extra["layer_s"]``), so a layout uses the very per-layer terms of
     the even split (:mod:`perfmodel.layout`). Returns ``first``, ``mid`` (mean of the middle
-    stages), ``last``, ``max`` (the slowest stage), ``max_layers`` (its layers) and
-    ``hardware_flops`` (recomputed forwards of the recomputed layers only).
+    stages), ``last``, ``max`` (the slowest stage), ``max_layers`` (its layers),
+    ``recompute_share`` (the share of them recomputed) and ``hardware_flops`` (recomputed
+    forwards of the recomputed layers only).
     """
     from perfmodel import layout
 
@@ -418,6 +423,7 @@ def _layout_stages(model, training, cluster, b, embed_s, logits_s, *, kernels, c
     h_keep = flops.hardware_flops_per_step(model, training, keep_b.recompute)
     h_full = flops.hardware_flops_per_step(model, training, full_b.recompute)
     frac = rec.sum(axis=1) / model.num_layers
+    n_k = layers[rows, k].astype(np.float64)
     return {"first": first, "mid": mid, "last": last, "max": t[rows, k],
-            "max_layers": layers[rows, k].astype(np.float64),
+            "max_layers": n_k, "recompute_share": rec[rows, k] / np.maximum(n_k, 1.0),
             "hardware_flops": h_keep + frac * (h_full - h_keep)}

@@ -454,7 +454,7 @@ class DPSearch:
                             f"(got kernels '{problem.kernels}')")
         space = problem.space
         L = space.model.num_layers
-        width = int(space.values["pp"].max())
+        int(space.values["pp"].max())
         tally = Tally(self.top)
         kept = {"batch": None, "ids": np.zeros(0, dtype=np.int64)}
         n_cand = 0

@@ -12,7 +12,7 @@ from perfmodel.step import evaluate
 
 MODEL = load_model("llama3.1-405b")
 TRAINING = load_training(None, global_batch_size=256, seq_len=8192)
-BASE = dict(dp=4, tp=8, pp=18, micro_batch_size=1, sequence_parallel=True, zero_stage=1)
+BASE = {"dp": 4, "tp": 8, "pp": 18, "micro_batch_size": 1, "sequence_parallel": True, "zero_stage": 1}
 CLUSTER = load_cluster("dgx-h100", 4 * 8 * 18)
 
 
@@ -47,14 +47,14 @@ def test_stage_memory_moves_with_layers_and_recompute():
     times its activations (plus the 3% allocator allowance); recomputing ``r`` of them saves
     ``inflight * r * (a_keep - a_ckpt)`` and adds one layer's full activations once."""
     b = _batch(ParallelConfig(**BASE, recompute="full"))
-    st = lambda n, r: layout.stage_memory_bytes(MODEL, TRAINING, CLUSTER, b, np.array([[0]]),  # noqa: E731
+    st = lambda n, r: layout.stage_memory_bytes(MODEL, TRAINING, CLUSTER, b, np.array([[0]]),
                                                 np.array([[n]]), np.array([[r]]))["peak"][0, 0]
     infl = 18.0  # 1F1B stage 0 of 18 with m = 256 / (4 * 1) = 64 micro-batches
     sp_ = memory.stage_params(MODEL, 8, 18)
     w, g, o = memory.zero_state_bytes(sp_["layer"], 4, 1, 2.0, 4.0, 12.0)
-    kw = dict(tp=8, sequence_parallel=True, ffn_hidden_size=MODEL.ffn_hidden_size,
-              num_kv_heads=MODEL.kv_heads, head_dim=MODEL.head_size, gated_mlp=True, flash=True,
-              dropout=False)
+    kw = {"tp": 8, "sequence_parallel": True, "ffn_hidden_size": MODEL.ffn_hidden_size,
+              "num_kv_heads": MODEL.kv_heads, "head_dim": MODEL.head_size, "gated_mlp": True, "flash": True,
+              "dropout": False}
     a_keep = memory.layer_activation_bytes(8192, 1, MODEL.hidden_size,
                                            MODEL.num_attention_heads, recompute=0, **kw)
     a_ckpt = memory.layer_activation_bytes(8192, 1, MODEL.hidden_size,

@@ -137,7 +137,7 @@ def test_batched_solver_equals_dp_on_identical_layers():
 def nemotron():
     from search import plan
 
-    kw = dict(gpus=128, global_batch_size=32, seq_len=4096, top=3)
+    kw = {"gpus": 128, "global_batch_size": 32, "seq_len": 4096, "top": 3}
     return plan("nemotron4-340b", "dgx-h100", **kw), plan("nemotron4-340b", "dgx-h100",
                                                            strategy="dp", **kw)
 
@@ -160,7 +160,7 @@ def test_llama405b_512_dp_beats_full_recompute():
     DP's fits without full recompute and is faster."""
     from search import plan
 
-    kw = dict(gpus=512, global_batch_size=256, seq_len=8192, top=3)
+    kw = {"gpus": 512, "global_batch_size": 256, "seq_len": 8192, "top": 3}
     g = plan("llama3.1-405b", "dgx-h100", **kw).rows[0]
     d = plan("llama3.1-405b", "dgx-h100", strategy="dp", **kw).rows[0]
     assert g["config"]["recompute"] == "full"
@@ -174,7 +174,7 @@ def test_llama405b_16k_under_30s():
     worse than the grid."""
     from search import plan
 
-    kw = dict(gpus=16384, global_batch_size=2048, seq_len=8192, top=3)
+    kw = {"gpus": 16384, "global_batch_size": 2048, "seq_len": 8192, "top": 3}
     t0 = time.perf_counter()
     d = plan("llama3.1-405b", "dgx-h100", strategy="dp", **kw)
     assert time.perf_counter() - t0 < 30.0
@@ -211,3 +211,26 @@ def test_dp_needs_fused_kernels():
     p = type(p)(p.space, p.evaluator, p.objective, kernels="eager")
     with pytest.raises(SpecError, match="kernels must be 'fused'"):
         DPSearch().run(p)
+
+
+def test_cli_strategy_dp_prints_the_layout_and_emits_it():
+    """``plan --strategy dp`` on Llama 2 13B / 8 A100-40GB: the best has a per-stage layout,
+    shown under the best configuration, in ``--json`` and in ``--emit megatron``."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from search.cli import app
+
+    args = ["--model", "llama2-13b", "--cluster", "dgx-a100-40g", "--gpus", "8",
+            "--global-batch", "32", "--seq-len", "4096", "--cp", "1", "--strategy", "dp",
+            "--top", "3"]
+    r = CliRunner().invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    lay = doc["best"]["config"]["stage_layers"]
+    assert doc["search"]["strategy"] == "dp" and sum(lay) == 40 and len(set(lay)) > 1
+    r = CliRunner().invoke(app, [*args, "--emit", "megatron"])
+    assert r.exit_code == 0, r.output
+    assert f"stage layers {lay}" in r.stdout
+    assert "--pipeline-model-parallel-layout" in r.stdout
