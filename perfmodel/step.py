@@ -308,7 +308,7 @@ def evaluate(
         hflops_layout = st["hardware_flops"]
         # the backward that hides the gradient reduction: the slowest stage's, whose layers
         # recompute only in part
-        layer_bwd_s = np.where(lay, ct["layer_bwd_s"] + st["recompute_share"]
+        layer_bwd_s = np.where(lay & (b.recompute == 2), ct["layer_bwd_s"] + st["recompute_share"]
                                * ct["layer_recompute_s"], layer_bwd_s)
     makespan_s, steady_s = pipeline_makespan_s(t_first, t_mid, t_last, pp, vp, m, b.schedule,
                                                fwd_fraction, w_fraction, t_max_s=t_max)

@@ -642,12 +642,11 @@ def _dedupe(lay: ConfigBatch, L: int) -> ConfigBatch:
     even = np.all(even, axis=1)
     rec = lay.stage_recompute_layers
     uniform_rec = (rec[:, 0] < 0) | np.all((rec == lay.stage_layers) | (s >= pp), axis=1)
-    return lay.take(np.flatnonzero(~(even & uniform_rec)))
-
-
-def _sorted_front(tally: Tally) -> np.ndarray:
-    return tally.front_flat
-
-
-def _positions(every: ConfigBatch, ids: np.ndarray) -> np.ndarray:
-    return np.asarray(ids, dtype=np.int64)
+    keep = np.flatnonzero(~(even & uniform_rec))
+    # identical layouts from several jobs of one outer configuration: keep the first
+    cols = [getattr(lay, f.name)[keep] for f in dataclasses.fields(ConfigBatch)
+            if f.name not in ("stage_layers", "stage_recompute_layers")]
+    key = np.column_stack([np.asarray(c, dtype=np.float64) for c in cols]
+                          + [lay.stage_layers[keep], rec[keep]])
+    _, first = np.unique(key, axis=0, return_index=True)
+    return lay.take(keep[np.sort(first)])
