@@ -263,7 +263,7 @@ class ConfigBatch:
         key = np.zeros(len(self), dtype=np.int64)
         for name in names:
             codes, uniq = pd.factorize(getattr(self, name))
-            key = key * len(uniq) + codes
+            key = pd.factorize(key * len(uniq) + codes)[0]  # re-coded: stays < len(self)
         codes, uniq = pd.factorize(key)
         first = np.empty(len(uniq), dtype=np.int64)
         first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)

@@ -179,9 +179,21 @@ def model_state_bytes(
     ----------
     Rajbhandari et al. 2020 (ZeRO), Sec. 3.1, 5 and Table 1.
     """
+    _check_zero_args(dp, zero_stage)
     w, g, o = state_bytes_per_param(precision, optimizer, fp32_main_grads=fp32_main_grads)
     ws, gs, os_ = zero_state_bytes(params, dp, zero_stage, w, g, o)
     return ws + gs + os_
+
+
+def _check_zero_args(dp, zero_stage) -> None:
+    """ValueError for a ZeRO stage outside 0-3 (stage 4 was priced as stage 3) or dp < 1."""
+    z = np.asarray(zero_stage)
+    if not np.all(np.isin(z, (0, 1, 2, 3))):
+        bad = z[~np.isin(z, (0, 1, 2, 3))].ravel()[0]
+        raise ValueError(f"zero_stage = {bad!r}: expected 0, 1, 2 or 3")
+    n = np.asarray(dp, dtype=np.float64)
+    if not np.all(n >= 1):
+        raise ValueError(f"dp = {n[~(n >= 1)].ravel()[0]!r}: expected at least 1")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -129,10 +129,15 @@ class StepResult:
         return pd.DataFrame(cols)
 
 
-def peak_flops_for(cluster: ClusterSpec, precision: str) -> float:
-    """Dense peak FLOP/s used for MFU: the GEMM dtype of the precision (fp8 rows use the fp8
-    peak, as NeMo and the validation README do; fp32 training counts the fp32 rate)."""
-    dtype = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp4": "fp4"}[precision]
+def peak_flops_for(cluster: ClusterSpec, precision: str, kernels: str = "fused") -> float:
+    """Dense peak FLOP/s used for MFU and HFU: the peak of the math the GEMMs run in, the same
+    rate :func:`perfmodel.compute.compute_times` prices them at (fp8 rows use the fp8 peak, as
+    NeMo and the validation README do). fp32 training with fused kernels runs its GEMMs on TF32
+    tensor cores, so its MFU is over the TF32 peak; eager PyTorch (``allow_tf32`` False) over
+    the fp32 CUDA-core peak. Dividing TF32-rate work by the fp32 peak gave an MFU of 616 %."""
+    if precision == "fp32":
+        return cluster.gpu.peak_flops("fp32" if kernels == "eager" else "tf32")
+    dtype = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp4": "fp4"}[precision]
     return cluster.gpu.peak_flops(dtype)
 
 
@@ -368,7 +373,7 @@ def evaluate(
     hflops = flops.hardware_flops_per_step(model, training, b.recompute)
     if hflops_layout is not None:
         hflops = np.where(b.has_layout, hflops_layout, hflops)
-    peak = peak_flops_for(cluster, training.precision)
+    peak = peak_flops_for(cluster, training.precision, kernels)
     mfu = mflops / (step_s * gpus * peak)
     hfu = hflops / (step_s * gpus * peak)
 

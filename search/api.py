@@ -12,10 +12,12 @@ message.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import ValidationError
 
 from perfmodel.config import ParallelConfig, resolve_config
@@ -37,6 +39,7 @@ from search.space import SEARCH_DIMS, Problem, SearchSpace, make_space
 __all__ = [
     "DEFAULT_CLUSTER",
     "DEFAULT_MODEL",
+    "MAX_TOP",
     "STRATEGIES",
     "evaluate_config",
     "make_problem",
@@ -53,6 +56,59 @@ DEFAULT_SEQ_LEN = 2048
 
 #: Strategy names accepted by :func:`plan`.
 STRATEGIES = ("grid", "dp", "nsga2", "ga")
+
+#: Most rows ``plan(top=...)`` returns: a billion-row request took 51 s and printed 15.5 MB.
+MAX_TOP = 10_000
+
+#: Largest count (GPUs, batch, sequence, a pinned parallel degree) taken at the API edge: any
+#: count is held in int64 arrays, and products of a few of them must not overflow.
+MAX_COUNT = 2**31 - 1
+
+#: Seeds are 32-bit (numpy's and pymoo's generators take any non-negative int below 2**32).
+MAX_SEED = 2**32 - 1
+
+
+def _int_arg(name: str, v: Any, lo: int, hi: int) -> int:
+    """``v`` as an int in ``[lo, hi]`` or a one-line SpecError naming the argument."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+        raise SpecError(f"{name} = {v!r}: expected an integer in [{lo}, {hi}]")
+    if not lo <= int(v) <= hi:
+        raise SpecError(f"{name} = {int(v)}: expected an integer in [{lo}, {hi}]")
+    return int(v)
+
+
+def _check_arguments(*, gpus=None, global_batch_size=None, seq_len=None, precision=None,
+                     optimizer=None, objective="time", kernels="fused", strategy="grid", top=10,
+                     seed=0, **fixed: Any) -> None:
+    """Refuse bad API arguments with one line (``SpecError``), before any work: wrong types
+    (``gpus='64'``, ``top=2.5``, ``strategy=123``), out-of-range values (``seed=-1``) and counts
+    beyond int64-safe arithmetic (``tp=10**19``)."""
+    for name, v in (("gpus", gpus), ("global_batch_size", global_batch_size),
+                    ("seq_len", seq_len)):
+        if v is not None:
+            _int_arg(name, v, 1, MAX_COUNT)
+    for name, v in (("precision", precision), ("optimizer", optimizer),
+                    ("objective", objective), ("kernels", kernels)):
+        if (v is not None or name in ("objective", "kernels")) and not isinstance(
+                getattr(v, "value", v), str):
+            raise SpecError(f"{name} = {v!r}: expected a string")
+    _int_arg("top", top, 1, MAX_TOP)
+    _int_arg("seed", seed, 0, MAX_SEED)
+    if not isinstance(getattr(strategy, "value", strategy), str) and (
+        not callable(getattr(strategy, "run", None))
+    ):
+        raise SpecError(
+            f"strategy = {strategy!r}: expected one of {', '.join(STRATEGIES)} or an object "
+            "with run(problem, seed, progress)"
+        )
+    for name, value in fixed.items():
+        if value is None or name in ("sequence_parallel", "sp", "recompute", "schedule"):
+            continue  # names and flags: checked against their tables by the space
+        items = (list(value) if isinstance(value, (list, tuple, range, set, np.ndarray))
+                 else [value])
+        for v in items:
+            lo = 0 if name in ("zero_stage", "zero") else 1
+            _int_arg(name, v, lo, MAX_COUNT)
 
 
 def _default_evaluator() -> Callable[..., Any]:
@@ -116,6 +172,9 @@ def make_problem(
     **fixed: Any,
 ) -> Problem:
     """Load the specs, build the space and bind the evaluation path (see :func:`plan`)."""
+    _check_arguments(gpus=gpus, global_batch_size=global_batch_size, seq_len=seq_len,
+                     precision=precision, optimizer=optimizer, objective=objective,
+                     kernels=kernels, **fixed)
     fw = None if framework is None else load_framework(framework)
     m, t, c = _specs(model, cluster, training, gpus, {
         "global_batch_size": global_batch_size, "seq_len": seq_len, "precision": precision,
@@ -238,6 +297,7 @@ def plan(
         Unknown preset, invalid spec, or no configuration satisfying the constraints (the
         message names the operands).
     """
+    _check_arguments(strategy=strategy, top=top, seed=seed)
     if getattr(strategy, "value", strategy) == "dp":
         uneven_layers = True  # the DP's layouts need not divide the layers evenly
     problem = make_problem(
@@ -251,8 +311,6 @@ def plan(
     if all(len(space.values[d]) == 1 for d in space.dims):
         _check_single(space)
         return GridSearch(top=1, name="single").run(problem)
-    if top < 1:
-        raise SpecError(f"top = {top}: expected a positive integer")
     result = _strategy(strategy, top).run(problem, seed, progress)
     if result.evaluated == 0:
         if result.strategy == "grid":

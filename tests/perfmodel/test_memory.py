@@ -426,3 +426,11 @@ def test_eager_fsdp2_zero2_holds_sharded_and_unsharded_weights():
     n = TINY.param_count()
     assert out["weights"][0] == 4 * n
     assert out["weights"][1] == 4 * n * (1 + 1 / 2)
+
+
+@pytest.mark.parametrize("dp, stage", [(8, 4), (8, -1), (8, [0, 5]), (0, 1), (-2, 3)])
+def test_model_state_bytes_refuses_bad_zero_args(dp, stage):
+    from perfmodel.memory import model_state_bytes
+
+    with pytest.raises(ValueError):
+        model_state_bytes(7.5e9, dp, stage, "bf16")
