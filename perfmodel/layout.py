@@ -69,8 +69,9 @@ def without_layout(batch: ConfigBatch, recompute: str | None = None) -> ConfigBa
 def stage_counts(model: ModelSpec, batch: ConfigBatch) -> tuple[np.ndarray, np.ndarray]:
     """``(layers, recomputed)``: ``(n, S)`` int matrices of each stage's layers and fully
     recomputed layers (S = the largest pp; stages beyond a row's pp hold 0). Rows without a
-    layout get the even split (the first ``L mod pp`` stages one layer more) and recompute all
-    their layers under ``recompute="full"``, none otherwise."""
+    layout get Megatron-LM's layout of their other fields (:meth:`ConfigBatch.layer_counts`:
+    even, or uneven first / last ranks) and recompute all their layers under
+    ``recompute="full"``, none otherwise."""
     n = len(batch)
     pp = batch.pp.astype(np.int64)
     width = int(pp.max()) if n else 1
@@ -78,7 +79,11 @@ def stage_counts(model: ModelSpec, batch: ConfigBatch) -> tuple[np.ndarray, np.n
         width = max(width, batch.stage_layers.shape[1])
     s = np.arange(width)[None, :]
     L = model.num_layers
-    even = np.where(s < pp[:, None], L // pp[:, None] + (s < (L % pp)[:, None]), 0)
+    lc = batch.layer_counts(L)
+    pcol = pp[:, None]
+    even = np.where(s == 0, lc["first"][:, None],
+                    np.where(s == pcol - 1, lc["last"][:, None], lc["middle"][:, None]))
+    even = np.where(s < pcol, even, 0).astype(np.int64)
     layers = even
     if batch.stage_layers is not None:
         lay = np.zeros((n, width), dtype=np.int64)
@@ -171,15 +176,20 @@ def stage_memory_bytes(
     sp_ = mem.stage_params(model, tp, pp)
     params = (n_l * sp_["layer"] + np.where(first, sp_["embedding"], 0.0)
               + np.where(last, model.norm_params() + sp_["output"], 0.0))
-    # 2. Model states by ZeRO stage (Megatron-LM: 16-bit weights, fp32 main grads).
-    wb, gb, ob = mem.state_bytes_per_param(precision, training.optimizer, fp32_main_grads=True)
+    # 2. Model states by ZeRO stage (Megatron-LM: 16-bit weights, main grads in fp32 unless
+    # reduced in bf16, fp8 weights with fp8_params).
+    wb, gb, ob = mem.state_bytes_per_param(precision, training.optimizer,
+                                           fp32_main_grads=training.grad_reduce_in_fp32)
+    fp8_params = training.fp8_params and precision in ("fp8", "fp4")
+    if fp8_params:
+        wb = 1.0
     w, g, o = mem.zero_state_bytes(params, shard, zero, wb, gb, ob)
     # 3. Activations: kept layers, checkpointed layers, one layer being recomputed.
     e = 4.0 if precision == "fp32" else 2.0
     kw = {"tp": tp, "sequence_parallel": sp, "ffn_hidden_size": model.ffn_hidden_size,
           "num_kv_heads": model.kv_heads, "head_dim": model.head_size,
           "gated_mlp": model.gated_mlp, "flash": flash_attention, "dropout": dropout,
-          "bytes_per_value": e}
+          "bytes_per_value": e, "gemm_input_bytes": mem.fp8_gemm_input_bytes(precision)}
     a = model.num_attention_heads
     act_keep = mem.layer_activation_bytes(s, b, h, a, recompute=np.where(rc == _SELECTIVE,
                                                                           _SELECTIVE, 0), **kw)
@@ -200,12 +210,18 @@ def stage_memory_bytes(
     other = other + np.where(zero >= 2, 2.0 * np.minimum(mem.BUCKET_PARAMS, params) * gb, 0.0)
     other = other + np.where((zero >= 3) & (shard > 1),
                              sp_["layer"] * (wb + gb) * mem.ZERO3_LIVE_LAYERS, 0.0)
-    if precision in ("fp8", "fp4"):
-        other = other + (2.0 if precision == "fp8" else 1.0) * n_l * sp_["gemm_layer"]
+    other = other + mem.fp8_weight_cache_bytes(precision, n_l, sp_["gemm_layer"], zero, shard,
+                                               fp8_params)
+    # the optimizer step's fp32 gradient copy (16-bit buffers), live once activations are freed
+    copy_b = mem.optimizer_grad_copy_bytes(precision, training.grad_reduce_in_fp32)
+    copy_opt = np.where(zero >= 1, copy_b / shard, copy_b) * params
+    o = o + np.maximum(copy_opt - act, 0.0)
     allocated = w + g + o + act + other
-    allowance = (mem.ALLOCATOR_ALLOWANCE_FRACTION if gpu_part else 0.0) * allocated
+    # the allowance covers what the step allocates and frees (activations and buffers)
+    allowance = (mem.ALLOCATOR_ALLOWANCE_FRACTION if gpu_part else 0.0) * (act + other)
     return {"weights": w, "gradients": g, "optimizer": o, "activations": act,
-            "other": other + allowance, "peak": allocated + allowance}
+            "other": other + allowance, "peak": allocated + allowance,
+            "allowance": allowance}
 
 
 def layout_memory_breakdown(
@@ -216,6 +232,7 @@ def layout_memory_breakdown(
     *,
     flash_attention: bool = True,
     dropout: bool | None = None,
+    headroom: float = 0.0,
 ) -> dict[str, np.ndarray]:
     """:func:`perfmodel.memory.memory_breakdown`'s dict for a batch with per-stage layouts:
     the stage that needs most (over every stage, not only the first and last), its terms,
@@ -223,7 +240,8 @@ def layout_memory_breakdown(
     ``memory_breakdown`` unchanged."""
     lay = batch.has_layout
     out = mem.memory_breakdown(model, training, cluster, without_layout(batch),
-                               flash_attention=flash_attention, dropout=dropout)
+                               flash_attention=flash_attention, dropout=dropout,
+                               headroom=headroom)
     out = {k: np.array(v, copy=True) for k, v in out.items()}
     idx = np.flatnonzero(lay)
     sub = batch.take(idx)
@@ -236,12 +254,11 @@ def layout_memory_breakdown(
     rows = np.arange(len(idx))
     for name in ("weights", "gradients", "optimizer", "activations", "other", "peak"):
         out[name][idx] = st[name][rows, k]
-    allowance = st["peak"][rows, k] * (1.0 - 1.0 / (1.0 + (
-        mem.ALLOCATOR_ALLOWANCE_FRACTION if mem.is_gpu(cluster.gpu) else 0.0)))
+    allowance = st["allowance"][rows, k]
     out["allocator_allowance"][idx] = allowance
     out["peak_allocated"][idx] = out["peak"][idx] - allowance
     out["peak_stage"][idx] = k
-    out["fits"][idx] = out["peak"][idx] <= mem.usable_hbm_bytes(cluster.gpu)
+    out["fits"][idx] = out["peak"][idx] <= mem.usable_hbm_bytes(cluster.gpu, headroom)
     return out
 
 

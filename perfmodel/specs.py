@@ -375,6 +375,17 @@ class TrainingSpec(Spec):
         default=True, description="pipeline sends/receives overlap compute (--overlap-p2p-comm)"
     )
     flash_attention: bool = Field(default=True, description="no s^2 attention scores are stored")
+    fp8_params: bool = Field(
+        default=False,
+        description="fp8/fp4 recipes keep the model weights in fp8 (Transformer Engine fp8 model "
+        "params, --fp8-param-gather; NeMo's bf16_with_fp8_mixed): no bf16 copy, fp8 all-gathers",
+    )
+    grad_reduce_in_fp32: bool = Field(
+        default=True,
+        description="gradients accumulate and reduce across data parallel in fp32 (Megatron-LM's "
+        "main-grad buffer; --grad-reduce-in-bf16 / NeMo performance recipes' "
+        "grad_reduce_in_fp32=False: bf16 buffer and traffic)",
+    )
     zero3_gather: Literal["layer", "tensor"] = Field(
         default="layer",
         description="ZeRO-3 all-gather granularity: one per layer (PyTorch FSDP2, Megatron-FSDP) "

@@ -261,7 +261,10 @@ def evaluate(
     m = b.num_microbatches.astype(np.float64)
     pp = b.pp.astype(np.float64)
     vp = b.vp.astype(np.float64)
-    layers_per_stage = model.num_layers / pp
+    # layers per pipeline rank, Megatron-LM's layout (even, uneven first/last, or the embedding
+    # and the loss counted as layers): perfmodel.pipeline.stage_layer_counts
+    lc = b.layer_counts(model.num_layers)
+    n_first, n_mid, n_last = (lc[k].astype(np.float64) for k in ("first", "middle", "last"))
 
     # 1. one layer, one micro-batch: compute, plus what TP/CP communication leaves exposed.
     ct = compute.compute_times(model, training, cluster.gpu, b, kernels=kernels,
@@ -280,27 +283,22 @@ def evaluate(
     layer_s = layer_fwd_s + layer_bwd_s + tp_comm_s + cp_comm_s
 
     # 2. per-stage time of one micro-batch (forward + backward).
-    body_s = layers_per_stage * layer_s
     embed_s = ct["embed_fwd_s"] + ct["embed_bwd_s"]
     logits_s = ct["logits_fwd_s"] + ct["logits_bwd_s"]
     single = pp == 1
-    t_first = np.where(single, body_s + embed_s + logits_s, body_s + embed_s)
-    t_last = np.where(single, t_first, body_s + logits_s)
-    t_mid = body_s
+    t_first = np.where(single, n_first * layer_s + embed_s + logits_s,
+                       n_first * layer_s + embed_s)
+    t_last = np.where(single, t_first, n_last * layer_s + logits_s)
+    t_mid = n_mid * layer_s
 
     # 3. pipeline makespan with the schedule's bubble. The weight-gradient share of a layer's
     # time is half its backward GEMM time (dgrad and wgrad cost the same FLOPs).
     denom = np.maximum(layer_fwd_s + layer_bwd_s, 1e-30)
     w_fraction = 0.5 * ct["layer_bwd_s"] / denom
     fwd_fraction = layer_fwd_s / denom
-    # Layers that do not divide evenly into pp*vp chunks (a search with uneven_layers): the
-    # best contiguous split sets the slowest stage (one chunk per rank; with interleaving the
-    # per-rank split is approximated by the even share).
-    uneven = (model.num_layers % (b.pp * b.vp)) != 0
+    # Uneven layouts (with or without interleaving): the slowest rank paces the steady state.
     t_max = np.maximum(np.maximum(t_first, t_last), t_mid)
-    if np.any(uneven):
-        t_max_uneven = bottleneck_stage_s(model.num_layers, b.pp, layer_s, embed_s, logits_s)
-        t_max = np.where(uneven & (b.vp == 1), t_max_uneven, t_max)
+    layers_per_stage = np.select([t_max == t_first, t_max == t_last], [n_first, n_last], n_mid)
     hflops_layout = None
     if b.stage_layers is not None and np.any(b.has_layout):
         lay = b.has_layout

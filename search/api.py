@@ -165,9 +165,12 @@ def make_problem(
     kernels: str = "fused",
     allow_idle_gpus: bool = False,
     allow_tp_across_nodes: bool = False,
-    uneven_layers: bool = False,
+    uneven_layers: bool = True,
     calibration: Any = None,
     evaluator: Callable[..., Any] | None = None,
+    memory_headroom: float | None = None,
+    max_step_time_s: float | None = None,
+    max_memory_bytes: float | None = None,
     framework: str | Path | FrameworkSpec | None = None,
     **fixed: Any,
 ) -> Problem:
@@ -185,8 +188,12 @@ def make_problem(
     kernels = getattr(kernels, "value", kernels)
     if kernels not in ("fused", "eager"):
         raise SpecError(f"kernels = {kernels!r}: expected fused or eager")
+    from perfmodel.memory import SEARCH_MEMORY_HEADROOM
+
+    headroom = SEARCH_MEMORY_HEADROOM if memory_headroom is None else float(memory_headroom)
     return Problem(space, evaluator or _default_evaluator(), getattr(objective, "value", objective),
-                   kernels, calibration)
+                   kernels, calibration, memory_headroom=headroom,
+                   max_step_time_s=max_step_time_s, max_memory_bytes=max_memory_bytes)
 
 
 def _check_single(space: SearchSpace) -> None:
@@ -234,10 +241,13 @@ def plan(
     kernels: str = "fused",
     allow_idle_gpus: bool = False,
     allow_tp_across_nodes: bool = False,
-    uneven_layers: bool = False,
+    uneven_layers: bool = True,
     calibration: Any = None,
     evaluator: Callable[..., Any] | None = None,
     progress: Progress | None = None,
+    memory_headroom: float | None = None,
+    max_step_time_s: float | None = None,
+    max_memory_bytes: float | None = None,
     framework: str | Path | FrameworkSpec | None = None,
     **fixed: Any,
 ) -> SearchResult:
@@ -267,8 +277,16 @@ def plan(
     kernels
         ``"fused"`` or ``"eager"`` (see ``perfmodel.step.evaluate``).
     allow_idle_gpus, allow_tp_across_nodes, uneven_layers
-        Relax the constraints ``dp*tp*pp*cp == gpus``, ``tp <= scale-up domain`` and
-        ``pp*vp | layers``.
+        Relax the constraints ``dp*tp*pp*cp == gpus`` and ``tp <= scale-up domain``;
+        ``uneven_layers`` (default on) admits ``pp*vp`` that does not divide the layers with
+        Megatron-LM's uneven layout (``perfmodel.pipeline.megatron_layout``); off: even splits
+        only.
+    memory_headroom
+        Fraction of HBM kept free (default ``perfmodel.memory.SEARCH_MEMORY_HEADROOM``): a
+        configuration fits when its peak is at most HBM less the reserve less this.
+    max_step_time_s, max_memory_bytes
+        Constraints: configurations slower or larger than these do not count (for example
+        ``objective="memory", max_step_time_s=20``).
     evaluator
         Replace ``perfmodel.step.evaluate`` (same signature), e.g. in tests.
     progress
@@ -305,7 +323,9 @@ def plan(
         seq_len=seq_len, precision=precision, optimizer=optimizer, objective=objective,
         kernels=kernels, allow_idle_gpus=allow_idle_gpus,
         allow_tp_across_nodes=allow_tp_across_nodes, uneven_layers=uneven_layers,
-        calibration=calibration, evaluator=evaluator, framework=framework, **fixed,
+        calibration=calibration, evaluator=evaluator, memory_headroom=memory_headroom,
+        max_step_time_s=max_step_time_s, max_memory_bytes=max_memory_bytes,
+        framework=framework, **fixed,
     )
     space = problem.space
     if all(len(space.values[d]) == 1 for d in space.dims):
@@ -336,6 +356,7 @@ def evaluate_config(
     allow_tp_across_nodes: bool = False,
     calibration: Any = None,
     evaluator: Callable[..., Any] | None = None,
+    memory_headroom: float | None = None,
     framework: str | Path | FrameworkSpec | None = None,
     **config: Any,
 ) -> SearchResult:
@@ -367,5 +388,6 @@ def evaluate_config(
         seq_len=seq_len, precision=precision, optimizer=optimizer, kernels=kernels,
         allow_idle_gpus=allow_idle_gpus, allow_tp_across_nodes=allow_tp_across_nodes,
         calibration=calibration, evaluator=evaluator, num_microbatches=nmb,
-        framework=framework, **pinned,
+        memory_headroom=memory_headroom, framework=framework,
+        **pinned,
     )

@@ -49,7 +49,6 @@ from typing import Any
 import numpy as np
 
 from perfmodel import layout as layout_mod
-from perfmodel import memory as mem
 from perfmodel.config import ConfigBatch
 from perfmodel.specs import SpecError
 from search.pareto import Tally
@@ -399,7 +398,7 @@ def _solve(problem: Problem, rows: ConfigBatch, coef: dict[str, np.ndarray],
            recompute_units: np.ndarray, job_row: np.ndarray):
     """Run :func:`balanced_counts` for jobs (row, N) and return counts and recomputed units."""
     units = problem.space.model.num_layers // rows.vp
-    cap = mem.usable_hbm_bytes(problem.space.cluster.gpu)
+    cap = problem.usable_bytes  # HBM less the reserve less --memory-headroom
     J = job_row.size
     width = coef["fixed_s"].shape[1]
     cnt = np.zeros((J, width), dtype=np.int64)
@@ -468,7 +467,8 @@ class DPSearch:
             step = np.asarray(res.step_time_s, dtype=float)
             peak = np.asarray(res.memory_bytes["peak"], dtype=float)
             fits = np.asarray(res.fits, dtype=bool)
-            score = np.where(fits, objective_score(problem.objective, step, peak, cand.gpus),
+            ok = fits & problem.within_limits(step, peak)
+            score = np.where(ok, objective_score(problem.objective, step, peak, cand.gpus),
                              np.inf)
             tally.add(Scored(ids, np.zeros(len(cand), dtype=np.int8), fits, step, peak,
                              cand.gpus, score))
@@ -557,6 +557,7 @@ class DPSearch:
         ok_job = np.isfinite(bott)
         job_row, cnt, rec = job_row[ok_job], cnt[ok_job], rec[ok_job]
         lay = sub.take(job_row)
+        row_layers, _ = layout_mod.stage_counts(problem.space.model, lay)  # the row's own split
         vp = lay.vp[:, None]
         stage_layers = cnt * vp
         stage_rec = rec * vp
@@ -565,9 +566,12 @@ class DPSearch:
         # A full row whose layout recomputes nothing is the no-recompute layout.
         new_rc = np.where((rc_j == _FULL) & ~any_rec, _NONE, rc_j)
         rec_m = np.where(((new_rc == _FULL) & any_rec)[:, None], stage_rec, -1)
+        zeros = np.zeros(len(lay), dtype=np.int64)
         lay = dataclasses.replace(lay, recompute=new_rc, stage_layers=stage_layers,
-                                  stage_recompute_layers=rec_m)
-        return _dedupe(lay, L)
+                                  stage_recompute_layers=rec_m, first_stage_layers=zeros,
+                                  last_stage_layers=zeros, embedding_as_layer=zeros.astype(bool),
+                                  loss_as_layer=zeros.astype(bool))
+        return _dedupe(lay, row_layers)
 
 
 def _step_lower_bound(problem: Problem, rows: ConfigBatch, other_s: np.ndarray, L: int
@@ -634,12 +638,15 @@ def _concat(batches: list[ConfigBatch]) -> ConfigBatch:
     return ConfigBatch(**cols)
 
 
-def _dedupe(lay: ConfigBatch, L: int) -> ConfigBatch:
-    """Drop layouts that are the even split with its own recompute (already a candidate)."""
+def _dedupe(lay: ConfigBatch, row_layers: np.ndarray) -> ConfigBatch:
+    """Drop layouts that are their row's own split (even or Megatron-LM's uneven default) with
+    its own recompute (already a candidate), and repeats."""
     pp = lay.pp[:, None]
     s = np.arange(lay.stage_layers.shape[1])[None, :]
-    even = (L % lay.pp == 0)[:, None] & (lay.stage_layers == np.where(s < pp, L // pp, 0))
-    even = np.all(even, axis=1)
+    width = min(row_layers.shape[1], lay.stage_layers.shape[1])
+    same = np.zeros(lay.stage_layers.shape, dtype=np.int64)
+    same[:, :width] = row_layers[:, :width]
+    even = np.all((lay.stage_layers == same) | (s >= pp), axis=1)
     rec = lay.stage_recompute_layers
     uniform_rec = (rec[:, 0] < 0) | np.all((rec == lay.stage_layers) | (s >= pp), axis=1)
     keep = np.flatnonzero(~(even & uniform_rec))

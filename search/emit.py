@@ -62,9 +62,21 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
     if not model.linear_bias:
         args.append("--disable-bias-linear")
     layout_args, layout_notes = megatron_layout_args(c)
-    if c.vp > 1 and c.stage_layers is None:
+    # Megatron-LM's uneven pipeline layout (perfmodel.pipeline.stage_layer_counts)
+    layout = [f"--decoder-first-pipeline-num-layers {c.first_stage_layers}"
+              if c.first_stage_layers else "",
+              f"--decoder-last-pipeline-num-layers {c.last_stage_layers}"
+              if c.last_stage_layers else "",
+              "--account-for-embedding-in-pipeline-split" if c.embedding_as_layer else "",
+              "--account-for-loss-in-pipeline-split" if c.loss_as_layer else ""]
+    layout = [x for x in layout if x]
+    if layout_args:  # a per-stage layout (search/dp.py): the layout string sets vp as well
+        pass
+    elif c.vp > 1 and (layout or model.num_layers % (c.pp * c.vp)):
+        args.append(f"--num-virtual-stages-per-pipeline-rank {c.vp}")
+    elif c.vp > 1:
         args.append(f"--num-layers-per-virtual-pipeline-stage {model.num_layers // (c.pp * c.vp)}")
-    args += layout_args
+    args += layout + layout_args
     if c.sequence_parallel:
         args.append("--sequence-parallel")
     if c.zero_stage >= 1:

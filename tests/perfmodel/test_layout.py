@@ -44,14 +44,18 @@ def test_block_recompute_of_every_layer_is_full_recompute():
 
 def test_stage_memory_moves_with_layers_and_recompute():
     """Hand relations of one stage's memory: one more layer adds its states and ``inflight``
-    times its activations (plus the 3% allocator allowance); recomputing ``r`` of them saves
+    times its activations (plus the 3% allocator allowance on what the step allocates and
+    frees: activations and buffers, not the contiguous state buffers); recomputing ``r`` of them
+    saves
     ``inflight * r * (a_keep - a_ckpt)`` and adds one layer's full activations once."""
     b = _batch(ParallelConfig(**BASE, recompute="full"))
     st = lambda n, r: layout.stage_memory_bytes(MODEL, TRAINING, CLUSTER, b, np.array([[0]]),
                                                 np.array([[n]]), np.array([[r]]))["peak"][0, 0]
     infl = 18.0  # 1F1B stage 0 of 18 with m = 256 / (4 * 1) = 64 micro-batches
     sp_ = memory.stage_params(MODEL, 8, 18)
-    w, g, o = memory.zero_state_bytes(sp_["layer"], 4, 1, 2.0, 4.0, 12.0)
+    per_param = memory.state_bytes_per_param(
+        "bf16", "adam", fp32_main_grads=TRAINING.grad_reduce_in_fp32)
+    w, g, o = memory.zero_state_bytes(sp_["layer"], 4, 1, *per_param)
     kw = {"tp": 8, "sequence_parallel": True, "ffn_hidden_size": MODEL.ffn_hidden_size,
               "num_kv_heads": MODEL.kv_heads, "head_dim": MODEL.head_size, "gated_mlp": True, "flash": True,
               "dropout": False}
@@ -60,7 +64,7 @@ def test_stage_memory_moves_with_layers_and_recompute():
     a_ckpt = memory.layer_activation_bytes(8192, 1, MODEL.hidden_size,
                                            MODEL.num_attention_heads, recompute=2, **kw)
     allow = 1.0 + memory.ALLOCATOR_ALLOWANCE_FRACTION
-    assert st(8, 0) - st(7, 0) == pytest.approx((w + g + o + infl * a_keep) * allow, rel=1e-9)
+    assert st(8, 0) - st(7, 0) == pytest.approx(w + g + o + infl * a_keep * allow, rel=1e-9)
     assert st(7, 0) - st(7, 2) == pytest.approx(
         (2 * infl * (a_keep - a_ckpt) - a_keep) * allow, rel=1e-9)
 

@@ -143,29 +143,33 @@ def nemotron():
 
 
 @pytest.mark.slow
-def test_nemotron_dp_beats_full_recompute(nemotron):
-    """Nemotron-4 340B on 128 H100 (GBS 32, seq 4096): the grid needs full recompute; the DP
-    finds a layout that fits without it and is faster (predicted 5.20 s -> 4.70 s)."""
+def test_nemotron_dp_balances_memory_bound_stages(nemotron):
+    """Nemotron-4 340B on 128 H100 (GBS 32, seq 4096): the DP finds a layout that fits without
+    full recompute and is faster than the grid's best (predicted 5.01 s -> 4.82 s), by moving
+    layers off the first stages, which hold the most micro-batches."""
     grid, dp = nemotron
     g, d = grid.rows[0], dp.rows[0]
-    assert g["config"]["recompute"] == "full"
     assert d["config"]["recompute"] != "full" and d["fits"]
     assert d["step_time_s"] < g["step_time_s"]
-    assert d["config"]["stage_layers"] is not None and sum(d["config"]["stage_layers"]) == 96
+    lay = d["config"]["stage_layers"]
+    assert lay is not None and sum(lay) == 96 and lay[0] < max(lay)
 
 
 @pytest.mark.slow
-def test_llama405b_512_dp_beats_full_recompute():
-    """Llama 3.1 405B on 512 H100 (GBS 256, seq 8192): the grid's best recomputes fully; the
-    DP's fits without full recompute and is faster."""
+def test_llama405b_512_dp_without_full_recompute():
+    """Llama 3.1 405B on 512 H100 (GBS 256, seq 8192): with even splits only the grid's best
+    recomputes fully (21.4 s); the DP's fits without full recompute, is faster than that and
+    no worse than the grid with Megatron's uneven layouts (18.39 s)."""
     from search import plan
 
     kw = {"gpus": 512, "global_batch_size": 256, "seq_len": 8192, "top": 3}
+    even = plan("llama3.1-405b", "dgx-h100", uneven_layers=False, **kw).rows[0]
     g = plan("llama3.1-405b", "dgx-h100", **kw).rows[0]
     d = plan("llama3.1-405b", "dgx-h100", strategy="dp", **kw).rows[0]
-    assert g["config"]["recompute"] == "full"
+    assert even["config"]["recompute"] == "full"
     assert d["config"]["recompute"] != "full" and d["fits"]
-    assert d["step_time_s"] < g["step_time_s"]
+    assert d["step_time_s"] < even["step_time_s"]
+    assert d["step_time_s"] <= g["step_time_s"]
 
 
 @pytest.mark.slow
@@ -232,5 +236,5 @@ def test_cli_strategy_dp_prints_the_layout_and_emits_it():
     assert doc["search"]["strategy"] == "dp" and sum(lay) == 40 and len(set(lay)) > 1
     r = CliRunner().invoke(app, [*args, "--emit", "megatron"])
     assert r.exit_code == 0, r.output
-    assert f"stage layers {lay}" in r.stdout
+    assert f"layers per pipeline rank: {' '.join(map(str, lay))}" in r.stdout
     assert "--pipeline-model-parallel-layout" in r.stdout
