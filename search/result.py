@@ -353,7 +353,7 @@ def finalize_batch(
     nt, npar = n_top, n_pareto
     has_smallest = len(batch) > nt + npar
     top = frame.iloc[:nt].reset_index(drop=True)
-    if strategy == "single" and nt == 0 and len(smallest_flat):
+    if strategy == "single" and nt == 0 and has_smallest:
         # one configuration asked for: show it even though it does not fit (fits is False)
         top = frame.iloc[nt + npar:nt + npar + 1].reset_index(drop=True)
     par = frame.iloc[nt:nt + npar]
