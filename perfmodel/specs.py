@@ -287,6 +287,10 @@ class ModelSpec(Spec):
     position_embedding: Literal["learned", "rope"] = "learned"
     tied_embeddings: bool = True
     linear_bias: bool = True
+    qkv_bias: bool = Field(default=False, description="bias on the q/k/v projections only "
+                           "(Qwen2; Megatron --add-qkv-bias); linear_bias implies it")
+    rope_base: PosFloat = Field(default=10000.0, description="RoPE base theta (Su et al. 2021: "
+                                "10,000; Llama 3: 500,000); unused with learned positions")
     num_experts: PosInt = 1
     moe_top_k: PosInt = 1
     published_params: PosFloat | None = Field(
@@ -335,7 +339,8 @@ class ModelSpec(Spec):
         q = h * self.num_attention_heads * d
         kv = 2 * h * self.kv_heads * d
         out = self.num_attention_heads * d * h
-        bias = (self.num_attention_heads * d + 2 * self.kv_heads * d + h) if self.linear_bias else 0
+        qkv_bias = self.num_attention_heads * d + 2 * self.kv_heads * d
+        bias = (qkv_bias + h) if self.linear_bias else (qkv_bias if self.qkv_bias else 0)
         return q + kv + out + bias
 
     def mlp_params_per_layer(self) -> int:
@@ -664,6 +669,9 @@ def model_from_hf_config(data: dict[str, Any], name: str = "hf-model") -> ModelS
             position_embedding="rope",
             tied_embeddings=bool(data.get("tie_word_embeddings", False)),
             linear_bias=bool(data.get("attention_bias", False)),
+            # Qwen2 has q/k/v biases and no attention_bias key (transformers' Qwen2Attention)
+            qkv_bias=data.get("model_type") == "qwen2" and "attention_bias" not in data,
+            rope_base=float(data.get("rope_theta", 10000.0)),
             num_experts=data.get("num_local_experts", 1),
             moe_top_k=data.get("num_experts_per_tok", 1),
         )

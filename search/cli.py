@@ -132,21 +132,26 @@ def check_bounds(**values: int | None) -> None:
 
 class Emit(str, Enum):
     megatron = "megatron"
+    bridge = "bridge"
     torchtitan = "torchtitan"
     deepspeed = "deepspeed"
 
 
-def _launch_text(fmt: str, model: str, result: Any) -> str:
-    """The best configuration as launch settings (see :mod:`search.emit`)."""
-    from perfmodel.config import ParallelConfig
-    from perfmodel.specs import TrainingSpec, load_model
-    from search.emit import emit
+def _launches(result: Any, model: str, plan_kwargs: dict[str, Any], alternatives: bool,
+              formats: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Launch settings of the best configuration per format (see :mod:`search.emit`); a refused
+    format gets the best configuration of a search restricted to its framework."""
+    from search.emit import FORMATS, launch_from_result
+    from search.space import SEARCH_DIMS
 
-    s = result.setup
-    training = TrainingSpec(global_batch_size=s["global_batch_size"], seq_len=s["seq_len"],
-                            precision=s["precision"], optimizer=s["optimizer"])
-    config = ParallelConfig(**result.best_row["config"])
-    return emit(fmt, config, load_model(model), training)
+    def replan(framework: str, precision: str) -> Any:
+        kw = {k: v for k, v in plan_kwargs.items() if k not in SEARCH_DIMS}
+        kw.update(framework=framework, precision=precision, top=1, progress=None)
+        return api.plan(**kw)
+
+    return launch_from_result(result, model, formats or FORMATS,
+                              framework=plan_kwargs.get("framework"),
+                              replan=replan if alternatives else None)
 
 
 def _fail(message: str) -> None:
@@ -427,8 +432,12 @@ def planner(
     None,
     list_presets_: Annotated[bool, typer.Option("--list", help="list every preset and exit")]
     = False,
-    emit: Annotated[Emit | None, typer.Option(help="also print the best configuration as "
-                                              "launch settings for this framework")] = None,
+    emit: Annotated[Emit | None, typer.Option(help="print only the best configuration's "
+                                              "launch settings for this framework on stdout "
+                                              "(the report goes to stderr)")] = None,
+    emit_dir: Annotated[Path | None, typer.Option(
+        help="write the launch settings of every framework into this folder (megatron.args, "
+             "bridge.yaml, torchtitan.toml, deepspeed.json)")] = None,
     calibration: Annotated[Path | None, typer.Option(
         help="folder of your own GPU measurements (the format calibrate_gpu.py writes)")] = None,
     allow_idle_gpus: Annotated[bool, typer.Option(
@@ -484,29 +493,33 @@ def planner(
     check_bounds(gpus=gpus, global_batch=global_batch, seq_len=seq_len, dp=dp, tp=tp, pp=pp,
                  vp=vp, cp=cp, micro_batch=micro_batch, top=top)
     err = Console(stderr=True)
+    if emit is not None and not json_out:
+        # stdout carries only the launch settings (`plan --emit deepspeed > ds.json`)
+        out = Console(stderr=True, highlight=False)
     progress = _LazyProgress(err) if err.is_terminal and not json_out else None
     try:
-        result = api.plan(
-            model, cluster, gpus=gpus, global_batch_size=global_batch, seq_len=seq_len,
-            precision=precision.value if precision else None,
-            optimizer=optimizer.value if optimizer else None,
-            strategy=strategy.value, objective=objective.value, top=top,
-            kernels=kernels.value, progress=progress,
-            calibration=str(calibration) if calibration is not None else None,
-            allow_idle_gpus=allow_idle_gpus, allow_tp_across_nodes=allow_tp_across_nodes,
-            uneven_layers=uneven_layers, memory_headroom=memory_headroom,
-            max_step_time_s=_quantity(max_step_time, _UNITS_S, "--max-step-time", "s"),
-            max_memory_bytes=_quantity(max_memory, _UNITS_B, "--max-memory", "gib"),
-            framework=framework, profile=profile,
-            training=str(training) if training is not None else None,
-            flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
-            overlap_tp_comm=overlap_tp_comm, overlap_p2p_comm=overlap_p2p_comm,
-            zero3_gather=zero3_gather.value if zero3_gather else None,
-            dp=dp, tp=tp, pp=pp, vp=vp, cp=cp, zero_stage=zero, micro_batch_size=micro_batch,
-            recompute=recompute.value if recompute else None,
-            sequence_parallel=sequence_parallel,
-            schedule=schedule.value if schedule else None,
-        )
+        plan_kwargs: dict[str, Any] = {
+            "model": model, "cluster": cluster, "gpus": gpus, "global_batch_size": global_batch,
+            "seq_len": seq_len, "precision": precision.value if precision else None,
+            "optimizer": optimizer.value if optimizer else None,
+            "strategy": strategy.value, "objective": objective.value, "top": top,
+            "kernels": kernels.value, "progress": progress,
+            "calibration": str(calibration) if calibration is not None else None,
+            "allow_idle_gpus": allow_idle_gpus, "allow_tp_across_nodes": allow_tp_across_nodes,
+            "uneven_layers": uneven_layers, "framework": framework, "profile": profile,
+            "memory_headroom": memory_headroom,
+            "training": str(training) if training is not None else None,
+            "flash_attention": flash_attention, "overlap_grad_reduce": overlap_grad_reduce,
+            "overlap_tp_comm": overlap_tp_comm, "overlap_p2p_comm": overlap_p2p_comm,
+            "zero3_gather": zero3_gather.value if zero3_gather else None,
+            "dp": dp, "tp": tp, "pp": pp, "vp": vp, "cp": cp, "zero_stage": zero,
+            "micro_batch_size": micro_batch, "recompute": recompute.value if recompute else None,
+            "sequence_parallel": sequence_parallel,
+            "schedule": schedule.value if schedule else None,
+        }
+        plan_kwargs["max_step_time_s"] = _quantity(max_step_time, _UNITS_S, "--max-step-time", "s")
+        plan_kwargs["max_memory_bytes"] = _quantity(max_memory, _UNITS_B, "--max-memory", "gib")
+        result = api.plan(**plan_kwargs)
     except SpecError as e:
         _fail(str(e))
     except ValidationError as e:
@@ -521,20 +534,33 @@ def planner(
             result.top.to_csv(csv, index=False)
         except OSError as e:
             _fail(f"--csv {csv}: cannot write: {e.strerror}")
-    launch = None
-    if emit is not None:
+    want_alt = emit is not None or emit_dir is not None
+    try:
+        launches = _launches(result, model, plan_kwargs, want_alt) if (
+            json_out or want_alt) else {}
+    except SpecError as e:
+        _fail(str(e))
+    if emit_dir is not None:
         try:
-            launch = _launch_text(emit.value, model, result)
-        except SpecError as e:
-            _fail(str(e))
+            emit_dir.mkdir(parents=True, exist_ok=True)
+            for L in launches.values():
+                if L.text is not None:
+                    (emit_dir / L.file).write_text(L.text)
+        except OSError as e:
+            _fail(f"--emit-dir {emit_dir}: cannot write: {e.strerror}")
+        for L in launches.values():
+            if L.text is None:
+                err.print(f"plan: {L.file} not written: {L.message()}", soft_wrap=True,
+                          highlight=False, markup=False)
     if json_out:
         doc = result.to_json()
-        if launch is not None:
-            doc["launch"] = {"format": emit.value, "text": launch}
+        doc["launch"] = {fmt: L.to_json() for fmt, L in launches.items()}
         typer.echo(json.dumps(doc, indent=2))
         return
     for w in result.setup.get("warnings") or ():
         typer.echo(f"plan: warning: {w}", err=True)
+    if emit is not None and launches[emit.value].text is None:
+        _fail(launches[emit.value].message())
     _print_best(out, result)
     if result.strategy != "single":
         out.print()
@@ -545,9 +571,8 @@ def planner(
         out.print(f"searched {result.evaluated:,} configurations ({result.feasible:,} fit in "
                   f"memory, {result.space_size:,} in the space before constraints) with "
                   f"{result.strategy} in {result.seconds:.2f} s")
-    if launch is not None:
-        out.print(f"\n[bold]{emit.value} launch settings:[/]")
-        typer.echo(launch, nl=False)
+    if emit is not None:
+        typer.echo(launches[emit.value].text, nl=False)
 
 
 def _register_subcommands() -> None:

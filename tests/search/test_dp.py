@@ -200,9 +200,9 @@ def test_dp_result_flows_through_emit_and_json(nemotron):
     assert sum(v for _, v, _ in b["time"]) == pytest.approx(row["step_time_s"], rel=1e-9)
     text = megatron_args(cfg, load_model("nemotron4-340b"),
                          load_training(None, global_batch_size=32, seq_len=4096))
-    layout = "|".join(("E" if s == 0 else "") + f"t*{n}" + ("L" if s == cfg.pp - 1 else "")
+    layout = "|".join(("E," if s == 0 else "") + f"t*{n}" + (",L" if s == cfg.pp - 1 else "")
                       for s, n in enumerate(cfg.stage_layers))
-    assert f'--pipeline-model-parallel-layout "{layout}"' in text
+    assert f"--pipeline-model-parallel-layout {layout}" in text
     assert dp.to_json()["best"]["config"]["stage_layers"] == list(cfg.stage_layers) or \
         tuple(dp.to_json()["best"]["config"]["stage_layers"]) == cfg.stage_layers
 
