@@ -218,8 +218,9 @@ def test_dp_needs_fused_kernels():
 
 
 def test_cli_strategy_dp_prints_the_layout_and_emits_it():
-    """``plan --strategy dp`` on Llama 2 13B / 8 A100-40GB: the best has a per-stage layout,
-    shown under the best configuration, in ``--json`` and in ``--emit megatron``."""
+    """``plan --strategy dp`` on Llama 2 13B / 8 A100-40GB with 1F1B: the best recomputes only
+    part of its layers (Megatron's block recompute), shown under the best configuration, in
+    ``--json`` and in ``--emit megatron``."""
     import json
 
     from typer.testing import CliRunner
@@ -227,14 +228,18 @@ def test_cli_strategy_dp_prints_the_layout_and_emits_it():
     from search.cli import app
 
     args = ["--model", "llama2-13b", "--cluster", "dgx-a100-40g", "--gpus", "8",
-            "--global-batch", "32", "--seq-len", "4096", "--cp", "1", "--strategy", "dp",
-            "--top", "3"]
+            "--global-batch", "32", "--seq-len", "4096", "--cp", "1", "--schedule", "1f1b",
+            "--strategy", "dp", "--top", "3"]
     r = CliRunner().invoke(app, [*args, "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    lay = doc["best"]["config"]["stage_layers"]
-    assert doc["search"]["strategy"] == "dp" and sum(lay) == 40 and len(set(lay)) > 1
+    cfg = doc["best"]["config"]
+    assert doc["search"]["strategy"] == "dp" and sum(cfg["stage_layers"]) == 40
+    rec = cfg["stage_recompute_layers"]
+    assert cfg["recompute"] == "full" and 0 < max(rec) < 40
     r = CliRunner().invoke(app, [*args, "--emit", "megatron"])
     assert r.exit_code == 0, r.output
-    assert f"layers per pipeline rank: {' '.join(map(str, lay))}" in r.stdout
+    assert "--recompute-method block" in r.stdout
+    assert f"--recompute-num-layers {max(rec)}" in r.stdout
     assert "--pipeline-model-parallel-layout" in r.stdout
+    assert f"(recomputed: {' '.join(map(str, rec))})" in r.output
