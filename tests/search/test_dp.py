@@ -243,3 +243,22 @@ def test_cli_strategy_dp_prints_the_layout_and_emits_it():
     assert f"--recompute-num-layers {max(rec)}" in r.stdout
     assert "--pipeline-model-parallel-layout" in r.stdout
     assert f"(recomputed: {' '.join(map(str, rec))})" in r.output
+
+
+def test_gantt_of_a_dp_layout():
+    """The result's Gantt chart (search.plots.plot_config_timeline) draws the DP's layout: the
+    title names rank 0's and the last rank's layers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from perfmodel.config import ParallelConfig, resolve_config
+    from perfmodel.specs import load_cluster, load_model, load_training
+    from search.plots import plot_config_timeline
+
+    model = load_model("llama2-13b")
+    training = load_training(None, global_batch_size=32, seq_len=4096)
+    cluster = load_cluster("dgx-a100-40g", 8)
+    cfg = resolve_config(ParallelConfig(dp=1, tp=2, pp=4, stage_layers=(9, 10, 11, 10),
+                                        sequence_parallel=True), model, training, cluster)
+    fig = plot_config_timeline(model, training, cluster, cfg)
+    assert "layers of rank 0 9, of rank 3 10" in fig.axes[0].get_title()
