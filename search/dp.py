@@ -452,8 +452,12 @@ class DPSearch:
             raise SpecError("strategy dp models Megatron-LM layouts: kernels must be 'fused' "
                             f"(got kernels '{problem.kernels}')")
         space = problem.space
+        if space.model.is_moe:
+            # the per-stage layout model (perfmodel/layout.py) has no expert-parallel terms yet;
+            # refuse rather than rank MoE configurations without their all-to-all
+            raise SpecError(f"strategy dp does not model mixture-of-experts layers yet "
+                            f"({space.model.name}): use --strategy grid, which searches ep and etp")
         L = space.model.num_layers
-        int(space.values["pp"].max())
         tally = Tally(self.top)
         kept = {"batch": None, "ids": np.zeros(0, dtype=np.int64)}
         n_cand = 0
