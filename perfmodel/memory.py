@@ -29,7 +29,8 @@ from typing import Literal
 import numpy as np
 
 from perfmodel.config import ConfigBatch
-from perfmodel.pipeline import SCHEDULE, inflight_microbatches, schedule_code
+from perfmodel.offload import resident_activation_layers
+from perfmodel.pipeline import GPIPE, SCHEDULE, inflight_microbatches, schedule_code
 from perfmodel.specs import ClusterSpec, GPUSpec, ModelSpec, TrainingSpec
 from perfmodel.units import GIB, MIB
 
@@ -498,6 +499,26 @@ SEARCH_MEMORY_HEADROOM = 0.0
 """Default ``memory_headroom`` of the search (``plan --memory-headroom``)."""
 
 
+def loss_inflight_microbatches(schedule, m, inflight_last) -> np.ndarray:
+    """Micro-batches whose final-norm input, output-layer input and fp32 logits the last stage
+    holds at its peak (vectorised).
+
+    Only the last *virtual* stage (model chunk ``v - 1`` of the last rank) computes the loss, and
+    it holds those tensors from its forward to its backward. 1F1B, ZB-H1 and interleaved 1F1B run
+    the last chunk's backward right after its forward (Megatron-LM ``schedules.py``: the last
+    rank's warm-up, ``(v - 1) p`` forwards, covers chunks ``0 .. v-2``; each steady-state
+    iteration then runs forward ``k`` and backward ``k - warmup``, the same micro-batch of chunk
+    ``v - 1``), so one micro-batch; GPipe holds all of its in-flight ones. The interleaved
+    in-flight count of the rank (``(v - 1) p + 1`` chunks, mostly earlier chunks) does not hold
+    logits.
+
+    Example: interleaved, p = 8, v = 12: 1 (not ``ceil(89 / 12) = 8``); GPipe m = 16: 16.
+    """
+    code = schedule_code(schedule)
+    infl = np.ceil(np.asarray(inflight_last, dtype=np.float64))
+    return np.where(code == GPIPE, infl, np.minimum(infl, 1.0) + 0.0 * np.asarray(m))
+
+
 def usable_hbm_bytes(gpu: GPUSpec, headroom: float = 0.0) -> float:
     """HBM a configuration may fill: the spec's capacity less
     :data:`NON_ALLOCATOR_RESERVE_BYTES` (H200: 141 -> 139.8 GiB; all of it for a CPU process),
@@ -693,12 +714,17 @@ def memory_breakdown(
         final_act = 2 * e * sb * h / r  # final-norm input and output-layer input: 4sbh
         logits_held = 4.0 * logit  # fp32 logits / softmax kept for the cross-entropy backward
     logits_transient = 2.0 * logit  # 16-bit logits of the micro-batch being computed
-    act_first = infl_first * layers * layer_act + recompute_extra + mb_first * embed_act
+    # CPU activation offloading (fused only): the stage keeps L - N + 1 layers' activations
+    n_off = 0 if eager else training.cpu_offload_layers
+    res_first = resident_activation_layers(layers, n_off)
+    res_last = resident_activation_layers(layers_last, n_off)
+    act_first = infl_first * res_first * layer_act + recompute_extra + mb_first * embed_act
+    mb_loss = mb_last if eager else loss_inflight_microbatches(sched, m, infl_last)
     act_last = (
-        infl_last * layers_last * layer_act + recompute_extra + mb_last * (final_act + logits_held)
+        infl_last * res_last * layer_act + recompute_extra + mb_loss * (final_act + logits_held)
     )
     single = pp == 1
-    act_first = np.where(single, act_first + mb_last * (final_act + logits_held), act_first)
+    act_first = np.where(single, act_first + mb_loss * (final_act + logits_held), act_first)
     act_last = np.where(single, act_first, act_last)
 
     # 4. Other buffers.
@@ -767,7 +793,8 @@ def memory_breakdown(
         # end stages; it has one in-flight micro-batch fewer (1F1B) and no embedding
         layers_mid = sp_["layers_middle"]
         wm, gm, om = zero_state_bytes(sp_["middle"], shard, zero, wb, gb, ob)
-        act_mid = inflight_microbatches(pp, m, sched, vp, stage=1) * layers_mid * layer_act
+        act_mid = (inflight_microbatches(pp, m, sched, vp, stage=1)
+                   * resident_activation_layers(layers_mid, n_off) * layer_act)
         act_mid = act_mid + recompute_extra
         other_mid = base_other + bucket + zero3 + fp8_weight_cache_bytes(
             precision, layers_mid, sp_["gemm_layer"], zero, shard, fp8_params)
