@@ -499,6 +499,26 @@ SEARCH_MEMORY_HEADROOM = 0.0
 """Default ``memory_headroom`` of the search (``plan --memory-headroom``)."""
 
 
+def loss_logit_bytes(cross_entropy: str) -> tuple[float, float]:
+    """Bytes per logit (per vocabulary entry of a token on this GPU) the fused-kernel loss holds:
+    ``(kept for the backward, transient)``.
+
+    * ``"fp32"``: Megatron-Core's vocab-parallel cross-entropy (``cross_entropy_fusion_impl=
+      'native'`` or unfused) casts the 16-bit logits to fp32 and saves the fp32 softmax
+      (``exp_logits``) for the backward: 4 kept, plus the 16-bit logits of the micro-batch being
+      computed, 2 transient (Megatron-LM ``theoretical_memory_usage.py`` counts the same).
+    * ``"fused"``: Transformer Engine's ``parallel_cross_entropy`` (Megatron-Core
+      ``cross_entropy_fusion_impl='te'``, set by Megatron-Bridge's performance recipes,
+      ``_benchmark_common``) computes the loss in one kernel and writes the gradient into the
+      16-bit logits in place: those 2 bytes are all it keeps, nothing transient.
+
+    Example: ``"fp32"`` -> (4, 2); ``"fused"`` -> (2, 0).
+    """
+    if cross_entropy == "fused":
+        return 2.0, 0.0
+    return 4.0, 2.0
+
+
 def loss_inflight_microbatches(schedule, m, inflight_last) -> np.ndarray:
     """Micro-batches whose final-norm input, output-layer input and fp32 logits the last stage
     holds at its peak (vectorised).
@@ -712,8 +732,9 @@ def memory_breakdown(
     else:
         embed_act = 8.0 * sb + drop * sb * h / r  # token ids (int64), embedding dropout mask
         final_act = 2 * e * sb * h / r  # final-norm input and output-layer input: 4sbh
-        logits_held = 4.0 * logit  # fp32 logits / softmax kept for the cross-entropy backward
-    logits_transient = 2.0 * logit  # 16-bit logits of the micro-batch being computed
+        held_b, transient_b = loss_logit_bytes(training.cross_entropy)
+        logits_held = held_b * logit  # what the cross-entropy keeps for its backward
+    logits_transient = (2.0 if eager else transient_b) * logit  # 16-bit logits being computed
     # CPU activation offloading (fused only): the stage keeps L - N + 1 layers' activations
     n_off = 0 if eager else training.cpu_offload_layers
     res_first = resident_activation_layers(layers, n_off)

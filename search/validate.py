@@ -248,6 +248,10 @@ def case_from_row(r: pd.Series) -> Case:
         # and their fp8 recipes keep fp8 model weights (NeMo bf16_with_fp8_mixed: fp8_params /
         # fp8_param_gather = True)
         sw["fp8_params"] = True
+    if "megatron-bridge" in src_txt:
+        # Megatron-Bridge's performance recipes fuse the loss with Transformer Engine's kernel
+        # (``_benchmark_common``: cross_entropy_fusion_impl = "te")
+        sw["cross_entropy"] = "fused"
     n_off = _bridge_cpu_offload_layers(r, zero_txt, src_txt, precision)
     if n_off:
         sw["cpu_offload_layers"] = n_off
