@@ -499,6 +499,24 @@ SEARCH_MEMORY_HEADROOM = 0.0
 """Default ``memory_headroom`` of the search (``plan --memory-headroom``)."""
 
 
+def torch_zb_retained_microbatches(p, m) -> np.ndarray:
+    """Micro-batches whose whole backward graph a stage of torch's
+    ``ScheduleInterleavedZeroBubble`` holds at its peak: ``min(p, m)`` on every stage.
+
+    torch's input-gradient pass (``stage_backward_input``) runs autograd with
+    ``retain_graph=True`` and the weight pass (``stage_backward_weight``) frees the graph, so a
+    micro-batch holds its activations from F to W, not to B. In torch's order
+    (``_get_1f1b_rank_ops`` with ``enable_zero_bubble``: ``p - 1 - s`` warm-up forwards, then
+    F, B and, from the ``s``-th steady step on, W of the micro-batch ``s`` behind) stage ``s``
+    has ``p - s + j - max(0, j - s)`` graphs after the forward of steady step ``j``: ``p`` once
+    ``j >= s``. The last stage holds ``p`` (1F1B: 1), and as many micro-batches' output
+    gradients (B done, W not).
+
+    Example: p = 2, m = 4: 2; p = 4, m = 2: 2.
+    """
+    return np.minimum(np.asarray(p, dtype=np.float64), np.asarray(m, dtype=np.float64))
+
+
 def loss_logit_bytes(cross_entropy: str) -> tuple[float, float]:
     """Bytes per logit (per vocabulary entry of a token on this GPU) the fused-kernel loss holds:
     ``(kept for the backward, transient)``.
@@ -720,6 +738,9 @@ def memory_breakdown(
     sched = np.asarray(c.schedule)
     infl_first = inflight_microbatches(pp, m, sched, vp, stage=0)
     infl_last = inflight_microbatches(pp, m, sched, vp, stage=pp - 1)
+    if eager:  # torch's zero bubble retains whole backward graphs until the W pass
+        infl_last = np.where(schedule_code(sched) == _CODE_ZB,
+                             torch_zb_retained_microbatches(pp, m), infl_last)
     mb_first = np.ceil(infl_first)  # whole micro-batches with an embedding output in flight
     mb_last = np.ceil(infl_last)
     sb = s * b
@@ -843,9 +864,14 @@ def memory_breakdown(
         qkv_cols = (a + 2.0 * model.kv_heads) * model.head_size
         e_gemm = 2.0 if precision != "fp32" else 4.0
         dy_layer = e_gemm * sb * ((qkv_cols + f_cols) / tp + 2.0 * h)
+        # torch keeps the output gradients of every micro-batch whose B ran and whose W has
+        # not (p on the last stage), and each retained graph keeps the loss's saved fp32
+        # logits and log-softmax (8 bytes per logit; the one being computed is in the moments)
+        n_zb = torch_zb_retained_microbatches(pp, m)
         zb_last = np.where(
             schedule_code(sched) == _CODE_ZB,
-            layers_last * dy_layer + 2.0 * e_gemm * sb * qkv_cols / tp,
+            n_zb * layers_last * dy_layer + 2.0 * e_gemm * sb * qkv_cols / tp
+            + (n_zb - 1.0) * 8.0 * logit,
             0.0,
         )
         weights, grads, opt, acts, other, peak_stage = _eager_moments(

@@ -354,3 +354,23 @@ def test_logits_in_flight_on_the_last_stage():
     assert mem.loss_inflight_microbatches("interleaved", 16, 89 / 12) == 1.0
     assert mem.loss_inflight_microbatches("1f1b", 16, 1.0) == 1.0
     assert mem.loss_inflight_microbatches("gpipe", 16, 16.0) == 16.0
+
+
+def test_fused_cross_entropy_keeps_only_the_16bit_logits():
+    assert mem.loss_logit_bytes("fp32") == (4.0, 2.0)
+    assert mem.loss_logit_bytes("fused") == (2.0, 0.0)
+    m = load_model("llama3.1-8b")
+    cl = load_cluster("dgx-h100", gpus=8)
+    tr = load_training(global_batch_size=8, seq_len=4096)
+    b = ConfigBatch.from_arrays(dp=8, micro_batch_size=1, num_microbatches=1, recompute="none")
+    a = mem.memory_breakdown(m, tr, cl, b)["activations"][0]
+    f = mem.memory_breakdown(m, tr.model_copy(update={"cross_entropy": "fused"}), cl, b)
+    # 4096 tokens x 128256 logits: fp32 softmax (4) + 16-bit transient (2) -> 16-bit only (2)
+    assert a - f["activations"][0] == pytest.approx(4 * 4096 * 128256)
+
+
+def test_torch_zero_bubble_retains_p_graphs_on_every_stage():
+    # torch ScheduleInterleavedZeroBubble: B with retain_graph, graph freed by W
+    assert mem.torch_zb_retained_microbatches(2, 4) == 2.0
+    assert mem.torch_zb_retained_microbatches(4, 2) == 2.0
+    assert mem.torch_zb_retained_microbatches(8, 32) == 8.0
