@@ -864,14 +864,20 @@ def memory_breakdown(
         qkv_cols = (a + 2.0 * model.kv_heads) * model.head_size
         e_gemm = 2.0 if precision != "fp32" else 4.0
         dy_layer = e_gemm * sb * ((qkv_cols + f_cols) / tp + 2.0 * h)
+        # torch keeps the gradient at every node where a weight's path leaves the input's
+        # (``get_param_groups`` intermediates): the GEMMs above, the two norms (fp32 under
+        # autocast, sequence-sharded with sp) and, on the last stage, the final norm and the
+        # output layer (its output gradient: one value per logit)
+        dy_norm = 4.0 * sb * h / r
+        dy_layer = dy_layer + 2.0 * dy_norm
         # torch keeps the output gradients of every micro-batch whose B ran and whose W has
         # not (p on the last stage), and each retained graph keeps the loss's saved fp32
         # logits and log-softmax (8 bytes per logit; the one being computed is in the moments)
         n_zb = torch_zb_retained_microbatches(pp, m)
         zb_last = np.where(
             schedule_code(sched) == _CODE_ZB,
-            n_zb * layers_last * dy_layer + 2.0 * e_gemm * sb * qkv_cols / tp
-            + (n_zb - 1.0) * 8.0 * logit,
+            n_zb * (layers_last * dy_layer + dy_norm + e_gemm * logit)
+            + 2.0 * e_gemm * sb * qkv_cols / tp + (n_zb - 1.0) * 8.0 * logit,
             0.0,
         )
         weights, grads, opt, acts, other, peak_stage = _eager_moments(
