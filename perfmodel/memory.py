@@ -641,6 +641,14 @@ def memory_breakdown(
     if kernels not in ("fused", "eager"):
         raise ValueError(f"kernels = {kernels!r}: expected 'fused' or 'eager'")
     eager = kernels == "eager"
+    if batch.stage_layers is not None and np.any(batch.has_layout):  # search/dp.py layouts
+        if eager:
+            raise ValueError("per-stage layouts (stage_layers) are modelled for fused kernels")
+        from perfmodel.layout import layout_memory_breakdown
+
+        return layout_memory_breakdown(model, training, cluster, batch,
+                                       flash_attention=flash_attention, dropout=dropout,
+                                       headroom=headroom)
     c = batch
     f64 = np.float64
     tp, pp, vp, cp = (np.asarray(x, dtype=f64) for x in (c.tp, c.pp, c.vp, c.cp))

@@ -321,6 +321,20 @@ def evaluate(
     # Uneven layouts (with or without interleaving): the slowest rank paces the steady state.
     t_max = np.maximum(np.maximum(t_first, t_last), t_mid)
     layers_per_stage = np.select([t_max == t_first, t_max == t_last], [n_first, n_last], n_mid)
+    hflops_layout = None
+    if b.stage_layers is not None and np.any(b.has_layout):
+        lay = b.has_layout
+        st = _layout_stages(model, training, cluster, b, embed_s, logits_s, kernels=kernels,
+                            calibration=calibration)
+        t_first, t_mid, t_last = (np.where(lay, st[k], x) for k, x in
+                                  (("first", t_first), ("mid", t_mid), ("last", t_last)))
+        t_max = np.where(lay, st["max"], t_max)
+        layers_per_stage = np.where(lay, st["max_layers"], layers_per_stage)
+        hflops_layout = st["hardware_flops"]
+        # the backward that hides the gradient reduction: the slowest stage's, whose layers
+        # recompute only in part
+        layer_bwd_s = np.where(lay & (b.recompute == 2), ct["layer_bwd_s"] + st["recompute_share"]
+                               * ct["layer_recompute_s"], layer_bwd_s)
     makespan_s, steady_s = pipeline_makespan_s(t_first, t_mid, t_last, pp, vp, m, b.schedule,
                                                fwd_fraction, w_fraction, t_max_s=t_max)
     comm_share = np.where(t_max > 0, (layers_per_stage * (tp_comm_s + cp_comm_s)) / t_max, 0.0)
@@ -377,6 +391,8 @@ def evaluate(
     gpus = b.gpus.astype(np.float64)
     mflops = flops.model_flops_per_step(model, training)
     hflops = flops.hardware_flops_per_step(model, training, b.recompute)
+    if hflops_layout is not None:
+        hflops = np.where(b.has_layout, hflops_layout, hflops)
     peak = peak_flops_for(cluster, training.precision, kernels)
     mfu = mflops / (step_s * gpus * peak)
     hfu = hflops / (step_s * gpus * peak)
@@ -397,4 +413,42 @@ def evaluate(
         memory_bytes={k: np.asarray(mem[k], dtype=np.float64) for k in MEMORY_TERMS},
         comm_bytes_per_gpu={k: np.asarray(vol[k], dtype=np.float64) for k in COMM_DIMS},
         fits=np.asarray(mem["fits"], dtype=bool),
+        extra={"layer_s": np.asarray(layer_s, dtype=np.float64),
+               "layer_fwd_s": np.asarray(layer_fwd_s, dtype=np.float64) + 0.0 * m,
+               "embed_s": np.asarray(embed_s, dtype=np.float64) + 0.0 * m,
+               "logits_s": np.asarray(logits_s, dtype=np.float64) + 0.0 * m},
     )
+
+
+def _layout_stages(model, training, cluster, b, embed_s, logits_s, *, kernels, calibration
+                   ) -> dict[str, np.ndarray]:
+    """Stage times of per-stage layouts (``stage_layers``, ``stage_recompute_layers``).
+
+    One layer's time without and with full recompute comes from :func:`evaluate` itself on the
+    batch without layouts (``extra["layer_s"]``), so a layout uses the very per-layer terms of
+    the even split (:mod:`perfmodel.layout`). Returns ``first``, ``mid`` (mean of the middle
+    stages), ``last``, ``max`` (the slowest stage), ``max_layers`` (its layers),
+    ``recompute_share`` (the share of them recomputed) and ``hardware_flops`` (recomputed
+    forwards of the recomputed layers only).
+    """
+    from perfmodel import layout
+
+    kw = {"kernels": kernels, "calibration": calibration}
+    keep_b, full_b = layout.without_layout(b, "keep"), layout.without_layout(b, "full")
+    keep_s = evaluate(model, training, cluster, keep_b, **kw).extra["layer_s"]
+    full_s = evaluate(model, training, cluster, full_b, **kw).extra["layer_s"]
+    layers, rec = layout.stage_counts(model, b)
+    t = layout.stage_times_s(layers, rec, keep_s, full_s, embed_s, logits_s, b.pp)
+    pp = b.pp.astype(np.int64)
+    rows = np.arange(len(b))
+    total = t.sum(axis=1)
+    first, last = t[:, 0], t[rows, pp - 1]
+    mid = np.where(pp > 2, (total - first - last) / np.maximum(pp - 2, 1), first)
+    k = np.argmax(t, axis=1)
+    h_keep = flops.hardware_flops_per_step(model, training, keep_b.recompute)
+    h_full = flops.hardware_flops_per_step(model, training, full_b.recompute)
+    frac = rec.sum(axis=1) / model.num_layers
+    n_k = layers[rows, k].astype(np.float64)
+    return {"first": first, "mid": mid, "last": last, "max": t[rows, k],
+            "max_layers": n_k, "recompute_share": rec[rows, k] / np.maximum(n_k, 1.0),
+            "hardware_flops": h_keep + frac * (h_full - h_keep)}

@@ -80,6 +80,7 @@ class Schedule(str, Enum):
 
 class Strategy(str, Enum):
     grid = "grid"
+    dp = "dp"
     nsga2 = "nsga2"
     ga = "ga"
 
@@ -197,6 +198,12 @@ def _stage_layout_line(c: dict[str, Any], num_layers: int) -> str | None:
     """'layers per stage 15 16 ... 15 (chunks of rank 0: 1 2 ...)' for an uneven layout."""
     from perfmodel.pipeline import stage_layer_table
 
+    if c.get("stage_layers"):  # a per-stage layout of the DP searcher (search/dp.py)
+        line = f"  layers per pipeline rank: {' '.join(str(n) for n in c['stage_layers'])}"
+        if c.get("stage_recompute_layers"):
+            line += (" (recomputed: "
+                     f"{' '.join(str(n) for n in c['stage_recompute_layers'])})")
+        return line
     if c["pp"] == 1 or num_layers % (c["pp"] * c["vp"]) == 0 and not any(
             c.get(k) for k in ("first_stage_layers", "last_stage_layers", "embedding_as_layer",
                                "loss_as_layer")):

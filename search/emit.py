@@ -34,7 +34,6 @@ Fields that later issues add are read with ``getattr`` and written only when pre
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,43 +98,56 @@ def _base_precision(recipe: str) -> str:
 
 def stage_layers(config: ParallelConfig, model: ModelSpec) -> list[int]:
     """Transformer layers of each of the ``pp*vp`` model chunks, in model order (chunk ``i``
-    runs on pipeline rank ``i % pp``).
-
-    Even when ``pp*vp`` divides the layers. Otherwise the first and last chunks (which also hold
-    the embedding and the loss) take fewer layers and the middle ones ``ceil(L / (pp*vp))``, the
-    split the planner's uneven-stage model assumes (``perfmodel.step.bottleneck_stage_s``); the
-    ``first_stage_layers`` / ``last_stage_layers`` fields, where a configuration has them, win.
+    runs on pipeline rank ``i % pp``): the one layout the time and memory models use
+    (:func:`perfmodel.pipeline.stage_layer_table`), from the configuration's
+    ``first_stage_layers`` / ``last_stage_layers`` / ``embedding_as_layer`` / ``loss_as_layer``,
+    or Megatron-LM's layout (:func:`perfmodel.pipeline.megatron_layout`) where it names none and
+    ``pp*vp`` does not divide the layers; a per-stage layout (``stage_layers``, chosen by
+    :mod:`search.dp`) splits each rank's layers evenly over its chunks.
     """
-    n, L = config.pp * config.vp, model.num_layers
-    first = getattr(config, "first_stage_layers", None)
-    last = getattr(config, "last_stage_layers", None)
-    if first is None and last is None and L % n == 0:
-        return [L // n] * n
-    if n == 1:
-        return [L]
-    if first is None or last is None:
-        if n == 2:
-            f = L // 2 if first is None and last is None else (L - (last or 0) if first is None
-                                                               else first)
-            return [f, L - f]
-        mid = math.ceil(L / n)
-        rest = L - (n - 2) * mid
-        if first is None and last is None:
-            first, last = rest // 2, rest - rest // 2
-        elif first is None:
-            first = rest - last
-        else:
-            last = rest - first
-    middle = L - first - last
-    if n == 2:
-        if middle:
-            raise SpecError(f"first_stage_layers + last_stage_layers ({first}+{last}) must be "
-                            f"num_layers ({L}) with pp*vp=2")
-        return [first, last]
-    if first < 0 or last < 0 or middle < 0 or middle % (n - 2):
-        raise SpecError(f"uneven stages: {L} layers with first {first} and last {last} do not "
-                        f"split evenly over the {n - 2} middle chunks")
-    return [first] + [middle // (n - 2)] * (n - 2) + [last]
+    from perfmodel.pipeline import megatron_layout, stage_layer_table
+
+    L, pp, vp = model.num_layers, config.pp, config.vp
+    if getattr(config, "stage_layers", None):  # a per-stage layout of search/dp.py
+        return [int(config.stage_layers[i % pp]) // vp for i in range(pp * vp)]
+    first, last, emb, loss = _layout_fields(config)
+    if not (first or last or emb or loss) and L % (pp * vp):
+        lay = megatron_layout(L, pp, vp)
+        if not bool(lay["valid"][0]):
+            raise SpecError(f"no Megatron-LM layout of {L} layers on pp={pp}, vp={vp}")
+        first, last = int(lay["first"][0]), int(lay["last"][0])
+        emb, loss = bool(lay["embedding_as_layer"][0]), bool(lay["loss_as_layer"][0])
+    try:
+        t = stage_layer_table(L, pp, vp, first, last, emb, loss)
+    except ValueError as err:
+        raise SpecError(str(err)) from None
+    return [int(t[i % pp, i // pp]) for i in range(pp * vp)]
+
+
+def _layout_fields(config: ParallelConfig) -> tuple[int, int, bool, bool]:
+    """(first, last, embedding_as_layer, loss_as_layer) of a configuration (0 / False: unset)."""
+    return (int(getattr(config, "first_stage_layers", None) or 0),
+            int(getattr(config, "last_stage_layers", None) or 0),
+            bool(getattr(config, "embedding_as_layer", False)),
+            bool(getattr(config, "loss_as_layer", False)))
+
+
+def _block_recompute(config: ParallelConfig) -> tuple[int | None, str]:
+    """Megatron-LM's ``--recompute-method block --recompute-num-layers N`` of a per-stage
+    recompute (``stage_recompute_layers``, :mod:`search.dp`): N layers of every chunk (the
+    first N, ``transformer_block.py``), and a comment when the stages' counts are not one N for
+    every stage (Megatron-LM has no per-stage count: the largest is written, which recomputes at
+    least as much). ``(None, "")`` without one."""
+    r = getattr(config, "stage_recompute_layers", None)
+    if r is None or config.recompute != "full":
+        return None, ""
+    vp = config.vp
+    n = max(k // vp for k in r)
+    lay = config.stage_layers
+    if all(k == min(n * vp, s) for k, s in zip(r, lay, strict=True)):
+        return n, ""
+    return n, (f"# per-stage recompute layers {list(r)} are not one count per chunk; "
+               f"--recompute-num-layers {n} recomputes at least as many")
 
 
 def _is_uneven(chunks: list[int]) -> bool:
@@ -251,17 +263,31 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
           f"--context-parallel-size {c.cp}"]
     if c.sequence_parallel:
         a.append("--sequence-parallel")
+    # the layout as Megatron-LM names it (megatron/training/arguments.py): an even split, or
+    # lighter first / last stages, or the embedding / loss counted as layers; with interleaving
+    # the chunk count per rank (--num-virtual-stages-per-pipeline-rank) where the layout is uneven
     uneven = _is_uneven(chunks)
-    if c.vp > 1 and not uneven:
-        a.append(f"--num-layers-per-virtual-pipeline-stage {chunks[0]}")
-    elif c.vp > 1:  # uneven and interleaved: the explicit layout
+    first, last, emb, loss = _layout_fields(c)
+    per_stage = bool(getattr(c, "stage_layers", None))
+    if per_stage:  # any per-stage counts (search/dp.py): the layout string, which sets vp too
         a.append(f"--pipeline-model-parallel-layout {_layout(chunks)}")
-    elif uneven:
-        a += [f"--decoder-first-pipeline-num-layers {chunks[0]}",
-              f"--decoder-last-pipeline-num-layers {chunks[-1]}"]
-    if getattr(c, "embedding_as_layer", False):
+    elif uneven and not (first or last or emb or loss):  # Megatron-LM's default layout, named
+        first, last = (chunks[0] if c.vp == 1 else 0), (chunks[-1] if c.vp == 1 else 0)
+        if c.vp > 1:
+            a.append(f"--pipeline-model-parallel-layout {_layout(chunks)}")
+    if per_stage:
+        pass
+    elif c.vp > 1 and not uneven:
+        a.append(f"--num-layers-per-virtual-pipeline-stage {chunks[0]}")
+    elif c.vp > 1 and (first or last or emb or loss):
+        a.append(f"--num-virtual-stages-per-pipeline-rank {c.vp}")
+    if first:
+        a.append(f"--decoder-first-pipeline-num-layers {first}")
+    if last:
+        a.append(f"--decoder-last-pipeline-num-layers {last}")
+    if emb:
         a.append("--account-for-embedding-in-pipeline-split")
-    if getattr(c, "loss_as_layer", False):
+    if loss:
         a.append("--account-for-loss-in-pipeline-split")
     if c.pp > 1 and not training.overlap_p2p_comm:
         a.append("--no-overlap-p2p-communication")
@@ -281,7 +307,11 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
     a += [f"--micro-batch-size {c.micro_batch_size}",
           f"--global-batch-size {training.global_batch_size}"]
     # recompute
-    if c.recompute == "full":
+    block, block_note = _block_recompute(c)
+    if block is not None:  # the first N layers of every chunk (search/dp.py layouts)
+        a += ["--recompute-granularity full", "--recompute-method block",
+              f"--recompute-num-layers {block}"]
+    elif c.recompute == "full":
         a += ["--recompute-granularity full", "--recompute-method uniform",
               "--recompute-num-layers 1"]
     elif c.recompute == "selective":
@@ -310,8 +340,10 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
         (f"# {m_count} micro-batches of {c.micro_batch_size} per step (gradient accumulation), "
          f"schedule {'interleaved 1F1B' if c.vp > 1 else '1F1B'}"),
     ]
-    if uneven:
+    if uneven or getattr(c, "stage_layers", None):
         head.append(f"# layers per pipeline chunk: {'/'.join(map(str, chunks))}")
+    if block_note:
+        head.append(block_note)
     return "\n".join(head + a) + "\n"
 
 
@@ -349,7 +381,10 @@ def _bridge_sections(config: ParallelConfig, model: ModelSpec, training: Trainin
         "context_parallel_size": c.cp,
         "sequence_parallel": c.sequence_parallel,
     })
-    if uneven and c.vp == 1:
+    if getattr(c, "stage_layers", None):  # per-stage counts (search/dp.py): the layout
+        mdl["virtual_pipeline_model_parallel_size"] = None  # implied by the layout
+        mdl["pipeline_model_parallel_layout"] = _layout(chunks)
+    elif uneven and c.vp == 1:
         mdl["num_layers_in_first_pipeline_stage"] = chunks[0]
         mdl["num_layers_in_last_pipeline_stage"] = chunks[-1]
     elif uneven:
@@ -359,7 +394,11 @@ def _bridge_sections(config: ParallelConfig, model: ModelSpec, training: Trainin
         mdl["account_for_embedding_in_pipeline_split"] = True
     if getattr(c, "loss_as_layer", False):
         mdl["account_for_loss_in_pipeline_split"] = True
-    if c.recompute == "full":
+    block, _ = _block_recompute(c)
+    if block is not None:
+        mdl.update(recompute_granularity="full", recompute_method="block",
+                   recompute_num_layers=block)
+    elif c.recompute == "full":
         mdl.update(recompute_granularity="full", recompute_method="uniform",
                    recompute_num_layers=1)
     elif c.recompute == "selective":

@@ -26,6 +26,7 @@ __all__ = [
     "diagnose",
     "explain_difference",
     "finalize",
+    "finalize_batch",
     "finalize_tally",
 ]
 
@@ -325,19 +326,41 @@ def finalize(
     allf = np.concatenate([top_flat, pareto_flat, smallest_flat])
     a, viol = space.decode_flat(allf)
     assert not viol.any(), "strategies report valid configurations only"
-    batch = space.batch(a)
+    return finalize_batch(problem, space.batch(a), len(top_flat), len(pareto_flat),
+                          strategy=strategy, evaluated=evaluated, feasible=feasible,
+                          seconds=seconds, extra=extra)
+
+
+def finalize_batch(
+    problem: Any,
+    batch: ConfigBatch,
+    n_top: int,
+    n_pareto: int,
+    *,
+    strategy: str,
+    evaluated: int,
+    feasible: int,
+    seconds: float,
+    extra: dict[str, Any] | None = None,
+) -> SearchResult:
+    """:func:`finalize` from the configurations themselves: ``batch`` holds the top (best
+    first), then the Pareto front, then at most one smallest-footprint configuration. For
+    strategies whose configurations are not points of the space (the layouts of
+    :mod:`search.dp`)."""
+    space = problem.space
     res = problem.evaluate_batch(batch)
     frame, rows = _rows(batch, res)
-    nt, npar = len(top_flat), len(pareto_flat)
+    nt, npar = n_top, n_pareto
+    has_smallest = len(batch) > nt + npar
     top = frame.iloc[:nt].reset_index(drop=True)
-    if strategy == "single" and nt == 0 and len(smallest_flat):
+    if strategy == "single" and nt == 0 and has_smallest:
         # one configuration asked for: show it even though it does not fit (fits is False)
         top = frame.iloc[nt + npar:nt + npar + 1].reset_index(drop=True)
     par = frame.iloc[nt:nt + npar]
     order = np.lexsort((par["peak_memory_bytes"].to_numpy(), par["step_time_s"].to_numpy()))
     pareto = par.iloc[order].reset_index(drop=True)
     pareto_rows = [rows[nt + i] for i in order]
-    smallest = rows[nt + npar] if len(smallest_flat) else None
+    smallest = rows[nt + npar] if has_smallest else None
     return SearchResult(
         strategy=strategy,
         objective=problem.objective,
