@@ -322,9 +322,8 @@ def test_cpu_offload_memory_and_time():
         gated_mlp=m.gated_mlp)
     # 80 layers -> 41 resident: 39 layers' activations fewer
     assert a0["activations"][0] - a1["activations"][0] == pytest.approx(39 * per_layer, rel=1e-9)
-    from perfmodel.step import evaluate
-
     from perfmodel import compute, offload
+    from perfmodel.step import evaluate
 
     t0 = evaluate(m, tr, cl, b).step_time_s[0]
     t1 = evaluate(m, off, cl, b).step_time_s[0]
