@@ -30,7 +30,8 @@ import numpy as np
 
 from perfmodel import moe
 from perfmodel.config import ConfigBatch
-from perfmodel.pipeline import SCHEDULE, inflight_microbatches, schedule_code
+from perfmodel.offload import resident_activation_layers
+from perfmodel.pipeline import GPIPE, SCHEDULE, inflight_microbatches, schedule_code
 from perfmodel.specs import ClusterSpec, GPUSpec, ModelSpec, TrainingSpec
 from perfmodel.units import GIB, MIB
 
@@ -500,6 +501,64 @@ SEARCH_MEMORY_HEADROOM = 0.0
 """Default ``memory_headroom`` of the search (``plan --memory-headroom``)."""
 
 
+def torch_zb_retained_microbatches(p, m) -> np.ndarray:
+    """Micro-batches whose whole backward graph a stage of torch's
+    ``ScheduleInterleavedZeroBubble`` holds at its peak: ``min(p, m)`` on every stage.
+
+    torch's input-gradient pass (``stage_backward_input``) runs autograd with
+    ``retain_graph=True`` and the weight pass (``stage_backward_weight``) frees the graph, so a
+    micro-batch holds its activations from F to W, not to B. In torch's order
+    (``_get_1f1b_rank_ops`` with ``enable_zero_bubble``: ``p - 1 - s`` warm-up forwards, then
+    F, B and, from the ``s``-th steady step on, W of the micro-batch ``s`` behind) stage ``s``
+    has ``p - s + j - max(0, j - s)`` graphs after the forward of steady step ``j``: ``p`` once
+    ``j >= s``. The last stage holds ``p`` (1F1B: 1), and as many micro-batches' output
+    gradients (B done, W not).
+
+    Example: p = 2, m = 4: 2; p = 4, m = 2: 2.
+    """
+    return np.minimum(np.asarray(p, dtype=np.float64), np.asarray(m, dtype=np.float64))
+
+
+def loss_logit_bytes(cross_entropy: str) -> tuple[float, float]:
+    """Bytes per logit (per vocabulary entry of a token on this GPU) the fused-kernel loss holds:
+    ``(kept for the backward, transient)``.
+
+    * ``"fp32"``: Megatron-Core's vocab-parallel cross-entropy (``cross_entropy_fusion_impl=
+      'native'`` or unfused) casts the 16-bit logits to fp32 and saves the fp32 softmax
+      (``exp_logits``) for the backward: 4 kept, plus the 16-bit logits of the micro-batch being
+      computed, 2 transient (Megatron-LM ``theoretical_memory_usage.py`` counts the same).
+    * ``"fused"``: Transformer Engine's ``parallel_cross_entropy`` (Megatron-Core
+      ``cross_entropy_fusion_impl='te'``, set by Megatron-Bridge's performance recipes,
+      ``_benchmark_common``) computes the loss in one kernel and writes the gradient into the
+      16-bit logits in place: those 2 bytes are all it keeps, nothing transient.
+
+    Example: ``"fp32"`` -> (4, 2); ``"fused"`` -> (2, 0).
+    """
+    if cross_entropy == "fused":
+        return 2.0, 0.0
+    return 4.0, 2.0
+
+
+def loss_inflight_microbatches(schedule, m, inflight_last) -> np.ndarray:
+    """Micro-batches whose final-norm input, output-layer input and fp32 logits the last stage
+    holds at its peak (vectorised).
+
+    Only the last *virtual* stage (model chunk ``v - 1`` of the last rank) computes the loss, and
+    it holds those tensors from its forward to its backward. 1F1B, ZB-H1 and interleaved 1F1B run
+    the last chunk's backward right after its forward (Megatron-LM ``schedules.py``: the last
+    rank's warm-up, ``(v - 1) p`` forwards, covers chunks ``0 .. v-2``; each steady-state
+    iteration then runs forward ``k`` and backward ``k - warmup``, the same micro-batch of chunk
+    ``v - 1``), so one micro-batch; GPipe holds all of its in-flight ones. The interleaved
+    in-flight count of the rank (``(v - 1) p + 1`` chunks, mostly earlier chunks) does not hold
+    logits.
+
+    Example: interleaved, p = 8, v = 12: 1 (not ``ceil(89 / 12) = 8``); GPipe m = 16: 16.
+    """
+    code = schedule_code(schedule)
+    infl = np.ceil(np.asarray(inflight_last, dtype=np.float64))
+    return np.where(code == GPIPE, infl, np.minimum(infl, 1.0) + 0.0 * np.asarray(m))
+
+
 def usable_hbm_bytes(gpu: GPUSpec, headroom: float = 0.0) -> float:
     """HBM a configuration may fill: the spec's capacity less
     :data:`NON_ALLOCATOR_RESERVE_BYTES` (H200: 141 -> 139.8 GiB; all of it for a CPU process),
@@ -699,6 +758,9 @@ def memory_breakdown(
     sched = np.asarray(c.schedule)
     infl_first = inflight_microbatches(pp, m, sched, vp, stage=0)
     infl_last = inflight_microbatches(pp, m, sched, vp, stage=pp - 1)
+    if eager:  # torch's zero bubble retains whole backward graphs until the W pass
+        infl_last = np.where(schedule_code(sched) == _CODE_ZB,
+                             torch_zb_retained_microbatches(pp, m), infl_last)
     mb_first = np.ceil(infl_first)  # whole micro-batches with an embedding output in flight
     mb_last = np.ceil(infl_last)
     sb = s * b
@@ -711,14 +773,20 @@ def memory_breakdown(
     else:
         embed_act = 8.0 * sb + drop * sb * h / r  # token ids (int64), embedding dropout mask
         final_act = 2 * e * sb * h / r  # final-norm input and output-layer input: 4sbh
-        logits_held = 4.0 * logit  # fp32 logits / softmax kept for the cross-entropy backward
-    logits_transient = 2.0 * logit  # 16-bit logits of the micro-batch being computed
-    act_first = infl_first * layers * layer_act + recompute_extra + mb_first * embed_act
+        held_b, transient_b = loss_logit_bytes(training.cross_entropy)
+        logits_held = held_b * logit  # what the cross-entropy keeps for its backward
+    logits_transient = (2.0 if eager else transient_b) * logit  # 16-bit logits being computed
+    # CPU activation offloading (fused only): the stage keeps L - N + 1 layers' activations
+    n_off = 0 if eager else training.cpu_offload_layers
+    res_first = resident_activation_layers(layers, n_off)
+    res_last = resident_activation_layers(layers_last, n_off)
+    act_first = infl_first * res_first * layer_act + recompute_extra + mb_first * embed_act
+    mb_loss = mb_last if eager else loss_inflight_microbatches(sched, m, infl_last)
     act_last = (
-        infl_last * layers_last * layer_act + recompute_extra + mb_last * (final_act + logits_held)
+        infl_last * res_last * layer_act + recompute_extra + mb_loss * (final_act + logits_held)
     )
     single = pp == 1
-    act_first = np.where(single, act_first + mb_last * (final_act + logits_held), act_first)
+    act_first = np.where(single, act_first + mb_loss * (final_act + logits_held), act_first)
     act_last = np.where(single, act_first, act_last)
 
     # 4. Other buffers.
@@ -792,7 +860,8 @@ def memory_breakdown(
         # end stages; it has one in-flight micro-batch fewer (1F1B) and no embedding
         layers_mid = sp_["layers_middle"]
         wm, gm, om = zero_state_bytes(sp_["middle"], shard, zero, wb, gb, ob)
-        act_mid = inflight_microbatches(pp, m, sched, vp, stage=1) * layers_mid * layer_act
+        act_mid = (inflight_microbatches(pp, m, sched, vp, stage=1)
+                   * resident_activation_layers(layers_mid, n_off) * layer_act)
         act_mid = act_mid + recompute_extra
         other_mid = base_other + bucket + zero3 + fp8_weight_cache_bytes(
             precision, layers_mid, sp_["gemm_layer"], zero, shard, fp8_params)
@@ -820,9 +889,20 @@ def memory_breakdown(
         qkv_cols = (a + 2.0 * model.kv_heads) * model.head_size
         e_gemm = 2.0 if precision != "fp32" else 4.0
         dy_layer = e_gemm * sb * ((qkv_cols + f_cols) / tp + 2.0 * h)
+        # torch keeps the gradient at every node where a weight's path leaves the input's
+        # (``get_param_groups`` intermediates): the GEMMs above, the two norms (fp32 under
+        # autocast, sequence-sharded with sp) and, on the last stage, the final norm and the
+        # output layer (its output gradient: one value per logit)
+        dy_norm = 4.0 * sb * h / r
+        dy_layer = dy_layer + 2.0 * dy_norm
+        # torch keeps the output gradients of every micro-batch whose B ran and whose W has
+        # not (p on the last stage), and each retained graph keeps the loss's saved fp32
+        # logits and log-softmax (8 bytes per logit; the one being computed is in the moments)
+        n_zb = torch_zb_retained_microbatches(pp, m)
         zb_last = np.where(
             schedule_code(sched) == _CODE_ZB,
-            layers_last * dy_layer + 2.0 * e_gemm * sb * qkv_cols / tp,
+            n_zb * (layers_last * dy_layer + dy_norm + e_gemm * logit)
+            + 2.0 * e_gemm * sb * qkv_cols / tp + (n_zb - 1.0) * 8.0 * logit,
             0.0,
         )
         weights, grads, opt, acts, other, peak_stage = _eager_moments(

@@ -583,6 +583,20 @@ class TrainingSpec(Spec):
         "main-grad buffer; --grad-reduce-in-bf16 / NeMo performance recipes' "
         "grad_reduce_in_fp32=False: bf16 buffer and traffic)",
     )
+    cpu_offload_layers: int = Field(
+        default=0,
+        ge=0,
+        description="activations of this many transformer layers per pipeline stage are "
+        "offloaded to host memory (Megatron-Core --cpu-offloading --cpu-offloading-num-layers; "
+        "Megatron-Bridge's FSDP presets' cpu_offloading_num_layers); 0 = off",
+    )
+    cross_entropy: Literal["fp32", "fused"] = Field(
+        default="fp32",
+        description="the loss's logits: 'fp32' (Megatron-Core's vocab-parallel cross-entropy "
+        "keeps an fp32 softmax) or 'fused' (Transformer Engine parallel_cross_entropy, "
+        "--cross-entropy-loss-fusion --cross-entropy-fusion-impl te: gradient written into the "
+        "16-bit logits in place)",
+    )
     zero3_gather: Literal["layer", "tensor"] = Field(
         default="layer",
         description="ZeRO-3 all-gather granularity: one per layer (PyTorch FSDP2, Megatron-FSDP) "

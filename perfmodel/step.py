@@ -233,6 +233,24 @@ def pipeline_makespan_s(
     return steady + fill, steady
 
 
+def _offload_s(model, training, cluster, b, layers, ct) -> np.ndarray:
+    """Exposed CPU-offload copy time of one micro-batch through a stage of ``layers`` layers
+    (:func:`perfmodel.offload.exposed_offload_s`)."""
+    from perfmodel import memory as memory_mod
+    from perfmodel import offload
+
+    act = memory_mod.layer_activation_bytes(
+        training.seq_len / b.cp, b.micro_batch_size, model.hidden_size,
+        model.num_attention_heads, tp=b.tp, sequence_parallel=b.sequence_parallel,
+        ffn_hidden_size=model.ffn_hidden_size, num_kv_heads=model.kv_heads,
+        head_dim=model.head_size, gated_mlp=model.gated_mlp, recompute=b.recompute,
+        flash=training.flash_attention, dropout=model.position_embedding == "learned",
+        gemm_input_bytes=memory_mod.fp8_gemm_input_bytes(training.precision))
+    return offload.exposed_offload_s(
+        training.cpu_offload_layers, layers, act, ct["layer_fwd_s"], ct["layer_bwd_s"],
+        offload.host_link_bytes_per_s(cluster.gpu))
+
+
 def evaluate(
     model: ModelSpec,
     training: TrainingSpec,
@@ -298,6 +316,10 @@ def evaluate(
                        n_first * layer_s + embed_s)
     t_last = np.where(single, t_first, n_last * layer_s + logits_s)
     t_mid = n_mid * layer_s
+    if training.cpu_offload_layers and kernels == "fused":  # CPU activation offloading
+        t_first, t_mid, t_last = (t + _offload_s(model, training, cluster, b, n, ct)
+                                  for t, n in ((t_first, n_first), (t_mid, n_mid),
+                                               (t_last, n_last)))
 
     # 3. pipeline makespan with the schedule's bubble. The weight-gradient share of a layer's
     # time is half its backward GEMM time (dgrad and wgrad cost the same FLOPs).

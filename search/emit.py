@@ -317,6 +317,11 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
               "--recompute-num-layers 1"]
     elif c.recompute == "selective":
         a += ["--recompute-granularity selective", "--recompute-modules core_attn"]
+    if getattr(training, "cross_entropy", "fp32") == "fused":  # TE's in-place loss kernel
+        a += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl te"]
+    n_off = getattr(training, "cpu_offload_layers", 0)
+    if n_off:  # Megatron-Core CPU activation offloading (TE cpu_offload context per layer)
+        a += ["--cpu-offloading", f"--cpu-offloading-num-layers {n_off}"]
     # precision
     if recipe == "fp16":
         a.append("--fp16")

@@ -401,7 +401,8 @@ def finalize_batch(
             "profile": getattr(problem, "profile", None),
             "training_switches": {k: getattr(space.training, k) for k in (
                 "overlap_grad_reduce", "overlap_tp_comm", "overlap_p2p_comm",
-                "flash_attention", "zero3_gather", "grad_reduce_in_fp32", "fp8_params")},
+                "flash_attention", "zero3_gather", "grad_reduce_in_fp32", "fp8_params",
+                "cross_entropy", "cpu_offload_layers")},
         },
         extra=dict(extra or {}),
     )
