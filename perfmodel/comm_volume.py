@@ -108,7 +108,11 @@ def grad_bytes_per_elem(training: TrainingSpec) -> float:
 
 def param_bytes_per_elem(training: TrainingSpec) -> float:
     """Bytes per parameter element all-gathered under ZeRO: the model-weight dtype (4 for fp32,
-    else 2: Megatron-LM's distributed optimizer gathers bf16/fp16 parameters)."""
+    else 2: Megatron-LM's distributed optimizer gathers bf16/fp16 parameters; 1 with an fp8
+    recipe and fp8 parameter gather, Megatron ``--fp8-param-gather``: the gathered weights are
+    the fp8 copies the GEMMs read, so the gather moves half the bytes)."""
+    if training.precision == "fp8" and training.fp8_param_gather:
+        return 1.0
     return 4.0 if training.precision == "fp32" else 2.0
 
 

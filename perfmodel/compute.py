@@ -31,6 +31,8 @@ CUDA-core peak in eager PyTorch (``torch.backends.cuda.matmul.allow_tf32`` is Fa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -44,11 +46,15 @@ __all__ = [
     "CPU_BWD_LAUNCH_S",
     "CPU_FWD_LAUNCH_S",
     "LOW_PRECISION_GEMM_RATIO",
+    "LOW_PRECISION_RECIPES",
+    "LowPrecisionRecipe",
     "OPTIMIZER_BYTES_PER_PARAM",
     "compute_times",
     "gemm_time_s",
     "layer_gemms",
     "optimizer_params_per_gpu",
+    "quantise_bytes",
+    "recipe_of",
 ]
 
 # Eager PyTorch CPU cost per launched kernel (Python module call, autocast and autograd record
@@ -65,8 +71,72 @@ times: equal times cost 2^(1/4) = 1.19x either, since short kernels between long
 device idle while the CPU catches up. Chosen with the constants above (p in 3, 4, 6, inf)."""
 
 LOW_PRECISION_GEMM_RATIO = 0.85
-"""fp8/fp4 GEMM efficiency relative to the bf16 efficiency at the same shape (assumption:
-Transformer Engine fp8 GEMMs reach ~1.3-1.45 of the 2x higher peak's bf16-equivalent on H100)."""
+"""fp8 GEMM efficiency (tensor-wise scaled, or MXFP8 on Blackwell) relative to the bf16
+efficiency at the same shape, against the 2x higher fp8 peak. Fitted on the dev split's FP8 rows
+(benchmarks/fit_time_model.py; docs/compute.md)."""
+
+
+@dataclass(frozen=True)
+class LowPrecisionRecipe:
+    """How a Transformer Engine low-precision recipe quantises one GEMM operand.
+
+    Attributes
+    ----------
+    amax_passes : extra reads of the 16-bit tensor before the cast (current scaling needs the
+        tensor's amax first; delayed scaling takes it from the history of earlier steps, and
+        block scalings compute the block amax inside the cast kernel)
+    copies : quantised copies written per tensor (row-wise for the forward GEMM and column-wise,
+        i.e. transposed, for the other pass: Hopper fp8 GEMMs take only TN layouts, MX formats
+        scale along the reduction axis, so both directions are quantised)
+    bytes_per_elem : bytes of one quantised element incl. its share of block scales
+    gemm_ratio : GEMM efficiency relative to bf16 at the same shape, against the low-precision peak
+
+    References
+    ----------
+    Transformer Engine ``transformer_engine/common/recipe/__init__.py`` (DelayedScaling,
+    Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling) and its fused
+    ``cast_transpose`` kernels; OCP Microscaling Formats (MX) v1.0 spec (32-element blocks, e8m0
+    scales); NVIDIA NVFP4 blog (2025: 16-element blocks with e4m3 scales, per-tensor fp32 scale).
+    """
+
+    amax_passes: float
+    copies: float
+    bytes_per_elem: float
+    gemm_ratio: float
+
+
+#: The recipes of ``--precision``. gemm_ratio: fp8-delayed / fp8-cs / mxfp8 share the fitted
+#: :data:`LOW_PRECISION_GEMM_RATIO` (same tensor-core path; MX scales are applied by Blackwell's
+#: tensor cores); fp8-block on Hopper scales 128-wide blocks in the GEMM main loop (CUTLASS /
+#: DeepGEMM style), assumed 10 % slower; nvfp4 assumed 20 % below fp8's ratio against its 2x
+#: higher peak (no published nvfp4 row in the dev split: an assumption, see docs/compute.md).
+LOW_PRECISION_RECIPES = {
+    "fp8-delayed": LowPrecisionRecipe(0.0, 2.0, 1.0, 1.0),
+    "fp8-cs": LowPrecisionRecipe(1.0, 2.0, 1.0, 1.0),
+    "fp8-block": LowPrecisionRecipe(0.0, 2.0, 1.0 + 4 / 128, 0.9),
+    "mxfp8": LowPrecisionRecipe(0.0, 2.0, 1.0 + 1 / 32, 1.0),
+    "nvfp4": LowPrecisionRecipe(1.0, 2.0, 0.5 + 1 / 16, 0.8),
+}
+
+
+def recipe_of(training: TrainingSpec) -> LowPrecisionRecipe | None:
+    """The training's low-precision recipe (None for fp32 / bf16 / fp16)."""
+    if training.precision not in ("fp8", "fp4"):
+        return None
+    name = training.low_precision_recipe or ("nvfp4" if training.precision == "fp4"
+                                              else "fp8-delayed")
+    return LOW_PRECISION_RECIPES[name]
+
+
+def quantise_bytes(elements, recipe: LowPrecisionRecipe, act_bytes: float = 2.0):
+    """HBM bytes to quantise ``elements`` 16-bit values for a low-precision GEMM [bytes]:
+    ``elements * (act_bytes * (1 + amax_passes) + copies * bytes_per_elem)``.
+
+    Example: fp8 current scaling of 1e6 bf16 values reads them twice (amax, cast) and writes a
+    row-wise and a column-wise fp8 copy: 1e6 * (2*2 + 2*1) = 6e6 bytes.
+    """
+    e = np.asarray(elements, dtype=np.float64)
+    return e * (act_bytes * (1.0 + recipe.amax_passes) + recipe.copies * recipe.bytes_per_elem)
 
 OPTIMIZER_BYTES_PER_PARAM = {
     # bytes read + written per parameter by the optimizer step
@@ -229,10 +299,15 @@ def _optimizer_s(model, training, gpu, batch, kernels, calibration) -> np.ndarra
     """Optimizer step over this GPU's parameter shard: bytes over the achieved fused-AdamW
     bandwidth [s]."""
     cal = calibration_for(gpu, calibration)
-    opt_bytes = OPTIMIZER_BYTES_PER_PARAM[(training.optimizer, kernels)] * (
-        optimizer_params_per_gpu(model, batch)
-    )
-    return opt_bytes / cal.membw_bytes_per_s("adamw")
+    params = optimizer_params_per_gpu(model, batch)
+    opt_bytes = OPTIMIZER_BYTES_PER_PARAM[(training.optimizer, kernels)] * params
+    t = opt_bytes / cal.membw_bytes_per_s("adamw")
+    recipe = recipe_of(training)
+    if recipe is not None and kernels == "fused":
+        # the updated bf16 weights are quantised once per step (TE caches the fp8 weights over
+        # the micro-batches: is_first_microbatch); with fp8 parameter gather on the shard only
+        t = t + quantise_bytes(params, recipe) / cal.membw_bytes_per_s("copy")
+    return t
 
 
 def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[str, np.ndarray]:
@@ -250,10 +325,14 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         ratio, act_b, res_b = 1.0, 4.0, 4.0
     elif prec in ("fp8", "fp4"):
         peak = gpu.peak_flops(prec)
-        ratio, act_b, res_b = LOW_PRECISION_GEMM_RATIO, 2.0, 2.0
+        recipe = recipe_of(training)
+        ratio, act_b, res_b = LOW_PRECISION_GEMM_RATIO * recipe.gemm_ratio, 2.0, 2.0
     else:
         peak = gpu.peak_flops(prec)
         ratio, act_b, res_b = 1.0, 2.0, 2.0
+    # Only the layers' linear GEMMs run in low precision; the attention core, softmax, norms
+    # and the output (logit) layer stay 16-bit (Transformer Engine / Megatron-Core layout).
+    peak16, ratio16 = (gpu.peak_flops("bf16"), 1.0) if prec in ("fp8", "fp4") else (peak, ratio)
     autocast = eager and prec != "fp32"
     if autocast:
         res_b = 4.0  # fp32 embeddings and residual stream; LayerNorm runs in fp32 under autocast
@@ -295,8 +374,8 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         scores = bh * sq * s
         layouts = ("fwd",) if pass_ == "fwd" else ("dgrad", "wgrad")
         for lay in layouts:
-            ph.add(gemm_time_s(cal, bh * sq, s, d, lay, peak, ratio))
-            ph.add(gemm_time_s(cal, bh * sq, d, s, lay, peak, ratio))
+            ph.add(gemm_time_s(cal, bh * sq, s, d, lay, peak16, ratio16))
+            ph.add(gemm_time_s(cal, bh * sq, d, s, lay, peak16, ratio16))
         if pass_ == "fwd":
             ph.mem("softmax", 2 * act_b * scores)
             ph.mem("dropout", (2 * act_b + 1) * scores)
@@ -334,8 +413,8 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
             ph.mem("gelu", (act_cols + f_gpu) * act_b * T)  # fused bias + activation
             if model.position_embedding == "rope":
                 ph.mem("copy", 2 * act_b * T * (nh_gpu + model.kv_heads / tp) * d)
-            if lowp:  # quantise the four GEMM inputs
-                ph.mem("copy", (act_b + 1) * T * (2 * h + nh_gpu * d + f_gpu), 4)
+            if lowp:  # quantise the four GEMM inputs (recipe's amax / cast / transpose)
+                ph.mem("copy", quantise_bytes(T * (2 * h + nh_gpu * d + f_gpu), recipe) / 4, 4)
 
     fwd = _Phase(cal, n)
     layer_forward(fwd)
@@ -369,8 +448,8 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         ph.mem("gelu", (2 * act_cols + f_gpu) * act_b * T)  # bias + activation backward
         if model.position_embedding == "rope":
             ph.mem("copy", 2 * act_b * T * (nh_gpu + model.kv_heads / tp) * d)
-        if lowp:  # quantise the output gradients
-            ph.mem("copy", (act_b + 1) * T * (gemms[0][2] + act_cols + 2 * h), 4)
+        if lowp:  # quantise the four GEMMs' output gradients
+            ph.mem("copy", quantise_bytes(T * (gemms[0][2] + act_cols + 2 * h), recipe) / 4, 4)
 
     # ---- recompute
     rec_full = _Phase(cal, n)
@@ -419,9 +498,9 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     # ---- logits and loss (last stage): final norm, output GEMM, fp32 cross-entropy
     Vg = V / tp
     lf, lb = _Phase(cal, n), _Phase(cal, n)
-    lf.add(gemm_time_s(cal, T, Vg, h, "fwd", peak, ratio))
-    lb.add(gemm_time_s(cal, T, Vg, h, "dgrad", peak, ratio))
-    lb.add(gemm_time_s(cal, T, Vg, h, "wgrad", peak, ratio))
+    lf.add(gemm_time_s(cal, T, Vg, h, "fwd", peak16, ratio16))
+    lb.add(gemm_time_s(cal, T, Vg, h, "dgrad", peak16, ratio16))
+    lb.add(gemm_time_s(cal, T, Vg, h, "wgrad", peak16, ratio16))
     if eager:
         lf.mem("layernorm", 2 * res_b * T * h)
         if autocast:

@@ -54,8 +54,13 @@ class Precision(str, Enum):
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
-    fp8 = "fp8"
-    fp4 = "fp4"
+    fp8 = "fp8"  # alias of fp8-delayed
+    fp8_delayed = "fp8-delayed"
+    fp8_cs = "fp8-cs"
+    fp8_block = "fp8-block"
+    mxfp8 = "mxfp8"
+    nvfp4 = "nvfp4"
+    fp4 = "fp4"  # alias of nvfp4
 
 
 class Optimizer(str, Enum):

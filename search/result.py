@@ -346,7 +346,7 @@ def finalize(
             "hbm_bytes": float(space.cluster.gpu.hbm_bytes),
             "global_batch_size": space.training.global_batch_size,
             "seq_len": space.training.seq_len,
-            "precision": space.training.precision,
+            "precision": space.training.precision_name,
             "optimizer": space.training.optimizer,
             "kernels": problem.kernels,
         },

@@ -160,9 +160,15 @@ def case_from_row(r: pd.Series) -> Case:
     )
     prec_txt = str(r["precision"]).lower()
     if "fp4" in prec_txt:
-        precision = "fp4"
+        precision = "nvfp4"
+    elif "fp8-mx" in prec_txt or "mxfp8" in prec_txt:
+        precision = "mxfp8"  # Megatron-Bridge FP8-MX: MXFP8 block scaling (Blackwell)
+    elif "fp8-cs" in prec_txt or "current scaling" in prec_txt:
+        precision = "fp8-cs"  # Megatron-Bridge 25.x FP8-CS (25.09 rows: inferred, see README)
+    elif "block" in prec_txt and "fp8" in prec_txt:
+        precision = "fp8-block"
     elif "fp8" in prec_txt:
-        precision = "fp8"
+        precision = "fp8-delayed"  # NeMo 24.x / TE default recipe: delayed scaling ("hybrid")
     elif "bf16" in prec_txt or "bfloat" in prec_txt:
         precision = "bf16"
     elif ("fp32" in prec_txt or "tf32" in prec_txt) and "mixed" not in prec_txt:
