@@ -49,12 +49,14 @@ __all__ = [
     "LOW_PRECISION_RECIPES",
     "LowPrecisionRecipe",
     "OPTIMIZER_BYTES_PER_PARAM",
+    "SUSTAINED_GEMM_FRACTION",
     "compute_times",
     "gemm_time_s",
     "layer_gemms",
     "optimizer_params_per_gpu",
     "quantise_bytes",
     "recipe_of",
+    "sustained_gemm_fraction",
 ]
 
 # Eager PyTorch CPU cost per launched kernel (Python module call, autocast and autograd record
@@ -74,6 +76,29 @@ LOW_PRECISION_GEMM_RATIO = 0.85
 """fp8 GEMM efficiency (tensor-wise scaled, or MXFP8 on Blackwell) relative to the bf16
 efficiency at the same shape, against the 2x higher fp8 peak. Fitted on the dev split's FP8 rows
 (benchmarks/fit_time_model.py; docs/compute.md)."""
+
+
+SUSTAINED_GEMM_FRACTION = {
+    "volta": 1.0,
+    "ampere": 1.0,
+    "hopper": 0.86,
+    "blackwell": 1.0,
+    "cdna3": 1.0,
+    "other": 1.0,
+}
+"""GEMM throughput of a whole node training at its power limit, as a fraction of the one-GPU
+matmul ceiling the calibration (or MAMF) was measured at, per GPU generation; applied with fused
+(multi-GPU framework) kernels when no measured calibration folder is given. Hopper and Blackwell
+are fitted on the dev split (benchmarks/fit_time_model.py: NeMo / Megatron-Bridge rows); Ampere
+stays 1 (the Megatron-LM A100 rows are matched with Bekman's MAMF as measured). A 700 W H100
+running dense GEMMs on all 8 GPUs of a node holds lower clocks than a single-GPU benchmark."""
+
+
+def sustained_gemm_fraction(gpu: GPUSpec) -> float:
+    """:data:`SUSTAINED_GEMM_FRACTION` of the GPU's generation."""
+    from perfmodel.overlap import gpu_generation
+
+    return SUSTAINED_GEMM_FRACTION[gpu_generation(gpu)]
 
 
 @dataclass(frozen=True)
@@ -314,7 +339,8 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     """:func:`compute_times` for every configuration of ``batch``, without de-duplication."""
     if kernels not in ("fused", "eager"):
         raise ValueError(f"kernels {kernels!r}: expected 'fused' or 'eager'")
-    cal = calibration_for(gpu, calibration)
+    sustained = sustained_gemm_fraction(gpu) if kernels == "fused" and calibration is None else 1.0
+    cal = calibration_for(gpu, calibration, gemm_scale=sustained)
     eager = kernels == "eager"
     n = len(batch)
     prec = training.precision

@@ -42,7 +42,7 @@ __all__ = ["OVERLAP_SLOWDOWN", "gpu_generation", "overlap_slowdown_for", "overla
 OVERLAP_SLOWDOWN = {
     "volta": 0.20,
     "ampere": 0.20,
-    "hopper": 0.20,
+    "hopper": 0.05,
     "blackwell": 0.20,
     "cdna3": 0.20,
     "other": 0.20,

@@ -39,6 +39,11 @@ TIME_TERMS = (
     "overlap_slowdown",
     "link_shared",
 )
+MFU_CONVENTION = (
+    "MFU: model FLOPs with the full (non-causal) s x s attention, no recompute, as NVIDIA NeMo / "
+    "Megatron-LM report it; HFU: FLOPs the GPUs run (causal attention with flash attention, "
+    "recompute counted); both over the dense peak of the GEMM dtype"
+)
 MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other", "peak")
 COMM_DIMS = ("dp", "tp", "pp", "cp")
 
@@ -422,7 +427,10 @@ def evaluate(
     tokens = float(training.global_batch_size * training.seq_len)
     gpus = b.gpus.astype(np.float64)
     mflops = flops.model_flops_per_step(model, training)
-    hflops = flops.hardware_flops_per_step(model, training, b.recompute)
+    # Flash attention skips the masked upper triangle of causal attention: the hardware runs
+    # the causal count. Unfused attention computes (and masks) the whole s x s square.
+    hflops = flops.hardware_flops_per_step(model, training, b.recompute,
+                                           causal=training.flash_attention)
     peak = peak_flops_for(cluster, training.precision)
     mfu = mflops / (step_s * gpus * peak)
     hfu = hflops / (step_s * gpus * peak)

@@ -27,6 +27,7 @@ from rich.table import Table
 
 from hardware_specs import list_presets
 from perfmodel import units
+from perfmodel.step import MFU_CONVENTION
 from perfmodel.specs import SpecError, format_validation_error
 from search import api
 
@@ -185,9 +186,20 @@ def _print_best(out: Console, r: Any) -> None:
     c.add_column("bytes per GPU per step", justify="right")
     for name, v, _ in b["comm"]:
         c.add_row(name, units.fmt_bytes(v))
+    busy = row.get("link_busy_s", {})
+    lk = Table(title="link busy per step (all streams sharing each tier's port)",
+               title_justify="left")
+    lk.add_column("tier")
+    lk.add_column("busy", justify="right")
+    lk.add_column("of step", justify="right")
+    for name, v in busy.items():
+        lk.add_row(name, units.fmt_seconds(v), f"{v / row['step_time_s']:.1%}")
     out.print(t)
     out.print(m)
     out.print(c)
+    if busy:
+        out.print(lk)
+    out.print(f"  {MFU_CONVENTION}")
     for d in r.diagnostics:
         out.print(f"[yellow]warning:[/] {d.message}")
 

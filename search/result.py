@@ -92,6 +92,10 @@ def _rows(batch: ConfigBatch, res: Any) -> tuple[pd.DataFrame, list[dict[str, An
             "memory_bytes": {k: float(v[i]) for k, v in res.memory_bytes.items()},
             "time_s": {k: float(v[i]) for k, v in res.time_s.items()},
             "comm_bytes_per_gpu": {k: float(v[i]) for k, v in res.comm_bytes_per_gpu.items()},
+            # per-tier port busy time over the step (perfmodel.step: shared links)
+            "link_busy_s": {k[len("link_busy_"):-2]: float(np.asarray(v)[i])
+                            for k, v in getattr(res, "extra", {}).items()
+                            if k.startswith("link_busy_")},
         })
     return frame, rows
 

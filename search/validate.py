@@ -294,8 +294,84 @@ def training_runs_report(path: Path | None = None) -> tuple[pd.DataFrame, pd.Dat
             "measured_s": case.measured_step_s,
             "predicted_s": pred,
             "error": pred / case.measured_step_s - 1.0,
+            "source": source_group(str(r["source"])),
+            "gpu_type": case.cluster.gpu.name,
+            "precision": case.training.precision_name,
         })
     return pd.DataFrame(rows), pd.DataFrame(skipped, columns=["row_id", "model", "reason"])
+
+
+_SOURCE_GROUPS = (  # (substring of the source text, short name); first match
+    ("Narayanan", "Megatron-LM 2021"), ("Megatron-LM README", "Megatron-LM README 2020"),
+    ("Korthikanti", "Korthikanti 2022"), ("24.07", "NeMo 24.07"),
+    ("dgxc", "NeMo 24.09 DGX Cloud"), ("25.09", "Megatron-Bridge 25.09"),
+    ("25.11", "Megatron-Bridge 25.11"),
+)
+#: Sources that publish tuned vendor recipes (what ``--tuned`` searches against).
+VENDOR_RECIPE_SOURCES = ("NeMo 24.07", "NeMo 24.09 DGX Cloud", "Megatron-Bridge 25.09",
+                         "Megatron-Bridge 25.11")
+
+
+def source_group(source: str) -> str:
+    """Short name of a row's source (its publication / framework release)."""
+    low = source.lower()
+    for key, name in _SOURCE_GROUPS:
+        if key.lower() in low:
+            return name
+    return source[:32]
+
+
+def group_table(report: pd.DataFrame) -> pd.DataFrame:
+    """Rows grouped by source x GPU type x precision: count, mean signed error (bias), MAPE."""
+    g = report.groupby(["source", "gpu_type", "precision"], sort=False)["error"]
+    out = pd.DataFrame({"rows": g.size(), "bias": g.mean(),
+                        "mape": g.apply(lambda e: float(e.abs().mean()))}).reset_index()
+    return out
+
+
+def tuned_report(path: Path | None = None) -> pd.DataFrame:
+    """Free search per distinct vendor-recipe setting (model, GPU type, GPU count, global batch,
+    sequence, precision): the best predicted step time versus the recipe's measured one.
+
+    Nothing but the setting is pinned: the search is the planner's own (grid over dp, tp, pp,
+    vp, cp, ZeRO, micro-batch, recompute, schedule). ``ratio = measured / predicted best``; a
+    planner may beat a tuned recipe by a little (ratio a bit above 1) but not by a lot, and
+    should not lose to it (ratio below 1).
+    """
+    from search.api import plan
+
+    df = pd.read_csv(path or VALIDATION_DIR / "training_runs_dev.csv")
+    settings: dict[tuple, list] = {}
+    for _, r in df.iterrows():
+        if source_group(str(r["source"])) not in VENDOR_RECIPE_SOURCES:
+            continue
+        try:
+            case = case_from_row(r)
+        except SpecError:
+            continue
+        if "proxy" in case.label.lower():
+            continue  # fewer layers than the model: no free search of the real one
+        t = case.training
+        key = (case.model.name, case.model.num_layers, case.cluster.gpu.name,
+               int(r["num_gpus"]), t.global_batch_size, t.seq_len, t.precision_name)
+        settings.setdefault(key, []).append(case)
+    rows = []
+    for key, cases in settings.items():
+        c0 = cases[0]
+        measured = min(c.measured_step_s for c in cases)
+        try:
+            res = plan(c0.model, c0.cluster, c0.training, gpus=key[3], top=1)
+            best = float(res.best_row["step_time_s"])
+            cfg = res.best_row["config"]
+            txt = (f"d{cfg['dp']} t{cfg['tp']} p{cfg['pp']} v{cfg['vp']} cp{cfg['cp']} "
+                   f"z{cfg['zero_stage']} b{cfg['micro_batch_size']} {cfg['recompute']}")
+        except SpecError as err:
+            best, txt = float("nan"), f"no feasible config: {err}"
+        rows.append({"model": key[0], "gpu_type": key[2], "gpus": key[3], "global_batch": key[4],
+                     "seq_len": key[5], "precision": key[6], "measured_s": measured,
+                     "predicted_best_s": best, "ratio": measured / best, "best_config": txt,
+                     "recipe_rows": ",".join(c.row_id for c in cases)})
+    return pd.DataFrame(rows)
 
 
 def vtrain_report(max_rows: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -369,6 +445,8 @@ def validate_command(
     runs: Path | None = typer.Option(None, "--runs", help="a training-runs CSV with the columns "
                                      "of the shipped training_runs_dev.csv (default: that file)"),
     vtrain: bool = typer.Option(True, "--vtrain/--no-vtrain", help="also rank the vTrain runs"),
+    tuned: bool = typer.Option(False, "--tuned", help="also search freely per vendor-recipe "
+                               "setting and compare the best with the recipe's measured time"),
     json_out: bool = typer.Option(False, "--json", help="one JSON document on stdout"),
 ) -> None:
     """Predicted versus published step times (the validation report)."""
@@ -380,8 +458,14 @@ def validate_command(
     except (OSError, KeyError, pd.errors.ParserError) as e:
         typer.echo(f"plan: error: --runs {runs}: cannot read a training-runs table: {e}", err=True)
         raise typer.Exit(2) from None
+    groups_df = group_table(report)
     doc: dict = {"training_runs": summary(report), "rows": report.to_dict("records"),
-                 "skipped": skipped.to_dict("records")}
+                 "groups": groups_df.to_dict("records"), "skipped": skipped.to_dict("records")}
+    tuned_df = tuned_report(runs) if tuned else None
+    if tuned_df is not None:
+        ok = tuned_df["ratio"].between(0.90, 1.15)
+        doc["tuned"] = {"settings": len(tuned_df), "within_0.90_1.15": float(ok.mean()),
+                        "rows": tuned_df.to_dict("records")}
     if vtrain:
         rows, groups = vtrain_report()
         doc["vtrain"] = {
@@ -407,6 +491,27 @@ def validate_command(
               f"({s['max_abs_error']:.1%})")
     for r in skipped.itertuples():
         out.print(f"not expressible: {r.row_id} {r.model}: {r.reason}")
+    gt = Table(title="by source x GPU x precision (bias = mean signed error)", title_justify="left")
+    for col in ("source", "GPU", "precision", "rows", "bias", "MAPE"):
+        gt.add_column(col, justify="right" if col in ("rows", "bias", "MAPE") else "left")
+    for g in groups_df.itertuples():
+        gt.add_row(g.source, g.gpu_type, g.precision, str(g.rows), f"{g.bias:+.1%}",
+                   f"{g.mape:.1%}")
+    out.print(gt)
+    if tuned_df is not None:
+        tt = Table(title="tuned recipes: free search per setting (ratio = measured / predicted "
+                   "best)", title_justify="left")
+        for col in ("model", "GPU", "GPUs", "GBS", "seq", "precision", "measured", "best",
+                    "ratio", "best config"):
+            tt.add_column(col, justify="right" if col in ("GPUs", "GBS", "seq", "measured",
+                                                          "best", "ratio") else "left")
+        for t in tuned_df.itertuples():
+            tt.add_row(t.model, t.gpu_type, str(t.gpus), str(t.global_batch), str(t.seq_len),
+                       t.precision, f"{t.measured_s:.4g} s", f"{t.predicted_best_s:.4g} s",
+                       f"{t.ratio:.3f}", t.best_config)
+        out.print(tt)
+        out.print(f"tuned: {doc['tuned']['within_0.90_1.15']:.0%} of {len(tuned_df)} settings "
+                  f"within 0.90 <= measured / best <= 1.15")
     if vtrain:
         v = doc["vtrain"]
         out.print(f"vTrain: {v['groups']} groups, mean Spearman {v['mean_spearman']:.3f}, "
