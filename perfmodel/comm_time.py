@@ -94,9 +94,7 @@ def comm_times(
         ``dp_grad_s``: per step, the gradient all-reduce, or reduce-scatter(s) + parameter
         all-gather under ZeRO-1/2, or the reduce-scatters under ZeRO-3;
         ``zero3_gather_s``: per step, ZeRO-3 parameter all-gathers (forward and backward of every
-        micro-batch);
-        ``tp_tier``, ``cp_tier``, ``pp_tier``, ``dp_tier``: index of the outermost tier each
-        group crosses (-1 for a group of one GPU), see :func:`link_busy_s`.
+        micro-batch).
 
     References
     ----------
@@ -158,11 +156,6 @@ def comm_times(
         "pp_p2p_s": pp_send,
         "dp_grad_s": np.asarray(dp_grad, dtype=np.float64),
         "zero3_gather_s": zero3,
-        # outermost tier each group crosses (-1: a group of one GPU), for the shared-link model
-        "tp_tier": g_tp.tier.astype(np.float64),
-        "cp_tier": g_cp.tier.astype(np.float64),
-        "pp_tier": g_pp.tier.astype(np.float64),
-        "dp_tier": g_dp.tier.astype(np.float64),
     }
 
 

@@ -87,8 +87,8 @@ SUSTAINED_GEMM_FRACTION = {
     "other": 1.0,
 }
 """GEMM throughput of a whole node training at its power limit, as a fraction of the one-GPU
-matmul ceiling the calibration (or MAMF) was measured at, per GPU generation; applied with fused
-(multi-GPU framework) kernels when no measured calibration folder is given. Hopper and Blackwell
+matmul ceiling (MAMF) its kernel efficiency is transferred from, per GPU generation; applied with
+fused (multi-GPU framework) kernels on parts without a measured calibration of their own. Hopper and Blackwell
 are fitted on the dev split (benchmarks/fit_time_model.py: NeMo / Megatron-Bridge rows); Ampere
 stays 1 (the Megatron-LM A100 rows are matched with Bekman's MAMF as measured). A 700 W H100
 running dense GEMMs on all 8 GPUs of a node holds lower clocks than a single-GPU benchmark."""
@@ -339,7 +339,10 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     """:func:`compute_times` for every configuration of ``batch``, without de-duplication."""
     if kernels not in ("fused", "eager"):
         raise ValueError(f"kernels {kernels!r}: expected 'fused' or 'eager'")
-    sustained = sustained_gemm_fraction(gpu) if kernels == "fused" and calibration is None else 1.0
+    # Parts without a measured calibration: the one-GPU matmul ceiling (MAMF) transferred to a
+    # whole node training at its power limit (see SUSTAINED_GEMM_FRACTION).
+    transferred = calibration is None and gpu.calibration is None
+    sustained = sustained_gemm_fraction(gpu) if kernels == "fused" and transferred else 1.0
     cal = calibration_for(gpu, calibration, gemm_scale=sustained)
     eager = kernels == "eager"
     n = len(batch)

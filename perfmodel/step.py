@@ -25,6 +25,7 @@ from perfmodel import comm_time as comm_time_mod
 from perfmodel import comm_volume, compute, flops, memory, overlap
 from perfmodel.config import ConfigBatch
 from perfmodel.specs import ClusterSpec, ModelSpec, TrainingSpec
+from perfmodel.topology import parallel_groups
 
 # Order of the time terms in the breakdown; they add up to ``step_time_s``.
 TIME_TERMS = (
@@ -232,7 +233,8 @@ def pipeline_makespan_s(
     return steady + fill, steady
 
 
-def _link_streams(comm, b, m, layers_per_stage, sends, p2p_s, tp_link_s, dp_grad_s, z3_s):
+def _link_streams(comm, tiers, b, m, layers_per_stage, sends, p2p_s, tp_link_s, dp_grad_s,
+                  z3_s):
     """Everything one GPU sends per step, as ``name -> (link time [s], tier)`` for
     :func:`perfmodel.comm_time.link_busy_s`: the tensor-parallel collectives and ring-attention
     exchanges of every layer and micro-batch, the pipeline sends (both directions), the
@@ -240,10 +242,10 @@ def _link_streams(comm, b, m, layers_per_stage, sends, p2p_s, tp_link_s, dp_grad
     per_stage = layers_per_stage * m
     cp_link_s = np.where(b.cp > 1, comm["cp_layer_fwd_s"] + comm["cp_layer_bwd_s"], 0.0)
     return {
-        "tp": (per_stage * tp_link_s, comm["tp_tier"]),
-        "cp": (per_stage * cp_link_s, comm["cp_tier"]),
-        "pp": (m * sends * p2p_s, comm["pp_tier"]),
-        "dp": (dp_grad_s + z3_s, comm["dp_tier"]),
+        "tp": (per_stage * tp_link_s, tiers["tp"]),
+        "cp": (per_stage * cp_link_s, tiers["cp"]),
+        "pp": (m * sends * p2p_s, tiers["pp"]),
+        "dp": (dp_grad_s + z3_s, tiers["dp_cp"]),
     }
 
 
@@ -371,12 +373,13 @@ def evaluate(
     # their share of the window the reduction overlaps (shared links, 4d).
     dp_grad_s = np.where(b.dp > 1, comm["dp_grad_s"], 0.0)
     z3_s = np.where(b.zero_stage == 3, comm["zero3_gather_s"], 0.0)
-    streams = _link_streams(comm, b, m, layers_per_stage, sends, p2p_s, tp_link_s, dp_grad_s,
-                            z3_s)
+    tiers = {k: g.tier for k, g in parallel_groups(cluster, b, ("tp", "cp", "pp", "dp_cp")).items()}
+    streams = _link_streams(comm, tiers, b, m, layers_per_stage, sends, p2p_s, tp_link_s,
+                            dp_grad_s, z3_s)
     tier_busy_s = comm_time_mod.link_busy_s(streams, len(cluster.tiers))
     last_bwd_s = layers_per_stage * layer_bwd_s
     if training.overlap_grad_reduce:
-        dp_tier_busy_s = _busy_on_tier(tier_busy_s, comm["dp_tier"])
+        dp_tier_busy_s = _busy_on_tier(tier_busy_s, tiers["dp_cp"])
         dp_need_s = comm_time_mod.stream_busy_in_window_s(dp_grad_s, dp_tier_busy_s, last_bwd_s,
                                                           makespan_s)
         dp_exposed_s = comm_time_mod.exposed_dp_time_s(dp_need_s, last_bwd_s)
