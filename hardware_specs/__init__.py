@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-KINDS = {"gpu": "gpus", "cluster": "clusters", "model": "models", "realtime": "realtime"}
+KINDS = {"gpu": "gpus", "cluster": "clusters", "model": "models", "realtime": "realtime",
+         "framework": "frameworks"}
 
 
 def preset_dir(kind: str) -> Path:

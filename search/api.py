@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from perfmodel.config import ParallelConfig, resolve_config
+from perfmodel.frameworks import FrameworkSpec, apply_framework, load_framework
 from perfmodel.specs import (
     ClusterSpec,
     ModelSpec,
@@ -77,12 +78,14 @@ def _strategy(strategy: Any, top: int) -> Any:
     raise SpecError(f"strategy = {strategy!r}: expected one of {', '.join(STRATEGIES)}")
 
 
-def _specs(model, cluster, training, gpus, overrides) -> tuple[ModelSpec, TrainingSpec,
-                                                                  ClusterSpec]:
+def _specs(model, cluster, training, gpus, overrides, framework=None) -> tuple[
+        ModelSpec, TrainingSpec, ClusterSpec]:
     try:
         m = load_model(model)
         c = load_cluster(cluster, gpus)
-        t = load_training(training, **overrides)
+        # the stack's switches first, then the caller's single overrides win
+        t = apply_framework(load_training(training), framework)
+        t = load_training(t, **overrides)
     except ValidationError as err:  # pydantic errors raised outside the loaders
         raise SpecError(format_validation_error(err)) from None
     return m, t, c
@@ -105,15 +108,17 @@ def make_problem(
     uneven_layers: bool = False,
     calibration: Any = None,
     evaluator: Callable[..., Any] | None = None,
+    framework: str | Path | FrameworkSpec | None = None,
     **fixed: Any,
 ) -> Problem:
     """Load the specs, build the space and bind the evaluation path (see :func:`plan`)."""
+    fw = None if framework is None else load_framework(framework)
     m, t, c = _specs(model, cluster, training, gpus, {
         "global_batch_size": global_batch_size, "seq_len": seq_len, "precision": precision,
-        "optimizer": optimizer})
+        "optimizer": optimizer}, fw)
     space = make_space(m, t, c, allow_idle_gpus=allow_idle_gpus,
                        allow_tp_across_nodes=allow_tp_across_nodes,
-                       uneven_layers=uneven_layers, **fixed)
+                       uneven_layers=uneven_layers, framework=fw, **fixed)
     kernels = getattr(kernels, "value", kernels)
     if kernels not in ("fused", "eager"):
         raise SpecError(f"kernels = {kernels!r}: expected fused or eager")
@@ -170,6 +175,7 @@ def plan(
     calibration: Any = None,
     evaluator: Callable[..., Any] | None = None,
     progress: Progress | None = None,
+    framework: str | Path | FrameworkSpec | None = None,
     **fixed: Any,
 ) -> SearchResult:
     """Search the parallel configurations of ``model`` on ``cluster`` and rank them.
@@ -202,6 +208,11 @@ def plan(
         Replace ``perfmodel.step.evaluate`` (same signature), e.g. in tests.
     progress
         ``progress(done, total)`` callback.
+    framework
+        The training stack to be launched (preset name such as ``"megatron-2022"``,
+        ``"nemo-24.09"``, ``"deepspeed"``, ``"torchtitan"``, a TOML path or a FrameworkSpec):
+        sets its switches (overlaps, flash attention) on the training setup, before the single
+        overrides above, and keeps the search to what it runs (see ``perfmodel.frameworks``).
     **fixed
         Pin parallel dimensions: ``dp tp pp vp cp zero_stage micro_batch_size recompute
         sequence_parallel schedule num_microbatches``; a value pins, a list / range restricts.
@@ -226,7 +237,7 @@ def plan(
         seq_len=seq_len, precision=precision, optimizer=optimizer, objective=objective,
         kernels=kernels, allow_idle_gpus=allow_idle_gpus,
         allow_tp_across_nodes=allow_tp_across_nodes, uneven_layers=uneven_layers,
-        calibration=calibration, evaluator=evaluator, **fixed,
+        calibration=calibration, evaluator=evaluator, framework=framework, **fixed,
     )
     space = problem.space
     if all(len(space.values[d]) == 1 for d in space.dims):
@@ -259,6 +270,7 @@ def evaluate_config(
     allow_tp_across_nodes: bool = False,
     calibration: Any = None,
     evaluator: Callable[..., Any] | None = None,
+    framework: str | Path | FrameworkSpec | None = None,
     **config: Any,
 ) -> SearchResult:
     """Predict one configuration (fields of :class:`ParallelConfig`; missing ones take its
@@ -288,5 +300,6 @@ def evaluate_config(
         model, cluster, training, gpus=gpus, global_batch_size=global_batch_size,
         seq_len=seq_len, precision=precision, optimizer=optimizer, kernels=kernels,
         allow_idle_gpus=allow_idle_gpus, allow_tp_across_nodes=allow_tp_across_nodes,
-        calibration=calibration, evaluator=evaluator, num_microbatches=nmb, **pinned,
+        calibration=calibration, evaluator=evaluator, num_microbatches=nmb,
+        framework=framework, **pinned,
     )

@@ -163,6 +163,12 @@ def _print_best(out: Console, r: Any) -> None:
     out.print(f"[bold]{s['model']}[/] on {s['gpus']} x {s['gpu']} ({s['cluster']}), global batch "
               f"{s['global_batch_size']} x {s['seq_len']} tokens, {s['precision']}, "
               f"{s['optimizer']}, {s['kernels']} kernels")
+    sw = s.get("training_switches") or {}
+    on = [k.removeprefix("overlap_").replace("_", "-") for k in
+          ("overlap_grad_reduce", "overlap_tp_comm", "overlap_p2p_comm") if sw.get(k)]
+    out.print(f"assumed setup: framework {s.get('framework') or '(none: default switches)'}; "
+              f"overlap {', '.join(on) or 'none'}; flash attention "
+              f"{'on' if sw.get('flash_attention') else 'off'}")
     out.print(f"\n[bold]{title}:[/] {_config_line(row['config'])}")
     out.print(f"  step time {units.fmt_seconds(row['step_time_s'])}   "
               f"{units.fmt_count(row['tokens_per_s'])} tokens/s   MFU {row['mfu']:.1%}   "
@@ -270,6 +276,10 @@ def planner(
         help="allow tensor parallelism beyond the scale-up (NVLink) domain")] = False,
     uneven_layers: Annotated[bool, typer.Option(
         help="allow pp*vp that does not divide the layer count (uneven stages)")] = False,
+    framework: Annotated[str | None, typer.Option(
+        help="the training stack you will launch (megatron-2021, megatron-2022, nemo-24.07, "
+             "nemo-24.09, bridge-25.x, deepspeed, torchtitan, or a TOML file): sets its "
+             "switches and keeps the search to what it runs")] = None,
 ) -> None:
     """Search (or, with every parallel option given, evaluate) parallel configurations."""
     if ctx.invoked_subcommand is not None:
@@ -278,7 +288,7 @@ def planner(
     # them at rich's default of 80 columns.
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
     if list_presets_:
-        for kind in ("model", "cluster", "gpu"):
+        for kind in ("model", "cluster", "gpu", "framework"):
             out.print(f"{kind}s: " + ", ".join(list_presets(kind)), soft_wrap=True)
         return
     err = Console(stderr=True)
@@ -292,7 +302,7 @@ def planner(
             kernels=kernels.value, progress=progress,
             calibration=str(calibration) if calibration is not None else None,
             allow_idle_gpus=allow_idle_gpus, allow_tp_across_nodes=allow_tp_across_nodes,
-            uneven_layers=uneven_layers,
+            uneven_layers=uneven_layers, framework=framework,
             dp=dp, tp=tp, pp=pp, vp=vp, cp=cp, zero_stage=zero, micro_batch_size=micro_batch,
             recompute=recompute.value if recompute else None,
             sequence_parallel=sequence_parallel,

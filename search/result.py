@@ -353,6 +353,10 @@ def finalize(
             "precision": space.training.precision_name,
             "optimizer": space.training.optimizer,
             "kernels": problem.kernels,
+            "framework": None if space.framework is None else space.framework.name,
+            "training_switches": {k: getattr(space.training, k) for k in (
+                "overlap_grad_reduce", "overlap_tp_comm", "overlap_p2p_comm",
+                "flash_attention", "zero3_gather")},
         },
         extra=dict(extra or {}),
     )

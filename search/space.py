@@ -25,6 +25,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from perfmodel.config import RECOMPUTE, SCHEDULE, ConfigBatch, ParallelConfig, resolve_config
+from perfmodel.frameworks import FrameworkSpec, framework_pins, zero_pp_allowed
 from perfmodel.specs import ClusterSpec, ModelSpec, SpecError, TrainingSpec, format_validation_error
 
 __all__ = [
@@ -78,6 +79,7 @@ CONSTRAINTS = (
     "sequence_parallel",
     "batch",
     "schedule",
+    "framework",
 )
 
 
@@ -107,6 +109,7 @@ class SearchSpace:
     allow_tp_across_nodes: bool = False
     uneven_layers: bool = False
     num_microbatches: np.ndarray | None = field(default=None, repr=False)
+    framework: FrameworkSpec | None = None
 
     @property
     def gpus(self) -> int:
@@ -192,6 +195,8 @@ class SearchSpace:
             "schedule": ((vp > 1) == interleaved)
             & ((pp > 1) | ((sched != _INTERLEAVED) & (sched != _ZB)))
             & (~interleaved | (nmb % pp == 0)),
+            # what the chosen training stack runs (--framework): ZeRO with pipelines, SP rule
+            "framework": zero_pp_allowed(self.framework, zero, pp, tp, sp),
         }
         # Drop exact duplicates: with pp = 1 the schedule does not matter (keep 1f1b), with
         # dp = 1 the ZeRO stage does not (keep the smallest stage offered).
@@ -334,6 +339,12 @@ class SearchSpace:
             return str(err)
         if self.num_microbatches is not None:
             return f"num_microbatches must be one of {self.num_microbatches.tolist()}"
+        fw = self.framework
+        if fw is not None and cfg["pp"] > 1 and cfg["zero_stage"] > fw.max_zero_stage_with_pp:
+            return (f"framework {fw.name} runs ZeRO stage <= {fw.max_zero_stage_with_pp} with "
+                    f"pipeline parallelism (zero_stage {cfg['zero_stage']}, pp {cfg['pp']})")
+        if fw is not None and fw.sequence_parallel == "required" and cfg["tp"] > 1:
+            return f"framework {fw.name} always uses sequence parallelism with tp > 1 (tp {cfg['tp']})"
         return ", ".join(f"{k}={v}" for k, v in cfg.items()) + " is invalid"
 
 
@@ -415,6 +426,7 @@ def make_space(
     max_micro_batch_size: int = 16,
     max_vp: int = 16,
     max_cp: int = 16,
+    framework: FrameworkSpec | None = None,
     **fixed: Any,
 ) -> SearchSpace:
     """The search space for ``model`` trained as ``training`` on ``cluster``.
@@ -437,6 +449,10 @@ def make_space(
         (``pp=[4, 8, 16]``). Names: dp tp pp vp cp zero_stage (or zero) micro_batch_size
         (or micro_batch) recompute sequence_parallel schedule num_microbatches.
         ``None`` means "search it".
+    framework
+        Keep to what this training stack runs (:func:`perfmodel.frameworks.framework_pins`,
+        intersected with the pins); ZeRO-with-pipeline and sequence-parallel rules become the
+        ``framework`` constraint.
 
     Returns
     -------
@@ -462,6 +478,16 @@ def make_space(
                 uneven_layers=uneven_layers, max_micro_batch_size=max_micro_batch_size,
                 max_vp=max_vp, max_cp=max_cp,
             )
+        if framework is not None and d in (pins := framework_pins(framework)):
+            allowed = _fixed_values(d, pins[d])
+            narrowed = np.intersect1d(values[d], allowed)
+            if narrowed.size == 0:
+                shown = [_CATEGORICAL[d][i] if d in _CATEGORICAL else int(i) for i in values[d]]
+                raise SpecError(
+                    f"framework {framework.name} does not run {d} = "
+                    f"{shown[0] if len(shown) == 1 else shown}: it runs "
+                    f"{', '.join(str(x) for x in pins[d])}")
+            values[d] = narrowed
         values[d].setflags(write=False)
     # A vp pinned above 1 implies the interleaved schedule, and sp is only meaningful with tp>1:
     # narrow the free dimensions rather than make the user say so.
@@ -478,6 +504,7 @@ def make_space(
         allow_tp_across_nodes=allow_tp_across_nodes,
         uneven_layers=uneven_layers,
         num_microbatches=None if nmb is None else _fixed_values("num_microbatches", nmb),
+        framework=framework,
     )
 
 

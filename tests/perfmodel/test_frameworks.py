@@ -1,0 +1,50 @@
+"""Framework presets (--framework): switches and what each stack can run."""
+
+import numpy as np
+import pytest
+
+import search
+from hardware_specs import list_presets
+from perfmodel.frameworks import apply_framework, framework_pins, load_framework, zero_pp_allowed
+from perfmodel.specs import SpecError, TrainingSpec
+
+
+@pytest.mark.parametrize("name", list_presets("framework"))
+def test_every_preset_loads(name):
+    fw = load_framework(name)
+    assert fw.name == name and fw.source
+
+
+def test_megatron_2022_switches_are_the_2022_stack():
+    t = apply_framework(TrainingSpec(), load_framework("megatron-2022"))
+    assert not (t.overlap_grad_reduce or t.overlap_tp_comm or t.overlap_p2p_comm)
+    assert not t.flash_attention
+
+
+def test_deepspeed_refuses_zero2_3_with_pipelines():
+    fw = load_framework("deepspeed")
+    ok = zero_pp_allowed(fw, np.array([1, 2, 3, 3]), np.array([4, 4, 4, 1]),
+                         np.ones(4, int), np.zeros(4, bool))
+    assert ok.tolist() == [True, False, False, True]
+    assert framework_pins(fw)["vp"] == [1]  # no interleaving in DeepSpeed's pipeline engine
+
+
+def test_search_keeps_to_the_framework():
+    r = search.plan("gpt3-13b", "dgx-a100-80g", gpus=64, framework="deepspeed", top=50)
+    top = r.top
+    assert ((top["pp"] == 1) | (top["zero_stage"] <= 1)).all()
+    assert (top["cp"] == 1).all() and (~top["sequence_parallel"].astype(bool)).all()
+    assert set(top["schedule"]) <= {"1f1b"}
+    assert r.setup["framework"] == "deepspeed"
+
+
+def test_pinned_value_the_framework_cannot_run_is_one_line():
+    with pytest.raises(SpecError, match="framework megatron-2021 does not run zero_stage"):
+        search.plan("gpt3-13b", "dgx-a100-80g", gpus=64, framework="megatron-2021", zero=1)
+    with pytest.raises(SpecError, match="ZeRO stage <= 1 with pipeline"):
+        search.plan("gpt3-13b", "dgx-a100-80g", gpus=64, framework="deepspeed", zero=3, pp=4)
+
+
+def test_unknown_framework_suggests_names():
+    with pytest.raises(SpecError, match="closest: megatron"):
+        load_framework("megatrn")
