@@ -6,8 +6,10 @@ Parameters (each a named constant with a meaning, not a per-row factor):
   overlapped communication runs (Calculon ``processor_usage``; Galvatron 1.1-1.3x);
 * ``perfmodel.compute.LOW_PRECISION_GEMM_RATIO``: fp8 GEMM efficiency relative to bf16 at the
   same shape (against the 2x fp8 peak);
-* ``perfmodel.compute.SUSTAINED_GEMM_FRACTION["hopper"]``, ``["blackwell"]``: GEMM throughput of
-  a node training at its power limit relative to the one-GPU matmul ceiling (MAMF).
+* ``perfmodel.compute.SUSTAINED_GEMM_FRACTION["hopper"]``: GEMM throughput of a node training at
+  its power limit relative to the one-GPU matmul ceiling (MAMF); for the Blackwell parts, each
+  GPU spec's ``sustained_gemm_fraction``, fitted on that part's Megatron-Bridge rows alone (no
+  calibration is published for them).
 
 The overlap slowdown is bounded to 0.05..0.4 (Galvatron measures 0.1..0.3).
 
@@ -66,9 +68,10 @@ def set_params(x, names):
 
 def with_mamf(case, x, names):
     gpu = case.cluster.gpu
-    key = {"GB200": "mamf_gb200", "GB300": "mamf_gb300"}.get(gpu.name)
+    key = {"B200": "sustained_b200", "GB200": "sustained_gb200",
+           "GB300": "sustained_gb300"}.get(gpu.name)
     if key in names:
-        gpu = gpu.model_copy(update={"mamf_tflops": float(x[names.index(key)])})
+        gpu = gpu.model_copy(update={"sustained_gemm_fraction": float(x[names.index(key)])})
         return case.__class__(**{**case.__dict__,
                                  "cluster": case.cluster.model_copy(update={"gpu": gpu})})
     return case
@@ -120,8 +123,17 @@ def main() -> None:
         report("Hopper", ["kappa_hopper", "fp8_ratio", "sustained_hopper"], [0.2, 0.85, 0.9],
                [(0.05, 0.4), (0.5, 1.0), (0.6, 1.05)], hop)
     if "blackwell" in which:
-        report("Blackwell", ["kappa_blackwell", "sustained_blackwell"], [0.2, 0.9],
-               [(0.05, 0.4), (0.6, 1.05)], bw)
+        # The overlap slowdown keeps Hopper's value (too few Blackwell rows to separate the
+        # two); each part gets its own sustained fraction (their power limits differ: B200
+        # 1,000 W, GB200 1,200 W, GB300 1,400 W), set by its Megatron-Bridge rows only.
+        overlap.OVERLAP_SLOWDOWN["blackwell"] = overlap.OVERLAP_SLOWDOWN["hopper"]
+        for part in ("B200", "GB200", "GB300"):
+            rows = [c for c in bw if c[1].cluster.gpu.name == part]
+            x = fit([f"sustained_{part.lower()}"], [0.9], [(0.5, 1.1)], rows)
+            e = np.exp(log_errors(x, [f"sustained_{part.lower()}"], rows)) - 1
+            print(f"{part}: sustained_gemm_fraction={x[0]:.3f} from rows "
+                  f"{', '.join(c.row_id for _, c in rows)}: MAPE {np.mean(np.abs(e)):.2%}, "
+                  f"bias {np.mean(e):+.2%}", flush=True)
 
 
 if __name__ == "__main__":

@@ -82,23 +82,26 @@ SUSTAINED_GEMM_FRACTION = {
     "volta": 1.0,
     "ampere": 1.0,
     "hopper": 0.86,
-    "blackwell": 1.0,
+    "blackwell": 0.86,
     "cdna3": 1.0,
     "other": 1.0,
 }
 """GEMM throughput of a whole node training at its power limit, as a fraction of the one-GPU
 matmul ceiling (MAMF) its kernel efficiency is transferred from, per GPU generation; applied with
 fused (multi-GPU framework) kernels on parts without a measured calibration of their own. Hopper and Blackwell
-are fitted on the dev split (benchmarks/fit_time_model.py: NeMo / Megatron-Bridge rows); Ampere
-stays 1 (the Megatron-LM A100 rows are matched with Bekman's MAMF as measured). A 700 W H100
+are fitted on the dev split (benchmarks/fit_time_model.py: NeMo / Megatron-Bridge rows; B200,
+GB200 and GB300 carry their own fitted ``sustained_gemm_fraction`` in their spec files, the
+generation's value is B200's, for other Blackwell parts); Ampere stays 1 (the Megatron-LM A100 rows are matched with Bekman's MAMF as measured). A 700 W H100
 running dense GEMMs on all 8 GPUs of a node holds lower clocks than a single-GPU benchmark."""
 
 
 def sustained_gemm_fraction(gpu: GPUSpec) -> float:
-    """:data:`SUSTAINED_GEMM_FRACTION` of the GPU's generation."""
+    """The GPU spec's ``sustained_gemm_fraction`` when given, else
+    :data:`SUSTAINED_GEMM_FRACTION` of its generation."""
     from perfmodel.overlap import gpu_generation
 
-    return SUSTAINED_GEMM_FRACTION[gpu_generation(gpu)]
+    own = getattr(gpu, "sustained_gemm_fraction", None)
+    return float(own) if own is not None else SUSTAINED_GEMM_FRACTION[gpu_generation(gpu)]
 
 
 @dataclass(frozen=True)

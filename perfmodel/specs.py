@@ -101,6 +101,12 @@ class GPUSpec(Spec):
         description="maximum achievable bf16 matmul TFLOP/s, measured (the ceiling a large GEMM "
         "reaches; datasheet peaks assume boost clocks that power limits do not sustain)",
     )
+    sustained_gemm_fraction: PosFloat | None = Field(
+        default=None,
+        description="GEMM throughput of a whole node training at its power limit relative to "
+        "the one-GPU matmul ceiling (mamf_tflops); None uses perfmodel.compute's value for the "
+        "GPU's generation",
+    )
     comm_overlap_slowdown: NonNegFloat | None = Field(
         default=None,
         description="fractional slowdown of compute while overlapped communication runs "

@@ -307,6 +307,10 @@ _SOURCE_GROUPS = (  # (substring of the source text, short name); first match
     ("dgxc", "NeMo 24.09 DGX Cloud"), ("25.09", "Megatron-Bridge 25.09"),
     ("25.11", "Megatron-Bridge 25.11"),
 )
+#: The framework preset (``hardware_specs/frameworks``) each vendor source ran: the tuned
+#: search keeps to what that stack can run (its ZeRO stages, schedules, recompute modes).
+_SOURCE_FRAMEWORK = {"NeMo 24.07": "nemo-24.07", "NeMo 24.09 DGX Cloud": "nemo-24.09",
+                     "Megatron-Bridge 25.09": "bridge-25.x", "Megatron-Bridge 25.11": "bridge-25.x"}
 #: Sources that publish tuned vendor recipes (what ``--tuned`` searches against).
 VENDOR_RECIPE_SOURCES = ("NeMo 24.07", "NeMo 24.09 DGX Cloud", "Megatron-Bridge 25.09",
                          "Megatron-Bridge 25.11")
@@ -354,13 +358,15 @@ def tuned_report(path: Path | None = None) -> pd.DataFrame:
         t = case.training
         key = (case.model.name, case.model.num_layers, case.cluster.gpu.name,
                int(r["num_gpus"]), t.global_batch_size, t.seq_len, t.precision_name)
+        key = key + ((source_group(str(r["source"])),),)
         settings.setdefault(key, []).append(case)
     rows = []
     for key, cases in settings.items():
         c0 = cases[0]
         measured = min(c.measured_step_s for c in cases)
         try:
-            res = plan(c0.model, c0.cluster, c0.training, gpus=key[3], top=1)
+            res = plan(c0.model, c0.cluster, c0.training, gpus=key[3], top=1,
+                       framework=_SOURCE_FRAMEWORK.get(key[-1][0]))
             best = float(res.best_row["step_time_s"])
             cfg = res.best_row["config"]
             txt = (f"d{cfg['dp']} t{cfg['tp']} p{cfg['pp']} v{cfg['vp']} cp{cfg['cp']} "
@@ -368,7 +374,7 @@ def tuned_report(path: Path | None = None) -> pd.DataFrame:
         except SpecError as err:
             best, txt = float("nan"), f"no feasible config: {err}"
         rows.append({"model": key[0], "gpu_type": key[2], "gpus": key[3], "global_batch": key[4],
-                     "seq_len": key[5], "precision": key[6], "measured_s": measured,
+                     "seq_len": key[5], "precision": key[6], "source": key[-1][0], "measured_s": measured,
                      "predicted_best_s": best, "ratio": measured / best, "best_config": txt,
                      "recipe_rows": ",".join(c.row_id for c in cases)})
     return pd.DataFrame(rows)
