@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 plan: $(STAMP)
-	$(BIN)/plan
+	$(BIN)/plan --framework megatron-2022
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

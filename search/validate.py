@@ -208,7 +208,8 @@ def case_from_row(r: pd.Series) -> Case:
         recompute = "none"
     else:
         recompute = "full"  # Megatron/DeepSpeed era runs of this size used full recompute
-    if "stage 3" in zero_txt or "zero-3" in zero_txt or "fsdp" in zero_txt:
+    fsdp = "fsdp" in zero_txt and "fsdp=0" not in zero_txt  # Megatron-Bridge "FSDP=0": DDP
+    if "stage 3" in zero_txt or "zero-3" in zero_txt or fsdp:
         zero = 3
     elif "stage 2" in zero_txt or "zero-2" in zero_txt:
         zero = 2

@@ -15,7 +15,16 @@ import pytest
 from search.validate import group_table, summary, training_runs_report, tuned_report
 
 # (source, GPU, precision) -> largest |bias| accepted, and why it is above 7 %.
-KNOWN_GROUP_BIAS: dict[tuple[str, str, str], float] = {}
+KNOWN_GROUP_BIAS: dict[tuple[str, str, str], float] = {
+    # 4 single-node 2020 rows; V100 has no measured calibration or published matmul ceiling: the
+    # H200 efficiency curve transferred by datasheet peak makes it 14 % slow.
+    ("Megatron-LM README 2020", "V100-SXM3-32GB", "fp16"): 0.15,
+    # 2 + 2 H100 rows of a later release that runs Llama 3 8B / 70B 5-7 % faster per token than
+    # NeMo 24.09 (DGX Cloud, 60 rows) does; one H100 sustained-GEMM fraction is fitted across
+    # releases. Per-release efficiency profiles are a separate issue (#17).
+    ("Megatron-Bridge 25.09", "H100-SXM5-80GB", "fp8-cs"): 0.15,
+    ("Megatron-Bridge 25.11", "H100-SXM5-80GB", "fp8-cs"): 0.15,
+}
 
 
 @pytest.fixture(scope="module")
