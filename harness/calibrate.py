@@ -141,18 +141,22 @@ def _run_one(nproc: int, timeout_s: float) -> dict[str, Any]:
     e = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     root = str(Path(__file__).resolve().parents[1])
     e["PYTHONPATH"] = root + os.pathsep + e.get("PYTHONPATH", "")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "harness.calibrate", "--worker", str(out)]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        pass
-    finally:
-        from harness.launch import _kill_all
+    from harness.launch import _kill_all
+    from harness.watchdog import RDZV_TIMEOUT_S, launcher_env, terminate_as_interrupt
 
-        _kill_all(proc, [])
+    e.update(launcher_env())
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           f"--rdzv-conf=join_timeout={RDZV_TIMEOUT_S:.0f}",
+           "-m", "harness.calibrate", "--worker", str(out)]  # fmt: skip
+    with terminate_as_interrupt():  # SIGTERM cleans up like SIGINT
+        proc = subprocess.Popen(cmd, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)  # fmt: skip
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            _kill_all(proc, [])
     f = out / "calibration.json"
     if not f.exists():
         raise RuntimeError(f"calibration with {nproc} processes failed (see {out})")
@@ -228,6 +232,9 @@ def local_cluster(nproc: int, calibration: dict[str, Any]) -> ClusterSpec:
 
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "--worker":
+        from harness.watchdog import start_parent_watchdog
+
+        start_parent_watchdog()
         _worker(Path(sys.argv[2]))
     else:
         res = calibrate(tuple(int(a) for a in sys.argv[1:]) or (1, 2, 4, 8), force=True)

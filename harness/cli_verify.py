@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from typing import Annotated, Any
 
 import typer
@@ -51,6 +52,36 @@ def _pct(pred: float, meas: float) -> str:
     return f"{(pred - meas) / meas:+.1%}"
 
 
+#: Most processes ``--nproc`` starts: four per CPU core (the ranks are small; beyond that they
+#: only time-slice), and never more than 64.
+def max_nproc() -> int:
+    return min(64, 4 * (os.cpu_count() or 1))
+
+
+#: Most configurations ``--top`` / ``--poor`` run (each is one torchrun job of up to --timeout s).
+MAX_RUNS = 32
+MAX_TIMED_STEPS = 100
+
+
+def _check_counts(nproc: int, top: int, poor: int, timed_steps: int, timeout: float) -> None:
+    """Refuse, up front and with one line, counts that would start unbounded work or that the
+    harness cannot run (before: ``--nproc 1000`` spawned 1000 ranks on 2 cores, ``--timeout
+    -1`` marked every run timed out and exited 0, ``--timeout nan`` disabled the timeout,
+    ``--nproc 3`` failed inside the calibration with a pointer into a temporary folder)."""
+    cap = max_nproc()
+    if not 1 <= nproc <= cap:
+        _fail(f"--nproc {nproc}: expected 1 to {cap} (4 per CPU core, at most 64)")
+    if nproc & (nproc - 1):
+        _fail(f"--nproc {nproc}: the harness runs power-of-two process counts "
+              "(1, 2, 4, 8, ...): its calibration and parallel groups tile by halving")
+    if not (math.isfinite(timeout) and timeout > 0):
+        _fail(f"--timeout {timeout}: expected a finite number of seconds > 0")
+    if top > MAX_RUNS or poor > MAX_RUNS:
+        _fail(f"--top {top} / --poor {poor}: expected at most {MAX_RUNS} runs each")
+    if timed_steps > MAX_TIMED_STEPS:
+        _fail(f"--timed-steps {timed_steps}: expected at most {MAX_TIMED_STEPS}")
+
+
 def verify_cmd(
     model: Annotated[
         str, typer.Option(help="model preset name or spec file (default: the harness's tiny GPT)")
@@ -65,6 +96,7 @@ def verify_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="one JSON document on stdout")] = False,
 ) -> None:
     """Run the planner's top configurations for real (torch.distributed, gloo) and compare."""
+    _check_counts(nproc, top, poor, timed_steps, timeout)
     try:
         import torch  # noqa: F401
     except ModuleNotFoundError:
@@ -100,8 +132,12 @@ def verify_cmd(
             state = f"{m['step_time_s']:.3f} s" if row.get("ok") else f"failed: {row.get('error')}"
             err.print(f"[{i + 1}/{n}] {_cfg(row['config'])}: {state}", markup=False)
 
-    res = verify(spec, nproc, configs=configs, training=training, cluster=cluster,
-                 timeout_s=timeout, timed_steps=timed_steps, progress=progress)  # fmt: skip
+    try:
+        res = verify(spec, nproc, configs=configs, training=training, cluster=cluster,
+                     timeout_s=timeout, timed_steps=timed_steps, progress=progress)  # fmt: skip
+    except KeyboardInterrupt as e:  # SIGINT, or SIGTERM/SIGHUP (harness.watchdog)
+        typer.echo(f"plan verify: interrupted ({e or 'SIGINT'}): every run stopped", err=True)
+        raise typer.Exit(130) from None
     if json_out:
         out = {"spearman": None if math.isnan(res["spearman"]) else res["spearman"],
                "runs": res["runs"]}  # fmt: skip

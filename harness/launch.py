@@ -12,6 +12,7 @@ starts in sessions of their own) is killed by process group and pid, and the res
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.watchdog import RDZV_TIMEOUT_S, launcher_env, terminate_as_interrupt
 from perfmodel.config import ParallelConfig
 from perfmodel.specs import ModelSpec
 
@@ -123,8 +125,12 @@ def run_config(
     """Run ``job`` on ``nproc`` local ranks; return the merged result (``ok``, ``error``, ...).
 
     The rank files stay in ``workdir`` when it is given (or ``keep``, or the run failed); a
-    temporary directory of a successful run is removed.
+    temporary directory of a successful run is removed. ``timeout_s`` must be finite and
+    positive (ValueError). SIGTERM while it runs is handled like SIGINT: every process of the
+    job is killed, then ``KeyboardInterrupt`` propagates.
     """
+    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"timeout_s = {timeout_s!r}: expected a finite number of seconds > 0")
     from harness.worker import ConfigRefused, check_config
 
     par = job["parallel"]
@@ -144,6 +150,7 @@ def run_config(
     e = dict(os.environ)
     e.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     e.pop("HARNESS_INJECT", None)
+    e.update(launcher_env())  # the ranks' watchdog ends them if this process dies
     if env:
         e.update(env)
     root = str(Path(__file__).resolve().parents[1])
@@ -151,22 +158,24 @@ def run_config(
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc-per-node={nproc}", "--monitor-interval=0.2",
+        f"--rdzv-conf=join_timeout={RDZV_TIMEOUT_S:.0f}",
         "-m", "harness.worker", "--config", str(cfg), "--out", str(out),
     ]  # fmt: skip
     t0 = time.perf_counter()
     log = open(out / "torchrun.log", "wb")  # noqa: SIM115 - closed in the finally below
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env=e, start_new_session=True
-    )
     timed_out = False
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    finally:
-        pids = [int(p.read_text()) for p in out.glob("rank_*.pid") if p.read_text().strip()]
-        _kill_all(proc, pids)
-        log.close()
+    with terminate_as_interrupt():  # SIGTERM cleans up like SIGINT
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=e, start_new_session=True
+        )
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            pids = [int(p.read_text()) for p in out.glob("rank_*.pid") if p.read_text().strip()]
+            _kill_all(proc, pids)
+            log.close()
     wall_s = time.perf_counter() - t0
     res = summarize(out, nproc)
     res.update(config=par, wall_s=wall_s, returncode=proc.returncode, workdir=str(out))

@@ -76,10 +76,11 @@ def select_configs(
     refuses. Returns config dicts, fastest predicted first, the poor ones last.
     """
     from harness.worker import ConfigRefused, check_config
-    from search.api import plan
+    from search.api import MAX_TOP, plan
 
     training = training or harness_training()
-    res = plan(model, cluster, training, strategy="grid", top=100_000, kernels=kernels,
+    # every configuration: a harness model on <= 64 processes has under 1000 that fit
+    res = plan(model, cluster, training, strategy="grid", top=MAX_TOP, kernels=kernels,
                cp=1)  # fmt: skip
     runnable = []
     for row in res.rows:

@@ -33,6 +33,11 @@ os._exit(0)`` (gloo threads otherwise abort the interpreter at exit now and then
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # a rank: watch the launcher before the slow torch import
+    from harness.watchdog import start_parent_watchdog
+
+    start_parent_watchdog()  # no rank outlives its launcher (or torchrun) by more than 0.5 s
+
 import argparse
 import gc
 import json

@@ -7,7 +7,7 @@ A calibration folder holds what ``calibrate_gpu.py`` writes (``gemm.csv``, ``att
 * GEMM efficiency (achieved / dense bf16 peak) as a function of the shape ``(m, n, k)`` and the
   layout (``fwd`` ``x@W``, ``dgrad`` ``dy@W^T``, ``wgrad`` ``x^T@dy``): piecewise-linear
   interpolation of ``log(efficiency)`` over the measured points in ``(log m, log n, log k)``
-  (Delaunay, :class:`scipy.interpolate.LinearNDInterpolator`), nearest measured point outside
+  (Delaunay simplices, located point by point), nearest measured point outside
   their hull, and never above the roofline of the GEMM's own operand traffic.
 * Flash-attention time ``t0(s) + flops / rate(s)`` per pass, fitted per measured sequence length
   (the intercept is the longest thread block, which more heads do not shorten).
@@ -37,7 +37,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
+from scipy.interpolate import NearestNDInterpolator
+from scipy.spatial import Delaunay
 
 from hardware_specs import calibration_dir
 from perfmodel.specs import GPUSpec, SpecError, load_gpu
@@ -104,25 +105,40 @@ class Calibration:
     def __post_init__(self) -> None:
         for name, (pts, vals) in self.gemm_points.items():
             self._interp[("gemm", name)] = (
-                LinearNDInterpolator(pts, vals),
+                Delaunay(pts),
+                np.asarray(vals, dtype=np.float64),
                 NearestNDInterpolator(pts, vals),
             )
 
     def _lookup(self, key: str, name: str, pts: np.ndarray) -> np.ndarray:
-        lin, near = self._interp[(key, name)]
-        # A batch of configurations has few distinct shapes (they depend on tp, cp and the
-        # micro-batch only): interpolate each distinct point once.
-        if len(pts) > 64:
-            q = np.rint(np.clip(pts, 0.0, 65.0) * 1000.0).astype(np.int64)  # log2 to 1e-3
-            codes, uniq = pd.factorize((q[:, 0] << 34) | (q[:, 1] << 17) | q[:, 2])
-            first = np.empty(len(uniq), dtype=np.int64)
-            first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
-            return self._lookup(key, name, pts[first])[codes]
-        v = lin(pts)
-        bad = ~np.isfinite(v)
-        if np.any(bad):
-            v = np.where(bad, near(pts), v)
-        return np.exp(v)
+        """``exp`` of the piecewise-linear interpolant at each row of ``pts``, elementwise.
+
+        The value at a point depends on that point only, never on the rest of the batch (a
+        configuration's time must not change with what it is evaluated with): each distinct
+        point is located by a brute-force scan of the simplices (scipy's default walks from the
+        previous query point, so near a face or the hull a different simplex can win), and the
+        barycentric sum is written out term by term (no BLAS reduction whose blocking depends
+        on the batch length).
+        """
+        tri, vals, near = self._interp[(key, name)]
+        pts = np.asarray(pts, dtype=np.float64)
+        if len(pts) == 0:
+            return np.empty(0)
+        # A batch has few distinct shapes (they depend on tp, cp and the micro-batch only):
+        # interpolate each distinct point once (exact float rows, no rounding).
+        uniq, inv = np.unique(pts, axis=0, return_inverse=True)
+        simplex = tri.find_simplex(uniq, bruteforce=True)
+        inside = simplex >= 0
+        s = np.where(inside, simplex, 0)
+        t = tri.transform[s]  # (u, 4, 3): rows 0-2 the inverse affine map, row 3 the origin
+        d = [uniq[:, j] - t[:, 3, j] for j in range(3)]
+        c = [t[:, i, 0] * d[0] + t[:, i, 1] * d[1] + t[:, i, 2] * d[2] for i in range(3)]
+        v_s = vals[tri.simplices[s]]  # (u, 4)
+        lin = (c[0] * v_s[:, 0] + c[1] * v_s[:, 1] + c[2] * v_s[:, 2]
+               + (1.0 - c[0] - c[1] - c[2]) * v_s[:, 3])  # fmt: skip
+        if not inside.all():
+            lin = np.where(inside, lin, near(uniq))
+        return np.exp(lin)[inv.reshape(-1)]
 
     def gemm_efficiency(self, m, n, k, layout: str = "fwd") -> np.ndarray:
         """Achieved / peak for an ``m x k`` by ``k x n`` GEMM (``2*m*n*k`` FLOPs).

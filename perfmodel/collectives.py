@@ -73,6 +73,40 @@ def _f(x: ArrayLike) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
+MIN_BW_BYTES_PER_S = 1e3
+"""Slowest link the calculators accept [bytes/s] (1 kB/s; a serial line is faster). A smaller
+value is a unit mistake (1e-300 gave a 300-digit step time), so it raises instead."""
+
+
+def _bw(x: ArrayLike) -> np.ndarray:
+    """A bandwidth [bytes/s]: at least :data:`MIN_BW_BYTES_PER_S` (inf allowed), else ValueError."""
+    b = _f(x)
+    if not np.all(b >= MIN_BW_BYTES_PER_S):  # also catches NaN
+        bad = b[~(b >= MIN_BW_BYTES_PER_S)].ravel()[0]
+        raise ValueError(
+            f"bw_bytes_per_s = {bad!r}: expected at least {MIN_BW_BYTES_PER_S:g} bytes/s"
+        )
+    return b
+
+
+def _lat(x: ArrayLike) -> np.ndarray:
+    """A latency [s]: finite and >= 0, else ValueError (a negative latency gave negative time)."""
+    a = _f(x)
+    if not np.all((a >= 0.0) & np.isfinite(a)):
+        bad = a[~((a >= 0.0) & np.isfinite(a))].ravel()[0]
+        raise ValueError(f"latency_s = {bad!r}: expected a finite value >= 0")
+    return a
+
+
+def _size(x: ArrayLike) -> np.ndarray:
+    """A message size [bytes]: >= 0 (inf allowed for masked points), else ValueError."""
+    a = _f(x)
+    if not np.all(a >= 0.0):
+        bad = a[~(a >= 0.0)].ravel()[0]
+        raise ValueError(f"size_bytes = {bad!r}: expected a value >= 0")
+    return a
+
+
 # --------------------------------------------------------------------------------------------
 # Bytes: what each GPU sends (= receives) for one collective
 # --------------------------------------------------------------------------------------------
@@ -158,7 +192,7 @@ def ring_all_reduce_time(
     """
     n = _f(n)
     steps = 2.0 * np.maximum(n - 1.0, 0.0)
-    t = steps * _f(latency_s) + all_reduce_bytes_per_gpu(size_bytes, n) / _f(bw_bytes_per_s)
+    t = steps * _lat(latency_s) + all_reduce_bytes_per_gpu(_size(size_bytes), n) / _bw(bw_bytes_per_s)
     return np.where(n > 1, t, 0.0)
 
 
@@ -180,7 +214,7 @@ def tree_all_reduce_time(
     """
     n = _f(n)
     depth = np.ceil(np.log2(np.maximum(n, 1.0)))
-    t = 2.0 * depth * _f(latency_s) + 2.0 * _f(size_bytes) / _f(bw_bytes_per_s)
+    t = 2.0 * depth * _lat(latency_s) + 2.0 * _size(size_bytes) / _bw(bw_bytes_per_s)
     return np.where(n > 1, t, 0.0)
 
 
@@ -211,7 +245,7 @@ def hierarchical_all_reduce_time(
     ``hierarchical_all_reduce`` uses all-reduce + broadcast inside the node, which moves
     ``n_intra`` times more data across domains than the reduce-scatter form used here.
     """
-    size = _f(size_bytes)
+    size = _size(size_bytes)
     n_intra = _f(n_intra)
     n_inter = _f(n_inter)
     shard = size / np.maximum(n_intra, 1.0)
@@ -282,8 +316,8 @@ def all_reduce_time(
         return hier
     # auto: a flat ring or tree spanning several domains runs at the slower of the two links.
     spans = n_inter > 1
-    flat_bw = np.where(spans, np.minimum(_f(bw_bytes_per_s), _f(inter_bw)), _f(bw_bytes_per_s))
-    flat_lat = np.where(spans, np.maximum(_f(latency_s), _f(inter_lat)), _f(latency_s))
+    flat_bw = np.where(spans, np.minimum(_bw(bw_bytes_per_s), _bw(inter_bw)), _bw(bw_bytes_per_s))
+    flat_lat = np.where(spans, np.maximum(_lat(latency_s), _lat(inter_lat)), _lat(latency_s))
     return np.minimum.reduce(
         [
             ring_all_reduce_time(size_bytes, n_arr, flat_bw, flat_lat),
@@ -306,9 +340,8 @@ def all_gather_time(
     Thakur et al. 2005, Sec. 4.1 (ring all-gather); NCCL-tests ``PERFORMANCE.md``.
     """
     n = _f(n)
-    t = np.maximum(n - 1.0, 0.0) * _f(latency_s) + all_gather_bytes_per_gpu(size_bytes, n) / _f(
-        bw_bytes_per_s
-    )
+    sent = all_gather_bytes_per_gpu(_size(size_bytes), n)
+    t = np.maximum(n - 1.0, 0.0) * _lat(latency_s) + sent / _bw(bw_bytes_per_s)
     return np.where(n > 1, t, 0.0)
 
 
@@ -322,9 +355,8 @@ def reduce_scatter_time(
     Thakur et al. 2005, Sec. 4.3; NCCL-tests ``PERFORMANCE.md``.
     """
     n = _f(n)
-    t = np.maximum(n - 1.0, 0.0) * _f(latency_s) + reduce_scatter_bytes_per_gpu(size_bytes, n) / _f(
-        bw_bytes_per_s
-    )
+    sent = reduce_scatter_bytes_per_gpu(_size(size_bytes), n)
+    t = np.maximum(n - 1.0, 0.0) * _lat(latency_s) + sent / _bw(bw_bytes_per_s)
     return np.where(n > 1, t, 0.0)
 
 
@@ -339,7 +371,7 @@ def broadcast_time(
     (``nsteps = nRanks`` for broadcast, latency per step).
     """
     n = _f(n)
-    t = np.maximum(n - 1.0, 0.0) * _f(latency_s) + _f(size_bytes) / _f(bw_bytes_per_s)
+    t = np.maximum(n - 1.0, 0.0) * _lat(latency_s) + _size(size_bytes) / _bw(bw_bytes_per_s)
     return np.where(n > 1, t, 0.0)
 
 
@@ -355,9 +387,8 @@ def all_to_all_time(
     ``(n-1)/n``).
     """
     n = _f(n)
-    t = np.maximum(n - 1.0, 0.0) * _f(latency_s) + bytes_per_gpu("all_to_all", size_bytes, n) / _f(
-        bw_bytes_per_s
-    )
+    sent = bytes_per_gpu("all_to_all", _size(size_bytes), n)
+    t = np.maximum(n - 1.0, 0.0) * _lat(latency_s) + sent / _bw(bw_bytes_per_s)
     return np.where(n > 1, t, 0.0)
 
 
@@ -370,8 +401,8 @@ def p2p_time(
     ----------
     Hockney 1994, "The communication challenge for MPP" (the alpha-beta model).
     """
-    size = _f(size_bytes)
-    return np.where(size > 0, _f(latency_s) + size / _f(bw_bytes_per_s), 0.0)
+    size = _size(size_bytes)
+    return np.where(size > 0, _lat(latency_s) + size / _bw(bw_bytes_per_s), 0.0)
 
 
 def collective_time(

@@ -164,7 +164,9 @@ def comm_times(
 # --------------------------------------------------------------------------------------------
 #: The configuration fields that communication times depend on.
 _COMM_FIELDS = ("dp", "tp", "pp", "cp", "zero_stage", "micro_batch_size", "num_microbatches",
-                "recompute", "sequence_parallel", "grad_compression", "topk_ratio")
+                "recompute", "sequence_parallel", "grad_compression", "topk_ratio",
+                "vp", "first_stage_layers", "last_stage_layers", "embedding_as_layer",
+                "loss_as_layer")
 
 
 def tensors_per_layer(model: ModelSpec) -> int:

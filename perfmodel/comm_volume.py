@@ -101,17 +101,18 @@ def activation_bytes_per_elem(training: TrainingSpec) -> float:
 
 
 def grad_bytes_per_elem(training: TrainingSpec) -> float:
-    """Bytes per gradient element reduced across data parallel: 4 for fp32 training, else 2
-    (Megatron-LM ``grad_reduce_in_fp32=False`` by default: bf16/fp16 gradient buffers)."""
-    return 4.0 if training.precision == "fp32" else 2.0
+    """Bytes per gradient element reduced across data parallel: 4 when the gradients accumulate
+    in fp32 (fp32 training, or Megatron-LM's fp32 main-grad buffer, ``grad_reduce_in_fp32``, the
+    default), 2 with a bf16/fp16 buffer (``--grad-reduce-in-bf16``; NeMo's performance recipes).
+    The memory model counts the same buffer (:func:`perfmodel.memory.state_bytes_per_param`)."""
+    return 4.0 if training.precision == "fp32" or training.grad_reduce_in_fp32 else 2.0
 
 
 def param_bytes_per_elem(training: TrainingSpec) -> float:
     """Bytes per parameter element all-gathered under ZeRO: the model-weight dtype (4 for fp32,
-    else 2: Megatron-LM's distributed optimizer gathers bf16/fp16 parameters; 1 with an fp8
-    recipe and fp8 parameter gather, Megatron ``--fp8-param-gather``: the gathered weights are
-    the fp8 copies the GEMMs read, so the gather moves half the bytes)."""
-    if training.precision == "fp8" and training.fp8_param_gather:
+    else 2: Megatron-LM's distributed optimizer gathers bf16/fp16 parameters; 1 with fp8 model
+    parameters, ``fp8_params``, which it gathers in fp8)."""
+    if training.fp8_params and training.precision in ("fp8", "fp4"):
         return 1.0
     return 4.0 if training.precision == "fp32" else 2.0
 
@@ -119,6 +120,12 @@ def param_bytes_per_elem(training: TrainingSpec) -> float:
 # --------------------------------------------------------------------------------------------
 # Parameters held by one GPU
 # --------------------------------------------------------------------------------------------
+def _stage_layers(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
+    """Transformer layers of the pipeline rank holding most (Megatron-LM's layout,
+    :func:`perfmodel.pipeline.stage_layer_counts`; ``L/pp`` for the even split)."""
+    return batch.layer_counts(model.num_layers)["max_rank"].astype(np.float64)
+
+
 def stage_params(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
     """Parameters of the largest pipeline stage (before tensor-parallel splitting).
 
@@ -133,7 +140,7 @@ def stage_params(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
     placement (first/last stage).
     """
     pp = batch.pp.astype(np.float64)
-    layers = model.num_layers / pp * model.layer_params()
+    layers = _stage_layers(model, batch) * model.layer_params()
     embed = float(model.embedding_params())
     word = float(model.vocab_size * model.hidden_size)
     out_own = float(model.output_params())
@@ -165,7 +172,7 @@ def sequence_parallel_grad_params(model: ModelSpec, batch: ConfigBatch) -> np.nd
     """
     h = model.hidden_size
     per_layer = 2 * model.norm_params() + (2 * h if model.linear_bias else 0)
-    return model.num_layers / batch.pp * per_layer + model.norm_params()
+    return _stage_layers(model, batch) * per_layer + model.norm_params()
 
 
 def params_per_gpu(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
@@ -187,7 +194,7 @@ def params_per_gpu(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
     pp = batch.pp.astype(np.float64)
     rep = float(replicated_layer_params(model))
     layer = (model.layer_params() - rep) / tp + rep
-    layers = model.num_layers / pp * layer
+    layers = _stage_layers(model, batch) * layer
     h, v = model.hidden_size, model.vocab_size
     pos = float(model.embedding_params() - v * h)
     word = v * h / tp
@@ -431,7 +438,7 @@ def comm_bytes_per_gpu(
     Module docstring; docs/communication.md derives the closed form (exercise 9.5).
     """
     m = batch.num_microbatches.astype(np.float64)
-    layers = model.num_layers / batch.pp  # layers held by one GPU (all its chunks)
+    layers = _stage_layers(model, batch)  # layers held by one GPU (all its chunks)
 
     # data parallel: sum over the step's collectives
     dp = sum(

@@ -34,7 +34,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from perfmodel.calibration import KERNEL_MIN_S, Calibration, calibration_for
 from perfmodel.config import ConfigBatch
@@ -358,15 +357,9 @@ def compute_times(
     (sequence parallelism, selective and full recompute); Dao 2023 (FlashAttention-2).
     """
     if len(batch) > 256:
-        cols = [getattr(batch, f).astype(np.int64) for f in _SHAPE_FIELDS]
-        key = cols[0]
-        for c in cols[1:]:
-            key = key * 1_000_003 + c
-        codes, uniq = pd.factorize(key)
-        if len(uniq) < len(batch):
-            first = np.empty(len(uniq), dtype=np.int64)
-            first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
-            sub = _compute_times(model, training, gpu, batch.take(first), kernels, calibration)
+        sub_batch, codes = batch.unique_by(_SHAPE_FIELDS)  # exact (no hash collisions)
+        if len(sub_batch) < len(batch):
+            sub = _compute_times(model, training, gpu, sub_batch, kernels, calibration)
             out = {k: v[codes] for k, v in sub.items()}
             out["optimizer_s"] = _optimizer_s(model, training, gpu, batch, kernels, calibration)
             return out
@@ -415,6 +408,7 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     # Only the layers' linear GEMMs run in low precision; the attention core, softmax, norms
     # and the output (logit) layer stay 16-bit (Transformer Engine / Megatron-Core layout).
     peak16, ratio16 = (gpu.peak_flops("bf16"), 1.0) if prec in ("fp8", "fp4") else (peak, ratio)
+    attn_slowdown = max(1.0, cal.peak_flops_bf16 / peak) if prec == "fp32" else 1.0
     autocast = eager and prec != "fp32"
     if autocast:
         res_b = 4.0  # fp32 embeddings and residual stream; LayerNorm runs in fp32 under autocast
@@ -445,7 +439,10 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     def attention(ph: _Phase, pass_: str) -> None:
         if training.flash_attention:
             t = cal.attention_time_s(mb * nh_gpu, s, d, pass_, causal=True) / cp
-            ph.add(t, 1 if pass_ == "fwd" else 3)
+            # FlashAttention has no fp32 kernel: fp32 attention (SDPA's memory-efficient
+            # kernel) is taken at the fraction of the fp32-math peak that FA2 reaches of bf16
+            # (assumption; without it fp32 attention ran at bf16 speed, MFU up to 236 %).
+            ph.add(t * attn_slowdown, 1 if pass_ == "fwd" else 3)
             return
         # Unfused attention (Megatron-LM before flash attention, Narayanan et al. 2021 Sec. 4.2;
         # Korthikanti et al. 2022 Sec. 4.1): two batched GEMMs, QK^T (sq x s x d) and

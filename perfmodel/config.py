@@ -52,6 +52,13 @@ class ParallelConfig(Spec):
     schedule: Schedule = "1f1b"
     grad_compression: Compression = "none"
     topk_ratio: Annotated[float, Field(gt=0, le=1)] = 0.01
+    # Pipeline layer layout (Megatron-LM): layers of the first / last pipeline rank (None or 0:
+    # even split of the rest), and the embedding / the loss counted as one layer each. Filled in
+    # by resolve_config when pp*vp does not divide the layers (perfmodel.pipeline.megatron_layout).
+    first_stage_layers: Annotated[int, Field(ge=0)] | None = None
+    last_stage_layers: Annotated[int, Field(ge=0)] | None = None
+    embedding_as_layer: bool = False
+    loss_as_layer: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> ParallelConfig:
@@ -91,10 +98,7 @@ def resolve_config(
         raise SpecError(
             f"tp ({c.tp}) and num_kv_heads ({m.kv_heads}) must divide one another"
         )
-    if m.num_layers % (c.pp * c.vp):
-        raise SpecError(
-            f"pp*vp ({c.pp}*{c.vp}={c.pp * c.vp}) must divide num_layers ({m.num_layers})"
-        )
+    c = _with_layer_layout(c, m.num_layers)
     if training.seq_len % (2 * c.cp if c.cp > 1 else 1):
         raise SpecError(f"2*cp ({2 * c.cp}) must divide seq_len ({training.seq_len})")
     if c.sequence_parallel and training.seq_len % c.tp:
@@ -130,6 +134,47 @@ def resolve_config(
     return c.model_copy(update={"num_microbatches": nmb})
 
 
+def _with_layer_layout(c: ParallelConfig, num_layers: int) -> ParallelConfig:
+    """The config with a Megatron-LM layer layout: the one it names, checked, or, when it names
+    none and ``pp*vp`` does not divide the layers, :func:`perfmodel.pipeline.megatron_layout`."""
+    from perfmodel.pipeline import megatron_layout, stage_layer_counts
+
+    first, last = c.first_stage_layers or 0, c.last_stage_layers or 0
+    named = first or last or c.embedding_as_layer or c.loss_as_layer
+    if named:
+        if c.pp == 1:
+            raise SpecError(
+                "first_stage_layers, last_stage_layers, embedding_as_layer and loss_as_layer "
+                "need pp > 1 (got pp=1)"
+            )
+        counts = stage_layer_counts(num_layers, c.pp, c.vp, first, last, c.embedding_as_layer,
+                                    c.loss_as_layer)
+        if not bool(counts["valid"]):
+            raise SpecError(
+                f"no Megatron-LM layout of num_layers ({num_layers}) on pp ({c.pp}) x vp "
+                f"({c.vp}) with first_stage_layers ({first}), last_stage_layers ({last}), "
+                f"embedding_as_layer ({c.embedding_as_layer}), loss_as_layer ({c.loss_as_layer}): "
+                "the rest must split evenly over the other ranks and each rank's layers over its "
+                "vp chunks, and first/last cannot be combined with embedding/loss accounting"
+            )
+        return c
+    if num_layers % (c.pp * c.vp) == 0:
+        return c
+    lay = megatron_layout(num_layers, c.pp, c.vp)
+    if not bool(lay["valid"][0]):
+        raise SpecError(
+            f"pp*vp ({c.pp}*{c.vp}={c.pp * c.vp}) does not divide num_layers ({num_layers}) and "
+            "no Megatron-LM layout fits (first/last-stage layer counts, or the embedding and the "
+            "loss counted as layers)"
+        )
+    return c.model_copy(update={
+        "first_stage_layers": int(lay["first"][0]) or None,
+        "last_stage_layers": int(lay["last"][0]) or None,
+        "embedding_as_layer": bool(lay["embedding_as_layer"][0]),
+        "loss_as_layer": bool(lay["loss_as_layer"][0]),
+    })
+
+
 @dataclass(frozen=True)
 class ConfigBatch:
     """Struct of arrays: one entry per configuration (all arrays the same length).
@@ -151,6 +196,35 @@ class ConfigBatch:
     schedule: np.ndarray
     grad_compression: np.ndarray
     topk_ratio: np.ndarray
+    # layer layout (see ParallelConfig); None fills zeros / False (the even split)
+    first_stage_layers: np.ndarray | None = None
+    last_stage_layers: np.ndarray | None = None
+    embedding_as_layer: np.ndarray | None = None
+    loss_as_layer: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        n = np.shape(self.dp)[0] if np.ndim(self.dp) else 1
+        for name in _LAYOUT_FIELDS:
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, _as_code_array(name, _LAYOUT_DEFAULTS[name], n))
+
+    def layer_counts(self, num_layers: int) -> dict[str, np.ndarray]:
+        """Layers per pipeline rank and chunk of every configuration
+        (:func:`perfmodel.pipeline.stage_layer_counts`)."""
+        from perfmodel.pipeline import megatron_layout, stage_layer_counts
+
+        first, last = self.first_stage_layers, self.last_stage_layers
+        emb, loss = self.embedding_as_layer, self.loss_as_layer
+        # rows that name no layout and whose pp*vp does not divide the layers: the default
+        # Megatron-LM layout (what resolve_config fills in for a ParallelConfig)
+        unnamed = (first == 0) & (last == 0) & ~emb & ~loss
+        fill = unnamed & (num_layers % (self.pp * self.vp) != 0)
+        if np.any(fill):
+            lay = megatron_layout(num_layers, self.pp[fill], self.vp[fill])
+            first, last, emb, loss = (x.copy() for x in (first, last, emb, loss))
+            first[fill], last[fill] = lay["first"], lay["last"]
+            emb[fill], loss[fill] = lay["embedding_as_layer"], lay["loss_as_layer"]
+        return stage_layer_counts(num_layers, self.pp, self.vp, first, last, emb, loss)
 
     def __len__(self) -> int:
         return int(self.dp.shape[0])
@@ -172,6 +246,9 @@ class ConfigBatch:
             v = arrays.pop(f.name, None)
             if f.name == "num_microbatches" and v is None:
                 v = 1
+            if f.name in _LAYOUT_FIELDS:
+                v = _LAYOUT_DEFAULTS[f.name] if v is None else np.where(
+                    np.equal(np.asarray(v, dtype=object), None), _LAYOUT_DEFAULTS[f.name], v)
             if v is None:
                 v = getattr(defaults, f.name)
             out[f.name] = _as_code_array(f.name, v, n)
@@ -200,7 +277,7 @@ class ConfigBatch:
         key = np.zeros(len(self), dtype=np.int64)
         for name in names:
             codes, uniq = pd.factorize(getattr(self, name))
-            key = key * len(uniq) + codes
+            key = pd.factorize(key * len(uniq) + codes)[0]  # re-coded: stays < len(self)
         codes, uniq = pd.factorize(key)
         first = np.empty(len(uniq), dtype=np.int64)
         first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
@@ -213,12 +290,19 @@ class ConfigBatch:
         d["schedule"] = SCHEDULE[d["schedule"]]
         d["grad_compression"] = COMPRESSION[d["grad_compression"]]
         d["sequence_parallel"] = bool(d["sequence_parallel"])
+        d["embedding_as_layer"] = bool(d["embedding_as_layer"])
+        d["loss_as_layer"] = bool(d["loss_as_layer"])
+        d["first_stage_layers"] = d["first_stage_layers"] or None
+        d["last_stage_layers"] = d["last_stage_layers"] or None
         return ParallelConfig.model_construct(**d)
 
     def to_dict(self, i: int) -> dict:
         return self.config(i).model_dump()
 
 
+_LAYOUT_FIELDS = ("first_stage_layers", "last_stage_layers", "embedding_as_layer", "loss_as_layer")
+_LAYOUT_DEFAULTS = {"first_stage_layers": 0, "last_stage_layers": 0, "embedding_as_layer": False,
+                    "loss_as_layer": False}
 _CODES = {"recompute": RECOMPUTE, "schedule": SCHEDULE, "grad_compression": COMPRESSION}
 
 
@@ -237,7 +321,7 @@ def _as_code_array(name: str, v, n: int) -> np.ndarray:
                 np.int64
             )
         arr = arr.astype(np.int64)
-    elif name == "sequence_parallel":
+    elif name in ("sequence_parallel", "embedding_as_layer", "loss_as_layer"):
         arr = np.asarray(v, dtype=bool)
     elif name == "topk_ratio":
         arr = np.asarray(v, dtype=np.float64)

@@ -41,6 +41,11 @@ class FrameworkSpec(Spec):
     overlap_p2p_comm: bool
     flash_attention: bool
     zero3_gather: Literal["layer", "tensor"] = "layer"
+    grad_reduce_in_fp32: bool = Field(
+        default=True, description="fp32 main-grad buffer and reduction (Megatron-LM's bf16 "
+        "default); NeMo's performance recipes reduce in bf16")
+    fp8_params: bool = Field(
+        default=False, description="fp8 recipes keep fp8 model weights (--fp8-param-gather)")
     # capabilities: what a search may choose for this stack
     zero_stages: tuple[Literal[0, 1, 2, 3], ...] = Field(min_length=1)
     max_zero_stage_with_pp: Literal[0, 1, 2, 3] = Field(
@@ -56,7 +61,8 @@ class FrameworkSpec(Spec):
         """The TrainingSpec fields this stack fixes."""
         return {k: getattr(self, k) for k in ("overlap_grad_reduce", "overlap_tp_comm",
                                                "overlap_p2p_comm", "flash_attention",
-                                               "zero3_gather")}
+                                               "zero3_gather", "grad_reduce_in_fp32",
+                                               "fp8_params")}
 
     def describe(self) -> str:
         """One line for the report header."""

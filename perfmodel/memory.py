@@ -179,9 +179,21 @@ def model_state_bytes(
     ----------
     Rajbhandari et al. 2020 (ZeRO), Sec. 3.1, 5 and Table 1.
     """
+    _check_zero_args(dp, zero_stage)
     w, g, o = state_bytes_per_param(precision, optimizer, fp32_main_grads=fp32_main_grads)
     ws, gs, os_ = zero_state_bytes(params, dp, zero_stage, w, g, o)
     return ws + gs + os_
+
+
+def _check_zero_args(dp, zero_stage) -> None:
+    """ValueError for a ZeRO stage outside 0-3 (stage 4 was priced as stage 3) or dp < 1."""
+    z = np.asarray(zero_stage)
+    if not np.all(np.isin(z, (0, 1, 2, 3))):
+        bad = z[~np.isin(z, (0, 1, 2, 3))].ravel()[0]
+        raise ValueError(f"zero_stage = {bad!r}: expected 0, 1, 2 or 3")
+    n = np.asarray(dp, dtype=np.float64)
+    if not np.all(n >= 1):
+        raise ValueError(f"dp = {n[~(n >= 1)].ravel()[0]!r}: expected at least 1")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,6 +215,7 @@ def layer_activation_bytes(
     head_dim=None,
     gated_mlp: bool = False,
     bytes_per_value: float = 2.0,
+    gemm_input_bytes: float | None = None,
 ) -> np.ndarray:
     """Activation bytes one transformer layer keeps for the backward, per micro-batch and GPU.
 
@@ -223,6 +236,10 @@ def layer_activation_bytes(
     recompute : 0 none, 1 selective (scores recomputed), 2 full (layer input only)
     ffn_hidden_size : f (default 4h); num_kv_heads : g (default a); head_dim : d (default h/a)
     bytes_per_value : bytes of a stored activation value (2 for 16-bit, 4 for fp32)
+    gemm_input_bytes : bytes of a saved GEMM input (QKV, projection, fc1, fc2) when it is kept
+        in another dtype, as Transformer Engine keeps fp8 casts (:func:`fp8_gemm_input_bytes`);
+        the projection's input is then saved twice (the attention output O for the attention
+        backward, its fp8 cast for the GEMM). Default: ``bytes_per_value``.
 
     References
     ----------
@@ -247,10 +264,12 @@ def layer_activation_bytes(
 
     # Attention block (Korthikanti Eq. 1 terms).
     norm_inputs = 2 * e * sb * h / r  # inputs of the two LayerNorms: 4sbh
-    qkv_input = e * sb * h / r  # input of the QKV GEMM: 2sbh
+    gi = e if gemm_input_bytes is None else float(gemm_input_bytes)
+    qkv_input = gi * sb * h / r  # input of the QKV GEMM: 2sbh
     q = e * sb * a * d / t  # Q: 2sbh/t
     kv = 2 * e * sb * g * d / t  # K and V: 4sbh/t (MHA)
     proj_input = e * sb * a * d / t  # attention output = input of the output projection
+    proj_input = proj_input + (0.0 if gi == e else gi * sb * a * d / t)  # + its fp8 cast
     attn_mask = mask * sb * h / r  # dropout mask after the projection: sbh
     scores = (e + mask + e * mask) * a * s * s * b / t  # softmax out, dropout mask, dropout out
     lse = 4.0 * a * sb / t  # flash: fp32 log-sum-exp per head and token
@@ -258,8 +277,9 @@ def layer_activation_bytes(
     attention = qkv_input + q + kv + proj_input + attn_mask + score_terms
 
     # MLP block (Korthikanti Eq. 2 terms): fc1 input, activation input(s), fc2 input, mask.
-    fc1_input = e * sb * h / r
-    act_values = np.where(gated_mlp, 3.0, 2.0) * e * sb * f / t  # gelu: 2sbf; swiglu: 3sbf
+    fc1_input = gi * sb * h / r
+    # activation input(s) (gelu: sbf, swiglu: 2sbf values) and the fc2 input (sbf values)
+    act_values = (np.where(gated_mlp, 2.0, 1.0) * e + gi) * sb * f / t
     mlp = fc1_input + act_values + mask * sb * h / r
 
     none = norm_inputs + attention + mlp
@@ -283,6 +303,7 @@ def eager_layer_activation_bytes(
     norm: str = "layernorm",
     autocast: bool = True,
     dropout=False,
+    rope: bool = False,
 ) -> np.ndarray:
     """Bytes autograd saves for one pre-norm block in PyTorch eager under ``autocast(bf16)``.
 
@@ -309,6 +330,10 @@ def eager_layer_activation_bytes(
     SwiGLU saves the gate/up output (4 sbf), the SiLU output (2 sbf) and the product (2 sbf);
     grouped-query attention with Hugging Face's ``repeat_kv`` also saves the repeated K and V.
     RMSNorm keeps only rstd (4 sb). Full recompute keeps the fp32 block input (4 sbh).
+    ``rope``: rotary embeddings applied in eager (``x*cos + rotate_half(x)*sin``, as
+    ``harness/model.py`` and Hugging Face Llama do) make new Q and K tensors, which SDPA saves
+    in place of the QKV views, while V (a view) keeps the whole QKV output alive:
+    ``e sb (a + g) d / t`` more (the multiplications save only the cos/sin tables).
 
     References
     ----------
@@ -337,26 +362,86 @@ def eager_layer_activation_bytes(
     attn_out = e * sb * a * d / t + 4.0 * a * sb / t
     mlp = np.where(gated_mlp, 4.0, 2.0) * e * sb * f / t
     masks = np.where(np.asarray(dropout, dtype=bool), 2.0 * sb * h / r, 0.0)
-    none = residuals + norm_casts + qkv_out + repeat_kv + attn_out + mlp + masks
+    rotated = e * sb * (a + g) * d / t if rope else 0.0  # roped Q and K saved by SDPA
+    none = residuals + norm_casts + qkv_out + repeat_kv + attn_out + mlp + masks + rotated
     return np.where(np.asarray(recompute) == _CODE_FULL, 4.0 * sb * h / r, none)
+
+
+def optimizer_grad_copy_bytes(precision: str, grad_reduce_in_fp32: bool) -> float:
+    """Bytes per parameter (before optimizer sharding) of the fp32 gradient the optimizer steps
+    on when the gradient buffer is 16-bit: Megatron-LM copies each (shard of a) bf16 main grad
+    into an fp32 ``.grad`` of its fp32 master parameter (``_copy_model_grads_to_main_grads``);
+    with an fp32 buffer it uses the buffer itself.
+
+    References
+    ----------
+    Megatron-LM ``optimizer/optimizer.py`` (``Float16OptimizerWithFloat16Params``) and
+    ``optimizer/distrib_optimizer.py`` (``_copy_model_grads_to_main_grads``).
+    """
+    return 0.0 if precision == "fp32" or grad_reduce_in_fp32 else 4.0
+
+
+def fp8_gemm_input_bytes(precision: str) -> float | None:
+    """Bytes per saved GEMM input under Transformer Engine's fp8 / fp4 recipes: 1 (TE casts the
+    input of every fp8 GEMM once and saves that cast for the weight-gradient GEMM:
+    ``LayerNormLinear`` its fp8 ``ln_out``, ``Linear`` its fp8 ``inputmat``, ``LayerNormMLP``
+    the fp8 activation output); None (the activation dtype) otherwise.
+
+    References
+    ----------
+    Transformer Engine ``pytorch/module/{linear,layernorm_linear,layernorm_mlp}.py``
+    (``ctx.save_for_backward`` of the fp8 casts); Micikevicius et al. 2022 (fp8 formats).
+    """
+    return 1.0 if precision in ("fp8", "fp4") else None
+
+
+def fp8_weight_cache_bytes(
+    precision: str, layers, gemm_params_per_layer, zero_stage, shard, fp8_params: bool = False
+):
+    """Transformer Engine's cached low-precision weights on one GPU [bytes]: fp8 keeps an fp8 copy
+    of every GEMM weight and its transpose across the micro-batches of a step (2 bytes per GEMM
+    parameter; ``is_first_microbatch`` caching; Hopper's fp8 GEMM needs both layouts), fp4 one
+    byte. With fp8 model parameters (``fp8_params``) the weight itself is the fp8 copy and only
+    the transpose is cached (1 byte). Under ZeRO-3 only the gathered layers
+    (:data:`ZERO3_LIVE_LAYERS`) have such copies.
+
+    References
+    ----------
+    Transformer Engine ``pytorch/module/base.py`` (``get_weight_workspace``, fp8 workspaces);
+    Megatron-LM ``TELinear`` (``is_first_microbatch``).
+    """
+    if precision not in ("fp8", "fp4"):
+        return 0.0
+    per = 2.0 if precision == "fp8" else 1.0  # low-precision copy + its transpose
+    if fp8_params:
+        per = per - 1.0
+    z = np.asarray(zero_stage)
+    live = np.where((z >= 3) & (np.asarray(shard) > 1),
+                    np.minimum(ZERO3_LIVE_LAYERS, layers), layers)
+    return per * live * gemm_params_per_layer
 
 
 # ---------------------------------------------------------------------------------------------
 # Parameters per GPU on the first and last pipeline stage
 # ---------------------------------------------------------------------------------------------
-def stage_params(model: ModelSpec, tp, pp) -> dict[str, np.ndarray]:
+def stage_params(
+    model: ModelSpec, tp, pp, layers_first=None, layers_last=None, layers_middle=None
+) -> dict[str, np.ndarray]:
     """Parameters one GPU holds on the first and the last pipeline stage [count].
 
-    Transformer layers are split evenly over ``pp`` stages; their GEMM weights are split by
+    Transformer layers are split evenly over ``pp`` stages (or as ``layers_first`` /
+    ``layers_last`` / ``layers_middle`` say: Megatron-LM's uneven layouts,
+    :func:`perfmodel.pipeline.stage_layer_counts`); their GEMM weights are split by
     ``tp`` (Megatron column/row parallel), the norms replicated. The word embedding is
     vocabulary-parallel (``V h / t``) on the first stage, a learned position table replicated on
     it; the final norm and the output layer (``V h / t``) on the last stage. With tied embeddings
     and ``pp > 1`` the last stage holds its own copy of the word embedding for the output layer
     (Megatron-LM), with ``pp = 1`` the one table serves both.
 
-    Returns a dict of arrays: ``first``, ``last`` (stage totals), ``layer`` (one layer),
-    ``gemm_layer`` (GEMM weights + biases of one layer), ``embedding``, ``output``
-    (output layer including a tied copy), ``layers_per_stage``.
+    Returns a dict of arrays: ``first``, ``last``, ``middle`` (stage totals; ``middle`` a rank
+    between the two), ``layer`` (one layer), ``gemm_layer`` (GEMM weights + biases of one layer),
+    ``embedding``, ``output`` (output layer including a tied copy), ``layers_per_stage`` (the even
+    share), ``layers_first``, ``layers_last``, ``layers_middle``.
 
     References
     ----------
@@ -374,12 +459,19 @@ def stage_params(model: ModelSpec, tp, pp) -> dict[str, np.ndarray]:
     untied = model.output_params() > 0
     output = np.where(untied | (p > 1), v * h / t, 0.0)  # own table on the last stage
     n_layers = model.num_layers / p
-    first = n_layers * layer + embedding
-    last = n_layers * layer + model.norm_params() + output
-    single = n_layers * layer + embedding + model.norm_params() + output
+    l1 = n_layers if layers_first is None else np.asarray(layers_first, dtype=np.float64)
+    l2 = n_layers if layers_last is None else np.asarray(layers_last, dtype=np.float64)
+    lm = n_layers if layers_middle is None else np.asarray(layers_middle, dtype=np.float64)
+    first = l1 * layer + embedding
+    last = l2 * layer + model.norm_params() + output
+    single = model.num_layers * layer + embedding + model.norm_params() + output
     return {
         "first": np.where(p > 1, first, single),
         "last": np.where(p > 1, last, single),
+        "middle": np.where(p > 1, lm * layer, single),
+        "layers_first": np.where(p > 1, l1, model.num_layers) + 0.0 * t,
+        "layers_last": np.where(p > 1, l2, model.num_layers) + 0.0 * t,
+        "layers_middle": np.where(p > 1, lm, model.num_layers) + 0.0 * t,
         "layer": layer + 0.0 * p,
         "gemm_layer": gemm / t + 0.0 * p,
         "embedding": embedding + 0.0 * p,
@@ -397,10 +489,22 @@ def is_gpu(gpu: GPUSpec) -> bool:
     return gpu.vendor.lower() != "cpu"
 
 
-def usable_hbm_bytes(gpu: GPUSpec) -> float:
-    """HBM the PyTorch allocator can fill: the spec's capacity less
-    :data:`NON_ALLOCATOR_RESERVE_BYTES` (H200: 141 -> 139.8 GiB); all of it for a CPU process."""
-    return gpu.hbm_bytes - (NON_ALLOCATOR_RESERVE_BYTES if is_gpu(gpu) else 0.0)
+DEFAULT_MEMORY_HEADROOM = 0.0
+"""Fraction of HBM the fit check keeps free by default in :func:`memory_breakdown` (none: the
+model's peak already carries the allocator allowance). The search (``search.plan``, ``plan``)
+keeps :data:`SEARCH_MEMORY_HEADROOM` free unless told otherwise."""
+
+SEARCH_MEMORY_HEADROOM = 0.0
+"""Default ``memory_headroom`` of the search (``plan --memory-headroom``)."""
+
+
+def usable_hbm_bytes(gpu: GPUSpec, headroom: float = 0.0) -> float:
+    """HBM a configuration may fill: the spec's capacity less
+    :data:`NON_ALLOCATOR_RESERVE_BYTES` (H200: 141 -> 139.8 GiB; all of it for a CPU process),
+    less ``headroom`` (a fraction of the capacity kept free)."""
+    if not 0.0 <= headroom < 1.0:
+        raise ValueError(f"headroom = {headroom!r}: expected a fraction in [0, 1)")
+    return gpu.hbm_bytes * (1.0 - headroom) - (NON_ALLOCATOR_RESERVE_BYTES if is_gpu(gpu) else 0.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,6 +519,7 @@ def memory_breakdown(
     kernels: Kernels = "fused",
     flash_attention: bool = True,
     dropout: bool | None = None,
+    headroom: float = DEFAULT_MEMORY_HEADROOM,
 ) -> dict[str, np.ndarray]:
     """Peak memory per GPU, on the pipeline stage that needs most, and whether it fits.
 
@@ -465,7 +570,9 @@ def memory_breakdown(
     -------
     dict of arrays [bytes per GPU]: ``weights``, ``gradients``, ``optimizer``, ``activations``,
     ``other``, ``peak``, ``peak_allocated`` (``peak`` without the allocator allowance),
-    ``allocator_allowance``, ``peak_stage`` (0 first, 1 last stage), and bool ``fits``.
+    ``allocator_allowance``, ``peak_stage`` (0 first, 1 last stage, 2 a middle stage),
+    ``usable`` (HBM less the reserve less ``headroom``, :func:`usable_hbm_bytes`) and bool
+    ``fits`` (``peak <= usable``).
 
     References
     ----------
@@ -493,16 +600,24 @@ def memory_breakdown(
         dropout = (not eager) and model.position_embedding == "learned"
     drop = 1.0 if dropout else 0.0
 
-    # 1. Parameters per GPU.
-    sp_ = stage_params(model, tp, pp)
+    # 1. Parameters per GPU, with Megatron-LM's layer layout (uneven first/last stages, or the
+    # embedding and the loss counted as layers: perfmodel.pipeline.stage_layer_counts).
+    lc = c.layer_counts(model.num_layers)
+    sp_ = stage_params(model, tp, pp, lc["first"], lc["last"], lc["middle"])
     n_first, n_last = sp_["first"], sp_["last"]
-    layers = sp_["layers_per_stage"]
+    layers, layers_last = sp_["layers_first"], sp_["layers_last"]
 
     # 2. Model states by ZeRO stage.
     if eager:  # fp32 weights (autocast casts them per use), fp32 gradients
         wb, gb, ob = state_bytes_per_param("fp32", training.optimizer)
-    else:  # Megatron-LM: 16-bit weights, fp32 main grads (fp32 everything for fp32)
-        wb, gb, ob = state_bytes_per_param(precision, training.optimizer, fp32_main_grads=True)
+    else:  # Megatron-LM: 16-bit weights, main grads in fp32 unless reduced in bf16
+        wb, gb, ob = state_bytes_per_param(
+            precision, training.optimizer, fp32_main_grads=training.grad_reduce_in_fp32
+        )
+        copy_b = optimizer_grad_copy_bytes(precision, training.grad_reduce_in_fp32)
+        fp8_params = training.fp8_params and precision in ("fp8", "fp4")
+        if fp8_params:  # fp8 model weights (1 byte) replace the bf16 ones
+            wb = 1.0
     w1, g1, o1 = zero_state_bytes(n_first, shard, zero, wb, gb, ob)
     w2, g2, o2 = zero_state_bytes(n_last, shard, zero, wb, gb, ob)
     if eager:  # FSDP2 ZeRO-2 (reshard_after_forward=False) keeps the sharded parameters (the
@@ -523,15 +638,19 @@ def memory_breakdown(
     a = model.num_attention_heads
     if eager:
         autocast = precision != "fp32"
+        rope = model.position_embedding == "rope"
         layer_act = eager_layer_activation_bytes(
-            s, b, h, a, recompute=rc, norm=model.norm, autocast=autocast, dropout=dropout, **kw
+            s, b, h, a, recompute=rc, norm=model.norm, autocast=autocast, dropout=dropout,
+            rope=rope, **kw
         )
         layer_full = eager_layer_activation_bytes(
-            s, b, h, a, recompute=0, norm=model.norm, autocast=autocast, dropout=dropout, **kw
+            s, b, h, a, recompute=0, norm=model.norm, autocast=autocast, dropout=dropout,
+            rope=rope, **kw
         )
         e = 2.0 if autocast else 4.0
     else:
         e = 4.0 if precision == "fp32" else 2.0
+        kw["gemm_input_bytes"] = fp8_gemm_input_bytes(precision)
         layer_act = layer_activation_bytes(
             s,
             b,
@@ -576,7 +695,7 @@ def memory_breakdown(
     logits_transient = 2.0 * logit  # 16-bit logits of the micro-batch being computed
     act_first = infl_first * layers * layer_act + recompute_extra + mb_first * embed_act
     act_last = (
-        infl_last * layers * layer_act + recompute_extra + mb_last * (final_act + logits_held)
+        infl_last * layers_last * layer_act + recompute_extra + mb_last * (final_act + logits_held)
     )
     single = pp == 1
     act_first = np.where(single, act_first + mb_last * (final_act + logits_held), act_first)
@@ -609,15 +728,18 @@ def memory_breakdown(
         # first chunk holds the embedding, the last the output layer)
         other_chunks = (vp - 1) / vp * layers * sp_["layer"]
         z3_layer = np.minimum(2.0 * BUCKET_PARAMS, n_first - other_chunks) * (wb + gb)
-        z3_last = np.minimum(2.0 * BUCKET_PARAMS, n_last - other_chunks) * (wb + gb)
+        other_last = (vp - 1) / vp * layers_last * sp_["layer"]
+        z3_last = np.minimum(2.0 * BUCKET_PARAMS, n_last - other_last) * (wb + gb)
         zero3_last = np.where((zero >= 3) & (shard > 1), z3_last, 0.0)
     zero3 = np.where((zero >= 3) & (shard > 1), z3_layer, 0.0)
-    fp8_cache = 0.0
-    if not eager and precision in ("fp8", "fp4"):
-        per = 2.0 if precision == "fp8" else 1.0  # low-precision copy + its transpose
-        fp8_cache = per * layers * sp_["gemm_layer"]
-    other_first = base_other + bucket + zero3 + fp8_cache
-    other_last = other_first.copy()
+    fp8_first = fp8_cache_last = 0.0
+    if not eager:
+        fp8_first = fp8_weight_cache_bytes(precision, layers, sp_["gemm_layer"], zero, shard,
+                                           fp8_params)
+        fp8_cache_last = fp8_weight_cache_bytes(precision, layers_last, sp_["gemm_layer"], zero,
+                                                shard, fp8_params)
+    other_first = base_other + bucket + zero3 + fp8_first
+    other_last = base_other + bucket + zero3 + fp8_cache_last
     if zero3_last is not None:
         other_last = other_last - zero3 + zero3_last
     if eager:
@@ -641,11 +763,25 @@ def memory_breakdown(
         total_first = w1 + g1 + o1 + act_first + other_first
         total_last = w2 + g2 + o2 + act_last + other_last + logits_transient
         act_last = act_last + logits_transient
+        # a middle rank (rank 1) holds more layers than rank 0 in an uneven layout with lighter
+        # end stages; it has one in-flight micro-batch fewer (1F1B) and no embedding
+        layers_mid = sp_["layers_middle"]
+        wm, gm, om = zero_state_bytes(sp_["middle"], shard, zero, wb, gb, ob)
+        act_mid = inflight_microbatches(pp, m, sched, vp, stage=1) * layers_mid * layer_act
+        act_mid = act_mid + recompute_extra
+        other_mid = base_other + bucket + zero3 + fp8_weight_cache_bytes(
+            precision, layers_mid, sp_["gemm_layer"], zero, shard, fp8_params)
+        total_mid = np.where(pp > 2, wm + gm + om + act_mid + other_mid, 0.0)
         first_peak = total_first >= total_last
         pick = lambda x1, x2: np.where(first_peak, x1, x2)
         weights, grads, opt = pick(w1, w2), pick(g1, g2), pick(o1, o2)
         acts, other = pick(act_first, act_last), pick(other_first, other_last)
         peak_stage = np.where(first_peak, 0, 1)
+        mid_peak = total_mid > np.maximum(total_first, total_last)
+        pick = lambda xm, x: np.where(mid_peak, xm, x)
+        weights, grads, opt = pick(wm, weights), pick(gm, grads), pick(om, opt)
+        acts, other = pick(act_mid, acts), pick(other_mid, other)
+        peak_stage = np.where(mid_peak, 2, peak_stage)
     else:
         # zero bubble (ZB-H1) split backward, stages after the first: the input-gradient pass
         # (B) keeps, for the deferred weight-gradient pass (W), the output gradient dY of every
@@ -661,7 +797,7 @@ def memory_breakdown(
         dy_layer = e_gemm * sb * ((qkv_cols + f_cols) / tp + 2.0 * h)
         zb_last = np.where(
             schedule_code(sched) == _CODE_ZB,
-            layers * dy_layer + 2.0 * e_gemm * sb * qkv_cols / tp,
+            layers_last * dy_layer + 2.0 * e_gemm * sb * qkv_cols / tp,
             0.0,
         )
         weights, grads, opt, acts, other, peak_stage = _eager_moments(
@@ -671,7 +807,7 @@ def memory_breakdown(
             pp,
             tp,
             logit,
-            layers,
+            (layers, layers_last),
             layer_full,
             gb,
             (w1, g1, o1, act_first, other_first),
@@ -684,8 +820,19 @@ def memory_breakdown(
             ),
         )
 
+    if not eager:
+        # the optimizer step's fp32 gradient copy (16-bit buffers) lives when the activations
+        # are freed: it raises the peak only where it exceeds them
+        copy_opt = np.where(zero >= 1, copy_b / shard, copy_b) * np.where(
+            peak_stage == 1, n_last, np.where(peak_stage == 2, sp_["middle"], n_first))
+        opt = opt + np.maximum(copy_opt - acts, 0.0)
     allocated = weights + grads + opt + acts + other
-    allowance = (ALLOCATOR_ALLOWANCE_FRACTION if gpu_part else 0.0) * allocated
+    # Megatron-LM allocates weights, gradients and optimizer states once, in contiguous buffers
+    # (``_ParamAndGradBuffer``, the distributed optimizer's shards): only what is allocated and
+    # freed during the step (activations, buffers) fragments. Eager PyTorch allocates every
+    # tensor on its own, so there the allowance applies to all of it.
+    churn = allocated if eager else acts + other
+    allowance = (ALLOCATOR_ALLOWANCE_FRACTION if gpu_part else 0.0) * churn
     peak = allocated + allowance
     return {
         "weights": weights,
@@ -697,7 +844,8 @@ def memory_breakdown(
         "peak_allocated": allocated,
         "allocator_allowance": allowance,
         "peak_stage": peak_stage,
-        "fits": peak <= usable_hbm_bytes(cluster.gpu),
+        "usable": np.full(np.shape(peak), usable_hbm_bytes(cluster.gpu, headroom)),
+        "fits": peak <= usable_hbm_bytes(cluster.gpu, headroom),
     }
 
 
@@ -732,14 +880,15 @@ def _eager_moments(
     lo16 = 2.0 if autocast else 0.0  # separate 16-bit logits next to the fp32 ones
     h, v = float(model.hidden_size), float(model.vocab_size)
     full = rc == _CODE_FULL
-    gemm_layers = layers * sp_["gemm_layer"]
+    layers_first, layers_last = layers
     head_gemm = v * h / tp  # the output layer's GEMM weight (a cast of a tied embedding)
     tied_single = (model.output_params() == 0) & (pp == 1)
     out = {}
-    for name, (w, g, o, act, oth), has_head, has_embed, zb, acc in (
-        ("first", first, pp == 1, True, 0.0, accumulating[0]),
-        ("last", last, True, pp == 1, zb_last, accumulating[1]),
+    for name, (w, g, o, act, oth), has_head, has_embed, zb, acc, n_layers in (
+        ("first", first, pp == 1, True, 0.0, accumulating[0], layers_first),
+        ("last", last, True, pp == 1, zb_last, accumulating[1], layers_last),
     ):
+        gemm_layers = n_layers * sp_["gemm_layer"]
         head = np.where(has_head, head_gemm, 0.0)
         bf16_all = cast * 2.0 * (gemm_layers + head)  # autocast weight cache, forward end
         bf16_saved = np.where(full, cast * 2.0 * head, bf16_all)  # still saved at the loss backward

@@ -44,11 +44,15 @@ __all__ = [
     "Timeline",
     "bubble_fraction",
     "inflight_microbatches",
+    "layout_chunk_times",
+    "megatron_layout",
     "partition_layers",
     "pipeline_efficiency",
     "pipeline_time_s",
     "schedule_code",
     "simulate",
+    "stage_layer_counts",
+    "stage_layer_table",
     "stage_op_order",
 ]
 
@@ -617,3 +621,232 @@ def partition_layers(
     for j in range(stages, 0, -1):
         bounds.append(int(arg[j, bounds[-1]]))
     return np.array(bounds[::-1], dtype=np.int64), bottleneck
+
+
+# ---------------------------------------------------------------------------------------------
+# Megatron-LM layer layouts: layers per pipeline rank and per model chunk
+# ---------------------------------------------------------------------------------------------
+
+
+def stage_layer_counts(
+    num_layers,
+    pp,
+    vp=1,
+    first=0,
+    last=0,
+    embedding_as_layer=False,
+    loss_as_layer=False,
+) -> dict[str, np.ndarray]:
+    """Transformer layers per pipeline rank and per model chunk, as Megatron-LM builds them
+    (vectorized; the one place time, memory, the Gantt chart and ``--emit`` get them from).
+
+    Three layouts, Megatron-core ``get_num_layers_to_build`` / ``get_transformer_layer_offset``
+    (``megatron/core/transformer/transformer_block.py``, ``transformer_layer.py``):
+
+    * even (``first = last = 0``, no accounting): ``L / p`` layers per rank, ``L / (p v)`` per
+      chunk;
+    * uneven first / last stage (``--decoder-first-pipeline-num-layers first``,
+      ``--decoder-last-pipeline-num-layers last``; 0 = not set): rank 0 holds ``first``, rank
+      ``p-1`` holds ``last``, the other ranks share the rest evenly; each rank's layers are split
+      evenly over its ``v`` chunks;
+    * embedding / loss counted as layers (``--account-for-embedding-in-pipeline-split``,
+      ``--account-for-loss-in-pipeline-split``): ``L' = L + e + l`` split evenly, ``L'/(p v)``
+      per chunk, less one layer in virtual stage 0 (rank 0, chunk 0) for the embedding and one
+      in the last virtual stage (rank ``p-1``, chunk ``v-1``) for the loss.
+
+    Parameters
+    ----------
+    num_layers : L, transformer layers of the model.
+    pp, vp : pipeline ranks and model chunks per rank, array-like int.
+    first, last : layers of the first / last pipeline rank (0 = even split of the rest).
+    embedding_as_layer, loss_as_layer : count the embedding / the loss as a layer.
+
+    Returns
+    -------
+    dict of arrays: ``first``, ``middle``, ``last`` (layers on rank 0, on each middle rank, on
+    rank ``p-1``; all equal for ``p = 1``), ``max_rank`` (most layers on any rank),
+    ``first_chunk0`` (layers of virtual stage 0), ``first_chunk`` (rank 0's other chunks),
+    ``middle_chunk``, ``last_chunk`` (rank ``p-1``'s chunks but its last), ``last_chunk_end``
+    (the last virtual stage), and bool ``valid``: Megatron-LM accepts the layout (its
+    divisibility asserts hold, no chunk is left without layers, and first/last are not combined
+    with embedding/loss accounting, which Megatron refuses).
+    """
+    L = np.asarray(num_layers, dtype=np.int64)
+    p = np.asarray(pp, dtype=np.int64)
+    v = np.asarray(vp, dtype=np.int64)
+    f = np.asarray(first, dtype=np.int64)
+    la = np.asarray(last, dtype=np.int64)
+    e = np.asarray(embedding_as_layer, dtype=bool).astype(np.int64)
+    lo = np.asarray(loss_as_layer, dtype=bool).astype(np.int64)
+    L, p, v, f, la, e, lo = np.broadcast_arrays(L, p, v, f, la, e, lo)
+    multi = p > 1
+    f = np.where(multi, f, 0)
+    la = np.where(multi, la, 0)
+    e = np.where(multi, e, 0)
+    lo = np.where(multi, lo, 0)
+    set_f, set_l = f > 0, la > 0
+    uneven = set_f | set_l
+    # uneven first/last: the middle ranks share what is left
+    rest = L - f - la
+    mid_ranks = p - set_f - set_l
+    per_mid = np.where(mid_ranks > 0, rest // np.maximum(mid_ranks, 1), 0)
+    ok_uneven = np.where(mid_ranks > 0, rest % np.maximum(mid_ranks, 1) == 0, rest == 0)
+    ok_uneven &= (rest >= 0) & ~((e + lo) > 0)
+    # embedding / loss accounting (or the plain even split)
+    lp = L + e + lo
+    per_rank = lp // p
+    ok_even = lp % p == 0
+    r_first = np.where(uneven, np.where(set_f, f, per_mid), per_rank - e)
+    r_last = np.where(uneven, np.where(set_l, la, per_mid), per_rank - lo)
+    r_mid = np.where(uneven, per_mid, per_rank)
+    # chunks: each rank's (accounted) layers split evenly over v
+    acc_first = np.where(uneven, r_first, per_rank)
+    acc_last = np.where(uneven, r_last, per_rank)
+    ok_chunks = (acc_first % v == 0) & (acc_last % v == 0) & (r_mid % v == 0)
+    c_first, c_mid, c_last = acc_first // v, r_mid // v, acc_last // v
+    chunk0 = c_first - np.where(uneven, 0, e)
+    chunk_end = c_last - np.where(uneven, 0, lo)
+    single = ~multi
+    r_first = np.where(single, L, r_first)
+    r_last = np.where(single, L, r_last)
+    r_mid = np.where(single, L, r_mid)
+    valid = np.where(uneven, ok_uneven, ok_even) & ok_chunks
+    # every chunk holds a layer, except a chunk that holds the embedding or the loss
+    valid &= (c_mid >= 1) | (p <= 2)
+    valid &= (np.where(v > 1, c_first, chunk0) >= 1) & (np.where(v > 1, c_last, chunk_end) >= 1)
+    valid &= (chunk0 >= 0) & (chunk_end >= 0)
+    valid &= np.where(single, L % v == 0, True)
+    max_rank = np.maximum(np.maximum(r_first, r_last), np.where(p > 2, r_mid, 0))
+    return {
+        "first": r_first,
+        "middle": np.where(p > 2, r_mid, r_first),
+        "last": r_last,
+        "max_rank": max_rank,
+        "first_chunk0": np.where(single, L // np.maximum(v, 1), chunk0),
+        "first_chunk": np.where(single, L // np.maximum(v, 1), c_first),
+        "middle_chunk": np.where(single, L // np.maximum(v, 1), c_mid),
+        "last_chunk": np.where(single, L // np.maximum(v, 1), c_last),
+        "last_chunk_end": np.where(single, L // np.maximum(v, 1), chunk_end),
+        "valid": valid,
+    }
+
+
+def stage_layer_table(
+    num_layers: int,
+    pp: int,
+    vp: int = 1,
+    first: int = 0,
+    last: int = 0,
+    embedding_as_layer: bool = False,
+    loss_as_layer: bool = False,
+) -> np.ndarray:
+    """Layers of every model chunk of one configuration, shape ``(pp, vp)``: entry ``[r, c]``
+    is virtual stage ``c * pp + r`` (chunk ``c`` of rank ``r``), from :func:`stage_layer_counts`.
+
+    >>> stage_layer_table(126, 8, 8, embedding_as_layer=True, loss_as_layer=True)[[0, 7]]
+    array([[1, 2, 2, 2, 2, 2, 2, 2],
+           [2, 2, 2, 2, 2, 2, 2, 1]])
+    """
+    c = {k: int(np.asarray(x).ravel()[0]) for k, x in stage_layer_counts(
+        num_layers, pp, vp, first, last, embedding_as_layer, loss_as_layer).items()}
+    if not c["valid"]:
+        raise ValueError(
+            f"no Megatron-LM layout of {num_layers} layers on pp={pp}, vp={vp} with first={first}, "
+            f"last={last}, embedding_as_layer={embedding_as_layer}, loss_as_layer={loss_as_layer}"
+        )
+    t = np.full((pp, vp), c["middle_chunk"], dtype=np.int64)
+    t[0, :] = c["first_chunk"]
+    t[pp - 1, :] = c["last_chunk"]
+    t[0, 0] = c["first_chunk0"]
+    t[pp - 1, vp - 1] = c["last_chunk_end"]
+    if pp == 1:
+        t[0, :] = num_layers // vp
+    return t
+
+
+def megatron_layout(num_layers: int, pp, vp=1) -> dict[str, np.ndarray]:
+    """The layout the tool gives ``(pp, vp)`` when the user does not name one (vectorized).
+
+    In this order, the first that Megatron-LM accepts (:func:`stage_layer_counts`):
+
+    1. the even split (``L`` divisible by ``p v``);
+    2. the embedding and the loss counted as layers (``(L + 2) / (p v)`` whole), as NVIDIA's
+       Llama 3.1 405B recipes run 126 layers on ``p v = 64`` (and on ``p = 8, v = 4``);
+    3. the loss counted alone, then the embedding alone (``L + 1``);
+    4. lighter first and last stages (``--decoder-first/last-pipeline-num-layers``): the middle
+       ranks take ``k`` layers (a multiple of ``v``, the smallest ``k >= L/p``), the first and
+       last share the rest, the first the smaller half (the embedding is cheaper than the loss).
+
+    Returns arrays ``first``, ``last`` (0 = not set), ``embedding_as_layer``, ``loss_as_layer``
+    and ``valid`` (some layout exists).
+    """
+    p = np.atleast_1d(np.asarray(pp, dtype=np.int64))
+    v = np.atleast_1d(np.asarray(vp, dtype=np.int64))
+    p, v = np.broadcast_arrays(p, v)
+    n = p.shape[0]
+    first = np.zeros(n, dtype=np.int64)
+    last = np.zeros(n, dtype=np.int64)
+    emb = np.zeros(n, dtype=bool)
+    loss = np.zeros(n, dtype=bool)
+    found = np.zeros(n, dtype=bool)
+    pairs, inv = np.unique(np.stack([p, v], axis=1), axis=0, return_inverse=True)
+    inv = np.asarray(inv).ravel()
+    for j, (pj, vj) in enumerate(pairs):
+        choice = _layout_for(int(num_layers), int(pj), int(vj))
+        if choice is None:
+            continue
+        sel = inv == j
+        first[sel], last[sel], emb[sel], loss[sel] = choice
+        found[sel] = True
+    return {"first": first, "last": last, "embedding_as_layer": emb, "loss_as_layer": loss,
+            "valid": found}
+
+
+def _layout_for(L: int, p: int, v: int) -> tuple[int, int, bool, bool] | None:
+    def ok(f=0, la=0, e=False, lo=False) -> bool:
+        return bool(stage_layer_counts(L, p, v, f, la, e, lo)["valid"])
+
+    if ok():
+        return 0, 0, False, False
+    if p == 1:
+        return None
+    for e, lo in ((True, True), (False, True), (True, False)):
+        if ok(e=e, lo=lo):
+            return 0, 0, e, lo
+    if p == 2:
+        for f in range(v * ((L // 2) // v), 0, -v):
+            if ok(f, L - f):
+                return f, L - f, False, False
+        return None
+    k = v * -(-L // (p * v))  # middle ranks: the smallest multiple of v >= L/p
+    while k >= v:
+        rest = L - (p - 2) * k
+        if rest >= 2 * v:
+            f = v * ((rest // 2) // v)
+            if f >= v and ok(f, rest - f):
+                return f, rest - f, False, False
+        k -= v
+    return None
+
+
+def layout_chunk_times(
+    table,
+    layer_fwd_s: float,
+    layer_bwd_s: float,
+    embed_fwd_s: float = 0.0,
+    embed_bwd_s: float = 0.0,
+    logits_fwd_s: float = 0.0,
+    logits_bwd_s: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward time of every model chunk, shape ``(pp, vp)`` [s], for
+    :func:`simulate` (and so the Gantt chart) of an uneven layout: ``table`` from
+    :func:`stage_layer_table` times the per-layer times, the embedding on virtual stage 0, the
+    logits and loss on the last virtual stage."""
+    t = np.asarray(table, dtype=np.float64)
+    fwd = t * layer_fwd_s
+    bwd = t * layer_bwd_s
+    fwd[0, 0] += embed_fwd_s
+    bwd[0, 0] += embed_bwd_s
+    fwd[-1, -1] += logits_fwd_s
+    bwd[-1, -1] += logits_bwd_s
+    return fwd, bwd

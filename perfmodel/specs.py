@@ -18,7 +18,7 @@ import json
 import tomllib
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -163,6 +163,12 @@ class LinkTier(Spec):
             raise ValueError(
                 f"tier '{self.name}': give exactly one of bw_gbyte_per_s or bw_gbit_per_s "
                 f"(got bw_gbyte_per_s={self.bw_gbyte_per_s}, bw_gbit_per_s={self.bw_gbit_per_s})"
+            )
+        if self.bw_bytes_per_s < 1e3:  # collectives.MIN_BW_BYTES_PER_S: a unit mistake
+            key = "bw_gbyte_per_s" if self.bw_gbyte_per_s is not None else "bw_gbit_per_s"
+            raise ValueError(
+                f"tier '{self.name}': {key} = {getattr(self, key)!r} is below 1 kB/s "
+                "(a unit mistake?)"
             )
         return self
 
@@ -377,11 +383,6 @@ class TrainingSpec(Spec):
     low_precision_recipe: Literal["fp8-delayed", "fp8-cs", "fp8-block", "mxfp8", "nvfp4"] | None = (
         Field(default=None, description="scaling recipe of the fp8/fp4 GEMMs (set from precision)")
     )
-    fp8_param_gather: bool = Field(
-        default=True,
-        description="with an fp8 recipe, ZeRO / FSDP parameter all-gathers move fp8 weights "
-        "(Megatron --fp8-param-gather, NeMo fp8_params): half the bytes of bf16",
-    )
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
     # Software features that decide what communication is hidden (Megatron-Core / NeMo names in
     # brackets). Defaults describe a current Megatron-Core recipe; Megatron-LM 2021 had none.
@@ -397,6 +398,17 @@ class TrainingSpec(Spec):
         default=True, description="pipeline sends/receives overlap compute (--overlap-p2p-comm)"
     )
     flash_attention: bool = Field(default=True, description="no s^2 attention scores are stored")
+    fp8_params: bool = Field(
+        default=False,
+        description="fp8/fp4 recipes keep the model weights in fp8 (Transformer Engine fp8 model "
+        "params, --fp8-param-gather; NeMo's bf16_with_fp8_mixed): no bf16 copy, fp8 all-gathers",
+    )
+    grad_reduce_in_fp32: bool = Field(
+        default=True,
+        description="gradients accumulate and reduce across data parallel in fp32 (Megatron-LM's "
+        "main-grad buffer; --grad-reduce-in-bf16 / NeMo performance recipes' "
+        "grad_reduce_in_fp32=False: bf16 buffer and traffic)",
+    )
     zero3_gather: Literal["layer", "tensor"] = Field(
         default="layer",
         description="ZeRO-3 all-gather granularity: one per layer (PyTorch FSDP2, Megatron-FSDP) "
@@ -477,9 +489,28 @@ def format_validation_error(err: ValidationError, source: str = "") -> str:
     return prefix + "; ".join(parts)
 
 
+def _tuples_from_lists(cls: type[Spec], data: Any) -> Any:
+    """TOML and JSON have no tuples: a list given for a field declared as a tuple is one (strict
+    validation would refuse it)."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for name, f in cls.model_fields.items():
+        v = out.get(name)
+        if isinstance(v, list) and (
+            get_origin(f.annotation) is tuple
+            or any(get_origin(a) is tuple for a in get_args(f.annotation))
+        ):
+            out[name] = tuple(v)
+    return out
+
+
 def _build(cls: type[Spec], data: dict[str, Any], source: str) -> Any:
+    """Validate what a file (or a dict) holds, strictly: no coercion, so ``gpus_per_node =
+    true`` or ``num_nodes = "128"`` is an error naming the field, not 1 or 128 (an int is
+    still accepted where a float is expected)."""
     try:
-        return cls.model_validate(data)
+        return cls.model_validate(_tuples_from_lists(cls, data), strict=True)
     except ValidationError as err:
         raise SpecError(format_validation_error(err, source)) from None
 
@@ -548,7 +579,8 @@ def load_cluster(spec: str | Path | ClusterSpec, gpus: int | None = None) -> Clu
         if "total_gpus" in data:
             total = data.pop("total_gpus")
             gpn = data.get("gpus_per_node", 1)
-            if not isinstance(total, int) or total <= 0 or total % gpn:
+            if (not isinstance(total, int) or isinstance(total, bool) or total <= 0
+                    or not isinstance(gpn, int) or isinstance(gpn, bool) or total % gpn):
                 raise SpecError(
                     f"{src}: total_gpus ({total}) must be a positive multiple of gpus_per_node ({gpn})"
                 )
@@ -570,8 +602,30 @@ _HF_ACT = {
 }
 
 
+_HF_INT_KEYS = (
+    "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "intermediate_size", "vocab_size", "max_position_embeddings", "num_local_experts",
+    "num_experts_per_tok", "n_layer", "n_embd", "n_head", "n_inner", "n_positions",
+)
+_HF_BOOL_KEYS = ("tie_word_embeddings", "attention_bias")
+
+
+def _hf_check_types(data: dict[str, Any], name: str) -> None:
+    """Refuse a config.json value of the wrong JSON type, naming the file's own key: a string
+    ``"n_embd": "768"`` would otherwise give an FFN of ``4 * "768"`` = 768768768768."""
+    for key in _HF_INT_KEYS:
+        v = data.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise SpecError(f"{name}: {key} = {v!r}: expected an integer")
+    for key in _HF_BOOL_KEYS:
+        v = data.get(key)
+        if v is not None and not isinstance(v, bool):
+            raise SpecError(f"{name}: {key} = {v!r}: expected true or false")
+
+
 def model_from_hf_config(data: dict[str, Any], name: str = "hf-model") -> ModelSpec:
     """A ModelSpec from a Hugging Face ``config.json`` dict (Llama-style or GPT-2-style keys)."""
+    _hf_check_types(data, name)
     if "num_hidden_layers" in data:  # Llama / Mistral / Qwen style
         act = data.get("hidden_act", "silu")
         if act not in _HF_ACT:
@@ -642,5 +696,5 @@ def load_training(spec: str | Path | TrainingSpec | dict | None = None, **overri
         data = dict(spec)
     else:
         data = _read_toml(Path(spec))
-    data.update({k: v for k, v in overrides.items() if v is not None})
+    data.update({k: getattr(v, "value", v) for k, v in overrides.items() if v is not None})
     return _build(TrainingSpec, data, "training")

@@ -137,10 +137,15 @@ class StepResult:
         return pd.DataFrame(cols)
 
 
-def peak_flops_for(cluster: ClusterSpec, precision: str) -> float:
-    """Dense peak FLOP/s used for MFU: the GEMM dtype of the precision (fp8 rows use the fp8
-    peak, as NeMo and the validation README do; fp32 training counts the fp32 rate)."""
-    dtype = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp4": "fp4"}[precision]
+def peak_flops_for(cluster: ClusterSpec, precision: str, kernels: str = "fused") -> float:
+    """Dense peak FLOP/s used for MFU and HFU: the peak of the math the GEMMs run in, the same
+    rate :func:`perfmodel.compute.compute_times` prices them at (fp8 rows use the fp8 peak, as
+    NeMo and the validation README do). fp32 training with fused kernels runs its GEMMs on TF32
+    tensor cores, so its MFU is over the TF32 peak; eager PyTorch (``allow_tf32`` False) over
+    the fp32 CUDA-core peak. Dividing TF32-rate work by the fp32 peak gave an MFU of 616 %."""
+    if precision == "fp32":
+        return cluster.gpu.peak_flops("fp32" if kernels == "eager" else "tf32")
+    dtype = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp4": "fp4"}[precision]
     return cluster.gpu.peak_flops(dtype)
 
 
@@ -303,7 +308,10 @@ def evaluate(
     m = b.num_microbatches.astype(np.float64)
     pp = b.pp.astype(np.float64)
     vp = b.vp.astype(np.float64)
-    layers_per_stage = model.num_layers / pp
+    # layers per pipeline rank, Megatron-LM's layout (even, uneven first/last, or the embedding
+    # and the loss counted as layers): perfmodel.pipeline.stage_layer_counts
+    lc = b.layer_counts(model.num_layers)
+    n_first, n_mid, n_last = (lc[k].astype(np.float64) for k in ("first", "middle", "last"))
 
     # 1. one layer, one micro-batch: compute, plus what TP/CP communication leaves exposed.
     ct = compute.compute_times(model, training, cluster.gpu, b, kernels=kernels,
@@ -328,27 +336,22 @@ def evaluate(
     layer_s = layer_fwd_s + layer_bwd_s + tp_comm_s + cp_comm_s + tp_overlap_s
 
     # 2. per-stage time of one micro-batch (forward + backward).
-    body_s = layers_per_stage * layer_s
     embed_s = ct["embed_fwd_s"] + ct["embed_bwd_s"]
     logits_s = ct["logits_fwd_s"] + ct["logits_bwd_s"]
     single = pp == 1
-    t_first = np.where(single, body_s + embed_s + logits_s, body_s + embed_s)
-    t_last = np.where(single, t_first, body_s + logits_s)
-    t_mid = body_s
+    t_first = np.where(single, n_first * layer_s + embed_s + logits_s,
+                       n_first * layer_s + embed_s)
+    t_last = np.where(single, t_first, n_last * layer_s + logits_s)
+    t_mid = n_mid * layer_s
 
     # 3. pipeline makespan with the schedule's bubble. The weight-gradient share of a layer's
     # time is half its backward GEMM time (dgrad and wgrad cost the same FLOPs).
     denom = np.maximum(layer_fwd_s + layer_bwd_s, 1e-30)
     w_fraction = 0.5 * ct["layer_bwd_s"] / denom
     fwd_fraction = layer_fwd_s / denom
-    # Layers that do not divide evenly into pp*vp chunks (a search with uneven_layers): the
-    # best contiguous split sets the slowest stage (one chunk per rank; with interleaving the
-    # per-rank split is approximated by the even share).
-    uneven = (model.num_layers % (b.pp * b.vp)) != 0
+    # Uneven layouts (with or without interleaving): the slowest rank paces the steady state.
     t_max = np.maximum(np.maximum(t_first, t_last), t_mid)
-    if np.any(uneven):
-        t_max_uneven = bottleneck_stage_s(model.num_layers, b.pp, layer_s, embed_s, logits_s)
-        t_max = np.where(uneven & (b.vp == 1), t_max_uneven, t_max)
+    layers_per_stage = np.select([t_max == t_first, t_max == t_last], [n_first, n_last], n_mid)
     makespan_s, steady_s = pipeline_makespan_s(t_first, t_mid, t_last, pp, vp, m, b.schedule,
                                                fwd_fraction, w_fraction, t_max_s=t_max)
     comm_share = np.where(t_max > 0, (layers_per_stage * (tp_comm_s + cp_comm_s)) / t_max, 0.0)
@@ -434,7 +437,7 @@ def evaluate(
     # the causal count. Unfused attention computes (and masks) the whole s x s square.
     hflops = flops.hardware_flops_per_step(model, training, b.recompute,
                                            causal=training.flash_attention)
-    peak = peak_flops_for(cluster, training.precision)
+    peak = peak_flops_for(cluster, training.precision, kernels)
     mfu = mflops / (step_s * gpus * peak)
     hfu = hflops / (step_s * gpus * peak)
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import numpy as np
-import pandas as pd
 from numpy.typing import ArrayLike
 
 from perfmodel.config import ConfigBatch
@@ -179,12 +178,9 @@ def parallel_groups(
     tp, cp, dp, pp = batch.tp, batch.cp, batch.dp, batch.pp
     if len(tp) > 256:
         # A search batch has few distinct (tp, cp, dp, pp): place each once, spread back.
-        key = ((tp.astype(np.int64) * 100_003 + cp) * 100_003 + dp) * 100_003 + pp
-        codes, uniq = pd.factorize(key)
-        if len(uniq) < len(tp):
-            first = np.empty(len(uniq), dtype=np.int64)
-            first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
-            sub = parallel_groups(cluster, batch.take(first), names)
+        sub_batch, codes = batch.unique_by(("tp", "cp", "dp", "pp"))  # exact (no hash collisions)
+        if len(sub_batch) < len(tp):
+            sub = parallel_groups(cluster, sub_batch, names)
             return {
                 k: GroupPlacement(**{f.name: getattr(g, f.name)[codes] for f in fields(g)})
                 for k, g in sub.items()

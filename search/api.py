@@ -12,10 +12,12 @@ message.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import ValidationError
 
 from perfmodel.config import ParallelConfig, resolve_config
@@ -37,6 +39,7 @@ from search.space import SEARCH_DIMS, Problem, SearchSpace, make_space
 __all__ = [
     "DEFAULT_CLUSTER",
     "DEFAULT_MODEL",
+    "MAX_TOP",
     "STRATEGIES",
     "evaluate_config",
     "make_problem",
@@ -53,6 +56,59 @@ DEFAULT_SEQ_LEN = 2048
 
 #: Strategy names accepted by :func:`plan`.
 STRATEGIES = ("grid", "nsga2", "ga")
+
+#: Most rows ``plan(top=...)`` returns: a billion-row request took 51 s and printed 15.5 MB.
+MAX_TOP = 10_000
+
+#: Largest count (GPUs, batch, sequence, a pinned parallel degree) taken at the API edge: any
+#: count is held in int64 arrays, and products of a few of them must not overflow.
+MAX_COUNT = 2**31 - 1
+
+#: Seeds are 32-bit (numpy's and pymoo's generators take any non-negative int below 2**32).
+MAX_SEED = 2**32 - 1
+
+
+def _int_arg(name: str, v: Any, lo: int, hi: int) -> int:
+    """``v`` as an int in ``[lo, hi]`` or a one-line SpecError naming the argument."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+        raise SpecError(f"{name} = {v!r}: expected an integer in [{lo}, {hi}]")
+    if not lo <= int(v) <= hi:
+        raise SpecError(f"{name} = {int(v)}: expected an integer in [{lo}, {hi}]")
+    return int(v)
+
+
+def _check_arguments(*, gpus=None, global_batch_size=None, seq_len=None, precision=None,
+                     optimizer=None, objective="time", kernels="fused", strategy="grid", top=10,
+                     seed=0, **fixed: Any) -> None:
+    """Refuse bad API arguments with one line (``SpecError``), before any work: wrong types
+    (``gpus='64'``, ``top=2.5``, ``strategy=123``), out-of-range values (``seed=-1``) and counts
+    beyond int64-safe arithmetic (``tp=10**19``)."""
+    for name, v in (("gpus", gpus), ("global_batch_size", global_batch_size),
+                    ("seq_len", seq_len)):
+        if v is not None:
+            _int_arg(name, v, 1, MAX_COUNT)
+    for name, v in (("precision", precision), ("optimizer", optimizer),
+                    ("objective", objective), ("kernels", kernels)):
+        if (v is not None or name in ("objective", "kernels")) and not isinstance(
+                getattr(v, "value", v), str):
+            raise SpecError(f"{name} = {v!r}: expected a string")
+    _int_arg("top", top, 1, MAX_TOP)
+    _int_arg("seed", seed, 0, MAX_SEED)
+    if not isinstance(getattr(strategy, "value", strategy), str) and (
+        not callable(getattr(strategy, "run", None))
+    ):
+        raise SpecError(
+            f"strategy = {strategy!r}: expected one of {', '.join(STRATEGIES)} or an object "
+            "with run(problem, seed, progress)"
+        )
+    for name, value in fixed.items():
+        if value is None or name in ("sequence_parallel", "sp", "recompute", "schedule"):
+            continue  # names and flags: checked against their tables by the space
+        items = (list(value) if isinstance(value, (list, tuple, range, set, np.ndarray))
+                 else [value])
+        for v in items:
+            lo = 0 if name in ("zero_stage", "zero") else 1
+            _int_arg(name, v, lo, MAX_COUNT)
 
 
 def _default_evaluator() -> Callable[..., Any]:
@@ -105,13 +161,19 @@ def make_problem(
     kernels: str = "fused",
     allow_idle_gpus: bool = False,
     allow_tp_across_nodes: bool = False,
-    uneven_layers: bool = False,
+    uneven_layers: bool = True,
     calibration: Any = None,
     evaluator: Callable[..., Any] | None = None,
+    memory_headroom: float | None = None,
+    max_step_time_s: float | None = None,
+    max_memory_bytes: float | None = None,
     framework: str | Path | FrameworkSpec | None = None,
     **fixed: Any,
 ) -> Problem:
     """Load the specs, build the space and bind the evaluation path (see :func:`plan`)."""
+    _check_arguments(gpus=gpus, global_batch_size=global_batch_size, seq_len=seq_len,
+                     precision=precision, optimizer=optimizer, objective=objective,
+                     kernels=kernels, **fixed)
     fw = None if framework is None else load_framework(framework)
     m, t, c = _specs(model, cluster, training, gpus, {
         "global_batch_size": global_batch_size, "seq_len": seq_len, "precision": precision,
@@ -122,8 +184,12 @@ def make_problem(
     kernels = getattr(kernels, "value", kernels)
     if kernels not in ("fused", "eager"):
         raise SpecError(f"kernels = {kernels!r}: expected fused or eager")
+    from perfmodel.memory import SEARCH_MEMORY_HEADROOM
+
+    headroom = SEARCH_MEMORY_HEADROOM if memory_headroom is None else float(memory_headroom)
     return Problem(space, evaluator or _default_evaluator(), getattr(objective, "value", objective),
-                   kernels, calibration)
+                   kernels, calibration, memory_headroom=headroom,
+                   max_step_time_s=max_step_time_s, max_memory_bytes=max_memory_bytes)
 
 
 def _check_single(space: SearchSpace) -> None:
@@ -171,10 +237,13 @@ def plan(
     kernels: str = "fused",
     allow_idle_gpus: bool = False,
     allow_tp_across_nodes: bool = False,
-    uneven_layers: bool = False,
+    uneven_layers: bool = True,
     calibration: Any = None,
     evaluator: Callable[..., Any] | None = None,
     progress: Progress | None = None,
+    memory_headroom: float | None = None,
+    max_step_time_s: float | None = None,
+    max_memory_bytes: float | None = None,
     framework: str | Path | FrameworkSpec | None = None,
     **fixed: Any,
 ) -> SearchResult:
@@ -202,8 +271,16 @@ def plan(
     kernels
         ``"fused"`` or ``"eager"`` (see ``perfmodel.step.evaluate``).
     allow_idle_gpus, allow_tp_across_nodes, uneven_layers
-        Relax the constraints ``dp*tp*pp*cp == gpus``, ``tp <= scale-up domain`` and
-        ``pp*vp | layers``.
+        Relax the constraints ``dp*tp*pp*cp == gpus`` and ``tp <= scale-up domain``;
+        ``uneven_layers`` (default on) admits ``pp*vp`` that does not divide the layers with
+        Megatron-LM's uneven layout (``perfmodel.pipeline.megatron_layout``); off: even splits
+        only.
+    memory_headroom
+        Fraction of HBM kept free (default ``perfmodel.memory.SEARCH_MEMORY_HEADROOM``): a
+        configuration fits when its peak is at most HBM less the reserve less this.
+    max_step_time_s, max_memory_bytes
+        Constraints: configurations slower or larger than these do not count (for example
+        ``objective="memory", max_step_time_s=20``).
     evaluator
         Replace ``perfmodel.step.evaluate`` (same signature), e.g. in tests.
     progress
@@ -232,19 +309,20 @@ def plan(
         Unknown preset, invalid spec, or no configuration satisfying the constraints (the
         message names the operands).
     """
+    _check_arguments(strategy=strategy, top=top, seed=seed)
     problem = make_problem(
         model, cluster, training, gpus=gpus, global_batch_size=global_batch_size,
         seq_len=seq_len, precision=precision, optimizer=optimizer, objective=objective,
         kernels=kernels, allow_idle_gpus=allow_idle_gpus,
         allow_tp_across_nodes=allow_tp_across_nodes, uneven_layers=uneven_layers,
-        calibration=calibration, evaluator=evaluator, framework=framework, **fixed,
+        calibration=calibration, evaluator=evaluator, memory_headroom=memory_headroom,
+        max_step_time_s=max_step_time_s, max_memory_bytes=max_memory_bytes,
+        framework=framework, **fixed,
     )
     space = problem.space
     if all(len(space.values[d]) == 1 for d in space.dims):
         _check_single(space)
         return GridSearch(top=1, name="single").run(problem)
-    if top < 1:
-        raise SpecError(f"top = {top}: expected a positive integer")
     result = _strategy(strategy, top).run(problem, seed, progress)
     if result.evaluated == 0:
         if result.strategy == "grid":
@@ -270,6 +348,7 @@ def evaluate_config(
     allow_tp_across_nodes: bool = False,
     calibration: Any = None,
     evaluator: Callable[..., Any] | None = None,
+    memory_headroom: float | None = None,
     framework: str | Path | FrameworkSpec | None = None,
     **config: Any,
 ) -> SearchResult:
@@ -301,5 +380,6 @@ def evaluate_config(
         seq_len=seq_len, precision=precision, optimizer=optimizer, kernels=kernels,
         allow_idle_gpus=allow_idle_gpus, allow_tp_across_nodes=allow_tp_across_nodes,
         calibration=calibration, evaluator=evaluator, num_microbatches=nmb,
-        framework=framework, **pinned,
+        memory_headroom=memory_headroom, framework=framework,
+        **pinned,
     )

@@ -150,10 +150,52 @@ class _LazyProgress:
 
 
 def _config_line(c: dict[str, Any]) -> str:
-    return (f"dp={c['dp']} tp={c['tp']} pp={c['pp']} vp={c['vp']} cp={c['cp']} "
+    line = (f"dp={c['dp']} tp={c['tp']} pp={c['pp']} vp={c['vp']} cp={c['cp']} "
             f"zero={c['zero_stage']} mbs={c['micro_batch_size']} m={c['num_microbatches']} "
             f"recompute={c['recompute']} sp={'on' if c['sequence_parallel'] else 'off'} "
             f"schedule={c['schedule']}")
+    layout = [f"{k}={c[k]}" for k in ("first_stage_layers", "last_stage_layers") if c.get(k)]
+    layout += [k for k in ("embedding_as_layer", "loss_as_layer") if c.get(k)]
+    return line + (" " + " ".join(layout) if layout else "")
+
+
+def _stage_layout_line(c: dict[str, Any], num_layers: int) -> str | None:
+    """'layers per stage 15 16 ... 15 (chunks of rank 0: 1 2 ...)' for an uneven layout."""
+    from perfmodel.pipeline import stage_layer_table
+
+    if c["pp"] == 1 or num_layers % (c["pp"] * c["vp"]) == 0 and not any(
+            c.get(k) for k in ("first_stage_layers", "last_stage_layers", "embedding_as_layer",
+                               "loss_as_layer")):
+        return None
+    t = stage_layer_table(num_layers, c["pp"], c["vp"], c.get("first_stage_layers") or 0,
+                          c.get("last_stage_layers") or 0, bool(c.get("embedding_as_layer")),
+                          bool(c.get("loss_as_layer")))
+    ranks = " ".join(str(int(x)) for x in t.sum(axis=1))
+    line = f"  layers per pipeline rank: {ranks}"
+    if c["vp"] > 1:
+        line += (f" (chunks of rank 0: {' '.join(str(int(x)) for x in t[0])}; of rank "
+                 f"{c['pp'] - 1}: {' '.join(str(int(x)) for x in t[-1])})")
+    return line
+
+
+_UNITS_S = {"ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
+_UNITS_B = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 1e3, "mb": 1e6,
+            "gb": 1e9, "tb": 1e12, "b": 1.0}
+
+
+def _quantity(text: str | None, units_: dict[str, float], option: str, default_unit: str
+              ) -> float | None:
+    """'20s' -> 20.0, '70GiB' -> 70 * 2**30 (a bare number takes ``default_unit``)."""
+    if text is None:
+        return None
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    unit = (m.group(2) or default_unit).lower() if m else ""
+    if not m or unit not in units_ or float(m.group(1)) <= 0:
+        _fail(f"{option} {text!r}: expected a positive number with a unit "
+              f"({', '.join(k for k in units_ if k != 'b')})")
+    return float(m.group(1)) * units_[unit]
 
 
 def _print_best(out: Console, r: Any) -> None:
@@ -173,7 +215,13 @@ def _print_best(out: Console, r: Any) -> None:
     out.print(f"  step time {units.fmt_seconds(row['step_time_s'])}   "
               f"{units.fmt_count(row['tokens_per_s'])} tokens/s   MFU {row['mfu']:.1%}   "
               f"HFU {row['hfu']:.1%}   peak memory {units.fmt_bytes(row['memory_bytes']['peak'])}"
-              f" of {units.fmt_bytes(r.hbm_bytes)}")
+              f" of {units.fmt_bytes(r.usable_bytes or r.hbm_bytes)} usable (HBM "
+              f"{units.fmt_bytes(r.hbm_bytes)} less reserve less {r.memory_headroom:.0%} "
+              "headroom)")
+    layout = _stage_layout_line(row["config"], s.get("num_layers", 0)) if s.get(
+        "num_layers") else None
+    if layout:
+        out.print(layout)
     b = r.breakdown(0)
     t = Table(title="step time", title_justify="left")
     t.add_column("term")
@@ -275,7 +323,16 @@ def planner(
     allow_tp_across_nodes: Annotated[bool, typer.Option(
         help="allow tensor parallelism beyond the scale-up (NVLink) domain")] = False,
     uneven_layers: Annotated[bool, typer.Option(
-        help="allow pp*vp that does not divide the layer count (uneven stages)")] = False,
+        "--uneven-layers/--even-layers-only",
+        help="pp*vp that does not divide the layer count runs Megatron-LM's uneven layout "
+        "(embedding and loss counted as layers, or lighter first/last stages)")] = True,
+    memory_headroom: Annotated[float | None, typer.Option(
+        min=0.0, max=0.9, help="fraction of HBM kept free [default: 0: the peak already "
+        "carries a 3% allocator allowance of what is allocated during the step]")] = None,
+    max_step_time: Annotated[str | None, typer.Option(
+        help="only configurations at most this slow, e.g. 20s, 500ms")] = None,
+    max_memory: Annotated[str | None, typer.Option(
+        help="only configurations whose peak is at most this, e.g. 70GiB")] = None,
     framework: Annotated[str | None, typer.Option(
         help="the training stack you will launch (megatron-2021, megatron-2022, nemo-24.07, "
              "nemo-24.09, bridge-25.x, deepspeed, torchtitan, or a TOML file): sets its "
@@ -302,7 +359,10 @@ def planner(
             kernels=kernels.value, progress=progress,
             calibration=str(calibration) if calibration is not None else None,
             allow_idle_gpus=allow_idle_gpus, allow_tp_across_nodes=allow_tp_across_nodes,
-            uneven_layers=uneven_layers, framework=framework,
+            uneven_layers=uneven_layers, memory_headroom=memory_headroom,
+            max_step_time_s=_quantity(max_step_time, _UNITS_S, "--max-step-time", "s"),
+            max_memory_bytes=_quantity(max_memory, _UNITS_B, "--max-memory", "gib"),
+            framework=framework,
             dp=dp, tp=tp, pp=pp, vp=vp, cp=cp, zero_stage=zero, micro_batch_size=micro_batch,
             recompute=recompute.value if recompute else None,
             sequence_parallel=sequence_parallel,

@@ -54,7 +54,11 @@ def render_plan(plan: RealtimePlan, console: Console) -> None:
     )
     console.print(f"memory: {mem}", highlight=False)
     console.print(f"binding: {plan.binding}", highlight=False, markup=False)
-    console.print(f"placements evaluated: {plan.n_evaluated}", highlight=False)
+    console.print(
+        f"placements evaluated: {plan.n_evaluated}"
+        + ("" if plan.search_complete else " (search bound reached: best found, not proven best)"),
+        highlight=False,
+    )
     console.print("determinism checklist:")
     for item in plan.checklist:
         console.print(f"  [ ] {item}", highlight=False, markup=False)

@@ -61,8 +61,19 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
         args.append("--untie-embeddings-and-output-weights")
     if not model.linear_bias:
         args.append("--disable-bias-linear")
-    if c.vp > 1:
+    # Megatron-LM's uneven pipeline layout (perfmodel.pipeline.stage_layer_counts)
+    layout = [f"--decoder-first-pipeline-num-layers {c.first_stage_layers}"
+              if c.first_stage_layers else "",
+              f"--decoder-last-pipeline-num-layers {c.last_stage_layers}"
+              if c.last_stage_layers else "",
+              "--account-for-embedding-in-pipeline-split" if c.embedding_as_layer else "",
+              "--account-for-loss-in-pipeline-split" if c.loss_as_layer else ""]
+    layout = [x for x in layout if x]
+    if c.vp > 1 and (layout or model.num_layers % (c.pp * c.vp)):
+        args.append(f"--num-virtual-stages-per-pipeline-rank {c.vp}")
+    elif c.vp > 1:
         args.append(f"--num-layers-per-virtual-pipeline-stage {model.num_layers // (c.pp * c.vp)}")
+    args += layout
     if c.sequence_parallel:
         args.append("--sequence-parallel")
     if c.zero_stage >= 1:

@@ -30,6 +30,7 @@ __all__ = [
     "config_label",
     "memory_breakdown_frame",
     "plot_allreduce_vs_size",
+    "plot_config_timeline",
     "plot_memory_breakdown",
     "plot_pareto_front",
     "plot_pipeline_timeline",
@@ -763,3 +764,37 @@ def plot_validation_scatter(
                  f"±{band:.0%}", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def plot_config_timeline(
+    model: Any,
+    training: Any,
+    cluster: Any,
+    config: Any,
+    *,
+    kernels: str = "fused",
+    ax: Axes | None = None,
+    labels: bool = False,
+) -> Figure:
+    """Gantt chart of one configuration's step with its Megatron-LM layer layout: per-chunk
+    times from :func:`perfmodel.pipeline.stage_layer_table` and the compute model, simulated by
+    :func:`perfmodel.pipeline.simulate` (the layers of rank 0's and the last rank's chunks are
+    in the title). ``config`` is a resolved :class:`~perfmodel.config.ParallelConfig`."""
+    from perfmodel import compute
+    from perfmodel.config import ConfigBatch
+    from perfmodel.pipeline import layout_chunk_times, simulate, stage_layer_table
+
+    c = config
+    batch = ConfigBatch.from_configs([c])
+    ct = compute.compute_times(model, training, cluster.gpu, batch, kernels=kernels)
+    table = stage_layer_table(model.num_layers, c.pp, c.vp, c.first_stage_layers or 0,
+                              c.last_stage_layers or 0, c.embedding_as_layer, c.loss_as_layer)
+    val = {k: float(np.asarray(v)[0]) for k, v in ct.items()}
+    fwd, bwd = layout_chunk_times(
+        table, val["layer_fwd_s"], val["layer_bwd_s"] + val["layer_recompute_s"],
+        val["embed_fwd_s"], val["embed_bwd_s"], val["logits_fwd_s"], val["logits_bwd_s"])
+    tl = simulate(fwd, bwd, int(c.num_microbatches), c.schedule, v=c.vp)
+    title = (f"{model.name}: pp={c.pp} vp={c.vp} m={c.num_microbatches}, layers of rank 0 "
+             f"{'/'.join(map(str, table[0]))}, of rank {c.pp - 1} "
+             f"{'/'.join(map(str, table[-1]))}; makespan {tl.makespan_s:.3g} s")
+    return plot_pipeline_timeline(tl, ax=ax, title=title, labels=labels)

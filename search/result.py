@@ -224,6 +224,9 @@ class SearchResult:
     hbm_bytes: float
     smallest: dict[str, Any] | None = None
     gpus_available: int = 0
+    usable_bytes: float = 0.0
+    memory_headroom: float = 0.0
+    limits: dict[str, float] = field(default_factory=dict)
     setup: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -249,13 +252,21 @@ class SearchResult:
             return "no configuration was evaluated"
         peak = self.smallest["memory_bytes"]["peak"]
         c = self.smallest["config"]
-        need = peak / self.hbm_bytes
+        usable = self.usable_bytes or self.hbm_bytes
+        cfg = (f"dp={c['dp']} tp={c['tp']} pp={c['pp']} cp={c['cp']} zero={c['zero_stage']} "
+               f"mbs={c['micro_batch_size']} recompute={c['recompute']}")
+        if peak <= usable and self.limits:
+            lim = ", ".join(f"{k} {units.fmt_bytes(v) if 'memory' in k else f'{v:.3g} s'}"
+                            for k, v in self.limits.items())
+            return (f"nothing meets the limits ({lim}); the smallest footprint found is "
+                    f"{units.fmt_bytes(peak)} per GPU ({cfg})")
+        gap = peak - usable
         return (
             f"nothing fits: the smallest footprint found is {units.fmt_bytes(peak)} per GPU "
-            f"(dp={c['dp']} tp={c['tp']} pp={c['pp']} cp={c['cp']} zero={c['zero_stage']} "
-            f"mbs={c['micro_batch_size']} recompute={c['recompute']}) but the GPU has "
-            f"{units.fmt_bytes(self.hbm_bytes)}; it needs {need:.2f}x the memory: a GPU with "
-            f">= {units.fmt_bytes(peak)}, about {need:.1f}x the GPUs, or a smaller model, "
+            f"({cfg}) but only {units.fmt_bytes(usable)} is usable (HBM "
+            f"{units.fmt_bytes(self.hbm_bytes)} less the reserve less "
+            f"{self.memory_headroom:.0%} headroom): {units.fmt_bytes(gap)} too much; a GPU "
+            f"with more memory, about {peak / usable:.1f}x the GPUs, or a smaller model, "
             "sequence or micro-batch"
         )
 
@@ -342,12 +353,21 @@ def finalize(
         hbm_bytes=float(space.cluster.gpu.hbm_bytes),
         smallest=smallest,
         gpus_available=space.gpus,
+        usable_bytes=float(problem.usable_bytes) if hasattr(problem, "usable_bytes") else 0.0,
+        memory_headroom=float(getattr(problem, "memory_headroom", 0.0)),
+        limits={k: float(v) for k, v in (
+            ("max_step_time_s", getattr(problem, "max_step_time_s", None)),
+            ("max_memory_bytes", getattr(problem, "max_memory_bytes", None))) if v is not None},
         setup={
             "model": space.model.name,
+            "num_layers": space.model.num_layers,
             "cluster": space.cluster.name,
             "gpu": space.cluster.gpu.name,
             "gpus": space.gpus,
             "hbm_bytes": float(space.cluster.gpu.hbm_bytes),
+            "memory_headroom": float(getattr(problem, "memory_headroom", 0.0)),
+            "usable_hbm_bytes": float(problem.usable_bytes)
+            if hasattr(problem, "usable_bytes") else float(space.cluster.gpu.hbm_bytes),
             "global_batch_size": space.training.global_batch_size,
             "seq_len": space.training.seq_len,
             "precision": space.training.precision_name,
@@ -356,7 +376,7 @@ def finalize(
             "framework": None if space.framework is None else space.framework.name,
             "training_switches": {k: getattr(space.training, k) for k in (
                 "overlap_grad_reduce", "overlap_tp_comm", "overlap_p2p_comm",
-                "flash_attention", "zero3_gather")},
+                "flash_attention", "zero3_gather", "grad_reduce_in_fp32", "fp8_params")},
         },
         extra=dict(extra or {}),
     )

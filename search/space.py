@@ -107,7 +107,7 @@ class SearchSpace:
     values: Mapping[str, np.ndarray] = field(repr=False)
     allow_idle_gpus: bool = False
     allow_tp_across_nodes: bool = False
-    uneven_layers: bool = False
+    uneven_layers: bool = True
     num_microbatches: np.ndarray | None = field(default=None, repr=False)
     framework: FrameworkSpec | None = None
 
@@ -175,7 +175,11 @@ class SearchSpace:
         a["num_microbatches"] = np.maximum(nmb, 1)
         sched, sp, zero = a["schedule"], a["sequence_parallel"].astype(bool), a["zero_stage"]
         if self.uneven_layers:
-            layers_ok = pp * vp <= m.num_layers
+            from perfmodel.pipeline import megatron_layout
+
+            layers_ok = m.num_layers % (pp * vp) == 0
+            if not np.all(layers_ok):
+                layers_ok = layers_ok | megatron_layout(m.num_layers, pp, vp)["valid"]
         else:
             layers_ok = m.num_layers % (pp * vp) == 0
         interleaved = sched == _INTERLEAVED
@@ -247,6 +251,16 @@ class SearchSpace:
             for k, v in a.items()
             if k in SEARCH_DIMS or k == "num_microbatches"
         }
+        # Megatron-LM's layout where pp*vp does not divide the layers
+        uneven = self.model.num_layers % (cols["pp"] * cols["vp"]) != 0
+        if np.any(uneven):
+            from perfmodel.pipeline import megatron_layout
+
+            lay = megatron_layout(self.model.num_layers, cols["pp"], cols["vp"])
+            cols["first_stage_layers"] = np.where(uneven, lay["first"], 0)
+            cols["last_stage_layers"] = np.where(uneven, lay["last"], 0)
+            cols["embedding_as_layer"] = uneven & lay["embedding_as_layer"]
+            cols["loss_as_layer"] = uneven & lay["loss_as_layer"]
         return ConfigBatch.from_arrays(**cols)
 
     def iter_chunks(self, chunk_size: int = 2**18, prune: bool = True) -> Iterator[np.ndarray]:
@@ -371,6 +385,8 @@ def _candidates(d: str, model: ModelSpec, training: TrainingSpec, n_gpus: int, s
         return divisors(n_gpus)
     if d == "vp":
         v = divisors(model.num_layers)
+        if uneven_layers:  # 126 layers on pp=8, vp=8 (the embedding and loss counted as layers)
+            v = np.union1d(v, divisors(model.num_layers + 2))
         return v[v <= max_vp]
     if d == "zero_stage":
         return np.arange(4)
@@ -422,7 +438,7 @@ def make_space(
     *,
     allow_idle_gpus: bool = False,
     allow_tp_across_nodes: bool = False,
-    uneven_layers: bool = False,
+    uneven_layers: bool = True,
     max_micro_batch_size: int = 16,
     max_vp: int = 16,
     max_cp: int = 16,
@@ -440,7 +456,9 @@ def make_space(
     allow_tp_across_nodes
         Let tp exceed the scale-up (NVLink) domain.
     uneven_layers
-        Accept ``pp*vp`` that does not divide the layer count (uneven stages).
+        Accept ``pp*vp`` that does not divide the layer count, with Megatron-LM's uneven layout
+        (:func:`perfmodel.pipeline.megatron_layout`: the embedding and the loss counted as
+        layers, or lighter first/last stages). On by default; off: even splits only.
     max_micro_batch_size, max_vp, max_cp
         Caps of the default candidate lists (micro-batch sizes and cp are powers of two; vp
         divides the layer count).
@@ -467,6 +485,8 @@ def make_space(
             f"{', '.join(SEARCH_DIMS)}, num_microbatches"
         )
     n_gpus = cluster.total_gpus
+    if framework is not None and not framework.uneven_pipeline:
+        uneven_layers = False  # the stack splits layers evenly only
     values = {}
     for d in SEARCH_DIMS:
         if d in fixed:
@@ -531,8 +551,8 @@ class Scored:
 
     @property
     def ok(self) -> np.ndarray:
-        """Valid and fits in memory."""
-        return self.valid & self.fits
+        """Valid, fits in memory and meets the problem's limits (finite score)."""
+        return self.valid & self.fits & np.isfinite(self.score)
 
     @property
     def F(self) -> np.ndarray:
@@ -572,12 +592,33 @@ class Problem:
     objective: str = "time"
     kernels: str = "fused"
     calibration: Any = None
+    #: fraction of HBM kept free: a configuration fits when its peak is at most the usable HBM
+    #: (HBM less the non-allocator reserve less this headroom, perfmodel.memory.usable_hbm_bytes)
+    memory_headroom: float = 0.0
+    #: constraints on the objective: configurations slower / larger than these do not count
+    max_step_time_s: float | None = None
+    max_memory_bytes: float | None = None
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise SpecError(
                 f"objective = {self.objective!r}: expected one of {', '.join(OBJECTIVES)}"
             )
+        if not 0.0 <= self.memory_headroom < 1.0:
+            raise SpecError(
+                f"memory_headroom = {self.memory_headroom!r}: expected a fraction in [0, 1)"
+            )
+        for name in ("max_step_time_s", "max_memory_bytes"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise SpecError(f"{name} = {v!r}: expected a positive number")
+
+    @property
+    def usable_bytes(self) -> float:
+        """HBM a configuration may fill: capacity less the reserve less the headroom."""
+        from perfmodel.memory import usable_hbm_bytes
+
+        return float(usable_hbm_bytes(self.space.cluster.gpu, self.memory_headroom))
 
     def evaluate_batch(self, batch: ConfigBatch) -> Any:
         """The evaluator's full result (a StepResult) for a batch."""
@@ -585,7 +626,26 @@ class Problem:
         if self.calibration is not None:
             kw["calibration"] = self.calibration
         s = self.space
-        return self.evaluator(s.model, s.training, s.cluster, batch, **kw)
+        res = self.evaluator(s.model, s.training, s.cluster, batch, **kw)
+        if self.memory_headroom > 0:  # the headroom only tightens the evaluator's fit check
+            import dataclasses
+
+            fits = np.asarray(res.fits, dtype=bool) & (
+                np.asarray(res.memory_bytes["peak"]) <= self.usable_bytes)
+            try:
+                res = dataclasses.replace(res, fits=fits)
+            except TypeError:
+                res.fits = fits
+        return res
+
+    def within_limits(self, step_time_s: np.ndarray, peak_bytes: np.ndarray) -> np.ndarray:
+        """Whether each configuration meets ``max_step_time_s`` and ``max_memory_bytes``."""
+        ok = np.ones(np.shape(step_time_s), dtype=bool)
+        if self.max_step_time_s is not None:
+            ok &= np.asarray(step_time_s) <= self.max_step_time_s
+        if self.max_memory_bytes is not None:
+            ok &= np.asarray(peak_bytes) <= self.max_memory_bytes
+        return ok
 
     def score_flat(self, flat: np.ndarray) -> Scored:
         """Decode flat indices, evaluate the structurally valid ones, score all of them."""
@@ -612,5 +672,5 @@ class Problem:
             fits[valid] = res.fits
         gpus = a["dp"] * a["tp"] * a["pp"] * a["cp"]
         score = objective_score(self.objective, step, peak, gpus)
-        score = np.where((violations == 0) & fits, score, np.inf)
+        score = np.where((violations == 0) & fits & self.within_limits(step, peak), score, np.inf)
         return Scored(flat, violations, fits, step, peak, gpus, score)

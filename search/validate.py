@@ -184,6 +184,14 @@ def case_from_row(r: pd.Series) -> Case:
         sw = dict(overlap_grad_reduce=False, overlap_tp_comm=False, overlap_p2p_comm=False,
                   flash_attention=False)
     zero_txt = str(r["zero_or_dist_optimizer"]).lower()
+    src_txt = " ".join(str(r.get(k, "")) for k in ("source", "software")).lower()
+    if any(k in src_txt for k in ("nemo", "megatron-bridge", "dgxc")):
+        # NVIDIA's performance recipes reduce gradients in bf16: NeMo 2 / Megatron-Bridge
+        # set grad_reduce_in_fp32 = False (scripts/performance, recipes' performance mode)
+        sw["grad_reduce_in_fp32"] = False
+        # and their fp8 recipes keep fp8 model weights (NeMo bf16_with_fp8_mixed: fp8_params /
+        # fp8_param_gather = True)
+        sw["fp8_params"] = True
     if "deepspeed" in zero_txt and not modern:
         sw["zero3_gather"] = "tensor"  # DeepSpeed ZeRO-3 (2021) gathers parameter by parameter
     training = TrainingSpec(global_batch_size=int(gb), seq_len=seq, precision=precision,
@@ -208,7 +216,7 @@ def case_from_row(r: pd.Series) -> Case:
         recompute = "none"
     else:
         recompute = "full"  # Megatron/DeepSpeed era runs of this size used full recompute
-    fsdp = "fsdp" in zero_txt and "fsdp=0" not in zero_txt  # Megatron-Bridge "FSDP=0": DDP
+    fsdp = "fsdp" in zero_txt and "fsdp=0" not in zero_txt  # "DDP (table FSDP=0)": no FSDP
     if "stage 3" in zero_txt or "zero-3" in zero_txt or fsdp:
         zero = 3
     elif "stage 2" in zero_txt or "zero-2" in zero_txt:

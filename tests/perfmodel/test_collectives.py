@@ -151,3 +151,42 @@ def test_auto_is_the_minimum(size, n, bw, lat):
     auto = c.all_reduce_time(size, n, bw, lat, "auto")
     for a in ("ring", "tree", "hierarchical"):
         assert auto <= c.all_reduce_time(size, n, bw, lat, a) * (1 + 1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounds (issue #20): a unit mistake raises instead of giving absurd or negative times
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "fn, args",
+    [
+        ("all_reduce_time", (1e9, 8, 1e-300)),
+        ("all_reduce_time", (1e9, 8, 100e9, -1e-6)),
+        ("all_reduce_time", (1e9, 8, 100e9, float("nan"))),
+        ("ring_all_reduce_time", (1e9, 8, 0.0)),
+        ("tree_all_reduce_time", (1e9, 8, 100e9, -5e-6)),
+        ("all_gather_time", (1e9, 8, -100e9)),
+        ("reduce_scatter_time", (-1e9, 8, 100e9)),
+        ("broadcast_time", (1e9, 8, float("nan"))),
+        ("all_to_all_time", (1e9, 8, 100e9, float("inf"))),
+        ("p2p_time", (1e9, 1e-300)),
+    ],
+)
+def test_calculators_refuse_out_of_range_links(fn, args):
+    import perfmodel.collectives as col
+
+    with pytest.raises(ValueError):
+        getattr(col, fn)(*args)
+
+
+def test_hierarchical_and_auto_check_both_tiers():
+    import perfmodel.collectives as col
+
+    with pytest.raises(ValueError, match="latency_s"):
+        col.all_reduce_time(1e9, 16, 100e9, 0.0, "auto", domain_size=8, inter_bw_bytes_per_s=25e9,
+                            inter_latency_s=-1e-6)
+    with pytest.raises(ValueError, match="bw_bytes_per_s"):
+        col.all_reduce_time(1e9, 16, 100e9, 0.0, "hierarchical", domain_size=8,
+                            inter_bw_bytes_per_s=1e-300)
+    # the bounds still admit every real link: 1 kB/s, zero latency, infinite bandwidth
+    assert col.all_reduce_time(1e3, 2, 1e3) == pytest.approx(1.0)
+    assert col.p2p_time(1e6, np.inf, 1e-6) == pytest.approx(1e-6)

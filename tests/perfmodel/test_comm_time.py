@@ -12,7 +12,8 @@ from perfmodel.config import ConfigBatch
 from perfmodel.specs import ClusterSpec, load_cluster, load_model, load_training
 
 GPT3 = load_model("gpt3-175b")
-BF16 = load_training(global_batch_size=1536, seq_len=2048, precision="bf16")
+BF16 = load_training(global_batch_size=1536, seq_len=2048, precision="bf16",
+                     grad_reduce_in_fp32=False)  # hand numbers: bf16 gradient reduction
 A100 = load_cluster("dgx-a100-80g")  # NVLink 300 GB/s 3 us (8 GPUs); IB 25 GB/s 8 us
 ACT = 2048 * 12288 * 2
 KEYS = {
@@ -61,7 +62,7 @@ def test_megatron_175b_hand():
 
 
 def test_context_parallel_and_zero3_hand():
-    tr = load_training(global_batch_size=16, seq_len=8192)
+    tr = load_training(global_batch_size=16, seq_len=8192, grad_reduce_in_fp32=False)
     b = ConfigBatch.from_arrays(dp=2, tp=4, cp=4, zero_stage=3, num_microbatches=8)
     t = comm_times(GPT3, tr, A100, b)
     # cp group: stride 4, size 4 -> spans 2 nodes, p2p over IB
@@ -140,7 +141,8 @@ def test_dp_num_buckets_megatron_default():
 
 
 def test_zero3_per_tensor_reduce_scatter_latency():
-    tr = load_training(global_batch_size=16, seq_len=8192, zero3_gather="tensor")
+    tr = load_training(global_batch_size=16, seq_len=8192, zero3_gather="tensor",
+                       grad_reduce_in_fp32=False)
     b = ConfigBatch.from_arrays(dp=2, tp=4, cp=4, zero_stage=3, num_microbatches=8)
     per_layer = comm_times(GPT3, tr.model_copy(update={"zero3_gather": "layer"}), A100, b)
     per_tensor = comm_times(GPT3, tr, A100, b)

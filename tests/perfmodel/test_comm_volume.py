@@ -10,7 +10,8 @@ from perfmodel.config import ConfigBatch
 from perfmodel.specs import ModelSpec, load_model, load_training
 
 GPT3 = load_model("gpt3-175b")
-BF16 = load_training(global_batch_size=1536, seq_len=2048, precision="bf16")
+BF16 = load_training(global_batch_size=1536, seq_len=2048, precision="bf16",
+                     grad_reduce_in_fp32=False)  # hand numbers: bf16 gradient reduction
 S, H = 2048, 12288
 ACT = S * H * 2  # one micro-batch of b=1 activations in bf16 [bytes]
 LLAMA_LIKE = ModelSpec(
@@ -173,7 +174,7 @@ def test_pipeline_hand():
 
 
 def test_context_parallel_gqa_hand():
-    tr = load_training(global_batch_size=64, seq_len=8192)
+    tr = load_training(global_batch_size=64, seq_len=8192, grad_reduce_in_fp32=False)
     b = batch(cp=4, tp=2, num_microbatches=1, recompute=["none", "full"])
     cp = v.comm_bytes_per_gpu(LLAMA_LIKE, tr, b)["cp"]
     # K+V chunk: 2 * (8192/4 tokens) * (4 kv heads / tp 2) * 64 head_dim * 2 bytes

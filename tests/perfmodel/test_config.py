@@ -86,16 +86,22 @@ def test_resolve_fills_num_microbatches():
             "dp*tp*pp*cp (4*2*1*1=8) must equal the cluster's GPU count (16)",
         ),
         (
-            ParallelConfig(dp=1, tp=2, pp=5),
+            ParallelConfig(dp=1, tp=2, pp=2, vp=3, schedule="interleaved"),
             LLAMA7,
             None,
-            "pp*vp (5*1=5) must divide num_layers (32)",
+            (
+                "pp*vp (2*3=6) does not divide num_layers (32) and no Megatron-LM layout fits "
+                "(first/last-stage layer counts, or the embedding and the loss counted as layers)"
+            ),
         ),
         (
             ParallelConfig(pp=4, vp=3, schedule="interleaved"),
             LLAMA7,
             None,
-            "pp*vp (4*3=12) must divide num_layers (32)",
+            (
+                "pp*vp (4*3=12) does not divide num_layers (32) and no Megatron-LM layout fits "
+                "(first/last-stage layer counts, or the embedding and the loss counted as layers)"
+            ),
         ),
         (
             ParallelConfig(dp=5),

@@ -67,9 +67,9 @@ def test_fp8_param_gather_halves_zero_gather_bytes():
     b = ConfigBatch.from_arrays(dp=8, tp=1, pp=1, zero_stage=3, micro_batch_size=1,
                                 num_microbatches=4)
     bf = dp_ops(m, TrainingSpec(precision="bf16"), b)["zero3_param_all_gather"].buffer_bytes
-    f8 = dp_ops(m, TrainingSpec(precision="fp8-cs"), b)["zero3_param_all_gather"].buffer_bytes
-    off = dp_ops(m, TrainingSpec(precision="fp8-cs", fp8_param_gather=False),
-                 b)["zero3_param_all_gather"].buffer_bytes
+    f8 = dp_ops(m, TrainingSpec(precision="fp8-cs", fp8_params=True),
+                b)["zero3_param_all_gather"].buffer_bytes
+    off = dp_ops(m, TrainingSpec(precision="fp8-cs"), b)["zero3_param_all_gather"].buffer_bytes
     assert f8 == pytest.approx(bf / 2)
     assert off == pytest.approx(bf)
 

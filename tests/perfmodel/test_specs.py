@@ -441,3 +441,79 @@ def test_param_count_moe_router():
     # attention 4*64 = 256; 4 experts x 3*8*16 = 1536; router 8*4 = 32; norms 2*8 = 16
     assert m.layer_params() == 256 + 1536 + 32 + 16
     assert m.param_count() == 10 * 8 + 1840 + 8 + 10 * 8
+
+
+# ---------------------------------------------------------------------------------------------
+# Strict types where files are read (issue #20): no silent coercion, the field is named
+# ---------------------------------------------------------------------------------------------
+_CLUSTER_TOML = """
+name = "c"
+gpu = "a100-sxm4-80gb"
+gpus_per_node = {gpn}
+num_nodes = {nodes}
+[[tiers]]
+name = "nvlink"
+kind = "nvlink"
+domain_size = 8
+bw_gbyte_per_s = 300
+[[tiers]]
+name = "ib"
+kind = "infiniband"
+bw_gbit_per_s = 200
+"""
+
+
+@pytest.mark.parametrize(
+    "gpn, nodes, needle",
+    [("true", "4", "gpus_per_node = True"), ("8", '"128"', "num_nodes = '128'"),
+     ("8.0", "4", "gpus_per_node = 8.0"), ("8", "false", "num_nodes = False")],
+)
+def test_cluster_file_wrong_types_refused_naming_the_field(tmp_path, gpn, nodes, needle):
+    f = tmp_path / "c.toml"
+    f.write_text(_CLUSTER_TOML.format(gpn=gpn, nodes=nodes))
+    with pytest.raises(SpecError) as ei:
+        load_cluster(f)
+    assert needle in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_cluster_file_right_types_still_load(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text(_CLUSTER_TOML.format(gpn="8", nodes="4"))
+    assert load_cluster(f).total_gpus == 32
+
+
+def test_total_gpus_bool_refused(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text(_CLUSTER_TOML.format(gpn="8", nodes="4").replace("num_nodes = 4", "total_gpus = true"))
+    with pytest.raises(SpecError, match="total_gpus"):
+        load_cluster(f)
+
+
+@pytest.mark.parametrize(
+    "patch, needle",
+    [({"n_embd": "768"}, "n_embd = '768'"), ({"n_layer": 12.0}, "n_layer = 12.0"),
+     ({"n_head": True}, "n_head = True"), ({"tie_word_embeddings": "false"},
+                                           "tie_word_embeddings = 'false'")],
+)
+def test_hf_config_wrong_types_refused_naming_the_key(tmp_path, patch, needle):
+    cfg = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps({**cfg, **patch}))
+    with pytest.raises(SpecError) as ei:
+        load_model(f)
+    assert needle in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_training_and_model_dicts_strict():
+    with pytest.raises(SpecError, match="global_batch_size = '64'"):
+        load_training({"global_batch_size": "64"})
+    with pytest.raises(SpecError, match="seq_len = True"):
+        load_training(seq_len=True)
+
+
+def test_tier_bandwidth_below_a_kilobyte_per_second_refused(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text(_CLUSTER_TOML.format(gpn="8", nodes="4").replace("bw_gbit_per_s = 200",
+                                                                  "bw_gbit_per_s = 1e-300"))
+    with pytest.raises(SpecError, match="bw_gbit_per_s = 1e-300"):
+        load_cluster(f)

@@ -61,7 +61,11 @@ def test_uneven_layers_admits_pipeline_degrees_not_dividing_layers():
     # 126 layers: pp=4 is only possible with uneven stages
     base = ["--model", "llama3.1-405b", "--cluster", "dgx-h100", "--gpus", "512",
             "--global-batch", "512", "--seq-len", "4096", "--pp", "4", "--json"]
-    assert runner.invoke(app, base).exit_code == 2
-    r = runner.invoke(app, [*base, "--uneven-layers"])
+    # uneven Megatron layouts are searched by default; --even-layers-only refuses pp=4
+    assert runner.invoke(app, [*base, "--even-layers-only"]).exit_code == 2
+    r = runner.invoke(app, base)
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["best"]["config"]["pp"] == 4
+    best = json.loads(r.stdout)["best"]["config"]
+    assert best["pp"] == 4
+    # 126 + embedding + loss = 128 = 4 x 32: Megatron's accounting layout
+    assert best["embedding_as_layer"] and best["loss_as_layer"]

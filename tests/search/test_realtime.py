@@ -316,3 +316,94 @@ def test_cli_bad_key_exit_2_one_line(tmp_path):
     assert len(lines) == 1 and "peak_tflop" in lines[0]
     missing = CliRunner().invoke(_app(), ["realtime", str(tmp_path / "nope.toml")])
     assert missing.exit_code == 2 and len(missing.output.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounded search (issue #20): branch-and-bound over priorities, degraded mode by bisection
+# ---------------------------------------------------------------------------------------------
+def _identical(n, bound_ms, devices=2):
+    return {
+        "devices": [_device(f"d{j}") for j in range(devices)],
+        "models": [_model(f"m{i:02d}", 2000.0, i + 1, bound_ms, 100.0) for i in range(n)],
+    }
+
+
+def test_32_models_infeasible_answers_in_seconds_with_degraded_mode():
+    import time
+
+    # 20 ms each, bound 70 ms: a device meets three bounds, two devices six of the 32.
+    t0 = time.perf_counter()
+    plan = plan_realtime(_identical(32, 70.0))
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 10.0  # exponential over subsets before (16 models: > 120 s)
+    assert not plan.feasible
+    assert plan.degraded_drops == tuple(f"m{i:02d}" for i in range(26))
+
+
+def test_32_models_feasible_answers_in_seconds():
+    import time
+
+    spec = _identical(32, 100.0, devices=4)
+    for m in spec["models"]:
+        m["gflops"] = 100.0  # 1 ms each: all 32 fit on the four devices
+    t0 = time.perf_counter()
+    plan = plan_realtime(spec)
+    assert time.perf_counter() - t0 < 10.0
+    assert plan.feasible
+    top = max(plan.placements, key=lambda p: p.priority)
+    assert top.exclusive  # the seed's rule: the most important model owns a device
+
+
+def _brute_force(spec):
+    import itertools
+
+    from search.realtime import _evaluate, _options
+
+    spec = load_realtime(spec)
+    options, reasons = _options(spec)
+    if any(reasons):
+        return None
+    top = max(range(len(spec.models)), key=lambda i: spec.models[i].priority)
+    best = None
+    for combo in itertools.product(*options):
+        _, cons = _evaluate(spec, combo)
+        worst = max(c.ratio for c in cons)
+        if worst <= 1.0:
+            shared = any(dev in o.devices for i, o in enumerate(combo) if i != top
+                         for dev in combo[top].devices)
+            key = (shared, sum(len(o.devices) > 1 for o in combo), worst)
+            best = key if best is None or key < best else best
+    return best
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    gflops=st.lists(st.sampled_from([300.0, 800.0, 1500.0, 2500.0]), min_size=2, max_size=5),
+    bounds=st.lists(st.sampled_from([20.0, 40.0, 60.0, 100.0]), min_size=5, max_size=5),
+    n_dev=st.integers(1, 3),
+)
+def test_branch_and_bound_agrees_with_exhaustive_enumeration(gflops, bounds, n_dev):
+    spec = {
+        "devices": [_device(f"d{j}") for j in range(n_dev)],
+        "models": [_model(f"m{i}", g, i + 1, bounds[i], 100.0) for i, g in enumerate(gflops)],
+    }
+    plan = plan_realtime(spec)
+    best = _brute_force(spec)
+    assert plan.feasible == (best is not None)
+    if best is not None:
+        p = {x.model: x for x in plan.placements}
+        top = max(plan.placements, key=lambda x: x.priority)
+        assert (not top.exclusive) == best[0]
+        worst = max(max(x.response_s / x.bound_s for x in plan.placements),
+                    *(plan.memory_used_bytes[d] / plan.memory_capacity_bytes[d]
+                      for d in plan.memory_used_bytes if plan.memory_used_bytes[d] > 0))
+        assert worst == pytest.approx(best[2], rel=1e-12)
+        assert len(p) == len(gflops)
+    else:
+        drops = plan.degraded_drops
+        if drops is not None:  # the kept models are feasible, and no dropped one can come back
+            keep = [m for m in spec["models"] if m["name"] not in drops]
+            assert _brute_force({**spec, "models": keep}) is not None
+            for d in drops:
+                back = [m for m in spec["models"] if m["name"] not in drops or m["name"] == d]
+                assert _brute_force({**spec, "models": back}) is None

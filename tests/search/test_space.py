@@ -106,7 +106,11 @@ def test_default_candidates_gpt3_1024():
     cluster = load_cluster("dgx-a100-80g")
     space = make_space(model, TrainingSpec(), cluster)
     assert space.values["tp"].tolist() == [1, 2, 3, 4, 6, 8]
-    assert space.values["pp"].tolist() == divisors(96).tolist()
+    # uneven Megatron layouts are searched by default: divisors of the GPU count join
+    gpu_div = divisors(cluster.total_gpus)
+    assert space.values["pp"].tolist() == np.union1d(divisors(96), gpu_div[gpu_div <= 96]).tolist()
+    even = make_space(model, TrainingSpec(), cluster, uneven_layers=False)
+    assert even.values["pp"].tolist() == divisors(96).tolist()
     assert space.values["micro_batch_size"].tolist() == [1, 2, 4, 8, 16]
     assert space.values["cp"].tolist() == [1, 2, 4, 8, 16]
     assert "dp" not in space.dims  # derived from the GPU count
