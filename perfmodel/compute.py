@@ -81,7 +81,7 @@ SUSTAINED_GEMM_FRACTION = {
     "volta": 1.0,
     "ampere": 1.0,
     "hopper": 0.86,
-    "blackwell": 0.85,
+    "blackwell": 0.81,
     "cdna3": 1.0,
     "other": 1.0,
 }
