@@ -27,8 +27,8 @@ from rich.table import Table
 
 from hardware_specs import list_presets
 from perfmodel import units
-from perfmodel.step import MFU_CONVENTION
 from perfmodel.specs import SpecError, format_validation_error
+from perfmodel.step import MFU_CONVENTION
 from search import api
 
 __all__ = ["SUBCOMMANDS", "app", "main"]
