@@ -3,8 +3,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+FW_STAMP := $(VENV)/.frameworks
 
-.PHONY: plan test setup bench lint clean
+.PHONY: plan test setup frameworks bench lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -14,10 +15,19 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
+# The frameworks' own packages (CPU-only, ~1 min once; cached like .venv by the stamp file):
+# the launch-config tests load every emitted config through their config code.
+$(FW_STAMP): $(STAMP)
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,harness,frameworks]"
+	$(BIN)/python -m pip install -q --no-deps -c constraints.txt megatron-bridge
+	touch $(FW_STAMP)
+
+frameworks: $(FW_STAMP)
+
 plan: $(STAMP)
 	$(BIN)/plan --framework megatron-2022
 
-test: $(STAMP)
+test: $(STAMP) $(FW_STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

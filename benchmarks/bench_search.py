@@ -7,11 +7,20 @@ Run: ``.venv/bin/python benchmarks/bench_search.py`` (single process; pin to one
 - the cost model alone (``perfmodel.step.evaluate`` on one batch of valid configurations);
 - the whole grid path (decode, evaluate, top-k, Pareto) per valid configuration;
 - the full grid search of Llama-3.1-405B on 16,384 H100s (goal: < 10 s) and GPT-3 175B on
-  1024 A100s, with the goal ratios.
+  1024 A100s, with the goal ratios;
+- the GPT-3 175B search on an idle machine and with a busy neighbour (one process spinning
+  on every core), with the BLAS / OpenMP threads limited to one inside the search (the default,
+  :func:`search.api.search_threads`) and without the limit (goal: busy within 3x of idle).
+  ``--busy-only`` runs just this part.
 """
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing as mp
+import os
+import statistics
+import sys
 import time
 
 import numpy as np
@@ -34,7 +43,73 @@ def _best_of(fn, repeat: int = 3) -> float:
     return min(times)
 
 
+GOAL_BUSY_OVER_IDLE = 3.0
+
+
+def _spin() -> None:  # a neighbour that keeps one core busy
+    while True:
+        pass
+
+
+@contextlib.contextmanager
+def busy_neighbours(n: int | None = None):
+    """``n`` processes (default: one per core) spinning for the duration of the block."""
+    procs = [mp.Process(target=_spin, daemon=True) for _ in range(n or os.cpu_count() or 1)]
+    for p in procs:
+        p.start()
+    time.sleep(0.5)
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.join()
+
+
+def _search_s(limit_threads: bool, repeat: int = 5) -> list[float]:
+    import search.api as api
+
+    saved = api.search_threads
+    if not limit_threads:
+        api.search_threads = contextlib.nullcontext
+    try:
+        out = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            plan("gpt3-175b", "dgx-a100-80g", global_batch_size=1536, seq_len=2048)
+            out.append(time.perf_counter() - t0)
+        return out
+    finally:
+        api.search_threads = saved
+
+
+def busy_report(repeat: int = 5) -> dict[str, list[float]]:
+    """GPT-3 175B grid search wall times [s]: idle / busy neighbour, threads limited or not."""
+    plan("gpt3-175b", "dgx-a100-80g")  # warm imports and caches
+    res = {"idle, threads limited": _search_s(True, repeat),
+           "idle, threads unlimited": _search_s(False, repeat)}
+    with busy_neighbours():
+        res["busy, threads limited"] = _search_s(True, repeat)
+        res["busy, threads unlimited"] = _search_s(False, repeat)
+    env = "set by the user" if any(os.environ.get(k) for k in (
+        "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")) else "not set"
+    print(f"GPT-3 175B grid search, {repeat} runs each, {os.cpu_count()} cores, busy = one "
+          f"spinning process per core; BLAS thread variables {env}:")
+    for k, v in res.items():
+        print(f"  {k:26s} median {statistics.median(v):6.2f} s  max {max(v):6.2f} s  "
+              f"(min {min(v):.2f} s)")
+    ratio = statistics.median(res["busy, threads limited"]) / statistics.median(
+        res["idle, threads limited"])
+    print(f"  busy / idle (threads limited, medians): {ratio:.2f} "
+          f"(goal <= {GOAL_BUSY_OVER_IDLE:.0f})")
+    return res
+
+
 def main() -> None:
+    if "--busy-only" in sys.argv:
+        busy_report()
+        return
     model = load_model("gpt3-175b")
     cluster = load_cluster("dgx-a100-80g")
     training = load_training(global_batch_size=1536, seq_len=2048)
@@ -66,6 +141,7 @@ def main() -> None:
              uneven_layers=True)
     print(f"  with uneven stages (pp*vp need not divide 126 layers): {r.evaluated:,} valid of "
           f"{r.space_size:,} in {r.seconds:.2f} s")
+    busy_report()
 
 
 if __name__ == "__main__":

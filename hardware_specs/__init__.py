@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 KINDS = {"gpu": "gpus", "cluster": "clusters", "model": "models", "realtime": "realtime",
-         "framework": "frameworks"}
+         "framework": "frameworks", "profile": "profiles"}
 
 
 def preset_dir(kind: str) -> Path:

@@ -20,11 +20,17 @@ from pydantic import Field
 from perfmodel.config import RECOMPUTE, SCHEDULE
 from perfmodel.specs import Spec, SpecError, TrainingSpec, _build, _resolve
 
-__all__ = ["FrameworkSpec", "apply_framework", "framework_pins", "load_framework",
+__all__ = ["PRECISION_RECIPES", "FrameworkSpec", "apply_framework", "framework_pins", "load_framework",
            "zero_pp_allowed"]
 
 ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb"]
 RecomputeName = Literal["none", "selective", "full"]
+#: Precision recipes a launch config can name (``search.emit`` maps each to the stack's switch):
+#: plain ``fp8`` is delayed scaling (Transformer Engine's and Megatron's default), ``fp4`` NVFP4.
+PrecisionRecipe = Literal["fp32", "bf16", "fp16", "fp8-cs", "fp8-delayed", "fp8-block", "mxfp8",
+                          "nvfp4"]
+PRECISION_RECIPES: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8-cs", "fp8-delayed",
+                                      "fp8-block", "mxfp8", "nvfp4")
 
 
 class FrameworkSpec(Spec):
@@ -56,6 +62,9 @@ class FrameworkSpec(Spec):
         description="Megatron-style sequence parallelism with tp > 1: never, either, always")
     context_parallel: bool
     uneven_pipeline: bool = Field(description="stages may hold different layer counts")
+    precisions: tuple[PrecisionRecipe, ...] = Field(
+        default=PRECISION_RECIPES, min_length=1,
+        description="precision recipes the stack's launch config can switch on")
 
     def training_switches(self) -> dict[str, Any]:
         """The TrainingSpec fields this stack fixes."""

@@ -82,6 +82,18 @@ def schedule_code(schedule) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 
 
+def _whole_at_least_one(name: str, x) -> np.ndarray:
+    """``x`` as a float array, or ValueError naming it if any entry is not a whole number >= 1."""
+    try:
+        a = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} = {x!r}: expected whole numbers >= 1") from None
+    bad = ~np.isfinite(a) | (a < 1) | (a != np.floor(a))
+    if np.any(bad):
+        raise ValueError(f"{name} = {a[bad].ravel()[0]:g}: expected whole numbers >= 1")
+    return a
+
+
 def bubble_fraction(p, m, schedule="1f1b", v=1) -> np.ndarray:
     """Share of the step (makespan) a device spends idle in a uniform pipeline.
 
@@ -111,10 +123,14 @@ def bubble_fraction(p, m, schedule="1f1b", v=1) -> np.ndarray:
     Huang et al. 2019 (GPipe), Sec. 2.3; Narayanan et al. 2021 (SC21), Sec. 2.2.1 (1F1B bubble
     ``(p-1)/m``) and Sec. 2.2.2 (interleaved, ``(p-1)/(v m)``); Qi et al. 2024 (ICLR), Sec. 3.1,
     Table 1 (ZB-H1 bubble ``(p-1)(T_F + T_B - T_W)``).
+
+    Raises
+    ------
+    ValueError when ``p``, ``m`` or ``v`` is not a whole number >= 1.
     """
-    p = np.asarray(p, dtype=np.float64)
-    m = np.asarray(m, dtype=np.float64)
-    v = np.asarray(v, dtype=np.float64)
+    p = _whole_at_least_one("p (pipeline stages)", p)
+    m = _whole_at_least_one("m (micro-batches)", m)
+    v = _whole_at_least_one("v (chunks per device)", v)
     code = schedule_code(schedule)
     if np.any(code == ZB):
         # ZB-H1 for m < p is not the (p-1)F formula; use the general time form with F = B = W.
@@ -549,6 +565,18 @@ def simulate(
 # ---------------------------------------------------------------------------------------------
 
 
+def _finite_nonneg(name: str, x) -> np.ndarray:
+    try:
+        a = np.asarray(x, dtype=np.float64).ravel()
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected numbers") from None
+    bad = ~np.isfinite(a) | (a < 0)
+    if np.any(bad):
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name}[{i}] = {a[i]}: expected a finite number >= 0")
+    return a
+
+
 def partition_layers(
     layer_costs,
     stages: int,
@@ -564,7 +592,8 @@ def partition_layers(
     ``D[j][i] = min_{k<i} max(D[j-1][k], C[i] - C[k])``, ``D[1][i] = C[i]``,
 
     with ``C`` the prefix sums of ``layer_costs``, over ``k`` whose stage ``k..i-1`` fits
-    ``memory_cap`` (sum of per-layer ``memory``). O(stages * L^2), vectorized over ``k``.
+    ``memory_cap`` (sum of per-layer ``memory``). With non-negative costs the inner minimum
+    is found by bisection, so time is O(stages * L log L) and memory O(stages * L).
 
     Parameters
     ----------
@@ -580,37 +609,59 @@ def partition_layers(
 
     Raises
     ------
-    ValueError when there are fewer layers than stages or no split fits ``memory_cap``.
+    ValueError when there are fewer layers than stages, a cost or memory is negative or not
+    finite, or no split fits ``memory_cap``.
 
     References
     ----------
     Bokhari 1988, "Partitioning problems in parallel, pipelined, and distributed computing"
     (chains-on-chains bottleneck partitioning); Narayanan et al. 2019 (PipeDream), Sec. 3.1.
     """
-    costs = np.asarray(layer_costs, dtype=np.float64).ravel()
+    costs = _finite_nonneg("layer_costs", layer_costs)
     n = costs.shape[0]
+    if isinstance(stages, bool) or not float(stages).is_integer():
+        raise ValueError(f"stages = {stages!r}: expected a whole number >= 1")
+    stages = int(stages)
     if stages < 1 or n < stages:
         raise ValueError(f"need 1 <= stages <= layers (got stages={stages}, layers={n})")
     prefix = np.concatenate([[0.0], np.cumsum(costs)])
+    idx = np.arange(n + 1)
     if memory is not None and memory_cap is not None:
-        mem = np.asarray(memory, dtype=np.float64).ravel()
+        mem = _finite_nonneg("memory", memory)
         if mem.shape[0] != n:
             raise ValueError(f"memory has {mem.shape[0]} layers, layer_costs {n}")
+        cap = float(memory_cap)
+        if not np.isfinite(cap) or cap < 0:
+            raise ValueError(f"memory_cap = {memory_cap!r}: expected a finite number >= 0")
         mprefix = np.concatenate([[0.0], np.cumsum(mem)])
-        fits = (mprefix[None, :] - mprefix[:, None]) <= memory_cap  # fits[k, i]: layers k..i-1
+        # the first k whose stage k..i-1 fits the cap (prefix sums are nondecreasing)
+        k_lo = np.searchsorted(mprefix, mprefix - cap * (1 + 1e-12), side="left")
     else:
-        fits = np.ones((n + 1, n + 1), dtype=bool)
-    seg = prefix[None, :] - prefix[:, None]  # seg[k, i] = cost of layers k..i-1
-    valid = fits & (np.arange(n + 1)[:, None] < np.arange(n + 1)[None, :])  # non-empty
-    cost = np.where(valid, seg, np.inf)
+        k_lo = np.zeros(n + 1, dtype=np.int64)
 
+    # D[j][i] = min_k max(D[j-1][k], C[i] - C[k]). For non-negative costs D[j-1][k] is
+    # nondecreasing in k where finite and C[i] - C[k] nonincreasing, so the best k is where
+    # D[j-1][k] + C[k] first reaches C[i]: one searchsorted per stage count, vectorised over i.
+    # Memory O(stages * L) (the tables below), time O(stages * L log L).
     best = np.full((stages + 1, n + 1), np.inf)
     arg = np.zeros((stages + 1, n + 1), dtype=np.int64)
     best[0, 0] = 0.0
     for j in range(1, stages + 1):
-        cand = np.maximum(best[j - 1][:, None], cost)  # [k, i]
-        arg[j] = np.argmin(cand, axis=0)
-        best[j] = cand[arg[j], np.arange(n + 1)]
+        prev = best[j - 1]
+        finite = np.isfinite(prev)
+        hi_prev = int(np.flatnonzero(finite)[-1]) if finite.any() else -1
+        lo = np.maximum(k_lo, j - 1)
+        hi = np.minimum(idx - 1, hi_prev)
+        ok = lo <= hi
+        h = np.where(finite, prev + prefix, np.inf)  # nondecreasing on [j-1, hi_prev]
+        cross = np.searchsorted(h[j - 1:hi_prev + 1], prefix, side="left") + (j - 1)
+        cands = np.stack([np.clip(cross - 1, lo, hi), np.clip(cross, lo, hi), lo])
+        kk = np.where(ok, cands, 0)
+        vals = np.maximum(prev[kk], prefix[None, :] - prefix[kk])
+        vals = np.where(ok[None, :], vals, np.inf)
+        pick = np.argmin(vals, axis=0)
+        arg[j] = kk[pick, idx]
+        best[j] = vals[pick, idx]
     bottleneck = float(best[stages, n])
     if not np.isfinite(bottleneck):
         raise ValueError(

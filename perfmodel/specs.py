@@ -55,15 +55,22 @@ class Dtype(str, Enum):
     fp4 = "fp4"
 
 
+#: Largest cluster the planner accepts (2^20 GPUs, beyond any machine built): counts above it
+#: are typing errors, and the space's divisor lists stay small.
+MAX_GPUS = 2**20
+
 PosFloat = Annotated[float, Field(gt=0)]
 PosInt = Annotated[int, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 
 
 class Spec(BaseModel):
-    """Base: frozen, unknown keys rejected, validated on assignment."""
+    """Base: frozen, unknown keys rejected, NaN / infinity rejected (a non-finite bandwidth,
+    latency or size is a typing error, and would reach the cost models as warnings and
+    "nothing fits"), validated on assignment."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True,
+                              allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -218,6 +225,15 @@ class ClusterSpec(Spec):
             prev = size
         return self
 
+    @model_validator(mode="after")
+    def _bounded(self) -> ClusterSpec:
+        if self.gpus_per_node * self.num_nodes > MAX_GPUS:
+            raise ValueError(
+                f"gpus_per_node * num_nodes ({self.gpus_per_node} * {self.num_nodes}) exceeds "
+                f"the limit of {MAX_GPUS:,} GPUs"
+            )
+        return self
+
     @property
     def total_gpus(self) -> int:
         return self.gpus_per_node * self.num_nodes
@@ -238,6 +254,8 @@ class ClusterSpec(Spec):
         """The same cluster scaled to ``gpus`` GPUs (whole nodes, or one partial node)."""
         if gpus <= 0:
             raise SpecError(f"gpus ({gpus}) must be positive")
+        if gpus > MAX_GPUS:
+            raise SpecError(f"gpus ({gpus}) exceeds the limit of {MAX_GPUS:,} GPUs")
         if gpus <= self.gpus_per_node:
             return self.model_copy(update={"gpus_per_node": gpus, "num_nodes": 1})
         if gpus % self.gpus_per_node:
@@ -251,6 +269,14 @@ class ClusterSpec(Spec):
 # --------------------------------------------------------------------------------------------
 # Model
 # --------------------------------------------------------------------------------------------
+class PublishedTraining(Spec):
+    """A model's published training setup (``[published_training]`` in a model preset)."""
+
+    seq_len: PosInt
+    global_batch_size: PosInt
+    source: str
+
+
 class ModelSpec(Spec):
     """A decoder-only transformer.
 
@@ -273,10 +299,18 @@ class ModelSpec(Spec):
     position_embedding: Literal["learned", "rope"] = "learned"
     tied_embeddings: bool = True
     linear_bias: bool = True
+    qkv_bias: bool = Field(default=False, description="bias on the q/k/v projections only "
+                           "(Qwen2; Megatron --add-qkv-bias); linear_bias implies it")
+    rope_base: PosFloat = Field(default=10000.0, description="RoPE base theta (Su et al. 2021: "
+                                "10,000; Llama 3: 500,000); unused with learned positions")
     num_experts: PosInt = 1
     moe_top_k: PosInt = 1
     published_params: PosFloat | None = Field(
         default=None, description="published parameter count, for the preset tests"
+    )
+    published_training: PublishedTraining | None = Field(
+        default=None, description="the training setup the source publishes: the default "
+        "sequence length and global batch when the user gives none"
     )
     source: str = ""
 
@@ -317,7 +351,8 @@ class ModelSpec(Spec):
         q = h * self.num_attention_heads * d
         kv = 2 * h * self.kv_heads * d
         out = self.num_attention_heads * d * h
-        bias = (self.num_attention_heads * d + 2 * self.kv_heads * d + h) if self.linear_bias else 0
+        qkv_bias = self.num_attention_heads * d + 2 * self.kv_heads * d
+        bias = (qkv_bias + h) if self.linear_bias else (qkv_bias if self.qkv_bias else 0)
         return q + kv + out + bias
 
     def mlp_params_per_layer(self) -> int:
@@ -471,20 +506,74 @@ PRECISIONS = ("fp32", "bf16", "fp16", *PRECISION_RECIPES)
 # --------------------------------------------------------------------------------------------
 # Loaders
 # --------------------------------------------------------------------------------------------
-def format_validation_error(err: ValidationError, source: str = "") -> str:
-    """One line naming the field, the value and what was expected."""
+def _tier_label(data: Any, i: int) -> str:
+    """``tier 1 (InfiniBand 'ib')`` for ``tiers.1`` of a cluster file's data."""
+    kinds = {"nvlink": "NVLink", "infiniband": "InfiniBand", "roce": "RoCE",
+             "ethernet": "Ethernet", "pcie": "PCIe", "gloo": "gloo", "other": "other"}
+    try:
+        t = data["tiers"][i]
+        kind = kinds.get(str(t.get("kind")), str(t.get("kind", "")))
+        return f"tier {i} ({kind} '{t['name']}')" if "name" in t else f"tier {i} ({kind})"
+    except (TypeError, KeyError, IndexError, AttributeError):
+        return f"tier {i}"
+
+
+def _fields_at(cls: Any, loc: tuple) -> list[str]:
+    """Field names of the (nested) spec class at ``loc`` (for 'did you mean')."""
+    for part in loc:
+        if isinstance(part, int) or cls is None:
+            continue
+        f = getattr(cls, "model_fields", {}).get(part)
+        if f is None:
+            return []
+        ann = f.annotation
+        cls = next((a for a in (ann, *getattr(ann, "__args__", ()))
+                    if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if cls is None:
+            for a in getattr(ann, "__args__", ()):
+                cls = next((b for b in getattr(a, "__args__", ())
+                            if isinstance(b, type) and issubclass(b, BaseModel)), None)
+                if cls is not None:
+                    break
+    return list(getattr(cls, "model_fields", {})) if cls is not None else []
+
+
+def format_validation_error(err: ValidationError, source: str = "", data: Any = None,
+                            cls: Any = None) -> str:
+    """One line naming the field, the value and what was expected.
+
+    With the spec's ``data``, a cluster tier is named as ``tier 1 (InfiniBand 'ib')`` rather
+    than ``tiers.1``; with its class ``cls``, an unknown key gets the closest field name.
+    """
     parts = []
     for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "(spec)"
+        locs = list(e["loc"])
+        where = ""
+        if len(locs) >= 2 and locs[0] == "tiers" and isinstance(locs[1], int):
+            where, locs = _tier_label(data, locs[1]) + ": ", locs[2:]
+        loc = ".".join(str(x) for x in locs) or "(spec)"
         msg = e["msg"]
+        start = len(parts)
         if e["type"] == "extra_forbidden":
-            parts.append(f"unknown key '{loc}' (value {e.get('input')!r}): not a field of this spec")
+            key = str(e["loc"][-1])
+            close = difflib.get_close_matches(key, _fields_at(cls, e["loc"][:-1]), n=1,
+                                              cutoff=0.6) if cls is not None else []
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            parts.append(f"unknown key '{loc}' (value {e.get('input')!r}): not a field of this "
+                         f"spec{hint}")
         elif e["type"] == "missing":
             parts.append(f"missing key '{loc}'")
         elif e["type"] in ("value_error", "assertion_error") and loc == "(spec)":
-            parts.append(msg.removeprefix("Value error, "))
+            msg = msg.removeprefix("Value error, ")
+            if where and msg.startswith("tier '"):  # the label already names the tier
+                msg = msg.split(": ", 1)[-1]
+            parts.append(msg)
+        elif e["type"] == "finite_number":
+            parts.append(f"{loc} = {e.get('input')!r}: expected a finite number (not NaN or "
+                         "infinity)")
         else:
             parts.append(f"{loc} = {e.get('input')!r}: {msg.removeprefix('Value error, ')}")
+        parts[start:] = [where + x for x in parts[start:]]
     prefix = f"{source}: " if source else ""
     return prefix + "; ".join(parts)
 
@@ -512,7 +601,7 @@ def _build(cls: type[Spec], data: dict[str, Any], source: str) -> Any:
     try:
         return cls.model_validate(_tuples_from_lists(cls, data), strict=True)
     except ValidationError as err:
-        raise SpecError(format_validation_error(err, source)) from None
+        raise SpecError(format_validation_error(err, source, data, cls)) from None
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -521,6 +610,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as err:
         raise SpecError(f"{path}: not valid TOML: {err}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: not a text file (not UTF-8): expected TOML") from None
     except OSError as err:
         raise SpecError(f"{path}: cannot read: {err.strerror}") from None
 
@@ -536,6 +627,10 @@ def _resolve(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
                 return json.loads(p.read_text()), str(p)
             except json.JSONDecodeError as err:
                 raise SpecError(f"{p}: not valid JSON: {err}") from None
+            except UnicodeDecodeError:
+                raise SpecError(f"{p}: not a text file (not UTF-8): expected JSON") from None
+            except OSError as err:
+                raise SpecError(f"{p}: cannot read: {err.strerror}") from None
         return _read_toml(p), str(p)
     name = str(name_or_path).lower()
     path = find_preset(kind, name)
@@ -645,6 +740,9 @@ def model_from_hf_config(data: dict[str, Any], name: str = "hf-model") -> ModelS
             position_embedding="rope",
             tied_embeddings=bool(data.get("tie_word_embeddings", False)),
             linear_bias=bool(data.get("attention_bias", False)),
+            # Qwen2 has q/k/v biases and no attention_bias key (transformers' Qwen2Attention)
+            qkv_bias=data.get("model_type") == "qwen2" and "attention_bias" not in data,
+            rope_base=float(data.get("rope_theta", 10000.0)),
             num_experts=data.get("num_local_experts", 1),
             moe_top_k=data.get("num_experts_per_tok", 1),
         )

@@ -12,8 +12,12 @@ message.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import numbers
+import os
 from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +26,14 @@ from pydantic import ValidationError
 
 from perfmodel.config import ParallelConfig, resolve_config
 from perfmodel.frameworks import FrameworkSpec, apply_framework, load_framework
+from perfmodel.profile import evaluate as profile_evaluate
+from perfmodel.profile import load_profile
 from perfmodel.specs import (
     ClusterSpec,
     ModelSpec,
     SpecError,
     TrainingSpec,
+    _read_toml,
     format_validation_error,
     load_cluster,
     load_model,
@@ -40,7 +47,10 @@ __all__ = [
     "DEFAULT_CLUSTER",
     "DEFAULT_MODEL",
     "MAX_TOP",
+    "DEFAULT_SEQ_LEN_CAP",
+    "DEFAULT_TOKENS_PER_STEP",
     "STRATEGIES",
+    "TRAINING_SWITCHES",
     "evaluate_config",
     "make_problem",
     "plan",
@@ -109,6 +119,48 @@ def _check_arguments(*, gpus=None, global_batch_size=None, seq_len=None, precisi
         for v in items:
             lo = 0 if name in ("zero_stage", "zero") else 1
             _int_arg(name, v, lo, MAX_COUNT)
+#: Training-setup switches that :func:`plan` takes one by one (they override ``training`` and
+#: the ``framework``'s values); see :class:`perfmodel.specs.TrainingSpec`.
+TRAINING_SWITCHES = ("flash_attention", "overlap_grad_reduce", "overlap_tp_comm",
+                     "overlap_p2p_comm", "zero3_gather")
+
+#: When neither the caller nor the model preset gives a sequence length, the model's declared
+#: context (``max_seq_len``, ``max_position_embeddings`` of a HF config) is used up to this cap:
+#: 8192 tokens is Llama 3's pre-training length (arXiv:2407.21783, Sec. 3.4.1); 32K-128K
+#: contexts are reached by a short long-context extension, not by the pre-training step.
+DEFAULT_SEQ_LEN_CAP = 8192
+
+#: When neither the caller nor the model preset gives a global batch, it is this many tokens
+#: per step divided by the sequence length: GPT-3 175B's batch, 1536 x 2048 tokens (Brown et
+#: al. 2020, Table 2.1: 3.2M tokens; Narayanan et al. 2021, Table 1).
+DEFAULT_TOKENS_PER_STEP = DEFAULT_GLOBAL_BATCH * DEFAULT_SEQ_LEN
+
+
+def _user_set_threads() -> bool:
+    """Whether the user chose the BLAS / OpenMP thread count in the environment."""
+    return any(os.environ.get(k) for k in (
+        "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+        "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"))
+
+
+@contextmanager
+def search_threads():
+    """One BLAS / OpenMP thread inside a search, unless the user set a thread count.
+
+    The search evaluates many small arrays; OpenBLAS threads spin-wait between calls, and on a
+    machine whose cores other jobs use, that turned a 0.2 s search into 21 s
+    (``OPENBLAS_NUM_THREADS=1``: 0.2-1.4 s). threadpoolctl limits the already loaded libraries.
+    """
+    if _user_set_threads():
+        yield
+        return
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - a dependency; keep the planner usable without it
+        yield
+        return
+    with threadpool_limits(limits=1):
+        yield
 
 
 def _default_evaluator() -> Callable[..., Any]:
@@ -134,17 +186,82 @@ def _strategy(strategy: Any, top: int) -> Any:
     raise SpecError(f"strategy = {strategy!r}: expected one of {', '.join(STRATEGIES)}")
 
 
+def _training_data(training: Any) -> tuple[Any, set[str], str]:
+    """(spec or dict, the keys it sets, where it came from) of the ``training`` argument."""
+    if training is None:
+        return None, set(), ""
+    if isinstance(training, TrainingSpec):
+        return training, set(TrainingSpec.model_fields), "training spec"
+    if isinstance(training, dict):
+        return dict(training), set(training), "training dict"
+    path = Path(getattr(training, "value", training))
+    if not path.exists():
+        raise SpecError(f"training file '{path}' does not exist")
+    data = _read_toml(path)
+    return data, set(data), f"training file {path}"
+
+
+def training_defaults(m: ModelSpec, given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Sequence length and global batch for what the caller left out, with where they come
+    from: the model preset's published training setup, else the model's declared context (capped
+    at :data:`DEFAULT_SEQ_LEN_CAP`) and :data:`DEFAULT_TOKENS_PER_STEP` tokens per step."""
+    out: dict[str, Any] = {}
+    why: dict[str, str] = {}
+    pub = m.published_training
+    seq = given.get("seq_len")
+    if seq is None:
+        if pub is not None:
+            seq = out["seq_len"] = pub.seq_len
+            why["seq_len"] = f"{m.name}'s published training setup ({pub.source})"
+        else:
+            seq = out["seq_len"] = min(m.max_seq_len, DEFAULT_SEQ_LEN_CAP)
+            why["seq_len"] = (f"{m.name}'s context length {m.max_seq_len}" if
+                              m.max_seq_len <= DEFAULT_SEQ_LEN_CAP else
+                              f"{m.name}'s context length {m.max_seq_len:,} capped at "
+                              f"{DEFAULT_SEQ_LEN_CAP} (the default cap)")
+    if given.get("global_batch_size") is None:
+        if pub is not None and pub.seq_len == seq:
+            out["global_batch_size"] = pub.global_batch_size
+            why["global_batch_size"] = f"{m.name}'s published training setup ({pub.source})"
+        else:
+            out["global_batch_size"] = max(1, round(DEFAULT_TOKENS_PER_STEP / seq))
+            why["global_batch_size"] = (f"default {DEFAULT_TOKENS_PER_STEP:,} tokens per step "
+                                        f"(GPT-3's batch) / {seq} tokens")
+    return out, why
+
+
 def _specs(model, cluster, training, gpus, overrides, framework=None) -> tuple[
-        ModelSpec, TrainingSpec, ClusterSpec]:
+        ModelSpec, TrainingSpec, ClusterSpec, dict[str, str]]:
+    """The three specs, and where each training value the caller did not give comes from."""
     try:
         m = load_model(model)
         c = load_cluster(cluster, gpus)
+        data, keys, src = _training_data(training)
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if not isinstance(data, TrainingSpec):
+            for k in ("seq_len", "global_batch_size"):
+                if k not in given and k in keys:
+                    given[k] = data[k]
+        fill, why = training_defaults(m, given)
+        if isinstance(data, TrainingSpec):
+            fill, why = {}, {}
+        for k in keys & {"seq_len", "global_batch_size", "precision", "optimizer"}:
+            if overrides.get(k) is None:
+                why[k] = src
+        for k in ("precision", "optimizer"):
+            if k not in why and overrides.get(k) is None:
+                why[k] = "tool default"
+        for k in TRAINING_SWITCHES:
+            if overrides.get(k) is None:
+                why[k] = (f"framework {framework.name}" if framework is not None else
+                          src if k in keys else "tool default")
         # the stack's switches first, then the caller's single overrides win
-        t = apply_framework(load_training(training), framework)
+        base = load_training(data if isinstance(data, TrainingSpec) else {**fill, **(data or {})})
+        t = apply_framework(base, framework)
         t = load_training(t, **overrides)
     except ValidationError as err:  # pydantic errors raised outside the loaders
         raise SpecError(format_validation_error(err)) from None
-    return m, t, c
+    return m, t, c, why
 
 
 def make_problem(
@@ -168,6 +285,12 @@ def make_problem(
     max_step_time_s: float | None = None,
     max_memory_bytes: float | None = None,
     framework: str | Path | FrameworkSpec | None = None,
+    flash_attention: bool | None = None,
+    overlap_grad_reduce: bool | None = None,
+    overlap_tp_comm: bool | None = None,
+    overlap_p2p_comm: bool | None = None,
+    zero3_gather: str | None = None,
+    profile: Any = None,
     **fixed: Any,
 ) -> Problem:
     """Load the specs, build the space and bind the evaluation path (see :func:`plan`)."""
@@ -175,9 +298,12 @@ def make_problem(
                      precision=precision, optimizer=optimizer, objective=objective,
                      kernels=kernels, **fixed)
     fw = None if framework is None else load_framework(framework)
-    m, t, c = _specs(model, cluster, training, gpus, {
+    prof = load_profile(profile)
+    m, t, c, why = _specs(model, cluster, training, gpus, {
         "global_batch_size": global_batch_size, "seq_len": seq_len, "precision": precision,
-        "optimizer": optimizer}, fw)
+        "optimizer": optimizer, "flash_attention": flash_attention,
+        "overlap_grad_reduce": overlap_grad_reduce, "overlap_tp_comm": overlap_tp_comm,
+        "overlap_p2p_comm": overlap_p2p_comm, "zero3_gather": zero3_gather}, fw)
     space = make_space(m, t, c, allow_idle_gpus=allow_idle_gpus,
                        allow_tp_across_nodes=allow_tp_across_nodes,
                        uneven_layers=uneven_layers, framework=fw, **fixed)
@@ -187,9 +313,13 @@ def make_problem(
     from perfmodel.memory import SEARCH_MEMORY_HEADROOM
 
     headroom = SEARCH_MEMORY_HEADROOM if memory_headroom is None else float(memory_headroom)
-    return Problem(space, evaluator or _default_evaluator(), getattr(objective, "value", objective),
-                   kernels, calibration, memory_headroom=headroom,
-                   max_step_time_s=max_step_time_s, max_memory_bytes=max_memory_bytes)
+    evaluator = evaluator or _default_evaluator()
+    if prof is not None and not prof.is_neutral:
+        evaluator = functools.partial(profile_evaluate, profile=prof, evaluator=evaluator)
+    return Problem(space, evaluator, getattr(objective, "value", objective), kernels,
+                   calibration, memory_headroom=headroom,
+                   max_step_time_s=max_step_time_s, max_memory_bytes=max_memory_bytes,
+                   assumed=why, profile=None if prof is None else prof.name)
 
 
 def _check_single(space: SearchSpace) -> None:
@@ -245,6 +375,12 @@ def plan(
     max_step_time_s: float | None = None,
     max_memory_bytes: float | None = None,
     framework: str | Path | FrameworkSpec | None = None,
+    flash_attention: bool | None = None,
+    overlap_grad_reduce: bool | None = None,
+    overlap_tp_comm: bool | None = None,
+    overlap_p2p_comm: bool | None = None,
+    zero3_gather: str | None = None,
+    profile: Any = None,
     **fixed: Any,
 ) -> SearchResult:
     """Search the parallel configurations of ``model`` on ``cluster`` and rank them.
@@ -255,7 +391,10 @@ def plan(
         Preset names (``"gpt3-175b"``, ``"dgx-a100-80g"``), spec file paths, or specs.
     training
         A TrainingSpec, dict or TOML path; ``global_batch_size``, ``seq_len``, ``precision``,
-        ``optimizer`` override its fields.
+        ``optimizer`` and the switches below override its fields. What neither gives comes from
+        the model preset's published training setup, else from the model's context length
+        (capped at :data:`DEFAULT_SEQ_LEN_CAP`) and :data:`DEFAULT_TOKENS_PER_STEP`;
+        ``result.setup["assumed"]`` says where each value came from.
     gpus
         Scale the cluster to this many GPUs.
     strategy
@@ -290,6 +429,14 @@ def plan(
         ``"nemo-24.09"``, ``"deepspeed"``, ``"torchtitan"``, a TOML path or a FrameworkSpec):
         sets its switches (overlaps, flash attention) on the training setup, before the single
         overrides above, and keeps the search to what it runs (see ``perfmodel.frameworks``).
+    flash_attention, overlap_grad_reduce, overlap_tp_comm, overlap_p2p_comm, zero3_gather
+        Single training switches (:class:`perfmodel.specs.TrainingSpec`); ``None`` keeps the
+        framework's (or the training spec's) value.
+    profile
+        An efficiency profile fitted to measured runs (``plan calibrate``): a shipped name
+        (``"nemo-24.09"``), a TOML path or an :class:`perfmodel.profile.EfficiencyProfile`;
+        it scales kernel rates and link bandwidths and adds a per-step host time (see
+        ``perfmodel.profile``). None: the uncalibrated model.
     **fixed
         Pin parallel dimensions: ``dp tp pp vp cp zero_stage micro_batch_size recompute
         sequence_parallel schedule num_microbatches``; a value pins, a list / range restricts.
@@ -317,13 +464,21 @@ def plan(
         allow_tp_across_nodes=allow_tp_across_nodes, uneven_layers=uneven_layers,
         calibration=calibration, evaluator=evaluator, memory_headroom=memory_headroom,
         max_step_time_s=max_step_time_s, max_memory_bytes=max_memory_bytes,
-        framework=framework, **fixed,
+        framework=framework, profile=profile,
+        flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
+        overlap_tp_comm=overlap_tp_comm, overlap_p2p_comm=overlap_p2p_comm,
+        zero3_gather=zero3_gather, **fixed,
     )
     space = problem.space
+    threads = nullcontext() if evaluator is not None else search_threads()
     if all(len(space.values[d]) == 1 for d in space.dims):
         _check_single(space)
-        return GridSearch(top=1, name="single").run(problem)
-    result = _strategy(strategy, top).run(problem, seed, progress)
+        with threads:
+            return _annotate(GridSearch(top=1, name="single").run(problem), problem)
+    if top < 1:
+        raise SpecError(f"top = {top}: expected a positive integer")
+    with threads:
+        result = _annotate(_strategy(strategy, top).run(problem, seed, progress), problem)
     if result.evaluated == 0:
         if result.strategy == "grid":
             raise SpecError(space.explain_empty())
@@ -333,53 +488,60 @@ def plan(
     return result
 
 
+def _annotate(result: SearchResult, problem: Problem) -> SearchResult:
+    """Add to ``result.setup`` where the defaulted training values came from, and warnings
+    about the setup itself (``setup["warnings"]``, one line each)."""
+    space = problem.space
+    result.setup["assumed"] = dict(problem.assumed)
+    warn = []
+    m = space.model
+    if m.num_experts > 1 and "ep" not in SEARCH_DIMS:
+        warn.append(f"{m.name} is a mixture-of-experts model ({m.num_experts} experts, top-"
+                    f"{m.moe_top_k}); expert parallelism is not modelled yet, so it is planned "
+                    "as a dense model holding every expert on each GPU")
+    result.setup["warnings"] = warn
+    return result
+
+
 def evaluate_config(
     model: str | Path | ModelSpec,
     cluster: str | Path | ClusterSpec,
     training: str | Path | TrainingSpec | dict | None = None,
-    *,
-    gpus: int | None = None,
-    global_batch_size: int | None = None,
-    seq_len: int | None = None,
-    precision: str | None = None,
-    optimizer: str | None = None,
-    kernels: str = "fused",
-    allow_idle_gpus: bool = False,
-    allow_tp_across_nodes: bool = False,
-    calibration: Any = None,
-    evaluator: Callable[..., Any] | None = None,
-    memory_headroom: float | None = None,
-    framework: str | Path | FrameworkSpec | None = None,
-    **config: Any,
+    **options: Any,
 ) -> SearchResult:
-    """Predict one configuration (fields of :class:`ParallelConfig`; missing ones take its
-    defaults, ``dp`` defaults to ``gpus / (tp*pp*cp)``).
+    """Predict one configuration: fields of :class:`ParallelConfig` (missing ones take its
+    defaults, ``dp`` defaults to ``gpus / (tp*pp*cp)``), and every other option of
+    :func:`plan` (``gpus``, ``global_batch_size``, ``framework``, the training switches,
+    ``uneven_layers``, ``kernels``, ...).
 
     Returns a :class:`SearchResult` whose ``rows[0]`` (also ``to_json()['best']``) is the
-    prediction; when it does not fit, ``fits_any`` is False and ``smallest`` holds it.
+    prediction; when it does not fit, ``fits_any`` is False, ``smallest`` holds it and
+    ``best`` / ``top`` still show it (with ``fits`` False).
     """
     defaults = ParallelConfig()
-    pinned = {d: config.pop(d, None) for d in SEARCH_DIMS}
+    pinned = {d: options.pop(d, None) for d in SEARCH_DIMS}
     schedule_given = pinned["schedule"] is not None
     for alias, d in (("zero", "zero_stage"), ("micro_batch", "micro_batch_size")):
-        if alias in config:
-            pinned[d] = config.pop(alias)
-    nmb = config.pop("num_microbatches", None)
-    if config:
+        if alias in options:
+            pinned[d] = options.pop(alias)
+    nmb = options.pop("num_microbatches", None)
+    plan_options = [k for k, p in inspect.signature(plan).parameters.items()
+                    if p.kind is p.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(plan_options))
+    if unknown:
+        import difflib
+
+        known = [*SEARCH_DIMS, "num_microbatches", *plan_options]
+        close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
         raise SpecError(
-            f"unknown configuration field {min(config)!r}: expected one of "
-            f"{', '.join(SEARCH_DIMS)}, num_microbatches"
+            f"unknown option {unknown[0]!r}"
+            + (f": did you mean {close[0]!r}?" if close else
+               f": expected a configuration field ({', '.join(SEARCH_DIMS)}, "
+               "num_microbatches) or an option of search.plan")
         )
     for d in SEARCH_DIMS:
         if pinned[d] is None and d != "dp":
             pinned[d] = getattr(defaults, d)
     if not schedule_given and pinned["vp"] > 1:
         pinned["schedule"] = "interleaved"
-    return plan(
-        model, cluster, training, gpus=gpus, global_batch_size=global_batch_size,
-        seq_len=seq_len, precision=precision, optimizer=optimizer, kernels=kernels,
-        allow_idle_gpus=allow_idle_gpus, allow_tp_across_nodes=allow_tp_across_nodes,
-        calibration=calibration, evaluator=evaluator, num_microbatches=nmb,
-        memory_headroom=memory_headroom, framework=framework,
-        **pinned,
-    )
+    return plan(model, cluster, training, num_microbatches=nmb, **options, **pinned)

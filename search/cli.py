@@ -27,7 +27,7 @@ from rich.table import Table
 
 from hardware_specs import list_presets
 from perfmodel import units
-from perfmodel.specs import SpecError, format_validation_error
+from perfmodel.specs import MAX_GPUS, SpecError, format_validation_error
 from perfmodel.step import MFU_CONVENTION
 from search import api
 
@@ -38,6 +38,7 @@ SUBCOMMANDS: dict[str, str] = {
     "realtime": "search.cli_realtime:realtime",
     "validate": "search.validate:validate_command",
     "verify": "harness.cli_verify:verify_cmd",
+    "calibrate": "search.calibrate:calibrate_command",
 }
 
 app = typer.Typer(
@@ -100,23 +101,62 @@ class Kernels(str, Enum):
     eager = "eager"
 
 
+class Zero3Gather(str, Enum):
+    layer = "layer"
+    tensor = "tensor"
+
+
+#: Upper bounds of the count options (a larger value is a typing error; numpy's int64 and the
+#: divisor lists of the search stay far from overflow). GPUs: perfmodel.specs.MAX_GPUS.
+LIMITS: dict[str, tuple[int, str]] = {
+    "gpus": (MAX_GPUS, "GPUs"),
+    "global_batch": (2**24, "sequences"),
+    "seq_len": (2**24, "tokens"),
+    "dp": (MAX_GPUS, "GPUs"),
+    "tp": (MAX_GPUS, "GPUs"),
+    "pp": (MAX_GPUS, "GPUs"),
+    "vp": (2**16, "virtual stages"),
+    "cp": (MAX_GPUS, "GPUs"),
+    "micro_batch": (2**24, "sequences"),
+    "top": (10_000, "rows"),
+}
+
+
+def check_bounds(**values: int | None) -> None:
+    """One-line error for a count option outside [1, limit] (the limit is named)."""
+    for name, v in values.items():
+        if v is None:
+            continue
+        limit, unit = LIMITS[name]
+        flag = "--" + name.replace("_", "-")
+        if v < 1:
+            _fail(f"{flag} {v}: expected a positive integer")
+        if v > limit:
+            _fail(f"{flag} {v}: above the limit of {limit:,} {unit}")
+
+
 class Emit(str, Enum):
     megatron = "megatron"
+    bridge = "bridge"
     torchtitan = "torchtitan"
     deepspeed = "deepspeed"
 
 
-def _launch_text(fmt: str, model: str, result: Any) -> str:
-    """The best configuration as launch settings (see :mod:`search.emit`)."""
-    from perfmodel.config import ParallelConfig
-    from perfmodel.specs import TrainingSpec, load_model
-    from search.emit import emit
+def _launches(result: Any, model: str, plan_kwargs: dict[str, Any], alternatives: bool,
+              formats: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Launch settings of the best configuration per format (see :mod:`search.emit`); a refused
+    format gets the best configuration of a search restricted to its framework."""
+    from search.emit import FORMATS, launch_from_result
+    from search.space import SEARCH_DIMS
 
-    s = result.setup
-    training = TrainingSpec(global_batch_size=s["global_batch_size"], seq_len=s["seq_len"],
-                            precision=s["precision"], optimizer=s["optimizer"])
-    config = ParallelConfig(**result.best_row["config"])
-    return emit(fmt, config, load_model(model), training)
+    def replan(framework: str, precision: str) -> Any:
+        kw = {k: v for k, v in plan_kwargs.items() if k not in SEARCH_DIMS}
+        kw.update(framework=framework, precision=precision, top=1, progress=None)
+        return api.plan(**kw)
+
+    return launch_from_result(result, model, formats or FORMATS,
+                              framework=plan_kwargs.get("framework"),
+                              replan=replan if alternatives else None)
 
 
 def _fail(message: str) -> None:
@@ -198,6 +238,79 @@ def _quantity(text: str | None, units_: dict[str, float], option: str, default_u
     return float(m.group(1)) * units_[unit]
 
 
+_SWITCH_NAMES = {"overlap_grad_reduce": "grad-reduce", "overlap_tp_comm": "tp-comm",
+                 "overlap_p2p_comm": "p2p-comm"}
+_FIELD_NAMES = {"seq_len": "sequence {v}", "global_batch_size": "global batch {v}",
+                "precision": "precision {v}", "optimizer": "optimizer {v}",
+                "overlap_grad_reduce": "overlap-grad-reduce {v}",
+                "overlap_tp_comm": "overlap-tp-comm {v}", "overlap_p2p_comm": "overlap-p2p-comm {v}",
+                "flash_attention": "flash attention {v}", "zero3_gather": "zero3-gather {v}"}
+
+
+def assumed_lines(s: dict[str, Any]) -> list[str]:
+    """The report header's "assumed setup": the switches in force, then every value the user
+    did not give, grouped by where it came from."""
+    sw = s.get("training_switches") or {}
+    on = [_SWITCH_NAMES[k] for k in _SWITCH_NAMES if sw.get(k)]
+    first = (f"assumed setup: framework {s.get('framework') or '(none: default switches)'}; "
+             f"overlap {', '.join(on) or 'none'}; flash attention "
+             f"{'on' if sw.get('flash_attention') else 'off'}"
+             f"{'; profile ' + s['profile'] if s.get('profile') else ''}")
+    lines = [first]
+    values = {**{k: s.get(k) for k in ("seq_len", "global_batch_size", "precision",
+                                         "optimizer")}, **sw}
+    by_source: dict[str, list[str]] = {}
+    for k, src in (s.get("assumed") or {}).items():
+        v = values.get(k)
+        shown = ("on" if v else "off") if isinstance(v, bool) else v
+        by_source.setdefault(src, []).append(_FIELD_NAMES.get(k, k + " {v}").format(v=shown))
+    for src, fields in by_source.items():
+        lines.append(f"  {', '.join(fields)}: {src}")
+    return lines
+
+
+def term_note(name: str, value: float, row: dict[str, Any], s: dict[str, Any]) -> str:
+    """What a step-time term is for this configuration: the communication terms are what
+    overlap leaves exposed; a zero says why it is zero."""
+    c = row["config"]
+    sw = s.get("training_switches") or {}
+    zero_time = value <= 0.0
+    if name == "bubble":
+        return "pp = 1: no pipeline" if c["pp"] == 1 else "pipeline fill and drain"
+    if name == "tp_comm":
+        if c["tp"] == 1:
+            return "tp = 1: none"
+        return ("exposed: what the GEMM overlap leaves" if sw.get("overlap_tp_comm")
+                else "exposed (no TP overlap)")
+    if name == "cp_comm":
+        return "cp = 1: none" if c["cp"] == 1 else "exposed: what ring attention leaves"
+    if name == "pp_comm":
+        if c["pp"] == 1:
+            return "pp = 1: none"
+        return ("exposed: fill and drain sends (p2p overlapped)" if sw.get("overlap_p2p_comm")
+                else "exposed: every send (p2p not overlapped)")
+    if name == "dp_comm":
+        if c["dp"] == 1:
+            return "dp = 1: none"
+        if sw.get("overlap_grad_reduce"):
+            return ("hidden behind the backward (overlapped)" if zero_time else
+                    "exposed: what the last backward does not hide")
+        return "exposed: after the flush (no overlap)"
+    if name == "zero3_comm":
+        if c["zero_stage"] != 3:
+            return f"ZeRO-{c['zero_stage']}: no parameter gathers"
+        if sw.get("overlap_grad_reduce"):
+            return ("hidden: the gathers are prefetched behind compute" if zero_time else
+                    "exposed: gathers longer than the compute they overlap")
+        return "exposed: gathers not overlapped"
+    if name == "overlap_slowdown":
+        return "compute slowed by the communication it hides"
+    if name == "link_shared":
+        return ("the streams sharing each link fit in the step" if zero_time else
+                "exposed: a link's streams together exceed the step")
+    return ""
+
+
 def _print_best(out: Console, r: Any) -> None:
     row = r.best_row
     s = r.setup
@@ -205,13 +318,10 @@ def _print_best(out: Console, r: Any) -> None:
     out.print(f"[bold]{s['model']}[/] on {s['gpus']} x {s['gpu']} ({s['cluster']}), global batch "
               f"{s['global_batch_size']} x {s['seq_len']} tokens, {s['precision']}, "
               f"{s['optimizer']}, {s['kernels']} kernels")
-    sw = s.get("training_switches") or {}
-    on = [k.removeprefix("overlap_").replace("_", "-") for k in
-          ("overlap_grad_reduce", "overlap_tp_comm", "overlap_p2p_comm") if sw.get(k)]
-    out.print(f"assumed setup: framework {s.get('framework') or '(none: default switches)'}; "
-              f"overlap {', '.join(on) or 'none'}; flash attention "
-              f"{'on' if sw.get('flash_attention') else 'off'}")
-    out.print(f"\n[bold]{title}:[/] {_config_line(row['config'])}")
+    for line in assumed_lines(s):
+        out.print(line, soft_wrap=True)
+    used = f" ({row['gpus']} of {s['gpus']} GPUs used)" if row["gpus"] != s["gpus"] else ""
+    out.print(f"\n[bold]{title}:[/] {_config_line(row['config'])}{used}")
     out.print(f"  step time {units.fmt_seconds(row['step_time_s'])}   "
               f"{units.fmt_count(row['tokens_per_s'])} tokens/s   MFU {row['mfu']:.1%}   "
               f"HFU {row['hfu']:.1%}   peak memory {units.fmt_bytes(row['memory_bytes']['peak'])}"
@@ -223,19 +333,21 @@ def _print_best(out: Console, r: Any) -> None:
     if layout:
         out.print(layout)
     b = r.breakdown(0)
-    t = Table(title="step time", title_justify="left")
+    t = Table(title="step time (communication rows: the part overlap leaves exposed)",
+              title_justify="left")
     t.add_column("term")
     t.add_column("time", justify="right")
     t.add_column("share", justify="right")
+    t.add_column("what it is")
     for name, v, share in b["time"]:
-        t.add_row(name, units.fmt_seconds(v), f"{share:.1%}")
+        t.add_row(name, units.fmt_seconds(v), f"{share:.1%}", term_note(name, v, row, s))
     m = Table(title="memory per GPU (GiB = 2^30 bytes)", title_justify="left")
     m.add_column("term")
     m.add_column("bytes", justify="right")
     m.add_column("of HBM", justify="right")
     for name, v, share in b["memory"]:
         m.add_row(name, units.fmt_bytes(v), f"{share:.1%}")
-    c = Table(title="communication", title_justify="left")
+    c = Table(title="communication volume", title_justify="left")
     c.add_column("group")
     c.add_column("bytes per GPU per step", justify="right")
     for name, v, _ in b["comm"]:
@@ -254,14 +366,34 @@ def _print_best(out: Console, r: Any) -> None:
     if busy:
         out.print(lk)
     out.print(f"  {MFU_CONVENTION}")
+    for w in s.get("warnings") or ():
+        out.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
     for d in r.diagnostics:
         out.print(f"[yellow]warning:[/] {d.message}")
 
 
-def _print_top(out: Console, r: Any) -> None:
-    t = Table(title=f"top {len(r.rows)} by {r.objective}", title_justify="left")
+def _print_pareto(out: Console, r: Any) -> None:
+    """The Pareto front (step time, peak memory, GPUs), fastest first."""
+    t = Table(title=f"Pareto front: {len(r.pareto_rows)} configurations none of which is "
+              "faster, smaller and on fewer GPUs at once", title_justify="left")
     for col in ("#", "dp", "tp", "pp", "vp", "cp", "zero", "mbs", "recompute", "sp", "sched",
-                "step", "MFU", "peak mem", "why below #1"):
+                "GPUs", "step", "MFU", "peak mem"):
+        t.add_column(col, justify="left" if col in ("recompute", "sched") else "right")
+    for i, row in enumerate(r.pareto_rows):
+        c = row["config"]
+        t.add_row(str(i + 1), str(c["dp"]), str(c["tp"]), str(c["pp"]), str(c["vp"]),
+                  str(c["cp"]), str(c["zero_stage"]), str(c["micro_batch_size"]),
+                  c["recompute"], "on" if c["sequence_parallel"] else "off", c["schedule"],
+                  str(row["gpus"]), units.fmt_seconds(row["step_time_s"]), f"{row['mfu']:.1%}",
+                  units.fmt_bytes(row["memory_bytes"]["peak"]))
+    out.print(t)
+
+
+def _print_top(out: Console, r: Any, gpus_column: bool = False) -> None:
+    t = Table(title=f"top {len(r.rows)} by {r.objective}", title_justify="left")
+    cols = ["#", "dp", "tp", "pp", "vp", "cp", "zero", "mbs", "recompute", "sp", "sched",
+            *(["GPUs"] if gpus_column else []), "step", "MFU", "peak mem", "why below #1"]
+    for col in cols:
         t.add_column(col, justify="left" if col in ("recompute", "sched", "why below #1")
                      else "right")
     for i, row in enumerate(r.rows):
@@ -269,6 +401,7 @@ def _print_top(out: Console, r: Any) -> None:
         t.add_row(str(i + 1), str(c["dp"]), str(c["tp"]), str(c["pp"]), str(c["vp"]),
                   str(c["cp"]), str(c["zero_stage"]), str(c["micro_batch_size"]),
                   c["recompute"], "on" if c["sequence_parallel"] else "off", c["schedule"],
+                  *([str(row["gpus"])] if gpus_column else []),
                   units.fmt_seconds(row["step_time_s"]), f"{row['mfu']:.1%}",
                   units.fmt_bytes(row["memory_bytes"]["peak"]),
                   "" if i == 0 else r.explain(i))
@@ -314,8 +447,12 @@ def planner(
     None,
     list_presets_: Annotated[bool, typer.Option("--list", help="list every preset and exit")]
     = False,
-    emit: Annotated[Emit | None, typer.Option(help="also print the best configuration as "
-                                              "launch settings for this framework")] = None,
+    emit: Annotated[Emit | None, typer.Option(help="print only the best configuration's "
+                                              "launch settings for this framework on stdout "
+                                              "(the report goes to stderr)")] = None,
+    emit_dir: Annotated[Path | None, typer.Option(
+        help="write the launch settings of every framework into this folder (megatron.args, "
+             "bridge.yaml, torchtitan.toml, deepspeed.json)")] = None,
     calibration: Annotated[Path | None, typer.Option(
         help="folder of your own GPU measurements (the format calibrate_gpu.py writes)")] = None,
     allow_idle_gpus: Annotated[bool, typer.Option(
@@ -337,6 +474,26 @@ def planner(
         help="the training stack you will launch (megatron-2021, megatron-2022, nemo-24.07, "
              "nemo-24.09, bridge-25.x, deepspeed, torchtitan, or a TOML file): sets its "
              "switches and keeps the search to what it runs")] = None,
+    training: Annotated[Path | None, typer.Option(
+        help="training spec TOML (global_batch_size, seq_len, precision, optimizer, overlap "
+             "switches, flash_attention); the options above and below override it")] = None,
+    flash_attention: Annotated[bool | None, typer.Option(
+        "--flash-attention/--no-flash-attention",
+        help="attention without storing the s^2 scores (default: the framework's)")] = None,
+    overlap_grad_reduce: Annotated[bool | None, typer.Option(
+        "--overlap-grad-reduce/--no-overlap-grad-reduce",
+        help="data-parallel reduce / ZeRO gathers overlap compute")] = None,
+    overlap_tp_comm: Annotated[bool | None, typer.Option(
+        "--overlap-tp-comm/--no-overlap-tp-comm",
+        help="TP collectives overlap the GEMMs (TE userbuffers)")] = None,
+    overlap_p2p_comm: Annotated[bool | None, typer.Option(
+        "--overlap-p2p-comm/--no-overlap-p2p-comm",
+        help="pipeline sends / receives overlap compute")] = None,
+    zero3_gather: Annotated[Zero3Gather | None, typer.Option(
+        help="ZeRO-3 gathers per layer (FSDP2) or per tensor (DeepSpeed 2021)")] = None,
+    profile: Annotated[str | None, typer.Option(
+        help="efficiency profile: a shipped one (megatron-2021, megatron-2022, nemo-24.07, "
+             "nemo-24.09, bridge-25.x) or a TOML file written by `plan calibrate`")] = None,
 ) -> None:
     """Search (or, with every parallel option given, evaluate) parallel configurations."""
     if ctx.invoked_subcommand is not None:
@@ -345,29 +502,39 @@ def planner(
     # them at rich's default of 80 columns.
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
     if list_presets_:
-        for kind in ("model", "cluster", "gpu", "framework"):
+        for kind in ("model", "cluster", "gpu", "framework", "profile"):
             out.print(f"{kind}s: " + ", ".join(list_presets(kind)), soft_wrap=True)
         return
+    check_bounds(gpus=gpus, global_batch=global_batch, seq_len=seq_len, dp=dp, tp=tp, pp=pp,
+                 vp=vp, cp=cp, micro_batch=micro_batch, top=top)
     err = Console(stderr=True)
+    if emit is not None and not json_out:
+        # stdout carries only the launch settings (`plan --emit deepspeed > ds.json`)
+        out = Console(stderr=True, highlight=False)
     progress = _LazyProgress(err) if err.is_terminal and not json_out else None
     try:
-        result = api.plan(
-            model, cluster, gpus=gpus, global_batch_size=global_batch, seq_len=seq_len,
-            precision=precision.value if precision else None,
-            optimizer=optimizer.value if optimizer else None,
-            strategy=strategy.value, objective=objective.value, top=top,
-            kernels=kernels.value, progress=progress,
-            calibration=str(calibration) if calibration is not None else None,
-            allow_idle_gpus=allow_idle_gpus, allow_tp_across_nodes=allow_tp_across_nodes,
-            uneven_layers=uneven_layers, memory_headroom=memory_headroom,
-            max_step_time_s=_quantity(max_step_time, _UNITS_S, "--max-step-time", "s"),
-            max_memory_bytes=_quantity(max_memory, _UNITS_B, "--max-memory", "gib"),
-            framework=framework,
-            dp=dp, tp=tp, pp=pp, vp=vp, cp=cp, zero_stage=zero, micro_batch_size=micro_batch,
-            recompute=recompute.value if recompute else None,
-            sequence_parallel=sequence_parallel,
-            schedule=schedule.value if schedule else None,
-        )
+        plan_kwargs: dict[str, Any] = {
+            "model": model, "cluster": cluster, "gpus": gpus, "global_batch_size": global_batch,
+            "seq_len": seq_len, "precision": precision.value if precision else None,
+            "optimizer": optimizer.value if optimizer else None,
+            "strategy": strategy.value, "objective": objective.value, "top": top,
+            "kernels": kernels.value, "progress": progress,
+            "calibration": str(calibration) if calibration is not None else None,
+            "allow_idle_gpus": allow_idle_gpus, "allow_tp_across_nodes": allow_tp_across_nodes,
+            "uneven_layers": uneven_layers, "framework": framework, "profile": profile,
+            "memory_headroom": memory_headroom,
+            "training": str(training) if training is not None else None,
+            "flash_attention": flash_attention, "overlap_grad_reduce": overlap_grad_reduce,
+            "overlap_tp_comm": overlap_tp_comm, "overlap_p2p_comm": overlap_p2p_comm,
+            "zero3_gather": zero3_gather.value if zero3_gather else None,
+            "dp": dp, "tp": tp, "pp": pp, "vp": vp, "cp": cp, "zero_stage": zero,
+            "micro_batch_size": micro_batch, "recompute": recompute.value if recompute else None,
+            "sequence_parallel": sequence_parallel,
+            "schedule": schedule.value if schedule else None,
+        }
+        plan_kwargs["max_step_time_s"] = _quantity(max_step_time, _UNITS_S, "--max-step-time", "s")
+        plan_kwargs["max_memory_bytes"] = _quantity(max_memory, _UNITS_B, "--max-memory", "gib")
+        result = api.plan(**plan_kwargs)
     except SpecError as e:
         _fail(str(e))
     except ValidationError as e:
@@ -382,28 +549,45 @@ def planner(
             result.top.to_csv(csv, index=False)
         except OSError as e:
             _fail(f"--csv {csv}: cannot write: {e.strerror}")
-    launch = None
-    if emit is not None:
+    want_alt = emit is not None or emit_dir is not None
+    try:
+        launches = _launches(result, model, plan_kwargs, want_alt) if (
+            json_out or want_alt) else {}
+    except SpecError as e:
+        _fail(str(e))
+    if emit_dir is not None:
         try:
-            launch = _launch_text(emit.value, model, result)
-        except SpecError as e:
-            _fail(str(e))
+            emit_dir.mkdir(parents=True, exist_ok=True)
+            for L in launches.values():
+                if L.text is not None:
+                    (emit_dir / L.file).write_text(L.text)
+        except OSError as e:
+            _fail(f"--emit-dir {emit_dir}: cannot write: {e.strerror}")
+        for L in launches.values():
+            if L.text is None:
+                err.print(f"plan: {L.file} not written: {L.message()}", soft_wrap=True,
+                          highlight=False, markup=False)
     if json_out:
         doc = result.to_json()
-        if launch is not None:
-            doc["launch"] = {"format": emit.value, "text": launch}
+        doc["launch"] = {fmt: L.to_json() for fmt, L in launches.items()}
         typer.echo(json.dumps(doc, indent=2))
         return
+    for w in result.setup.get("warnings") or ():
+        typer.echo(f"plan: warning: {w}", err=True)
+    if emit is not None and launches[emit.value].text is None:
+        _fail(launches[emit.value].message())
     _print_best(out, result)
     if result.strategy != "single":
         out.print()
-        _print_top(out, result)
+        _print_top(out, result, gpus_column=allow_idle_gpus)
+        if result.strategy == "nsga2":
+            out.print()
+            _print_pareto(out, result)
         out.print(f"searched {result.evaluated:,} configurations ({result.feasible:,} fit in "
                   f"memory, {result.space_size:,} in the space before constraints) with "
                   f"{result.strategy} in {result.seconds:.2f} s")
-    if launch is not None:
-        out.print(f"\n[bold]{emit.value} launch settings:[/]")
-        typer.echo(launch, nl=False)
+    if emit is not None:
+        typer.echo(launches[emit.value].text, nl=False)
 
 
 def _register_subcommands() -> None:

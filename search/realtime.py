@@ -274,7 +274,7 @@ def load_realtime(spec: str | Path | dict | RealtimeSpec) -> RealtimeSpec:
     try:
         return RealtimeSpec.model_validate(data, strict=True)
     except ValidationError as err:
-        raise SpecError(format_validation_error(err, source)) from None
+        raise SpecError(format_validation_error(err, source, data, RealtimeSpec)) from None
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -285,6 +285,8 @@ def _read(path: Path) -> dict[str, Any]:
             return tomllib.load(f)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
         raise SpecError(f"{path}: not valid {path.suffix.lstrip('.').upper()}: {err}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: not a text file (not UTF-8): expected TOML or JSON") from None
     except OSError as err:
         raise SpecError(f"{path}: cannot read: {err.strerror}") from None
 

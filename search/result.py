@@ -334,6 +334,9 @@ def finalize(
     frame, rows = _rows(batch, res)
     nt, npar = len(top_flat), len(pareto_flat)
     top = frame.iloc[:nt].reset_index(drop=True)
+    if strategy == "single" and nt == 0 and len(smallest_flat):
+        # one configuration asked for: show it even though it does not fit (fits is False)
+        top = frame.iloc[nt + npar:nt + npar + 1].reset_index(drop=True)
     par = frame.iloc[nt:nt + npar]
     order = np.lexsort((par["peak_memory_bytes"].to_numpy(), par["step_time_s"].to_numpy()))
     pareto = par.iloc[order].reset_index(drop=True)
@@ -374,6 +377,7 @@ def finalize(
             "optimizer": space.training.optimizer,
             "kernels": problem.kernels,
             "framework": None if space.framework is None else space.framework.name,
+            "profile": getattr(problem, "profile", None),
             "training_switches": {k: getattr(space.training, k) for k in (
                 "overlap_grad_reduce", "overlap_tp_comm", "overlap_p2p_comm",
                 "flash_attention", "zero3_gather", "grad_reduce_in_fp32", "fp8_params")},

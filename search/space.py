@@ -17,6 +17,7 @@ A :class:`Problem` couples a space with the one vectorized evaluation path
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,10 +84,33 @@ CONSTRAINTS = (
 )
 
 
-def divisors(n: int) -> np.ndarray:
-    """All positive divisors of ``n``, ascending."""
-    d = np.arange(1, int(n) + 1)
-    return d[n % d == 0]
+def divisors(n: int, upto: int | None = None) -> np.ndarray:
+    """All positive divisors of ``n`` (those <= ``upto`` when given), ascending.
+
+    Trial division by 1..sqrt(n) in blocks of 2^20 candidates (a divisor d > sqrt(n) is n // d
+    of a small one), so memory stays a few MiB for any ``n``; with ``upto`` only the small
+    divisors <= upto and the cofactors <= upto are tried (``n = 10**15``, ``upto = 2**20``:
+    2^20 candidates).
+    """
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"divisors: n = {n}: expected a positive integer")
+    root = math.isqrt(n)
+    cap = root if upto is None else min(root, int(upto))
+    small_parts, large_parts = [], []
+    block = 1 << 20
+    for lo in range(1, cap + 1, block):  # divisors d <= cap
+        d = np.arange(lo, min(lo + block, cap + 1), dtype=object if n >= 2**63 else np.int64)
+        small_parts.append(d[n % d == 0])
+    # cofactors n // d with d <= root; with upto, only d >= n / upto can give n // d <= upto
+    lo_d = 1 if upto is None else max(1, -(-n // int(upto)))
+    for lo in range(lo_d, root + 1, block):
+        d = np.arange(lo, min(lo + block, root + 1), dtype=object if n >= 2**63 else np.int64)
+        large_parts.append(n // d[n % d == 0])
+    vals = {int(x) for part in small_parts + large_parts for x in part}
+    if upto is not None:
+        vals = {v for v in vals if v <= upto}
+    return np.asarray(sorted(vals), dtype=np.int64)
 
 
 def _powers_of_two(cap: int) -> np.ndarray:
@@ -373,15 +397,14 @@ def _candidates(d: str, model: ModelSpec, training: TrainingSpec, n_gpus: int, s
     if d == "pp":
         v = divisors(model.num_layers)
         if uneven_layers:
-            v = np.union1d(v, divisors(n_gpus)[divisors(n_gpus) <= model.num_layers])
+            v = np.union1d(v, divisors(n_gpus, upto=model.num_layers))
         return v[v <= n_gpus]
     if d == "cp":
         v = _powers_of_two(min(max_cp, n_gpus))
         return v[(v == 1) | (training.seq_len % (2 * v) == 0)]
     if d == "dp":
         if allow_idle_gpus:
-            v = divisors(training.global_batch_size)
-            return v[v <= n_gpus]
+            return divisors(training.global_batch_size, upto=n_gpus)
         return divisors(n_gpus)
     if d == "vp":
         v = divisors(model.num_layers)
@@ -598,6 +621,9 @@ class Problem:
     #: constraints on the objective: configurations slower / larger than these do not count
     max_step_time_s: float | None = None
     max_memory_bytes: float | None = None
+    #: where each training value the caller left out came from (reported, not used)
+    assumed: Mapping[str, str] = field(default_factory=dict)
+    profile: str | None = None  # name of the efficiency profile bound into the evaluator
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import typer
+from pydantic import ValidationError
 
 from hardware_specs import ROOT as SPECS_ROOT
 from perfmodel.config import ConfigBatch, ParallelConfig, resolve_config
@@ -34,6 +35,7 @@ from perfmodel.specs import (
     ModelSpec,
     SpecError,
     TrainingSpec,
+    format_validation_error,
     load_cluster,
 )
 from perfmodel.step import evaluate
@@ -112,6 +114,26 @@ def _modern(r: pd.Series) -> bool:
     return bool(years) and max(years) >= 2023
 
 
+def _count(r: pd.Series, col: str, *, minimum: int = 1) -> int:
+    """A whole number >= minimum from a CSV cell, or SpecError naming the column and value."""
+    v = _f(r.get(col))
+    if v is None or not v.is_integer() or v < minimum:
+        raise SpecError(f"{col} = {r.get(col)!r}: expected a whole number >= {minimum}")
+    return int(v)
+
+
+def _opt_count(r: pd.Series, col: str, default: int | None) -> int | None:
+    """Like :func:`_count`, but a blank cell gives ``default``."""
+    v = r.get(col)
+    if v is None or (isinstance(v, float) and math.isnan(v)) or str(v).strip() == "":
+        return default
+    return _count(r, col)
+
+
+#: Columns every row needs (the rest may be blank).
+REQUIRED_COLUMNS = ("row_id", "model", "num_layers", "hidden_size", "num_attention_heads",
+                    "seq_len", "num_gpus", "gpu_type", "measurement_scope")
+
 _GATED = ("llama", "mistral", "mixtral", "qwen", "gemma", "deepseek", "yi-", "baichuan", "olmo")
 
 
@@ -130,26 +152,26 @@ def case_from_row(r: pd.Series) -> Case:
     lname = name.lower()
     if any(k in lname for k in ("moe", "mixtral", "switch", "deepseek-v", "expert")):
         raise SpecError("mixture-of-experts runs need expert parallelism, which is not modelled")
-    L, h = int(r["num_layers"]), int(r["hidden_size"])
-    heads = int(_f(r["num_attention_heads"]))
-    kv = _f(r["num_query_groups"])
+    L, h = _count(r, "num_layers"), _count(r, "hidden_size")
+    heads = _count(r, "num_attention_heads")
+    kv = _f(r.get("num_query_groups"))
     gated = any(k in lname for k in _GATED)
     is_nemotron = "nemotron" in lname
     rope = gated or is_nemotron or "bloom" not in lname and modern and "gpt" not in lname
-    vocab = _f(r["vocab_size"])
+    vocab = _f(r.get("vocab_size"))
     if vocab is None:
         # NeMo's default tokenizers: Nemotron 256000, GPT-3 51200 (validation README notes).
         vocab = 256000 if is_nemotron else (128256 if "llama3" in lname.replace("-", "")
                                             else 32000 if gated else 51200)
     act = "swiglu" if gated else ("relu2" if is_nemotron else "gelu")
-    seq = int(r["seq_len"])
+    seq = _count(r, "seq_len")
     model = ModelSpec(
         name=name,
         num_layers=L,
         hidden_size=h,
         num_attention_heads=heads,
         num_kv_heads=int(kv) if kv else None,
-        ffn_hidden_size=int(_f(r["ffn_hidden_size"]) or 4 * h),
+        ffn_hidden_size=int(_f(r.get("ffn_hidden_size")) or 4 * h),
         vocab_size=int(vocab),
         max_seq_len=seq,
         activation=act,
@@ -196,16 +218,23 @@ def case_from_row(r: pd.Series) -> Case:
         sw["zero3_gather"] = "tensor"  # DeepSpeed ZeRO-3 (2021) gathers parameter by parameter
     training = TrainingSpec(global_batch_size=int(gb), seq_len=seq, precision=precision,
                             optimizer="adam", **sw)
-    t = int(_f(r["tensor_parallel"]) or 1)
-    p = int(_f(r["pipeline_parallel"]) or 1)
-    cp = int(_f(r["context_parallel"]) or 1)
-    gpus = int(r["num_gpus"])
-    d = int(_f(r["data_parallel"]) or gpus // (t * p * cp))
-    vp = int(_f(r["virtual_pipeline_stages"]) or 1)
+    t = _opt_count(r, "tensor_parallel", 1)
+    p = _opt_count(r, "pipeline_parallel", 1)
+    cp = _opt_count(r, "context_parallel", 1)
+    gpus = _count(r, "num_gpus")
+    d = _opt_count(r, "data_parallel", None) or gpus // (t * p * cp)
+    if d < 1:
+        raise SpecError(f"tp*pp*cp ({t}*{p}*{cp}) exceeds num_gpus ({gpus})")
+    vp = _opt_count(r, "virtual_pipeline_stages", 1)
     mbs = _f(r["micro_batch_size"])
     if mbs is None:
         # Megatron README 2020 rows print no micro-batch: one micro-batch per step (p = 1).
+        if p > 1 or gb % d or gb < d:
+            raise SpecError("micro_batch_size not published (and not one micro-batch per "
+                            f"step: pp {p}, global batch {gb:g}, dp {d})")
         mbs = gb / d
+    if not float(mbs).is_integer() or mbs < 1:
+        raise SpecError(f"micro_batch_size = {mbs!r}: expected a whole number >= 1")
     mbs = int(mbs)
     rec_txt = str(r["activation_recompute"]).lower()
     if rec_txt.startswith("full"):
@@ -254,42 +283,64 @@ def case_from_row(r: pd.Series) -> Case:
             measured = gb * seq / (tps * gpus)
     if measured is None:
         raise SpecError("no measured time")
+    if not math.isfinite(measured) or measured <= 0:
+        raise SpecError(f"measured time {measured!r} s: expected a positive number")
     cfg = resolve_config(cfg, model, training, cluster if scope == "step" else None)
     return Case(rid, name, model, training, cluster, cfg, float(measured), scope,
                 str(r["reliability"])[:2].strip())
 
 
-def predict_case(case: Case, kernels: str = "fused") -> float:
-    """Predicted seconds for the case's measured quantity."""
+def predict_case(case: Case, kernels: str = "fused", profile=None) -> float:
+    """Predicted seconds for the case's measured quantity (under an efficiency profile: a
+    :class:`perfmodel.profile.EfficiencyProfile`, a shipped name or a TOML path)."""
+    from perfmodel import profile as profile_mod
+
+    prof = profile_mod.load_profile(profile)
     batch = ConfigBatch.from_configs([case.config])
     if case.scope == "layer":
         from perfmodel import comm_time, compute
+        from perfmodel.calibration import calibration_for
 
-        ct = compute.compute_times(case.model, case.training, case.cluster.gpu, batch,
-                                   kernels=kernels)
-        cm = comm_time.comm_times(case.model, case.training, case.cluster, batch)
+        cal, cluster = None, case.cluster
+        if prof is not None and not prof.is_neutral:
+            cal = prof.calibration(calibration_for(cluster.gpu), case.training.precision)
+            cluster = prof.cluster(cluster)
+        ct = compute.compute_times(case.model, case.training, cluster.gpu, batch,
+                                   kernels=kernels, calibration=cal)
+        cm = comm_time.comm_times(case.model, case.training, cluster, batch)
         layer = (ct["layer_fwd_s"] + ct["layer_bwd_s"] + ct["layer_recompute_s"]
                  + cm["tp_layer_fwd_s"] + cm["tp_layer_bwd_s"])
         return float(layer[0])
-    res = evaluate(case.model, case.training, case.cluster, batch, kernels=kernels)
+    res = profile_mod.evaluate(case.model, case.training, case.cluster, batch, profile=prof,
+                               kernels=kernels)
     return float(res.step_time_s[0])
 
 
-def training_runs_report(path: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Predicted vs published for every expressible row.
+def training_runs_report(path: Path | None = None, profile=None) -> tuple[
+        pd.DataFrame, pd.DataFrame]:
+    """Predicted vs published for every expressible row (under ``profile``, see
+    :func:`predict_case`).
 
     Returns ``(report, skipped)``: ``report`` has row_id, model, gpus, measured_s, predicted_s,
     error (signed fraction); ``skipped`` has row_id and reason.
     """
-    df = pd.read_csv(path or VALIDATION_DIR / "training_runs_dev.csv")
+    df = read_runs(path)
     rows, skipped = [], []
     for _, r in df.iterrows():
         try:
             case = case_from_row(r)
-        except SpecError as err:
+            pred = predict_case(case, profile=profile)
+        except ValidationError as err:
+            skipped.append({"row_id": r["row_id"], "model": r["model"],
+                            "reason": format_validation_error(err)})
+            continue
+        except (SpecError, ValueError, TypeError, ZeroDivisionError, OverflowError) as err:
             skipped.append({"row_id": r["row_id"], "model": r["model"], "reason": str(err)})
             continue
-        pred = predict_case(case)
+        if not math.isfinite(pred):
+            skipped.append({"row_id": r["row_id"], "model": r["model"],
+                            "reason": f"prediction is {pred} (the configuration is invalid)"})
+            continue
         c = case.config
         rows.append({
             "row_id": case.row_id,
@@ -308,6 +359,37 @@ def training_runs_report(path: Path | None = None) -> tuple[pd.DataFrame, pd.Dat
             "precision": case.training.precision_name,
         })
     return pd.DataFrame(rows), pd.DataFrame(skipped, columns=["row_id", "model", "reason"])
+
+
+def read_runs(path: Path | None = None) -> pd.DataFrame:
+    """A training-runs table; SpecError (one line) when the file cannot be read as one."""
+    src = path or VALIDATION_DIR / "training_runs_dev.csv"
+    try:
+        df = pd.read_csv(src)
+    except FileNotFoundError:
+        raise SpecError(f"--runs {src}: no such file") from None
+    except pd.errors.EmptyDataError:
+        raise SpecError(f"--runs {src}: empty file (expected a CSV header and rows)") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"--runs {src}: not a text file (expected CSV)") from None
+    except (OSError, pd.errors.ParserError, ValueError) as e:
+        raise SpecError(f"--runs {src}: cannot read a CSV table: "
+                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise SpecError(f"--runs {src}: not a training-runs table: missing column(s) "
+                        f"{', '.join(missing)} (see the header of training_runs_dev.csv)")
+    # optional columns the mapping reads are blank when absent
+    return df.reindex(columns=list(dict.fromkeys([*df.columns, *_OPTIONAL_COLUMNS])))
+
+
+_OPTIONAL_COLUMNS = ("source", "software", "num_query_groups", "ffn_hidden_size", "vocab_size",
+                     "global_batch_size", "micro_batch_size", "tensor_parallel",
+                     "pipeline_parallel", "data_parallel", "context_parallel",
+                     "virtual_pipeline_stages", "sequence_parallel", "activation_recompute",
+                     "zero_or_dist_optimizer", "precision", "seconds_per_iteration",
+                     "tokens_per_sec_total", "tokens_per_sec_per_gpu", "reliability",
+                     "params_b")
 
 
 _SOURCE_GROUPS = (  # (substring of the source text, short name); first match
@@ -353,7 +435,7 @@ def tuned_report(path: Path | None = None) -> pd.DataFrame:
     """
     from search.api import plan
 
-    df = pd.read_csv(path or VALIDATION_DIR / "training_runs_dev.csv")
+    df = read_runs(path)
     settings: dict[tuple, list] = {}
     for _, r in df.iterrows():
         if source_group(str(r["source"])) not in VENDOR_RECIPE_SOURCES:
@@ -447,6 +529,8 @@ def vtrain_report(max_rows: int | None = None) -> tuple[pd.DataFrame, pd.DataFra
 
 def summary(report: pd.DataFrame) -> dict:
     """MAPE and worst row of a training-runs report."""
+    if len(report) == 0:
+        return {"rows": 0, "mape": float("nan"), "max_abs_error": float("nan"), "worst_row": ""}
     err = report["error"].abs()
     return {
         "rows": len(report),
@@ -463,13 +547,21 @@ def validate_command(
     tuned: bool = typer.Option(False, "--tuned", help="also search freely per vendor-recipe "
                                "setting and compare the best with the recipe's measured time"),
     json_out: bool = typer.Option(False, "--json", help="one JSON document on stdout"),
+    profile: str | None = typer.Option(None, "--profile", help="predict under this efficiency "
+                                       "profile (shipped name or TOML from `plan calibrate`)"),
 ) -> None:
     """Predicted versus published step times (the validation report)."""
     from rich.console import Console
     from rich.table import Table
 
+    from perfmodel.profile import load_profile
+
     try:
-        report, skipped = training_runs_report(runs)
+        prof = load_profile(profile)
+        report, skipped = training_runs_report(runs, profile=prof)
+    except SpecError as e:
+        typer.echo(f"plan: error: {e}", err=True)
+        raise typer.Exit(2) from None
     except (OSError, KeyError, pd.errors.ParserError) as e:
         typer.echo(f"plan: error: --runs {runs}: cannot read a training-runs table: {e}", err=True)
         raise typer.Exit(2) from None
@@ -502,8 +594,11 @@ def validate_command(
                   f"{r.predicted_s:.4g} s", f"{r.error:+.1%}")
     out.print(t)
     s = doc["training_runs"]
-    out.print(f"{s['rows']} rows: MAPE {s['mape']:.1%}, worst {s['worst_row']} "
-              f"({s['max_abs_error']:.1%})")
+    if s["rows"]:
+        out.print(f"{s['rows']} rows: MAPE {s['mape']:.1%}, worst {s['worst_row']} "
+                  f"({s['max_abs_error']:.1%})")
+    else:
+        out.print("0 rows could be expressed")
     for r in skipped.itertuples():
         out.print(f"not expressible: {r.row_id} {r.model}: {r.reason}")
     gt = Table(title="by source x GPU x precision (bias = mean signed error)", title_justify="left")

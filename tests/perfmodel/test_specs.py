@@ -89,7 +89,9 @@ def test_typo_in_cluster_tier_names_key(tmp_path):
     )
     with pytest.raises(SpecError) as err:
         load_cluster(_write(tmp_path, "c.toml", text))
-    assert "unknown key 'tiers.0.bw_gbyte_per_sec' (value 300)" in _one_line(err)
+    assert ("tier 0 (NVLink 'nvlink3'): unknown key 'bw_gbyte_per_sec' (value 300)"
+            in _one_line(err))
+    assert "did you mean 'bw_gbyte_per_s'?" in _one_line(err)
 
 
 def test_typo_in_gpu_file(tmp_path):
@@ -105,7 +107,7 @@ def test_negative_bandwidth_names_field_and_value(tmp_path):
     with pytest.raises(SpecError) as err:
         load_cluster(_write(tmp_path, "c.toml", text))
     msg = _one_line(err)
-    assert "tiers.1.bw_gbit_per_s = -200" in msg and "greater than 0" in msg
+    assert "tier 1 (InfiniBand 'hdr-ib'): bw_gbit_per_s = -200" in msg and "greater than 0" in msg
 
 
 def test_negative_values_rejected_everywhere():

@@ -1,83 +1,136 @@
-"""Emitted launch settings parse and carry the chosen degrees."""
+"""Launch settings: what each format writes for a plan, and what it refuses (no framework
+packages needed; tests/search/test_emit_frameworks.py reads them with the frameworks' own code)."""
 
 import json
 import tomllib
 
 import pytest
 
-from perfmodel.config import ParallelConfig, resolve_config
-from perfmodel.specs import load_model, load_training
-from search.emit import emit
+from perfmodel.config import ParallelConfig
+from perfmodel.specs import SpecError
+from search.emit import emit, refusals, stage_layers
+from tests.search.emit_plans import load_plan
 
 
-@pytest.fixture
-def setup():
-    model = load_model("gpt3-175b")
-    training = load_training(global_batch_size=1536, seq_len=2048, precision="bf16")
-    cfg = ParallelConfig(dp=16, tp=8, pp=8, vp=2, schedule="interleaved", zero_stage=1,
-                         micro_batch_size=1, recompute="selective", sequence_parallel=True)
-    return resolve_config(cfg, model, training), model, training
-
-
-def test_torchtitan_toml_parses(setup):
-    cfg, model, training = setup
-    doc = tomllib.loads(emit("torchtitan", cfg, model, training))
-    par = doc["parallelism"]
-    assert par["tensor_parallel_degree"] == 8
-    assert par["pipeline_parallel_degree"] == 8
-    assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == 16
-    assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
-    assert par["pipeline_parallel_microbatch_size"] == 1
-    assert doc["training"]["global_batch_size"] == 1536
-    assert doc["training"]["local_batch_size"] == 96  # 1536 / 16
-    assert doc["activation_checkpoint"]["mode"] == "selective"
-
-
-def test_torchtitan_zero3_is_fsdp(setup):
-    _, model, training = setup
-    cfg = resolve_config(ParallelConfig(dp=128, tp=8, zero_stage=3), model, training)
-    par = tomllib.loads(emit("torchtitan", cfg, model, training))["parallelism"]
-    assert par["data_parallel_shard_degree"] == 128
-    assert par["data_parallel_replicate_degree"] == 1
-    assert par["fsdp_reshard_after_forward"] == "always"
-
-
-def test_deepspeed_json_parses(setup):
-    cfg, model, training = setup
-    doc = json.loads(emit("deepspeed", cfg, model, training))
-    assert doc["train_batch_size"] == 1536
-    assert doc["train_micro_batch_size_per_gpu"] == 1
-    assert doc["gradient_accumulation_steps"] == 96
-    assert doc["zero_optimization"]["stage"] == 1
-    assert doc["tensor_parallel"]["autotp_size"] == 8
-    assert doc["bf16"]["enabled"] is True
-    # train_batch_size = micro * accumulation * dp (DeepSpeed's own consistency rule)
-    assert doc["train_batch_size"] == 1 * 96 * 16
-
-
-def test_megatron_args(setup):
-    cfg, model, training = setup
-    text = emit("megatron", cfg, model, training)
-    flags = {}
+def _flags(text):
+    out = {}
     for line in text.splitlines():
         if line.startswith("#"):
             continue
-        parts = line.rstrip(" \\").split()
-        flags[parts[0]] = parts[1] if len(parts) > 1 else True
-    assert flags["--tensor-model-parallel-size"] == "8"
-    assert flags["--pipeline-model-parallel-size"] == "8"
-    assert flags["--num-layers-per-virtual-pipeline-stage"] == "6"  # 96 / (8*2)
-    assert flags["--micro-batch-size"] == "1"
-    assert flags["--global-batch-size"] == "1536"
-    assert flags["--sequence-parallel"] is True
-    assert flags["--use-distributed-optimizer"] is True
-    assert flags["--recompute-granularity"] == "selective"
-    assert "d=16" in text
+        k, *v = line.split(maxsplit=1)
+        out[k] = v[0] if v else True
+    return out
 
 
-def test_unknown_format(setup):
-    from perfmodel.specs import SpecError
+def test_stage_layers_even_uneven_interleaved():
+    _, m, _ = load_plan("llama405b-uneven")  # 126 layers
+    assert stage_layers(ParallelConfig(pp=4), m) == [31, 32, 32, 31]  # ceil(126/4)=32 inside
+    assert stage_layers(ParallelConfig(pp=4, vp=2, schedule="interleaved"), m) == [
+        15, 16, 16, 16, 16, 16, 16, 15]  # ceil(126/8)=16, (126-96)/2 = 15 at the ends
+    assert stage_layers(ParallelConfig(pp=2), m) == [63, 63]
+    _, gpt, _ = load_plan("gpt3-zero1-interleaved")
+    assert stage_layers(ParallelConfig(pp=8, vp=2, schedule="interleaved"), gpt) == [6] * 16
 
-    cfg, model, training = setup
+
+def test_megatron_gpt_interleaved_zero1():
+    c, m, t = load_plan("gpt3-zero1-interleaved")
+    f = _flags(emit("megatron", c, m, t))
+    assert f["--tensor-model-parallel-size"] == "8" and f["--pipeline-model-parallel-size"] == "8"
+    assert f["--num-layers-per-virtual-pipeline-stage"] == "6"  # 96 / (8*2)
+    assert f["--use-distributed-optimizer"] is True and f["--sequence-parallel"] is True
+    assert f["--recompute-granularity"] == "selective" and f["--recompute-modules"] == "core_attn"
+    assert f["--global-batch-size"] == "1536" and f["--micro-batch-size"] == "1"
+    assert f["--position-embedding-type"] == "learned_absolute"
+    assert "--untie-embeddings-and-output-weights" not in f and "--swiglu" not in f
+
+
+def test_megatron_llama_architecture_and_qkv_bias():
+    c, m, t = load_plan("llama-cp")
+    f = _flags(emit("megatron", c, m, t))
+    assert f["--rotary-base"] == "500000" and f["--num-query-groups"] == "8"
+    assert f["--group-query-attention"] is True and f["--swiglu"] is True
+    assert f["--normalization"] == "RMSNorm" and f["--disable-bias-linear"] is True
+    assert f["--context-parallel-size"] == "4"
+    assert "--add-qkv-bias" not in f
+    qwen = m.model_copy(update={"qkv_bias": True})
+    assert _flags(emit("megatron", c, qwen, t))["--add-qkv-bias"] is True
+
+
+def test_megatron_uneven_stages():
+    c, m, t = load_plan("llama405b-uneven")
+    f = _flags(emit("megatron", c, m, t))
+    assert f["--decoder-first-pipeline-num-layers"] == "31"
+    assert f["--decoder-last-pipeline-num-layers"] == "31"
+    c, m, t = load_plan("llama405b-uneven-interleaved")
+    f = _flags(emit("megatron", c, m, t))
+    assert f["--pipeline-model-parallel-layout"] == "E,t*15|" + "t*16|" * 6 + "t*15,L"
+
+
+def test_megatron_zero3_is_megatron_fsdp_and_fp8_recipe():
+    c, m, t = load_plan("llama-zero3")
+    f = _flags(emit("megatron", c, m, t))
+    assert f["--use-megatron-fsdp"] is True
+    assert f["--data-parallel-sharding-strategy"] == "optim_grads_params"
+    assert f["--recompute-granularity"] == "full"
+    c, m, t = load_plan("llama-fp8")
+    f = _flags(emit("megatron", c, m, t))
+    assert (f["--fp8-format"], f["--fp8-recipe"], f["--bf16"]) == ("hybrid", "delayed", True)
+
+
+def test_bridge_yaml_sections():
+    c, m, t = load_plan("llama-fp8")
+    text = emit("bridge", c, m, t)
+    assert 'mixed_precision: "bf16_with_fp8_delayed_scaling_mixed"' in text
+    assert "  pipeline_model_parallel_size: 8\n" in text
+    assert "  rotary_base: 500000.0\n" in text and "  num_query_groups: 8\n" in text
+    assert text.count("use_distributed_optimizer: true") == 2  # ddp and optimizer agree
+
+
+def test_torchtitan_zero3_selective_and_stage_split():
+    c, m, t = load_plan("llama-zero3")
+    doc = tomllib.loads(emit("torchtitan", c, m, t))
+    par = doc["parallelism"]
+    assert (par["data_parallel_shard_degree"], par["data_parallel_replicate_degree"]) == (64, 1)
+    assert par["fsdp_reshard_after_forward"] == "always"
+    assert doc["training"]["local_batch_size"] == 4  # 256 / 64
+    assert doc["model"] == {"name": "llama3", "flavor": "8B"}
+    c, m, t = load_plan("llama-zero3-pp")
+    doc = tomllib.loads(emit("torchtitan", c, m, t))
+    parts = doc["parallelism"]["module_fqns_per_model_part"]
+    assert len(parts) == 4 and parts[0][:2] == ["tok_embeddings", "layers.0"]
+    assert parts[-1][-2:] == ["norm", "output"] and sum(len(p) for p in parts) == 80 + 3
+    sel = ParallelConfig(dp=32, tp=2, sequence_parallel=True, recompute="selective")
+    doc = tomllib.loads(emit("torchtitan", sel, m, t))
+    assert doc["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+
+
+def test_deepspeed_json_batch_rule():
+    c, m, t = load_plan("llama-zero3")
+    doc = json.loads(emit("deepspeed", c, m, t))
+    assert doc["zero_optimization"]["stage"] == 3
+    assert (doc["train_batch_size"], doc["train_micro_batch_size_per_gpu"],
+            doc["gradient_accumulation_steps"]) == (256, 1, 4)  # 256 = 1 * 4 * 64
+
+
+def test_refusals_name_the_reason():
+    c, m, t = load_plan("llama-zero3-pp")
+    with pytest.raises(SpecError, match="deepspeed cannot run this plan: .*ZeRO-3 with pipeline"):
+        emit("deepspeed", c, m, t)
+    c, m, t = load_plan("gpt3-zero1-interleaved")
+    assert any("no ZeRO-1" in w for w in refusals("torchtitan", c, m, t))
+    zb = c.model_copy(update={"vp": 1, "schedule": "zb"})
+    assert any("'zb' pipeline schedule" in w for w in refusals("megatron", zb, m, t))
+    c, m, t = load_plan("llama-fp8")
+    assert any("fp8-delayed" in w for w in refusals("torchtitan", c, m, t))
+
+
+def test_framework_of_the_same_stack_is_used():
+    c, m, t = load_plan("llama405b-uneven")
+    assert refusals("megatron", c, m, t) == []
+    assert any("evenly" in w for w in refusals("megatron", c, m, t, framework="nemo-24.07"))
+
+
+def test_unknown_format():
+    c, m, t = load_plan("llama-zero3")
     with pytest.raises(SpecError, match="expected one of"):
-        emit("nemo", cfg, model, training)
+        emit("nemo", c, m, t)
