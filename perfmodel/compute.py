@@ -31,7 +31,7 @@ CUDA-core peak in eager PyTorch (``torch.backends.cuda.matmul.allow_tf32`` is Fa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -101,6 +101,24 @@ def sustained_gemm_fraction(gpu: GPUSpec) -> float:
 
     own = getattr(gpu, "sustained_gemm_fraction", None)
     return float(own) if own is not None else SUSTAINED_GEMM_FRACTION[gpu_generation(gpu)]
+
+
+def sustained_calibration(gpu: GPUSpec, calibration=None, kernels: str = "fused") -> Calibration:
+    """The GPU's calibration with :func:`sustained_gemm_fraction` applied to its GEMM efficiency
+    when the efficiency was transferred from another GPU's one-GPU measurement (the shipped H200
+    tables scaled by datasheet; a calibration passed in, e.g. under an efficiency profile, is
+    checked by its ``source``) and the kernels are the fused multi-GPU ones."""
+    if calibration is None:
+        cal = calibration_for(gpu)
+        if kernels == "fused" and "scaled to" in cal.source:
+            return calibration_for(gpu, None, gemm_scale=sustained_gemm_fraction(gpu))
+        return cal
+    cal = calibration_for(gpu, calibration)
+    if kernels == "fused" and "scaled to" in cal.source:
+        f = sustained_gemm_fraction(gpu)
+        if f != 1.0:  # the interpolators do not depend on gemm_scale: share them
+            return replace(cal, gemm_scale=cal.gemm_scale * f)
+    return cal
 
 
 @dataclass(frozen=True)
@@ -385,11 +403,7 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     """:func:`compute_times` for every configuration of ``batch``, without de-duplication."""
     if kernels not in ("fused", "eager"):
         raise ValueError(f"kernels {kernels!r}: expected 'fused' or 'eager'")
-    # Parts without a measured calibration: the one-GPU matmul ceiling (MAMF) transferred to a
-    # whole node training at its power limit (see SUSTAINED_GEMM_FRACTION).
-    transferred = calibration is None and gpu.calibration is None
-    sustained = sustained_gemm_fraction(gpu) if kernels == "fused" and transferred else 1.0
-    cal = calibration_for(gpu, calibration, gemm_scale=sustained)
+    cal = sustained_calibration(gpu, calibration, kernels)
     eager = kernels == "eager"
     n = len(batch)
     prec = training.precision
