@@ -99,43 +99,35 @@ def _base_precision(recipe: str) -> str:
 
 def stage_layers(config: ParallelConfig, model: ModelSpec) -> list[int]:
     """Transformer layers of each of the ``pp*vp`` model chunks, in model order (chunk ``i``
-    runs on pipeline rank ``i % pp``).
-
-    Even when ``pp*vp`` divides the layers. Otherwise the first and last chunks (which also hold
-    the embedding and the loss) take fewer layers and the middle ones ``ceil(L / (pp*vp))``, the
-    split the planner's uneven-stage model assumes (``perfmodel.step.bottleneck_stage_s``); the
-    ``first_stage_layers`` / ``last_stage_layers`` fields, where a configuration has them, win.
+    runs on pipeline rank ``i % pp``): the one layout the time and memory models use
+    (:func:`perfmodel.pipeline.stage_layer_table`), from the configuration's
+    ``first_stage_layers`` / ``last_stage_layers`` / ``embedding_as_layer`` / ``loss_as_layer``,
+    or Megatron-LM's layout (:func:`perfmodel.pipeline.megatron_layout`) where it names none and
+    ``pp*vp`` does not divide the layers.
     """
-    n, L = config.pp * config.vp, model.num_layers
-    first = getattr(config, "first_stage_layers", None)
-    last = getattr(config, "last_stage_layers", None)
-    if first is None and last is None and L % n == 0:
-        return [L // n] * n
-    if n == 1:
-        return [L]
-    if first is None or last is None:
-        if n == 2:
-            f = L // 2 if first is None and last is None else (L - (last or 0) if first is None
-                                                               else first)
-            return [f, L - f]
-        mid = math.ceil(L / n)
-        rest = L - (n - 2) * mid
-        if first is None and last is None:
-            first, last = rest // 2, rest - rest // 2
-        elif first is None:
-            first = rest - last
-        else:
-            last = rest - first
-    middle = L - first - last
-    if n == 2:
-        if middle:
-            raise SpecError(f"first_stage_layers + last_stage_layers ({first}+{last}) must be "
-                            f"num_layers ({L}) with pp*vp=2")
-        return [first, last]
-    if first < 0 or last < 0 or middle < 0 or middle % (n - 2):
-        raise SpecError(f"uneven stages: {L} layers with first {first} and last {last} do not "
-                        f"split evenly over the {n - 2} middle chunks")
-    return [first] + [middle // (n - 2)] * (n - 2) + [last]
+    from perfmodel.pipeline import megatron_layout, stage_layer_table
+
+    L, pp, vp = model.num_layers, config.pp, config.vp
+    first, last, emb, loss = _layout_fields(config)
+    if not (first or last or emb or loss) and L % (pp * vp):
+        lay = megatron_layout(L, pp, vp)
+        if not bool(lay["valid"][0]):
+            raise SpecError(f"no Megatron-LM layout of {L} layers on pp={pp}, vp={vp}")
+        first, last = int(lay["first"][0]), int(lay["last"][0])
+        emb, loss = bool(lay["embedding_as_layer"][0]), bool(lay["loss_as_layer"][0])
+    try:
+        t = stage_layer_table(L, pp, vp, first, last, emb, loss)
+    except ValueError as err:
+        raise SpecError(str(err)) from None
+    return [int(t[i % pp, i // pp]) for i in range(pp * vp)]
+
+
+def _layout_fields(config: ParallelConfig) -> tuple[int, int, bool, bool]:
+    """(first, last, embedding_as_layer, loss_as_layer) of a configuration (0 / False: unset)."""
+    return (int(getattr(config, "first_stage_layers", None) or 0),
+            int(getattr(config, "last_stage_layers", None) or 0),
+            bool(getattr(config, "embedding_as_layer", False)),
+            bool(getattr(config, "loss_as_layer", False)))
 
 
 def _is_uneven(chunks: list[int]) -> bool:
@@ -251,17 +243,26 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
           f"--context-parallel-size {c.cp}"]
     if c.sequence_parallel:
         a.append("--sequence-parallel")
+    # the layout as Megatron-LM names it (megatron/training/arguments.py): an even split, or
+    # lighter first / last stages, or the embedding / loss counted as layers; with interleaving
+    # the chunk count per rank (--num-virtual-stages-per-pipeline-rank) where the layout is uneven
     uneven = _is_uneven(chunks)
+    first, last, emb, loss = _layout_fields(c)
+    if uneven and not (first or last or emb or loss):  # Megatron-LM's default layout, named
+        first, last = (chunks[0] if c.vp == 1 else 0), (chunks[-1] if c.vp == 1 else 0)
+        if c.vp > 1:
+            a.append(f"--pipeline-model-parallel-layout {_layout(chunks)}")
     if c.vp > 1 and not uneven:
         a.append(f"--num-layers-per-virtual-pipeline-stage {chunks[0]}")
-    elif c.vp > 1:  # uneven and interleaved: the explicit layout
-        a.append(f"--pipeline-model-parallel-layout {_layout(chunks)}")
-    elif uneven:
-        a += [f"--decoder-first-pipeline-num-layers {chunks[0]}",
-              f"--decoder-last-pipeline-num-layers {chunks[-1]}"]
-    if getattr(c, "embedding_as_layer", False):
+    elif c.vp > 1 and (first or last or emb or loss):
+        a.append(f"--num-virtual-stages-per-pipeline-rank {c.vp}")
+    if first:
+        a.append(f"--decoder-first-pipeline-num-layers {first}")
+    if last:
+        a.append(f"--decoder-last-pipeline-num-layers {last}")
+    if emb:
         a.append("--account-for-embedding-in-pipeline-split")
-    if getattr(c, "loss_as_layer", False):
+    if loss:
         a.append("--account-for-loss-in-pipeline-split")
     if c.pp > 1 and not training.overlap_p2p_comm:
         a.append("--no-overlap-p2p-communication")
