@@ -418,6 +418,8 @@ def source_group(source: str) -> str:
 
 def group_table(report: pd.DataFrame) -> pd.DataFrame:
     """Rows grouped by source x GPU type x precision: count, mean signed error (bias), MAPE."""
+    if report.empty or "source" not in report.columns:
+        return pd.DataFrame(columns=["source", "gpu_type", "precision", "rows", "bias", "mape"])
     g = report.groupby(["source", "gpu_type", "precision"], sort=False)["error"]
     out = pd.DataFrame({"rows": g.size(), "bias": g.mean(),
                         "mape": g.apply(lambda e: float(e.abs().mean()))}).reset_index()
