@@ -34,6 +34,9 @@ GOAL_CONFIGS_PER_S = 1e6
 GOAL_405B_S = 10.0
 
 
+GOAL_DP_405B_S = 30.0  # issue 19: --strategy dp on 16,384 H100
+
+
 def _best_of(fn, repeat: int = 3) -> float:
     times = []
     for _ in range(repeat):
@@ -141,6 +144,14 @@ def main() -> None:
              uneven_layers=True)
     print(f"  with uneven stages (pp*vp need not divide 126 layers): {r.evaluated:,} valid of "
           f"{r.space_size:,} in {r.seconds:.2f} s")
+    g_best = r.rows[0]["step_time_s"] if r.rows else float("inf")
+    r = plan("llama3.1-405b", "dgx-h100", gpus=16384, global_batch_size=2048, seq_len=8192,
+             strategy="dp")
+    print(f"dp, Llama-3.1-405B on 16,384 H100: {r.evaluated:,} evaluated "
+          f"({r.stats()['layouts']:,} DP layouts of {r.stats()['dp_solved']:,} outer points) in "
+          f"{r.seconds:.2f} s (goal < {GOAL_DP_405B_S:.0f} s: ratio "
+          f"{r.seconds / GOAL_DP_405B_S:.2f}); best {r.rows[0]['step_time_s']:.3f} s vs grid "
+          f"{g_best:.3f} s, layout {r.rows[0]['config']['stage_layers']}")
     busy_report()
 
 

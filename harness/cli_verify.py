@@ -88,9 +88,9 @@ def memory_notes(runs: list[dict[str, Any]]) -> list[str]:
         if c.get("schedule") == "zb" and c.get("pp", 1) > 1 and c.get("num_microbatches", 1) > 1:
             why = ("torch's ScheduleInterleavedZeroBubble keeps each micro-batch's backward "
                    "graph (stage_backward_input runs with retain_graph=True) until its deferred "
-                   "weight-gradient pass, W on rank r trailing by r micro-batches; the model "
-                   "counts min(p, m) micro-batches of activations per stage, as for 1F1B "
-                   "(measured at --nproc 4: the same layout with 1f1b is within 7%)")
+                   "weight-gradient pass; the model counts min(p, m) retained graphs and "
+                   "output-gradient sets on the last stage (memory.torch_zb_retained_"
+                   "microbatches), not every tensor torch's B pass keeps for W")
         out.append(f"memory {_pct(p, m)} for {_cfg(c)}: {why}")
     return out
 

@@ -199,6 +199,20 @@ scaling = scaling_frame("gpt3-1.3b", "dgx-a100-80g", [8, 16, 32, 64, 128],
 display(scaling)
 plot_scaling_curve("gpt3-1.3b", "dgx-a100-80g", None, frame=scaling)
 """),
+    md("""
+## A mixture-of-experts model: expert parallelism
+
+For MoE models the search adds expert parallel `ep` and expert tensor parallel `etp` (experts laid
+out as `etp x ep x expert-dp` on the attention's GPUs). Qwen3-30B-A3B (128 experts, top-8) on one
+DGX H100 node: every configuration pays the token dispatch all-to-all (`ep_comm`), and more `ep`
+shards the expert weights further (docs/moe.md).
+"""),
+    code("""
+moe = plan("qwen3-30b-a3b", "dgx-h100", gpus=8, global_batch_size=256, seq_len=4096,
+           precision="bf16", zero_stage=1, top=5)
+moe.top[["dp", "tp", "pp", "ep", "etp", "micro_batch_size", "recompute", "step_time_s",
+         "ep_comm_time_s", "mfu", "weights_memory_bytes", "peak_memory_bytes"]]
+"""),
 ]
 
 # =============================================================================================

@@ -117,7 +117,7 @@ def comm_times(
         coll.reduce_scatter_time(act, g_tp.size, g_tp.bw_bytes_per_s, g_tp.latency_s)
     )
     tp_one = np.where(batch.sequence_parallel, ag_rs, ar)
-    tp_fwd_n, tp_bwd_n = tp_collectives_per_layer(batch)
+    tp_fwd_n, tp_bwd_n = tp_collectives_per_layer(batch, model)
 
     # context parallel: sequential ring sends of the K/V chunk to the next rank
     kv_send = coll.p2p_time(
@@ -148,7 +148,11 @@ def comm_times(
         rs_count = np.where(batch.zero_stage == 3, ops["grad_reduce_scatter"].count, 0.0)
         dp_grad = dp_grad + rs_count * np.maximum(gathers_per_pass - 1, 0) * ring_latency_s
 
+    # mixture of experts: token dispatch/combine per MoE layer, expert gradients over expert-dp
+    ep = moe_comm_times(model, training, cluster, batch)
+
     return {
+        **ep,
         "tp_layer_fwd_s": tp_fwd_n * tp_one,
         "tp_layer_bwd_s": tp_bwd_n * tp_one,
         "cp_layer_fwd_s": cp_fwd_n * kv_send,
@@ -166,7 +170,49 @@ def comm_times(
 _COMM_FIELDS = ("dp", "tp", "pp", "cp", "zero_stage", "micro_batch_size", "num_microbatches",
                 "recompute", "sequence_parallel", "grad_compression", "topk_ratio",
                 "vp", "first_stage_layers", "last_stage_layers", "embedding_as_layer",
-                "loss_as_layer")
+                "loss_as_layer", "ep", "etp")
+
+
+def moe_comm_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                   batch: ConfigBatch) -> dict[str, np.ndarray]:
+    """Link times of the MoE communication [s] (zeros for a dense model).
+
+    ``ep_layer_fwd_s``, ``ep_layer_bwd_s``: token dispatch + combine of one MoE layer and one
+    micro-batch (backward incl. recompute), priced on the tier the expert-parallel group spans
+    (:func:`perfmodel.moe.all_to_all_tiered_time`: inside a node, an NVL72 domain, or across
+    InfiniBand); ``expert_dp_grad_s``, ``expert_zero3_gather_s``: per step, the routed experts'
+    gradient reduction and ZeRO gathers over the expert-data-parallel group (size
+    ``tp*cp*dp/(ep*etp)``, stride ``ep*etp``), on the same links as the dense ones.
+
+    References
+    ----------
+    :mod:`perfmodel.moe`; Megatron-Core expert rank order ``tp-ep-dp-pp`` with etp.
+    """
+    n = len(batch)
+    zeros = np.zeros(n)
+    if not model.is_moe:
+        return {"ep_layer_fwd_s": zeros, "ep_layer_bwd_s": zeros, "expert_dp_grad_s": zeros,
+                "expert_zero3_gather_s": zeros}
+    from perfmodel import moe
+    from perfmodel.comm_volume import activation_bytes_per_elem, expert_dp_ops
+    from perfmodel.topology import group_placement
+
+    ep, etp = batch.ep, batch.etp
+    groups = {"ep": group_placement(cluster, ep, etp), "etp": group_placement(cluster, etp, 1),
+              "ep_etp": group_placement(cluster, ep * etp, 1)}
+    one = moe.dispatch_time_per_layer(model, training, batch, groups,
+                                      activation_bytes_per_elem(training))
+    fwd_n, bwd_n = moe.a2a_per_layer(batch)
+    g_edp = group_placement(cluster, batch.expert_dp, ep * etp)
+    ops = expert_dp_ops(model, training, batch)
+    grad = sum(op_time(ops[k], g_edp) for k in ops if k != "zero3_param_all_gather")
+    return {
+        "ep_layer_fwd_s": fwd_n * one,
+        "ep_layer_bwd_s": bwd_n * one,
+        "expert_dp_grad_s": np.where(batch.expert_dp > 1, grad, 0.0),
+        "expert_zero3_gather_s": np.where(batch.expert_dp > 1,
+                                          op_time(ops["zero3_param_all_gather"], g_edp), 0.0),
+    }
 
 
 def tensors_per_layer(model: ModelSpec) -> int:

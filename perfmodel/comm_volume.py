@@ -60,6 +60,8 @@ __all__ = [
     "cp_kv_chunk_bytes",
     "cp_sends_per_layer",
     "dp_ops",
+    "ep_dispatch_bytes",
+    "expert_dp_ops",
     "grad_bytes_per_elem",
     "param_bytes_per_elem",
     "params_per_gpu",
@@ -72,6 +74,7 @@ __all__ = [
     "tp_activation_bytes",
     "tp_boundary_bytes",
     "tp_collectives_per_layer",
+    "zero_ops",
 ]
 
 INDEX_BYTES = 4  # int32 index per kept top-k value (Lin et al. 2018, DGC)
@@ -155,8 +158,9 @@ def replicated_layer_params(model: ModelSpec) -> int:
     norms, the biases of the row-parallel linears (attention output, MLP down projection, added
     after the reduction) and the MoE router (Megatron-LM ``RowParallelLinear``, ``TopKRouter``)."""
     h = model.hidden_size
-    row_bias = (1 + model.num_experts) * h if model.linear_bias else 0
-    router = h * model.num_experts if model.num_experts > 1 else 0
+    # routed experts' biases belong to the experts (sharded by ep*etp, see perfmodel.moe)
+    row_bias = 2 * h if model.linear_bias else 0
+    router = model.router_params() if model.is_moe else 0
     return 2 * model.norm_params() + row_bias + router
 
 
@@ -193,7 +197,8 @@ def params_per_gpu(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
     tp = batch.tp.astype(np.float64)
     pp = batch.pp.astype(np.float64)
     rep = float(replicated_layer_params(model))
-    layer = (model.layer_params() - rep) / tp + rep
+    # routed experts are split by ep*etp, not tp: perfmodel.moe.expert_params_per_gpu
+    layer = (model.layer_params() - model.routed_expert_params_per_layer() - rep) / tp + rep
     layers = _stage_layers(model, batch) * layer
     h, v = model.hidden_size, model.vocab_size
     pos = float(model.embedding_params() - v * h)
@@ -251,6 +256,26 @@ def dp_ops(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch) -> dict
     """
     psi = params_per_gpu(model, batch)
     n = (batch.dp * batch.cp).astype(np.float64)
+    return zero_ops(psi, n, training, batch)
+
+
+def expert_dp_ops(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch
+                  ) -> dict[str, CollectiveOp]:
+    """The collectives of :func:`dp_ops` for the routed experts' parameters
+    (:func:`perfmodel.moe.expert_params_per_gpu`), over the expert-data-parallel group
+    (``tp*cp*dp / (ep*etp)`` GPUs): Megatron-Core reduces expert gradients and shards their
+    distributed-optimizer states over ``expt_dp`` (``parallel_state.get_expert_data_parallel_group``).
+    All counts are 0 for a dense model."""
+    from perfmodel.moe import expert_params_per_gpu
+
+    return zero_ops(expert_params_per_gpu(model, batch), batch.expert_dp.astype(np.float64),
+                    training, batch)
+
+
+def zero_ops(psi: np.ndarray, n: np.ndarray, training: TrainingSpec, batch: ConfigBatch
+             ) -> dict[str, CollectiveOp]:
+    """Gradient-reduction and ZeRO collectives of ``psi`` parameters per GPU over a group of
+    ``n`` GPUs (the body of :func:`dp_ops`)."""
     m = batch.num_microbatches.astype(np.float64)
     z = batch.zero_stage
     topk = batch.grad_compression == 1
@@ -288,7 +313,8 @@ def tp_activation_bytes(model: ModelSpec, training: TrainingSpec, batch: ConfigB
     return tokens * model.hidden_size * activation_bytes_per_elem(training)
 
 
-def tp_collectives_per_layer(batch: ConfigBatch) -> tuple[np.ndarray, np.ndarray]:
+def tp_collectives_per_layer(batch: ConfigBatch, model: ModelSpec | None = None
+                             ) -> tuple[np.ndarray, np.ndarray]:
     """All-reduce-equivalents per layer per micro-batch: (forward, backward incl. recompute).
 
     Forward 2 (attention output, MLP output; the ``g`` operators of Shoeybi et al. 2019 Fig. 4),
@@ -297,6 +323,16 @@ def tp_collectives_per_layer(batch: ConfigBatch) -> tuple[np.ndarray, np.ndarray
     """
     fwd = np.full(batch.tp.shape, 2.0)
     bwd = 2.0 + np.where(batch.recompute == 2, 2.0, 0.0)
+    if model is not None and model.is_moe:
+        # MoE layers with expert parallelism (or etp != tp): the router takes the sequence-
+        # parallel slice and the tokens travel by the dispatcher (perfmodel.moe), so the MLP's
+        # collective is gone in the MoE layers (ep = 1, etp = tp: experts behind the tp
+        # all-gather as a dense MLP)
+        from perfmodel.moe import uses_dispatcher
+
+        gone = np.where(uses_dispatcher(batch), model.moe_layer_fraction, 0.0)
+        fwd = fwd - gone
+        bwd = bwd - gone * np.where(batch.recompute == 2, 2.0, 1.0)
     return fwd, bwd
 
 
@@ -441,13 +477,14 @@ def comm_bytes_per_gpu(
     layers = _stage_layers(model, batch)  # layers held by one GPU (all its chunks)
 
     # data parallel: sum over the step's collectives
-    dp = sum(
-        op.count * bytes_per_gpu(op.collective, op.buffer_bytes, op.group_size)
-        for op in dp_ops(model, training, batch).values()
-    )
+    ops = list(dp_ops(model, training, batch).values())
+    if model.is_moe:
+        ops += list(expert_dp_ops(model, training, batch).values())
+    dp = sum(op.count * bytes_per_gpu(op.collective, op.buffer_bytes, op.group_size)
+             for op in ops)
 
     # tensor parallel: all-reduce equivalents per layer per micro-batch
-    tp_fwd, tp_bwd = tp_collectives_per_layer(batch)
+    tp_fwd, tp_bwd = tp_collectives_per_layer(batch, model)
     tp_one = bytes_per_gpu("all_reduce", tp_activation_bytes(model, training, batch), batch.tp)
     tp = m * layers * (tp_fwd + tp_bwd) * tp_one + tp_boundary_bytes(model, training, batch)
 
@@ -459,4 +496,29 @@ def comm_bytes_per_gpu(
     cp_fwd, cp_bwd = cp_sends_per_layer(batch)
     cp = m * layers * (cp_fwd + cp_bwd) * cp_kv_chunk_bytes(model, training, batch)
 
-    return {"dp": np.asarray(dp, dtype=np.float64), "tp": tp, "pp": pp, "cp": cp}
+    out = {"dp": np.asarray(dp, dtype=np.float64), "tp": tp, "pp": pp, "cp": cp}
+    out["ep"] = ep_dispatch_bytes(model, training, batch)
+    return out
+
+
+def ep_dispatch_bytes(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch
+                      ) -> np.ndarray:
+    """Expert-parallel token dispatch and combine bytes one GPU sends per step (0 for a dense
+    model): per MoE layer of the stage and micro-batch, :func:`perfmodel.moe.a2a_per_layer`
+    exchanges of the :func:`perfmodel.moe.dispatch_ops_per_layer` buffers, each sending
+    ``(n-1)/n`` of its buffer (all-to-all, all-gather; the combine's reduce-scatter the same).
+
+    References
+    ----------
+    :mod:`perfmodel.moe`; NCCL-tests ``alltoall.cu`` (bus factor ``(n-1)/n``).
+    """
+    if not model.is_moe:
+        return np.zeros(len(batch))
+    from perfmodel import moe
+
+    m = batch.num_microbatches.astype(np.float64)
+    moe_layers = model.num_moe_layers / batch.pp
+    fwd, bwd = moe.a2a_per_layer(batch)
+    ops = moe.dispatch_ops_per_layer(model, training, batch, activation_bytes_per_elem(training))
+    one = sum(bytes_per_gpu(c, buf, n) for c, buf, n in ops.values())
+    return m * moe_layers * (fwd + bwd) * one

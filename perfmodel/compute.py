@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from perfmodel import moe
 from perfmodel.calibration import KERNEL_MIN_S, Calibration, calibration_for
 from perfmodel.config import ConfigBatch
 from perfmodel.specs import GPUSpec, ModelSpec, TrainingSpec
@@ -51,6 +52,7 @@ __all__ = [
     "LowPrecisionRecipe",
     "compute_times",
     "gemm_time_s",
+    "grouped_gemm_time_s",
     "layer_gemms",
     "optimizer_params_per_gpu",
     "quantise_bytes",
@@ -210,42 +212,96 @@ def gemm_time_s(cal: Calibration, m, n, k, layout: str, peak_flops: float, ratio
     return np.where(m * n * k > 0, np.maximum(t, KERNEL_MIN_S), 0.0)
 
 
-def layer_gemms(model: ModelSpec, tokens, tp) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, int]]:
+def layer_gemms(model: ModelSpec, tokens, tp, ep=1, etp=None, expert_rows=None
+                ) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, float]]:
     """The weight GEMMs of one layer on one GPU: ``(name, m, n, k, count)`` with ``m`` tokens,
     ``n`` output and ``k`` input features after the tensor-parallel split (column-parallel qkv
     and fc1 split ``n``, row-parallel proj and fc2 split ``k``; Shoeybi et al. 2019, Sec. 3).
 
     K/V heads are split by tp when tp divides them, else replicated (one head per GPU). A gated
-    MLP runs gate and up as one GEMM of ``2f/tp`` columns (Megatron's fused fc1). MoE layers run
-    ``num_experts`` GEMMs of ``tokens*top_k/num_experts`` rows each (all experts local).
+    MLP runs gate and up as one GEMM of ``2f/tp`` columns (Megatron's fused fc1).
+
+    MLA (DeepSeek-V2/V3, Megatron ``MLASelfAttention``): the q and kv down projections are
+    replicated over tp (``parallel_mode="duplicated"``), the up projections column-parallel, the
+    output row-parallel. MoE models: the layer is the average of the layer pattern, so counts
+    are fractions: the dense MLP in ``1 - phi`` of the layers; in the MoE layers (``phi``) the
+    router (``T/tp`` rows, the sequence-parallel slice), the shared experts (tp-split like a
+    dense MLP) and ``E/ep`` routed experts (names ``expert_*``, run as one grouped GEMM) of
+    ``expert_rows`` rows each and ``1/etp`` of the expert FFN (:mod:`perfmodel.moe`).
     """
     tp = np.asarray(tp, dtype=np.float64)
     T = np.asarray(tokens, dtype=np.float64)
     h, d, nh, kv, f = (model.hidden_size, model.head_size, model.num_attention_heads,
                        model.kv_heads, model.ffn_hidden_size)
-    kv_per_gpu = np.maximum(kv / tp, 1.0)
-    e = model.num_experts
-    t_mlp = T * model.moe_top_k / e
-    fc1_n = f * (2 if model.gated_mlp else 1) / tp
-    return [
-        ("qkv", T, (nh / tp + 2 * kv_per_gpu) * d, np.full_like(tp, h), 1),
-        ("proj", T, np.full_like(tp, h), nh * d / tp, 1),
-        ("fc1", t_mlp, fc1_n, np.full_like(tp, h), e),
-        ("fc2", t_mlp, np.full_like(tp, h), f / tp, e),
-    ]
+    hh = np.full_like(tp, h)
+    mats1 = 2 if model.gated_mlp else 1
+    if model.is_mla:
+        r, dq, dv = model.kv_lora_rank, model.qk_head_size, model.v_head_size
+        attn = []
+        if model.q_lora_rank:
+            attn += [("q_down", T, np.full_like(tp, model.q_lora_rank), hh, 1.0),
+                     ("q_up", T, nh * dq / tp, np.full_like(tp, model.q_lora_rank), 1.0)]
+        else:
+            attn += [("q", T, nh * dq / tp, hh, 1.0)]
+        attn += [("kv_down", T, np.full_like(tp, r + model.qk_rope_head_dim), hh, 1.0),
+                 ("kv_up", T, nh * (d + dv) / tp, np.full_like(tp, r), 1.0),
+                 ("proj", T, hh, nh * dv / tp, 1.0)]
+    else:
+        kv_per_gpu = np.maximum(kv / tp, 1.0)
+        attn = [("qkv", T, (nh / tp + 2 * kv_per_gpu) * d, hh, 1),
+                ("proj", T, hh, nh * d / tp, 1)]
+    if not model.is_moe:
+        return attn + [("fc1", T, f * mats1 / tp, hh, 1), ("fc2", T, hh, f / tp, 1)]
+    phi = model.moe_layer_fraction
+    etp = tp if etp is None else np.asarray(etp, dtype=np.float64)
+    ep = np.asarray(ep, dtype=np.float64)
+    fe, fs = model.expert_ffn_size, model.shared_ffn_size
+    rows = T * model.moe_top_k / model.num_experts if expert_rows is None else expert_rows
+    out = list(attn)
+    if phi < 1:
+        out += [("fc1", T, f * mats1 / tp, hh, 1.0 - phi), ("fc2", T, hh, f / tp, 1.0 - phi)]
+    out.append(("router", T / tp, np.full_like(tp, model.num_experts), hh, phi))
+    if fs:
+        out += [("shared_fc1", T, fs * mats1 / tp, hh, phi), ("shared_fc2", T, hh, fs / tp, phi)]
+    e_local = phi * model.num_experts / ep
+    out += [("expert_fc1", rows, fe * mats1 / etp, hh, e_local),
+            ("expert_fc2", rows, hh, fe / etp, e_local)]
+    return out
+
+
+def grouped_gemm_time_s(cal: Calibration, groups, m, n, k, layout: str, peak_flops: float,
+                        ratio: float = 1.0):
+    """Time [s] of a grouped GEMM of ``groups`` equal ``m x k`` by ``k x n`` problems in one
+    kernel (Transformer Engine / CUTLASS grouped GEMM, Megatron ``TEGroupedMLP``): each at the
+    calibrated efficiency of its own (small) ``m``, one launch floor for the whole group.
+
+    References
+    ----------
+    Megatron-Core ``moe/experts.py``; efficiency as :func:`gemm_time_s`.
+    """
+    m, n, k = (np.asarray(x, dtype=np.float64) for x in (m, n, k))
+    eff = cal.gemm_efficiency(m, n, k, layout) * ratio
+    t = np.asarray(groups, dtype=np.float64) * 2.0 * m * n * k / (peak_flops * eff)
+    return np.where(m * n * k > 0, np.maximum(t, KERNEL_MIN_S), 0.0)
 
 
 def optimizer_params_per_gpu(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
     """Parameters whose optimizer state this GPU updates (the first pipeline stage, which also
     holds the embedding): ``(L/pp * layer + embedding [+ final norm + output layer if pp=1]) / tp``,
     divided by dp under ZeRO stage >= 1 (Rajbhandari et al. 2020, Sec. 5.1)."""
+    from perfmodel.moe import expert_params_per_gpu
+
     tp = batch.tp.astype(np.float64)
     pp = batch.pp.astype(np.float64)
     dp = batch.dp.astype(np.float64)
-    params = model.num_layers / pp * model.layer_params() + model.embedding_params()
+    dense_layer = model.layer_params() - model.routed_expert_params_per_layer()
+    params = model.num_layers / pp * dense_layer + model.embedding_params()
     params = params + np.where(pp == 1, model.norm_params() + model.output_params(), 0.0)
     params = params / tp
-    return np.where(batch.zero_stage >= 1, params / dp, params)
+    # routed experts: split by ep*etp, sharded over expert-dp (the ZeRO analogue of dp here)
+    experts = expert_params_per_gpu(model, batch)
+    edp = batch.expert_dp.astype(np.float64)
+    return np.where(batch.zero_stage >= 1, params / dp + experts / edp, params + experts)
 
 
 class _Phase:
@@ -335,7 +391,27 @@ def _overlap_s(gpu_s, cpu_s):
     return hi * ((gpu_s / hi) ** COMPOSE_P + (cpu_s / hi) ** COMPOSE_P) ** (1.0 / COMPOSE_P)
 
 
-_SHAPE_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "recompute")
+_SHAPE_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "recompute", "ep", "etp")
+
+
+UNFUSED_ROPE_KERNELS = 6
+"""Elementwise kernels of an unfused rotary embedding of q and k (split halves, two products
+with cos / sin, negate, cat, add: Megatron ``_apply_rotary_pos_emb_bshd`` without
+``apply_rope_fusion``), as counted for the eager path."""
+
+
+def unfused_activation_kernels(model: ModelSpec, pass_: str) -> tuple[int, float]:
+    """(kernels, values moved per MLP intermediate column and token) of the MLP's bias + activation
+    run as separate PyTorch ops. Gated (GLU): the fc1 bias add (reads and writes the ``2f`` fc1
+    output: 4), then on the halves gate clamp (2), linear clamp (2), the activation's scale,
+    sigmoid and product (2 + 2 + 3, quick-GELU ``x*sigmoid(1.702x)``), the linear offset add (2)
+    and the gate product (3): 8 kernels, 20 values per column, against the fused kernel's 3.
+    Without a gate: bias add (2) and activation (2). The backward runs autograd's kernels of
+    each op, taken as twice the forward's (16 kernels, 40 values). Source: Megatron-Core
+    ``mlp.py`` (``glu`` with ``activation_func_clamp_value``, ``glu_linear_offset`` when
+    ``bias_activation_fusion`` is off); Megatron-Bridge ``GPTOSSProvider``."""
+    n_k, vals = (8, 20.0) if model.gated_mlp else (2, 4.0)
+    return (n_k, vals) if pass_ == "fwd" else (2 * n_k, 2.0 * vals)
 
 
 def compute_times(
@@ -438,9 +514,11 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     nh_gpu = model.num_attention_heads / tp
     T = mb * s / cp  # tokens in the tensor-parallel region (GEMM rows)
     Tn = np.where(batch.sequence_parallel, T / tp, T)  # tokens in the norm / dropout region
+    f = moe.effective_ffn_size(model)  # MLP activation size of the average layer
     f_gpu = f / tp
     act_cols = f_gpu * (2 if model.gated_mlp else 1)  # fc1 output columns
-    gemms = layer_gemms(model, T, tp)
+    gemms = layer_gemms(model, T, tp, batch.ep, batch.etp,
+                        moe.expert_rows_per_gpu(model, training, batch))
     has_bias = model.linear_bias
 
     def gemm_phase(ph: _Phase, layouts: tuple[str, ...], skip: tuple[str, ...] = ()) -> None:
@@ -448,11 +526,31 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
             if name in skip:
                 continue
             for lay in layouts:
-                ph.add(count * gemm_time_s(cal, m_, n_, k_, lay, peak, ratio), count)
+                if name.startswith("expert_"):  # one grouped GEMM over the local experts
+                    # Transformer Engine's GroupedLinear (general_grouped_gemm) launches one
+                    # cuBLAS GEMM per local expert: ``count`` launches on the host
+                    ph.add(grouped_gemm_time_s(cal, count, m_, n_, k_, lay, peak, ratio), count)
+                else:
+                    ph.add(count * gemm_time_s(cal, m_, n_, k_, lay, peak, ratio), count)
+
+    def moe_kernels(ph: _Phase, pass_: str) -> None:
+        """Router softmax / top-k and token permute / unpermute of the MoE layers (averaged
+        over the layers): the router reads and writes ``T/tp x E`` fp32 scores; permute and
+        unpermute each read ``T/tp`` tokens and write their ``k`` routed copies (or back).
+        Megatron-Core ``moe_utils.permute`` / ``unpermute``, ``router.topk_softmax_with_capacity``."""
+        if not model.is_moe:
+            return
+        phi = model.moe_layer_fraction
+        t_sp = T / tp
+        ph.mem("softmax", phi * 2 * 4.0 * t_sp * model.num_experts, 2 if pass_ == "bwd" else 1)
+        ph.mem("copy", phi * (1 + model.moe_top_k) * act_b * t_sp * h, 2)
+        if not eager:  # the dispatcher's host sync exposes the MoE block's CPU time
+            ph.add(phi * moe.MOE_HOST_SYNC_S, 0)
 
     def attention(ph: _Phase, pass_: str) -> None:
         if training.flash_attention:
-            t = cal.attention_time_s(mb * nh_gpu, s, d, pass_, causal=True) / cp
+            d_attn = (model.qk_head_size + model.v_head_size) / 2  # MLA: 192 and 128
+            t = cal.attention_time_s(mb * nh_gpu, s, d_attn, pass_, causal=True) / cp
             # FlashAttention has no fp32 kernel: fp32 attention (SDPA's memory-efficient
             # kernel) is taken at the fraction of the fp32-math peak that FA2 reaches of bf16
             # (assumption; without it fp32 attention ran at bf16 speed, MFU up to 236 %).
@@ -504,19 +602,26 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         else:
             ph.mem("layernorm", 2 * act_b * Tn * h, 2)  # fused ln1, ln2
             ph.mem("dropout", (3 * act_b + 1) * Tn * h, 2)  # fused bias + dropout + add, x2
-            ph.mem("gelu", (act_cols + f_gpu) * act_b * T)  # fused bias + activation
+            if model.fused_elementwise:
+                ph.mem("gelu", (act_cols + f_gpu) * act_b * T)  # fused bias + activation
+            else:  # unfused_activation_kernels: separate PyTorch ops
+                n_k, vals = unfused_activation_kernels(model, "fwd")
+                ph.mem("gelu", vals / n_k * f_gpu * act_b * T, n_k)
             if model.position_embedding == "rope":
-                ph.mem("copy", 2 * act_b * T * (nh_gpu + model.kv_heads / tp) * d)
+                ph.mem("copy", 2 * act_b * T * (nh_gpu + model.kv_heads / tp) * d,
+                       1 if model.fused_elementwise else UNFUSED_ROPE_KERNELS)
             if lowp:  # quantise the four GEMM inputs (recipe's amax / cast / transpose)
                 ph.mem("copy", quantise_bytes(T * (2 * h + nh_gpu * d + f_gpu), recipe) / 4, 4)
 
     fwd = _Phase(cal, n)
     layer_forward(fwd)
+    moe_kernels(fwd, "fwd")
 
     # ---- layer backward
     bwd = _Phase(cal, n)
     gemm_phase(bwd, ("dgrad", "wgrad"))
     attention(bwd, "bwd")
+    moe_kernels(bwd, "bwd")
     if eager:
         ph = bwd
         ph.mem("layernorm", 3 * res_b * Tn * h, 2)  # ln dx
@@ -542,15 +647,23 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         ph.mem("layernorm", 3 * act_b * Tn * h, 2)  # fused ln backward
         ph.mem("dropout", (2 * act_b + 1) * Tn * h, 2)  # dropout backward
         ph.mem("add", 3 * act_b * Tn * h, 2)  # residual gradient sums
-        ph.mem("gelu", (2 * act_cols + f_gpu) * act_b * T)  # bias + activation backward
+        if model.fused_elementwise:
+            ph.mem("gelu", (2 * act_cols + f_gpu) * act_b * T)  # bias + activation backward
+        else:
+            n_k, vals = unfused_activation_kernels(model, "bwd")
+            ph.mem("gelu", vals / n_k * f_gpu * act_b * T, n_k)
+            if has_bias and not lowp:  # bias gradients: column sums of the output gradients
+                ph.mem("add", act_b * T * (gemms[0][2] + h + act_cols + h) / 4, 4)
         if model.position_embedding == "rope":
-            ph.mem("copy", 2 * act_b * T * (nh_gpu + model.kv_heads / tp) * d)
+            ph.mem("copy", 2 * act_b * T * (nh_gpu + model.kv_heads / tp) * d,
+                   1 if model.fused_elementwise else UNFUSED_ROPE_KERNELS)
         if lowp:  # quantise the four GEMMs' output gradients
             ph.mem("copy", quantise_bytes(T * (gemms[0][2] + act_cols + 2 * h), recipe) / 4, 4)
 
     # ---- recompute
     rec_full = _Phase(cal, n)
     layer_forward(rec_full, early_stop=eager)
+    moe_kernels(rec_full, "fwd")
     rec_sel = _Phase(cal, n)
     attention(rec_sel, "fwd")
 

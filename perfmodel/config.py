@@ -52,6 +52,17 @@ class ParallelConfig(Spec):
     schedule: Schedule = "1f1b"
     grad_compression: Compression = "none"
     topk_ratio: Annotated[float, Field(gt=0, le=1)] = 0.01
+    ep: PosInt = 1
+    etp: PosInt | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _etp_follows_tp(cls, data):
+        """``etp`` left out (or None) is ``tp``: Megatron's default expert tensor parallel size."""
+        if isinstance(data, dict) and data.get("etp") is None:
+            data = {**data, "etp": data.get("tp", 1)}
+        return data
+
     # Pipeline layer layout (Megatron-LM): layers of the first / last pipeline rank (None or 0:
     # even split of the rest), and the embedding / the loss counted as one layer each. Filled in
     # by resolve_config when pp*vp does not divide the layers (perfmodel.pipeline.megatron_layout).
@@ -59,9 +70,18 @@ class ParallelConfig(Spec):
     last_stage_layers: Annotated[int, Field(ge=0)] | None = None
     embedding_as_layer: bool = False
     loss_as_layer: bool = False
+    # Per-stage layout chosen by the dynamic-programming searcher (search/dp.py); None = the
+    # layout above. ``stage_layers[s]``: transformer layers on pipeline rank s (all its vp
+    # chunks, ``stage_layers[s] / vp`` per chunk; Megatron's ``--pipeline-model-parallel-layout``).
+    # ``stage_recompute_layers[s]``: of those, how many recompute fully (needs
+    # recompute="full"; Megatron's ``--recompute-method block --recompute-num-layers N``, N per
+    # chunk, the first N layers of each chunk).
+    stage_layers: tuple[PosInt, ...] | None = None
+    stage_recompute_layers: tuple[Annotated[int, Field(ge=0)], ...] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ParallelConfig:
+        _check_stage_layout(self)
         if self.vp > 1 and self.schedule != "interleaved":
             raise ValueError(
                 f"vp ({self.vp}) > 1 needs schedule 'interleaved' (got schedule '{self.schedule}')"
@@ -77,6 +97,86 @@ class ParallelConfig(Spec):
     @property
     def gpus(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        """Expert tensor parallel size; Megatron's default is tp (``--expert-tensor-parallel-size``)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data parallel size: the stage's GPUs over ``ep * etp`` (MoE parallel folding)."""
+        return self.dp * self.cp * self.tp // (self.ep * self.expert_tp)
+
+
+def check_expert_parallel(c: ParallelConfig, model: ModelSpec, cluster: ClusterSpec | None = None,
+                          *, allow_tp_across_nodes: bool = False) -> None:
+    """Megatron-Core MoE parallel folding: the experts of a pipeline stage are laid out as
+    ``etp x ep x expert-dp`` on the same ``tp x cp x dp`` GPUs the attention uses. Raises
+    :class:`SpecError` naming the operands (Megatron ``parallel_state.initialize_model_parallel``
+    and ``arguments.py`` checks)."""
+    etp = c.expert_tp
+    if not model.is_moe:  # etp has no experts to split: it is ignored (set to tp)
+        if c.ep != 1:
+            raise SpecError(
+                f"ep ({c.ep}) applies to MoE models; '{model.name}' is dense (num_experts = 1)"
+            )
+        return
+    if model.num_experts % c.ep:
+        raise SpecError(f"ep ({c.ep}) must divide num_experts ({model.num_experts})")
+    if model.expert_ffn_size % etp:
+        raise SpecError(f"etp ({etp}) must divide the expert FFN size ({model.expert_ffn_size})")
+    stage = c.tp * c.cp * c.dp
+    if stage % (c.ep * etp):
+        raise SpecError(
+            f"ep*etp ({c.ep}*{etp}={c.ep * etp}) must divide tp*cp*dp "
+            f"({c.tp}*{c.cp}*{c.dp}={stage}), the GPUs of one pipeline stage"
+        )
+    if c.tp > 1 and not c.sequence_parallel:
+        raise SpecError(
+            f"MoE with tp ({c.tp}) > 1 needs sequence_parallel (Megatron-LM requires it)"
+        )
+    if cluster is not None and etp > cluster.scale_up_size and not allow_tp_across_nodes:
+        raise SpecError(
+            f"etp ({etp}) must fit in the scale-up domain ({cluster.scale_up_size} GPUs) "
+            f"of cluster '{cluster.name}'"
+        )
+
+
+def _check_stage_layout(c: ParallelConfig) -> None:
+    """Structural checks of a per-stage layout (the model-dependent sum in resolve_config)."""
+    if c.stage_layers is None:
+        if c.stage_recompute_layers is not None:
+            raise ValueError("stage_recompute_layers needs stage_layers")
+        return
+    if len(c.stage_layers) != c.pp:
+        raise ValueError(
+            f"stage_layers has {len(c.stage_layers)} entries, expected pp ({c.pp})"
+        )
+    if c.first_stage_layers or c.last_stage_layers or c.embedding_as_layer or c.loss_as_layer:
+        raise ValueError("stage_layers cannot be combined with first_stage_layers, "
+                         "last_stage_layers, embedding_as_layer or loss_as_layer")
+    if c.vp > 1 and any(n % c.vp for n in c.stage_layers):
+        raise ValueError(
+            f"stage_layers {list(c.stage_layers)}: every entry must be a multiple of vp ({c.vp})"
+        )
+    r = c.stage_recompute_layers
+    if r is None:
+        return
+    if len(r) != c.pp:
+        raise ValueError(f"stage_recompute_layers has {len(r)} entries, expected pp ({c.pp})")
+    if c.recompute != "full":
+        raise ValueError(
+            f"stage_recompute_layers needs recompute 'full' (got recompute '{c.recompute}')"
+        )
+    if any(k > n for k, n in zip(r, c.stage_layers, strict=True)):
+        raise ValueError(
+            f"stage_recompute_layers {list(r)} exceeds stage_layers {list(c.stage_layers)}"
+        )
+    if c.vp > 1 and any(k % c.vp for k in r):
+        raise ValueError(
+            f"stage_recompute_layers {list(r)}: every entry must be a multiple of vp ({c.vp})"
+        )
 
 
 def resolve_config(
@@ -98,7 +198,14 @@ def resolve_config(
         raise SpecError(
             f"tp ({c.tp}) and num_kv_heads ({m.kv_heads}) must divide one another"
         )
-    c = _with_layer_layout(c, m.num_layers)
+    if c.stage_layers is not None:
+        if sum(c.stage_layers) != m.num_layers:
+            raise SpecError(
+                f"stage_layers {list(c.stage_layers)} sum to {sum(c.stage_layers)}, expected "
+                f"num_layers ({m.num_layers})"
+            )
+    else:
+        c = _with_layer_layout(c, m.num_layers)
     if training.seq_len % (2 * c.cp if c.cp > 1 else 1):
         raise SpecError(f"2*cp ({2 * c.cp}) must divide seq_len ({training.seq_len})")
     if c.sequence_parallel and training.seq_len % c.tp:
@@ -131,7 +238,9 @@ def resolve_config(
                 f"tp ({c.tp}) must fit in the scale-up domain ({cluster.scale_up_size} GPUs) "
                 f"of cluster '{cluster.name}'"
             )
-    return c.model_copy(update={"num_microbatches": nmb})
+    check_expert_parallel(c, m, cluster, allow_tp_across_nodes=allow_tp_across_nodes)
+    etp = c.expert_tp if m.is_moe else c.tp
+    return c.model_copy(update={"num_microbatches": nmb, "etp": etp})
 
 
 def _with_layer_layout(c: ParallelConfig, num_layers: int) -> ParallelConfig:
@@ -196,17 +305,29 @@ class ConfigBatch:
     schedule: np.ndarray
     grad_compression: np.ndarray
     topk_ratio: np.ndarray
+    # expert parallel sizes; None fills ep = 1 and etp = tp (Megatron's default)
+    ep: np.ndarray | None = None
+    etp: np.ndarray | None = None
     # layer layout (see ParallelConfig); None fills zeros / False (the even split)
     first_stage_layers: np.ndarray | None = None
     last_stage_layers: np.ndarray | None = None
     embedding_as_layer: np.ndarray | None = None
     loss_as_layer: np.ndarray | None = None
+    # Per-stage layouts (ParallelConfig.stage_layers / stage_recompute_layers) as ``(n, S)``
+    # int64 matrices, S >= max pp: ``stage_layers`` row of zeros = no per-stage layout;
+    # ``stage_recompute_layers`` row of -1 = not given. None: no row has one.
+    stage_layers: np.ndarray | None = None
+    stage_recompute_layers: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = np.shape(self.dp)[0] if np.ndim(self.dp) else 1
         for name in _LAYOUT_FIELDS:
             if getattr(self, name) is None:
                 object.__setattr__(self, name, _as_code_array(name, _LAYOUT_DEFAULTS[name], n))
+        if self.ep is None:
+            object.__setattr__(self, "ep", _as_code_array("ep", 1, n))
+        if self.etp is None:
+            object.__setattr__(self, "etp", np.array(self.tp, copy=True))
 
     def layer_counts(self, num_layers: int) -> dict[str, np.ndarray]:
         """Layers per pipeline rank and chunk of every configuration
@@ -233,19 +354,31 @@ class ConfigBatch:
     def gpus(self) -> np.ndarray:
         return self.dp * self.tp * self.pp * self.cp
 
+    @property
+    def expert_dp(self) -> np.ndarray:
+        """Expert data parallel size ``tp*cp*dp / (ep*etp)`` (at least 1)."""
+        return np.maximum(self.dp * self.cp * self.tp // (self.ep * self.etp), 1)
+
     @classmethod
     def from_arrays(cls, **arrays) -> ConfigBatch:
         """Build from arrays (or scalars, broadcast); missing fields take ParallelConfig defaults.
 
-        String values for categorical fields are converted to codes.
+        String values for categorical fields are converted to codes. ``etp`` defaults to ``tp``
+        (Megatron's default expert tensor parallel size).
         """
-        n = max((np.size(v) for v in arrays.values()), default=1)
+        n = max((np.size(v) for k, v in arrays.items() if k not in _STAGE_FIELDS), default=1)
         defaults = ParallelConfig()
         out = {}
+        etp_missing = arrays.get("etp") is None
         for f in fields(cls):
             v = arrays.pop(f.name, None)
+            if f.name in _STAGE_FIELDS:
+                out[f.name] = _stage_matrix(v, n, fill=0 if f.name == "stage_layers" else -1)
+                continue
             if f.name == "num_microbatches" and v is None:
                 v = 1
+            if f.name == "etp" and etp_missing:
+                v = out["tp"]
             if f.name in _LAYOUT_FIELDS:
                 v = _LAYOUT_DEFAULTS[f.name] if v is None else np.where(
                     np.equal(np.asarray(v, dtype=object), None), _LAYOUT_DEFAULTS[f.name], v)
@@ -260,13 +393,21 @@ class ConfigBatch:
     def from_configs(cls, configs: list[ParallelConfig]) -> ConfigBatch:
         """Batch of resolved configs (``num_microbatches`` must be set)."""
         cols = {f.name: [getattr(c, f.name) for c in configs] for f in fields(cls)}
+        cols["etp"] = [c.expert_tp for c in configs]
         if any(v is None for v in cols["num_microbatches"]):
             raise ValueError("resolve configs (num_microbatches) before batching them")
         return cls.from_arrays(**cols)
 
     def take(self, idx) -> ConfigBatch:
         """Sub-batch at the given indices or boolean mask."""
-        return ConfigBatch(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+        return ConfigBatch(**{f.name: _take(getattr(self, f.name), idx) for f in fields(self)})
+
+    @property
+    def has_layout(self) -> np.ndarray:
+        """Rows with a per-stage layout (``stage_layers`` given)."""
+        if self.stage_layers is None:
+            return np.zeros(len(self), dtype=bool)
+        return self.stage_layers.sum(axis=1) > 0
 
     def unique_by(self, names: tuple[str, ...]) -> tuple[ConfigBatch, np.ndarray]:
         """The distinct configurations by the fields ``names`` (first occurrences) and, for
@@ -285,7 +426,14 @@ class ConfigBatch:
 
     def config(self, i: int) -> ParallelConfig:
         """The i-th configuration as a ParallelConfig."""
-        d = {f.name: getattr(self, f.name)[i].item() for f in fields(self)}
+        d = {f.name: getattr(self, f.name)[i].item() for f in fields(self)
+             if f.name not in _STAGE_FIELDS}
+        pp = int(d["pp"])
+        lay, rec = self.stage_layers, self.stage_recompute_layers
+        has = lay is not None and lay[i].sum() > 0
+        d["stage_layers"] = tuple(int(x) for x in lay[i, :pp]) if has else None
+        has_r = has and rec is not None and rec[i, 0] >= 0
+        d["stage_recompute_layers"] = tuple(int(x) for x in rec[i, :pp]) if has_r else None
         d["recompute"] = RECOMPUTE[d["recompute"]]
         d["schedule"] = SCHEDULE[d["schedule"]]
         d["grad_compression"] = COMPRESSION[d["grad_compression"]]
@@ -303,6 +451,31 @@ class ConfigBatch:
 _LAYOUT_FIELDS = ("first_stage_layers", "last_stage_layers", "embedding_as_layer", "loss_as_layer")
 _LAYOUT_DEFAULTS = {"first_stage_layers": 0, "last_stage_layers": 0, "embedding_as_layer": False,
                     "loss_as_layer": False}
+_STAGE_FIELDS = ("stage_layers", "stage_recompute_layers")
+
+
+def _take(v, idx):
+    return None if v is None else v[idx]
+
+
+def _stage_matrix(v, n: int, fill: int) -> np.ndarray | None:
+    """An ``(n, S)`` int64 layout matrix from None, a matrix, or a list of tuples / None."""
+    if v is None:
+        return None
+    if isinstance(v, np.ndarray) and v.ndim == 2:
+        out = v.astype(np.int64)
+        return np.broadcast_to(out, (n, out.shape[1])).copy() if out.shape[0] != n else out.copy()
+    rows = list(v)
+    if all(r is None for r in rows):
+        return None
+    width = max(len(r) for r in rows if r is not None)
+    out = np.full((len(rows), width), fill, dtype=np.int64)
+    for i, r in enumerate(rows):
+        if r is not None:
+            out[i, :len(r)] = r
+    return out
+
+
 _CODES = {"recompute": RECOMPUTE, "schedule": SCHEDULE, "grad_compression": COMPRESSION}
 
 

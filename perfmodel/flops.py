@@ -96,11 +96,21 @@ def layer_matmul_flops_per_token(model: ModelSpec) -> float:
     """
     h, d, nh, kv, f = (model.hidden_size, model.head_size, model.num_attention_heads,
                        model.kv_heads, model.ffn_hidden_size)
-    qkv = 2.0 * h * (nh + 2 * kv) * d  # fused q, k, v projection
-    proj = 2.0 * nh * d * h  # attention output projection
-    mlp = 2.0 * h * f * (3 if model.gated_mlp else 2) * model.moe_top_k  # fc1 (+gate), fc2
-    router = 2.0 * h * model.num_experts if model.num_experts > 1 else 0.0
-    return qkv + proj + mlp + router
+    mats = 3 if model.gated_mlp else 2
+    if model.is_mla:  # MLA projections: 2 FLOPs per weight (DeepSeek-V2 Sec. 2.1)
+        attn = 2.0 * model.mla_params_per_layer()
+    else:
+        qkv = 2.0 * h * (nh + 2 * kv) * d  # fused q, k, v projection
+        proj = 2.0 * nh * d * h  # attention output projection
+        attn = qkv + proj
+    if not model.is_moe:
+        return attn + 2.0 * h * f * mats  # fc1 (+gate), fc2
+    # MoE: active experts only (top-k routed + shared) and the router, in the MoE layers;
+    # the dense MLP in the others (averaged over the layers).
+    phi = model.moe_layer_fraction
+    moe = 2.0 * h * mats * (model.moe_top_k * model.expert_ffn_size + model.shared_ffn_size)
+    router = 2.0 * h * model.num_experts
+    return attn + phi * (moe + router) + (1.0 - phi) * 2.0 * h * f * mats
 
 
 def layer_attention_flops_per_token(model: ModelSpec, seq_len, causal: bool = False):
@@ -113,7 +123,9 @@ def layer_attention_flops_per_token(model: ModelSpec, seq_len, causal: bool = Fa
     (causal halves the work).
     """
     s = np.asarray(seq_len, dtype=np.float64)
-    return 4.0 * s * model.num_attention_heads * model.head_size * (0.5 if causal else 1.0)
+    # QK^T over the q/k head size, PV over the value head size (equal without MLA)
+    dims = model.qk_head_size + model.v_head_size
+    return 2.0 * s * model.num_attention_heads * dims * (0.5 if causal else 1.0)
 
 
 def logits_flops_per_token(model: ModelSpec) -> float:

@@ -52,6 +52,9 @@ class FrameworkSpec(Spec):
         "default); NeMo's performance recipes reduce in bf16")
     fp8_params: bool = Field(
         default=False, description="fp8 recipes keep fp8 model weights (--fp8-param-gather)")
+    cross_entropy: Literal["fp32", "fused"] = Field(
+        default="fp32", description="the loss kernel: 'fused' = Transformer Engine's in-place "
+        "parallel_cross_entropy (Megatron-Bridge performance recipes)")
     # capabilities: what a search may choose for this stack
     zero_stages: tuple[Literal[0, 1, 2, 3], ...] = Field(min_length=1)
     max_zero_stage_with_pp: Literal[0, 1, 2, 3] = Field(
@@ -71,7 +74,7 @@ class FrameworkSpec(Spec):
         return {k: getattr(self, k) for k in ("overlap_grad_reduce", "overlap_tp_comm",
                                                "overlap_p2p_comm", "flash_attention",
                                                "zero3_gather", "grad_reduce_in_fp32",
-                                               "fp8_params")}
+                                               "fp8_params", "cross_entropy")}
 
     def describe(self) -> str:
         """One line for the report header."""

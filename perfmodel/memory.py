@@ -28,8 +28,10 @@ from typing import Literal
 
 import numpy as np
 
+from perfmodel import moe
 from perfmodel.config import ConfigBatch
-from perfmodel.pipeline import SCHEDULE, inflight_microbatches, schedule_code
+from perfmodel.offload import resident_activation_layers
+from perfmodel.pipeline import GPIPE, SCHEDULE, inflight_microbatches, schedule_code
 from perfmodel.specs import ClusterSpec, GPUSpec, ModelSpec, TrainingSpec
 from perfmodel.units import GIB, MIB
 
@@ -452,7 +454,8 @@ def stage_params(
     p = np.asarray(pp, dtype=np.float64)
     h, v = model.hidden_size, model.vocab_size
     norms = 2 * model.norm_params()
-    gemm = model.layer_params() - norms
+    # routed MoE experts are split by ep*etp, not tp: see perfmodel.moe.expert_params_per_gpu
+    gemm = model.layer_params() - norms - model.routed_expert_params_per_layer()
     layer = gemm / t + norms  # GEMM weights split by t, norms replicated
     pos = model.embedding_params() - v * h  # learned position table (0 for RoPE)
     embedding = v * h / t + pos
@@ -496,6 +499,64 @@ keeps :data:`SEARCH_MEMORY_HEADROOM` free unless told otherwise."""
 
 SEARCH_MEMORY_HEADROOM = 0.0
 """Default ``memory_headroom`` of the search (``plan --memory-headroom``)."""
+
+
+def torch_zb_retained_microbatches(p, m) -> np.ndarray:
+    """Micro-batches whose whole backward graph a stage of torch's
+    ``ScheduleInterleavedZeroBubble`` holds at its peak: ``min(p, m)`` on every stage.
+
+    torch's input-gradient pass (``stage_backward_input``) runs autograd with
+    ``retain_graph=True`` and the weight pass (``stage_backward_weight``) frees the graph, so a
+    micro-batch holds its activations from F to W, not to B. In torch's order
+    (``_get_1f1b_rank_ops`` with ``enable_zero_bubble``: ``p - 1 - s`` warm-up forwards, then
+    F, B and, from the ``s``-th steady step on, W of the micro-batch ``s`` behind) stage ``s``
+    has ``p - s + j - max(0, j - s)`` graphs after the forward of steady step ``j``: ``p`` once
+    ``j >= s``. The last stage holds ``p`` (1F1B: 1), and as many micro-batches' output
+    gradients (B done, W not).
+
+    Example: p = 2, m = 4: 2; p = 4, m = 2: 2.
+    """
+    return np.minimum(np.asarray(p, dtype=np.float64), np.asarray(m, dtype=np.float64))
+
+
+def loss_logit_bytes(cross_entropy: str) -> tuple[float, float]:
+    """Bytes per logit (per vocabulary entry of a token on this GPU) the fused-kernel loss holds:
+    ``(kept for the backward, transient)``.
+
+    * ``"fp32"``: Megatron-Core's vocab-parallel cross-entropy (``cross_entropy_fusion_impl=
+      'native'`` or unfused) casts the 16-bit logits to fp32 and saves the fp32 softmax
+      (``exp_logits``) for the backward: 4 kept, plus the 16-bit logits of the micro-batch being
+      computed, 2 transient (Megatron-LM ``theoretical_memory_usage.py`` counts the same).
+    * ``"fused"``: Transformer Engine's ``parallel_cross_entropy`` (Megatron-Core
+      ``cross_entropy_fusion_impl='te'``, set by Megatron-Bridge's performance recipes,
+      ``_benchmark_common``) computes the loss in one kernel and writes the gradient into the
+      16-bit logits in place: those 2 bytes are all it keeps, nothing transient.
+
+    Example: ``"fp32"`` -> (4, 2); ``"fused"`` -> (2, 0).
+    """
+    if cross_entropy == "fused":
+        return 2.0, 0.0
+    return 4.0, 2.0
+
+
+def loss_inflight_microbatches(schedule, m, inflight_last) -> np.ndarray:
+    """Micro-batches whose final-norm input, output-layer input and fp32 logits the last stage
+    holds at its peak (vectorised).
+
+    Only the last *virtual* stage (model chunk ``v - 1`` of the last rank) computes the loss, and
+    it holds those tensors from its forward to its backward. 1F1B, ZB-H1 and interleaved 1F1B run
+    the last chunk's backward right after its forward (Megatron-LM ``schedules.py``: the last
+    rank's warm-up, ``(v - 1) p`` forwards, covers chunks ``0 .. v-2``; each steady-state
+    iteration then runs forward ``k`` and backward ``k - warmup``, the same micro-batch of chunk
+    ``v - 1``), so one micro-batch; GPipe holds all of its in-flight ones. The interleaved
+    in-flight count of the rank (``(v - 1) p + 1`` chunks, mostly earlier chunks) does not hold
+    logits.
+
+    Example: interleaved, p = 8, v = 12: 1 (not ``ceil(89 / 12) = 8``); GPipe m = 16: 16.
+    """
+    code = schedule_code(schedule)
+    infl = np.ceil(np.asarray(inflight_last, dtype=np.float64))
+    return np.where(code == GPIPE, infl, np.minimum(infl, 1.0) + 0.0 * np.asarray(m))
 
 
 def usable_hbm_bytes(gpu: GPUSpec, headroom: float = 0.0) -> float:
@@ -582,6 +643,14 @@ def memory_breakdown(
     if kernels not in ("fused", "eager"):
         raise ValueError(f"kernels = {kernels!r}: expected 'fused' or 'eager'")
     eager = kernels == "eager"
+    if batch.stage_layers is not None and np.any(batch.has_layout):  # search/dp.py layouts
+        if eager:
+            raise ValueError("per-stage layouts (stage_layers) are modelled for fused kernels")
+        from perfmodel.layout import layout_memory_breakdown
+
+        return layout_memory_breakdown(model, training, cluster, batch,
+                                       flash_attention=flash_attention, dropout=dropout,
+                                       headroom=headroom)
     c = batch
     f64 = np.float64
     tp, pp, vp, cp = (np.asarray(x, dtype=f64) for x in (c.tp, c.pp, c.vp, c.cp))
@@ -620,6 +689,11 @@ def memory_breakdown(
             wb = 1.0
     w1, g1, o1 = zero_state_bytes(n_first, shard, zero, wb, gb, ob)
     w2, g2, o2 = zero_state_bytes(n_last, shard, zero, wb, gb, ob)
+    # 2b. Routed MoE experts: split ep*etp ways, states sharded over expert-dp (Megatron-Core
+    # distributed optimizer over the expert-data-parallel group); both end stages hold them.
+    n_expert = moe.expert_params_per_gpu(model, c)
+    we, ge, oe = zero_state_bytes(n_expert, c.expert_dp, zero, wb, gb, ob)
+    w1, g1, o1, w2, g2, o2 = w1 + we, g1 + ge, o1 + oe, w2 + we, g2 + ge, o2 + oe
     if eager:  # FSDP2 ZeRO-2 (reshard_after_forward=False) keeps the sharded parameters (the
         # optimizer's) next to the unsharded ones it computes with
         z2 = (zero == 2) & (dp * cp > 1)
@@ -630,7 +704,7 @@ def memory_breakdown(
     kw = {
         "tp": tp,
         "sequence_parallel": sp,
-        "ffn_hidden_size": model.ffn_hidden_size,
+        "ffn_hidden_size": moe.effective_ffn_size(model),  # ffn_hidden_size when dense
         "num_kv_heads": model.kv_heads,
         "head_dim": model.head_size,
         "gated_mlp": model.gated_mlp,
@@ -673,12 +747,20 @@ def memory_breakdown(
             bytes_per_value=e,
             **kw,
         )
+    # MoE: dispatched tokens, expert outputs before the combine, router scores (perfmodel.moe)
+    moe_extra = moe.moe_activation_extra_bytes(model, training, c, e,
+                                               kw.get("gemm_input_bytes"))
+    layer_act = layer_act + np.where(rc == _CODE_FULL, 0.0, moe_extra)
+    layer_full = layer_full + moe_extra
     # the layer being recomputed (fused: summed; eager: only in its own moment, see below)
     recompute_extra = np.where(rc == _CODE_FULL, 0.0 if eager else layer_full, 0.0)
 
     sched = np.asarray(c.schedule)
     infl_first = inflight_microbatches(pp, m, sched, vp, stage=0)
     infl_last = inflight_microbatches(pp, m, sched, vp, stage=pp - 1)
+    if eager:  # torch's zero bubble retains whole backward graphs until the W pass
+        infl_last = np.where(schedule_code(sched) == _CODE_ZB,
+                             torch_zb_retained_microbatches(pp, m), infl_last)
     mb_first = np.ceil(infl_first)  # whole micro-batches with an embedding output in flight
     mb_last = np.ceil(infl_last)
     sb = s * b
@@ -691,14 +773,20 @@ def memory_breakdown(
     else:
         embed_act = 8.0 * sb + drop * sb * h / r  # token ids (int64), embedding dropout mask
         final_act = 2 * e * sb * h / r  # final-norm input and output-layer input: 4sbh
-        logits_held = 4.0 * logit  # fp32 logits / softmax kept for the cross-entropy backward
-    logits_transient = 2.0 * logit  # 16-bit logits of the micro-batch being computed
-    act_first = infl_first * layers * layer_act + recompute_extra + mb_first * embed_act
+        held_b, transient_b = loss_logit_bytes(training.cross_entropy)
+        logits_held = held_b * logit  # what the cross-entropy keeps for its backward
+    logits_transient = (2.0 if eager else transient_b) * logit  # 16-bit logits being computed
+    # CPU activation offloading (fused only): the stage keeps L - N + 1 layers' activations
+    n_off = 0 if eager else training.cpu_offload_layers
+    res_first = resident_activation_layers(layers, n_off)
+    res_last = resident_activation_layers(layers_last, n_off)
+    act_first = infl_first * res_first * layer_act + recompute_extra + mb_first * embed_act
+    mb_loss = mb_last if eager else loss_inflight_microbatches(sched, m, infl_last)
     act_last = (
-        infl_last * layers_last * layer_act + recompute_extra + mb_last * (final_act + logits_held)
+        infl_last * res_last * layer_act + recompute_extra + mb_loss * (final_act + logits_held)
     )
     single = pp == 1
-    act_first = np.where(single, act_first + mb_last * (final_act + logits_held), act_first)
+    act_first = np.where(single, act_first + mb_loss * (final_act + logits_held), act_first)
     act_last = np.where(single, act_first, act_last)
 
     # 4. Other buffers.
@@ -721,7 +809,7 @@ def memory_breakdown(
         z1 = (zero == 1) & (shard > 1)
         bucket = np.where(z1, n_first * gb, bucket)
         g1, g2 = np.where(z1, 0.0, g1), np.where(z1, 0.0, g2)
-    z3_layer = sp_["layer"] * (wb + gb) * ZERO3_LIVE_LAYERS
+    z3_layer = (sp_["layer"] + n_expert / layers) * (wb + gb) * ZERO3_LIVE_LAYERS
     zero3_last = None
     if eager:  # FSDP units of BUCKET_PARAMS (harness, DeepSpeed): two live, at most the model
         # chunk (each interleaved chunk is a module of its own, sharded and gathered alone; the
@@ -738,8 +826,13 @@ def memory_breakdown(
                                            fp8_params)
         fp8_cache_last = fp8_weight_cache_bytes(precision, layers_last, sp_["gemm_layer"], zero,
                                                 shard, fp8_params)
-    other_first = base_other + bucket + zero3 + fp8_first
-    other_last = base_other + bucket + zero3 + fp8_cache_last
+        # routed experts' low-precision copies, sharded over expert-dp under ZeRO-3
+        fp8_expert = fp8_weight_cache_bytes(precision, layers, n_expert / layers, zero,
+                                            c.expert_dp, fp8_params)
+        fp8_first, fp8_cache_last = fp8_first + fp8_expert, fp8_cache_last + fp8_expert
+    dispatch = moe.moe_dispatch_buffer_bytes(model, training, c, e)  # MoE all-to-all buffers
+    other_first = base_other + bucket + zero3 + fp8_first + dispatch
+    other_last = base_other + bucket + zero3 + fp8_cache_last + dispatch
     if zero3_last is not None:
         other_last = other_last - zero3 + zero3_last
     if eager:
@@ -767,7 +860,8 @@ def memory_breakdown(
         # end stages; it has one in-flight micro-batch fewer (1F1B) and no embedding
         layers_mid = sp_["layers_middle"]
         wm, gm, om = zero_state_bytes(sp_["middle"], shard, zero, wb, gb, ob)
-        act_mid = inflight_microbatches(pp, m, sched, vp, stage=1) * layers_mid * layer_act
+        act_mid = (inflight_microbatches(pp, m, sched, vp, stage=1)
+                   * resident_activation_layers(layers_mid, n_off) * layer_act)
         act_mid = act_mid + recompute_extra
         other_mid = base_other + bucket + zero3 + fp8_weight_cache_bytes(
             precision, layers_mid, sp_["gemm_layer"], zero, shard, fp8_params)
@@ -795,9 +889,20 @@ def memory_breakdown(
         qkv_cols = (a + 2.0 * model.kv_heads) * model.head_size
         e_gemm = 2.0 if precision != "fp32" else 4.0
         dy_layer = e_gemm * sb * ((qkv_cols + f_cols) / tp + 2.0 * h)
+        # torch keeps the gradient at every node where a weight's path leaves the input's
+        # (``get_param_groups`` intermediates): the GEMMs above, the two norms (fp32 under
+        # autocast, sequence-sharded with sp) and, on the last stage, the final norm and the
+        # output layer (its output gradient: one value per logit)
+        dy_norm = 4.0 * sb * h / r
+        dy_layer = dy_layer + 2.0 * dy_norm
+        # torch keeps the output gradients of every micro-batch whose B ran and whose W has
+        # not (p on the last stage), and each retained graph keeps the loss's saved fp32
+        # logits and log-softmax (8 bytes per logit; the one being computed is in the moments)
+        n_zb = torch_zb_retained_microbatches(pp, m)
         zb_last = np.where(
             schedule_code(sched) == _CODE_ZB,
-            layers_last * dy_layer + 2.0 * e_gemm * sb * qkv_cols / tp,
+            n_zb * (layers_last * dy_layer + dy_norm + e_gemm * logit)
+            + 2.0 * e_gemm * sb * qkv_cols / tp + (n_zb - 1.0) * 8.0 * logit,
             0.0,
         )
         weights, grads, opt, acts, other, peak_stage = _eager_moments(

@@ -305,8 +305,51 @@ class ModelSpec(Spec):
                                 "10,000; Llama 3: 500,000); unused with learned positions")
     num_experts: PosInt = 1
     moe_top_k: PosInt = 1
+    # Mixture-of-experts layout (Megatron-Core ``TransformerConfig`` names in brackets). Defaults
+    # describe the plain case: every layer MoE when num_experts > 1, experts of ffn_hidden_size.
+    moe_ffn_hidden_size: PosInt | None = Field(
+        default=None, description="FFN size of one routed expert (--moe-ffn-hidden-size); None: "
+        "ffn_hidden_size, which then sizes the dense layers' MLP only"
+    )
+    num_shared_experts: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="always-active experts per MoE layer (DeepSeek, Llama 4)"
+    )
+    moe_shared_ffn_hidden_size: PosInt | None = Field(
+        default=None, description="FFN size of all shared experts together "
+        "(--moe-shared-expert-intermediate-size); None: num_shared_experts * moe_ffn_hidden_size"
+    )
+    moe_dense_layers: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="leading dense layers (DeepSeek first_k_dense_replace)"
+    )
+    moe_layer_freq: PosInt = Field(
+        default=1, description="after the dense layers, every k-th layer is MoE (Llama 4 "
+        "interleave_moe_layer_step: layers k-1, 2k-1, ...)"
+    )
+    moe_capacity_factor: PosFloat | None = Field(
+        default=None, description="token capacity per expert over the balanced share "
+        "(--moe-expert-capacity-factor); None = dropless"
+    )
+    moe_load_imbalance: Annotated[float, Field(ge=1.0)] | None = Field(
+        default=None, description="tokens of the busiest expert over the balanced share; None: "
+        "the capacity factor (token-dropping), 1.0 when dropless (force-balanced benchmarks)"
+    )
+    moe_router_dtype: Literal["fp32", "bf16"] = "fp32"
+    moe_router_bias: bool = Field(default=False, description="router has a bias (GPT-OSS)")
+    fused_elementwise: bool = Field(
+        default=True, description="bias + activation, bias + dropout + add and RoPE run as fused "
+        "kernels (Megatron's bias_activation_fusion, bias_dropout_fusion, apply_rope_fusion); "
+        "False: as separate PyTorch ops (Megatron-Bridge GPTOSSProvider: the clamped GeGLU, "
+        "its biases and the learnable-sink attention leave the fusions off)")
+    # Multi-head latent attention (DeepSeek-V2/V3): head_dim is the no-RoPE q/k head size.
+    q_lora_rank: PosInt | None = None
+    kv_lora_rank: PosInt | None = None
+    qk_rope_head_dim: Annotated[int, Field(ge=0)] = 0
+    v_head_dim: PosInt | None = None
     published_params: PosFloat | None = Field(
         default=None, description="published parameter count, for the preset tests"
+    )
+    published_active_params: PosFloat | None = Field(
+        default=None, description="published active parameters per token (MoE), for the tests"
     )
     published_training: PublishedTraining | None = Field(
         default=None, description="the training setup the source publishes: the default "
@@ -330,7 +373,71 @@ class ModelSpec(Spec):
             raise ValueError(
                 f"moe_top_k ({self.moe_top_k}) must be <= num_experts ({self.num_experts})"
             )
+        if self.moe_dense_layers > self.num_layers:
+            raise ValueError(
+                f"moe_dense_layers ({self.moe_dense_layers}) must be <= num_layers "
+                f"({self.num_layers})"
+            )
+        if self.v_head_dim is not None and self.kv_lora_rank is None:
+            raise ValueError(
+                f"v_head_dim ({self.v_head_dim}) is an MLA field: give kv_lora_rank too"
+            )
+        if self.q_lora_rank is not None and self.kv_lora_rank is None:
+            raise ValueError(
+                f"q_lora_rank ({self.q_lora_rank}) is an MLA field: give kv_lora_rank too"
+            )
         return self
+
+    # ---- mixture of experts -------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
+    @property
+    def expert_ffn_size(self) -> int:
+        """FFN size of one routed expert."""
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+    @property
+    def shared_ffn_size(self) -> int:
+        """FFN size of the shared experts of one MoE layer together (0 without)."""
+        if self.moe_shared_ffn_hidden_size is not None:
+            return self.moe_shared_ffn_hidden_size
+        return self.num_shared_experts * self.expert_ffn_size
+
+    @property
+    def num_moe_layers(self) -> int:
+        """MoE layers: after ``moe_dense_layers`` dense ones, every ``moe_layer_freq``-th
+        (0 for a dense model). Megatron ``--moe-layer-freq``, HF ``first_k_dense_replace``,
+        ``interleave_moe_layer_step``."""
+        if not self.is_moe:
+            return 0
+        return (self.num_layers - self.moe_dense_layers) // self.moe_layer_freq
+
+    @property
+    def moe_layer_fraction(self) -> float:
+        return self.num_moe_layers / self.num_layers
+
+    @property
+    def load_imbalance(self) -> float:
+        """Tokens of the busiest expert over the balanced share (see ``moe_load_imbalance``)."""
+        if self.moe_load_imbalance is not None:
+            return self.moe_load_imbalance
+        return self.moe_capacity_factor or 1.0
+
+    # ---- attention geometry -------------------------------------------------------------
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def qk_head_size(self) -> int:
+        """q/k head size of the attention scores (MLA: no-RoPE plus RoPE part)."""
+        return self.head_size + self.qk_rope_head_dim
+
+    @property
+    def v_head_size(self) -> int:
+        return self.v_head_dim or self.head_size
 
     @property
     def kv_heads(self) -> int:
@@ -347,6 +454,8 @@ class ModelSpec(Spec):
     # Parameter counts (Megatron-LM 2021 Sec. 5.1 counts 12*l*h^2*(1 + 13/(12h) + (V+s)/(12lh))
     # for GPT; the terms below generalise it to GQA, gated MLPs, RMSNorm and untied outputs).
     def attention_params_per_layer(self) -> int:
+        if self.is_mla:
+            return self.mla_params_per_layer()
         h, d = self.hidden_size, self.head_size
         q = h * self.num_attention_heads * d
         kv = 2 * h * self.kv_heads * d
@@ -355,25 +464,71 @@ class ModelSpec(Spec):
         bias = (qkv_bias + h) if self.linear_bias else (qkv_bias if self.qkv_bias else 0)
         return q + kv + out + bias
 
-    def mlp_params_per_layer(self) -> int:
-        """Parameters of one expert's MLP (times num_experts for the layer)."""
-        h, f = self.hidden_size, self.ffn_hidden_size
+    def mla_params_per_layer(self) -> int:
+        """Multi-head latent attention (DeepSeek-V2 Sec. 2.1; Megatron ``MLASelfAttention``):
+        q down (h x q_lora) + its RMSNorm + q up (q_lora x heads*(d + d_rope)) [or one q
+        projection without q_lora], kv down (h x (kv_lora + d_rope)) + its RMSNorm, kv up
+        (kv_lora x heads*(d + d_v)), output (heads*d_v x h)."""
+        h, nh, r = self.hidden_size, self.num_attention_heads, self.kv_lora_rank
+        dq = self.qk_head_size
+        if self.q_lora_rank:
+            q = h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * nh * dq
+        else:
+            q = h * nh * dq
+        kv = h * (r + self.qk_rope_head_dim) + r + r * nh * (self.head_size + self.v_head_size)
+        return q + kv + nh * self.v_head_size * h
+
+    def _mlp_params(self, f: int) -> int:
+        h = self.hidden_size
         mats = 3 if self.gated_mlp else 2
         bias = ((2 if self.gated_mlp else 1) * f + h) if self.linear_bias else 0
         return mats * h * f + bias
+
+    def mlp_params_per_layer(self) -> int:
+        """Parameters of one MLP of ``ffn_hidden_size`` (a dense layer's, or one expert's when
+        moe_ffn_hidden_size is not given)."""
+        return self._mlp_params(self.ffn_hidden_size)
+
+    def expert_params(self) -> int:
+        """Parameters of one routed expert."""
+        return self._mlp_params(self.expert_ffn_size)
+
+    def router_params(self) -> int:
+        return self.hidden_size * self.num_experts + (self.num_experts if self.moe_router_bias
+                                                      else 0)
+
+    def moe_layer_params(self) -> int:
+        """One MoE layer's MLP block: routed experts, shared experts, router."""
+        shared = self._mlp_params(self.shared_ffn_size) if self.shared_ffn_size else 0
+        return self.num_experts * self.expert_params() + shared + self.router_params()
+
+    def routed_expert_params_per_layer(self) -> float:
+        """Routed-expert parameters per layer, averaged over all layers (what expert
+        parallelism shards: ``num_moe_layers * E * expert / L``)."""
+        return self.num_moe_layers * self.num_experts * self.expert_params() / self.num_layers
 
     def norm_params(self) -> int:
         """One norm's parameters: LayerNorm has weight and bias, RMSNorm only weight."""
         return (2 if self.norm == "layernorm" else 1) * self.hidden_size
 
-    def layer_params(self) -> int:
-        router = self.hidden_size * self.num_experts if self.num_experts > 1 else 0
-        return (
-            self.attention_params_per_layer()
-            + self.num_experts * self.mlp_params_per_layer()
-            + router
-            + 2 * self.norm_params()
-        )
+    def layer_params(self) -> float:
+        """Parameters of one layer, averaged over the layers (an integer when all layers are
+        alike): attention + norms + the dense MLP or the MoE block, by the layer pattern."""
+        if not self.is_moe:
+            return self.attention_params_per_layer() + self.mlp_params_per_layer() + (
+                2 * self.norm_params())
+        n_moe = self.num_moe_layers
+        mlp = n_moe * self.moe_layer_params() + (self.num_layers - n_moe) * (
+            self.mlp_params_per_layer())
+        avg = mlp / self.num_layers
+        avg = int(avg) if float(avg).is_integer() else avg
+        return self.attention_params_per_layer() + avg + 2 * self.norm_params()
+
+    def active_param_count(self) -> int:
+        """Parameters one token uses: :meth:`param_count` with ``moe_top_k`` routed experts per
+        MoE layer instead of all of them (the "active" count of MoE papers)."""
+        idle = self.num_moe_layers * (self.num_experts - self.moe_top_k) * self.expert_params()
+        return self.param_count() - idle
 
     def embedding_params(self) -> int:
         pos = self.max_seq_len * self.hidden_size if self.position_embedding == "learned" else 0
@@ -385,7 +540,7 @@ class ModelSpec(Spec):
 
     def param_count(self) -> int:
         """Total parameters: embeddings + layers + final norm + untied output layer."""
-        return (
+        return round(
             self.embedding_params()
             + self.num_layers * self.layer_params()
             + self.norm_params()
@@ -433,6 +588,13 @@ class TrainingSpec(Spec):
         default=True, description="pipeline sends/receives overlap compute (--overlap-p2p-comm)"
     )
     flash_attention: bool = Field(default=True, description="no s^2 attention scores are stored")
+    moe_token_dispatcher: Literal["alltoall", "allgather"] = Field(
+        default="alltoall", description="MoE token dispatcher (--moe-token-dispatcher-type)"
+    )
+    overlap_moe_comm: bool = Field(
+        default=False, description="expert-parallel all-to-all overlaps another micro-batch's "
+        "compute (--overlap-moe-expert-parallel-comm, DeepSeek-V3 DualPipe-style overlap)"
+    )
     fp8_params: bool = Field(
         default=False,
         description="fp8/fp4 recipes keep the model weights in fp8 (Transformer Engine fp8 model "
@@ -443,6 +605,20 @@ class TrainingSpec(Spec):
         description="gradients accumulate and reduce across data parallel in fp32 (Megatron-LM's "
         "main-grad buffer; --grad-reduce-in-bf16 / NeMo performance recipes' "
         "grad_reduce_in_fp32=False: bf16 buffer and traffic)",
+    )
+    cpu_offload_layers: int = Field(
+        default=0,
+        ge=0,
+        description="activations of this many transformer layers per pipeline stage are "
+        "offloaded to host memory (Megatron-Core --cpu-offloading --cpu-offloading-num-layers; "
+        "Megatron-Bridge's FSDP presets' cpu_offloading_num_layers); 0 = off",
+    )
+    cross_entropy: Literal["fp32", "fused"] = Field(
+        default="fp32",
+        description="the loss's logits: 'fp32' (Megatron-Core's vocab-parallel cross-entropy "
+        "keeps an fp32 softmax) or 'fused' (Transformer Engine parallel_cross_entropy, "
+        "--cross-entropy-loss-fusion --cross-entropy-fusion-impl te: gradient written into the "
+        "16-bit logits in place)",
     )
     zero3_gather: Literal["layer", "tensor"] = Field(
         default="layer",
@@ -697,10 +873,65 @@ _HF_ACT = {
 }
 
 
+def _hf_moe_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """MoE and MLA fields of a Hugging Face config (Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3,
+    GPT-OSS, Llama 4 text config); empty for a dense model.
+
+    Keys: experts ``num_local_experts`` (Mixtral, GPT-OSS, Llama 4), ``num_experts`` (Qwen),
+    ``n_routed_experts`` (DeepSeek); top-k ``num_experts_per_tok`` / ``experts_per_token``;
+    expert FFN ``moe_intermediate_size`` (Qwen, DeepSeek; Mixtral, GPT-OSS and Llama 4 use
+    ``intermediate_size``, Llama 4 its dense layers ``intermediate_size_mlp``); shared experts
+    ``n_shared_experts`` (DeepSeek), ``shared_expert_intermediate_size`` (Qwen2-MoE), one for
+    Llama 4; dense leading layers ``first_k_dense_replace`` and ``moe_layer_freq`` (DeepSeek),
+    ``decoder_sparse_step`` (Qwen), ``interleave_moe_layer_step`` (Llama 4); MLA ranks
+    ``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``.
+    """
+    out: dict[str, Any] = {}
+    e = data.get("num_local_experts") or data.get("num_experts") or data.get("n_routed_experts")
+    mt = str(data.get("model_type", ""))
+    if e and int(e) > 1:
+        out["num_experts"] = int(e)
+        out["moe_top_k"] = int(data.get("num_experts_per_tok") or data.get("experts_per_token")
+                               or 1)
+        if data.get("moe_intermediate_size"):
+            out["moe_ffn_hidden_size"] = int(data["moe_intermediate_size"])
+        if mt.startswith("llama4"):
+            out["ffn_hidden_size"] = int(data.get("intermediate_size_mlp")
+                                         or data["intermediate_size"])
+            out["moe_ffn_hidden_size"] = int(data["intermediate_size"])
+            out["num_shared_experts"] = 1  # Llama4TextMoe.shared_expert
+            out["moe_layer_freq"] = int(data.get("interleave_moe_layer_step") or 1)
+        if data.get("n_shared_experts"):
+            out["num_shared_experts"] = int(data["n_shared_experts"])
+        if data.get("shared_expert_intermediate_size"):
+            out["num_shared_experts"] = 1
+            out["moe_shared_ffn_hidden_size"] = int(data["shared_expert_intermediate_size"])
+        if data.get("first_k_dense_replace"):
+            out["moe_dense_layers"] = int(data["first_k_dense_replace"])
+        freq = data.get("moe_layer_freq") or data.get("decoder_sparse_step")
+        if isinstance(freq, int) and freq > 1:
+            out["moe_layer_freq"] = freq
+        if mt == "gpt_oss":
+            out["moe_router_bias"] = True
+    if data.get("kv_lora_rank"):
+        out["kv_lora_rank"] = int(data["kv_lora_rank"])
+        if data.get("q_lora_rank"):
+            out["q_lora_rank"] = int(data["q_lora_rank"])
+        out["head_dim"] = int(data["qk_nope_head_dim"])
+        out["qk_rope_head_dim"] = int(data.get("qk_rope_head_dim") or 0)
+        out["v_head_dim"] = int(data["v_head_dim"])
+    return out
+
+
 _HF_INT_KEYS = (
     "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
     "intermediate_size", "vocab_size", "max_position_embeddings", "num_local_experts",
     "num_experts_per_tok", "n_layer", "n_embd", "n_head", "n_inner", "n_positions",
+    # MoE / MLA keys (_hf_moe_fields)
+    "num_experts", "n_routed_experts", "experts_per_token", "moe_intermediate_size",
+    "n_shared_experts", "shared_expert_intermediate_size", "first_k_dense_replace",
+    "intermediate_size_mlp", "interleave_moe_layer_step", "q_lora_rank", "kv_lora_rank",
+    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
 )
 _HF_BOOL_KEYS = ("tie_word_embeddings", "attention_bias")
 
@@ -719,7 +950,11 @@ def _hf_check_types(data: dict[str, Any], name: str) -> None:
 
 
 def model_from_hf_config(data: dict[str, Any], name: str = "hf-model") -> ModelSpec:
-    """A ModelSpec from a Hugging Face ``config.json`` dict (Llama-style or GPT-2-style keys)."""
+    """A ModelSpec from a Hugging Face ``config.json`` dict (Llama-style or GPT-2-style keys;
+    MoE and MLA keys of Mixtral, Qwen3-MoE, DeepSeek-V3, GPT-OSS, Llama 4: see
+    :func:`_hf_moe_fields`). A multimodal config's ``text_config`` is what is read."""
+    if isinstance(data.get("text_config"), dict) and "num_hidden_layers" not in data:
+        data = data["text_config"]
     _hf_check_types(data, name)
     if "num_hidden_layers" in data:  # Llama / Mistral / Qwen style
         act = data.get("hidden_act", "silu")
@@ -743,9 +978,8 @@ def model_from_hf_config(data: dict[str, Any], name: str = "hf-model") -> ModelS
             # Qwen2 has q/k/v biases and no attention_bias key (transformers' Qwen2Attention)
             qkv_bias=data.get("model_type") == "qwen2" and "attention_bias" not in data,
             rope_base=float(data.get("rope_theta", 10000.0)),
-            num_experts=data.get("num_local_experts", 1),
-            moe_top_k=data.get("num_experts_per_tok", 1),
         )
+        fields.update(_hf_moe_fields(data))
     elif "n_layer" in data:  # GPT-2 style
         h = data["n_embd"]
         fields = dict(

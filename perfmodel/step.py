@@ -32,6 +32,7 @@ TIME_TERMS = (
     "compute",
     "tp_comm",
     "cp_comm",
+    "ep_comm",
     "bubble",
     "pp_comm",
     "dp_comm",
@@ -46,7 +47,7 @@ MFU_CONVENTION = (
     "recompute counted); both over the dense peak of the GEMM dtype"
 )
 MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other", "peak")
-COMM_DIMS = ("dp", "tp", "pp", "cp")
+COMM_DIMS = ("dp", "tp", "pp", "cp", "ep")
 
 _SCHED_GPIPE, _SCHED_1F1B, _SCHED_INTERLEAVED, _SCHED_ZB = 0, 1, 2, 3
 
@@ -117,6 +118,8 @@ class StepResult:
             "pp": b.pp,
             "vp": b.vp,
             "cp": b.cp,
+            "ep": b.ep,
+            "etp": b.etp,
             "zero_stage": b.zero_stage,
             "micro_batch_size": b.micro_batch_size,
             "num_microbatches": b.num_microbatches,
@@ -277,6 +280,24 @@ def _hidden_comm_s(training, m, layers_per_stage, sends, p2p_s, pp_exposed_s, dp
     return hidden
 
 
+def _offload_s(model, training, cluster, b, layers, ct) -> np.ndarray:
+    """Exposed CPU-offload copy time of one micro-batch through a stage of ``layers`` layers
+    (:func:`perfmodel.offload.exposed_offload_s`)."""
+    from perfmodel import memory as memory_mod
+    from perfmodel import offload
+
+    act = memory_mod.layer_activation_bytes(
+        training.seq_len / b.cp, b.micro_batch_size, model.hidden_size,
+        model.num_attention_heads, tp=b.tp, sequence_parallel=b.sequence_parallel,
+        ffn_hidden_size=model.ffn_hidden_size, num_kv_heads=model.kv_heads,
+        head_dim=model.head_size, gated_mlp=model.gated_mlp, recompute=b.recompute,
+        flash=training.flash_attention, dropout=model.position_embedding == "learned",
+        gemm_input_bytes=memory_mod.fp8_gemm_input_bytes(training.precision))
+    return offload.exposed_offload_s(
+        training.cpu_offload_layers, layers, act, ct["layer_fwd_s"], ct["layer_bwd_s"],
+        offload.host_link_bytes_per_s(cluster.gpu))
+
+
 def evaluate(
     model: ModelSpec,
     training: TrainingSpec,
@@ -333,7 +354,13 @@ def evaluate(
     # Ring attention overlaps each K/V exchange step with the attention of the previous block.
     cp_comm_s = comm["cp_layer_fwd_s"] + comm["cp_layer_bwd_s"]
     cp_comm_s = np.where(b.cp > 1, cp_comm_s, 0.0)
-    layer_s = layer_fwd_s + layer_bwd_s + tp_comm_s + cp_comm_s + tp_overlap_s
+    # MoE token dispatch + combine, averaged over the layers (perfmodel.moe); with the overlap
+    # switch only what exceeds the layer's compute stays exposed.
+    ep_comm_s = model.moe_layer_fraction * (comm["ep_layer_fwd_s"] + comm["ep_layer_bwd_s"])
+    if training.overlap_moe_comm:
+        ep_comm_s = np.maximum(ep_comm_s - (layer_fwd_s + layer_bwd_s), 0.0)
+    layer_s = (layer_fwd_s + layer_bwd_s + tp_comm_s + cp_comm_s + ep_comm_s
+               + tp_overlap_s)
 
     # 2. per-stage time of one micro-batch (forward + backward).
     embed_s = ct["embed_fwd_s"] + ct["embed_bwd_s"]
@@ -343,6 +370,10 @@ def evaluate(
                        n_first * layer_s + embed_s)
     t_last = np.where(single, t_first, n_last * layer_s + logits_s)
     t_mid = n_mid * layer_s
+    if training.cpu_offload_layers and kernels == "fused":  # CPU activation offloading
+        t_first, t_mid, t_last = (t + _offload_s(model, training, cluster, b, n, ct)
+                                  for t, n in ((t_first, n_first), (t_mid, n_mid),
+                                               (t_last, n_last)))
 
     # 3. pipeline makespan with the schedule's bubble. The weight-gradient share of a layer's
     # time is half its backward GEMM time (dgrad and wgrad cost the same FLOPs).
@@ -352,11 +383,27 @@ def evaluate(
     # Uneven layouts (with or without interleaving): the slowest rank paces the steady state.
     t_max = np.maximum(np.maximum(t_first, t_last), t_mid)
     layers_per_stage = np.select([t_max == t_first, t_max == t_last], [n_first, n_last], n_mid)
+    hflops_layout = None
+    if b.stage_layers is not None and np.any(b.has_layout):
+        lay = b.has_layout
+        st = _layout_stages(model, training, cluster, b, embed_s, logits_s, kernels=kernels,
+                            calibration=calibration)
+        t_first, t_mid, t_last = (np.where(lay, st[k], x) for k, x in
+                                  (("first", t_first), ("mid", t_mid), ("last", t_last)))
+        t_max = np.where(lay, st["max"], t_max)
+        layers_per_stage = np.where(lay, st["max_layers"], layers_per_stage)
+        hflops_layout = st["hardware_flops"]
+        # the backward that hides the gradient reduction: the slowest stage's, whose layers
+        # recompute only in part
+        layer_bwd_s = np.where(lay & (b.recompute == 2), ct["layer_bwd_s"] + st["recompute_share"]
+                               * ct["layer_recompute_s"], layer_bwd_s)
     makespan_s, steady_s = pipeline_makespan_s(t_first, t_mid, t_last, pp, vp, m, b.schedule,
                                                fwd_fraction, w_fraction, t_max_s=t_max)
-    comm_share = np.where(t_max > 0, (layers_per_stage * (tp_comm_s + cp_comm_s)) / t_max, 0.0)
+    comm_share = np.where(t_max > 0, (layers_per_stage * (tp_comm_s + cp_comm_s + ep_comm_s))
+                          / t_max, 0.0)
     tp_share = np.where(t_max > 0, (layers_per_stage * tp_comm_s) / t_max, 0.0)
-    cp_share = comm_share - tp_share
+    ep_share = np.where(t_max > 0, (layers_per_stage * ep_comm_s) / t_max, 0.0)
+    cp_share = comm_share - tp_share - ep_share
     tp_overlap_share = np.where(t_max > 0, (layers_per_stage * tp_overlap_s) / t_max, 0.0)
 
     # 4a. pipeline p2p: one activation send forward and one gradient send backward per
@@ -375,7 +422,10 @@ def evaluate(
     # The other streams on the same tier (ZeRO-3 gathers, pipeline sends, ring attention) take
     # their share of the window the reduction overlaps (shared links, 4d).
     dp_grad_s = np.where(b.dp > 1, comm["dp_grad_s"], 0.0)
+    # routed experts' gradients over expert-dp, on the same links (perfmodel.moe)
+    dp_grad_s = dp_grad_s + comm["expert_dp_grad_s"]
     z3_s = np.where(b.zero_stage == 3, comm["zero3_gather_s"], 0.0)
+    z3_s = z3_s + np.where(b.zero_stage == 3, comm["expert_zero3_gather_s"], 0.0)
     tiers = {k: g.tier for k, g in parallel_groups(cluster, b, ("tp", "cp", "pp", "dp_cp")).items()}
     streams = _link_streams(comm, tiers, b, m, layers_per_stage, sends, p2p_s, tp_link_s,
                             dp_grad_s, z3_s)
@@ -418,6 +468,7 @@ def evaluate(
         "compute": steady_s * (1.0 - comm_share - tp_overlap_share),
         "tp_comm": steady_s * tp_share,
         "cp_comm": steady_s * cp_share,
+        "ep_comm": steady_s * ep_share,
         "bubble": makespan_s - steady_s,
         "pp_comm": pp_exposed_s,
         "dp_comm": dp_exposed_s,
@@ -437,6 +488,8 @@ def evaluate(
     # the causal count. Unfused attention computes (and masks) the whole s x s square.
     hflops = flops.hardware_flops_per_step(model, training, b.recompute,
                                            causal=training.flash_attention)
+    if hflops_layout is not None:
+        hflops = np.where(b.has_layout, hflops_layout, hflops)
     peak = peak_flops_for(cluster, training.precision, kernels)
     mfu = mflops / (step_s * gpus * peak)
     hfu = hflops / (step_s * gpus * peak)
@@ -457,5 +510,42 @@ def evaluate(
         memory_bytes={k: np.asarray(mem[k], dtype=np.float64) for k in MEMORY_TERMS},
         comm_bytes_per_gpu={k: np.asarray(vol[k], dtype=np.float64) for k in COMM_DIMS},
         fits=np.asarray(mem["fits"], dtype=bool),
-        extra=extra,
+        extra={**extra, "layer_s": np.asarray(layer_s, dtype=np.float64),
+               "layer_fwd_s": np.asarray(layer_fwd_s, dtype=np.float64) + 0.0 * m,
+               "embed_s": np.asarray(embed_s, dtype=np.float64) + 0.0 * m,
+               "logits_s": np.asarray(logits_s, dtype=np.float64) + 0.0 * m},
     )
+
+
+def _layout_stages(model, training, cluster, b, embed_s, logits_s, *, kernels, calibration
+                   ) -> dict[str, np.ndarray]:
+    """Stage times of per-stage layouts (``stage_layers``, ``stage_recompute_layers``).
+
+    One layer's time without and with full recompute comes from :func:`evaluate` itself on the
+    batch without layouts (``extra["layer_s"]``), so a layout uses the very per-layer terms of
+    the even split (:mod:`perfmodel.layout`). Returns ``first``, ``mid`` (mean of the middle
+    stages), ``last``, ``max`` (the slowest stage), ``max_layers`` (its layers),
+    ``recompute_share`` (the share of them recomputed) and ``hardware_flops`` (recomputed
+    forwards of the recomputed layers only).
+    """
+    from perfmodel import layout
+
+    kw = {"kernels": kernels, "calibration": calibration}
+    keep_b, full_b = layout.without_layout(b, "keep"), layout.without_layout(b, "full")
+    keep_s = evaluate(model, training, cluster, keep_b, **kw).extra["layer_s"]
+    full_s = evaluate(model, training, cluster, full_b, **kw).extra["layer_s"]
+    layers, rec = layout.stage_counts(model, b)
+    t = layout.stage_times_s(layers, rec, keep_s, full_s, embed_s, logits_s, b.pp)
+    pp = b.pp.astype(np.int64)
+    rows = np.arange(len(b))
+    total = t.sum(axis=1)
+    first, last = t[:, 0], t[rows, pp - 1]
+    mid = np.where(pp > 2, (total - first - last) / np.maximum(pp - 2, 1), first)
+    k = np.argmax(t, axis=1)
+    h_keep = flops.hardware_flops_per_step(model, training, keep_b.recompute)
+    h_full = flops.hardware_flops_per_step(model, training, full_b.recompute)
+    frac = rec.sum(axis=1) / model.num_layers
+    n_k = layers[rows, k].astype(np.float64)
+    return {"first": first, "mid": mid, "last": last, "max": t[rows, k],
+            "max_layers": n_k, "recompute_share": rec[rows, k] / np.maximum(n_k, 1.0),
+            "hardware_flops": h_keep + frac * (h_full - h_keep)}

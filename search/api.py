@@ -65,7 +65,7 @@ DEFAULT_GLOBAL_BATCH = 1536
 DEFAULT_SEQ_LEN = 2048
 
 #: Strategy names accepted by :func:`plan`.
-STRATEGIES = ("grid", "nsga2", "ga")
+STRATEGIES = ("grid", "dp", "nsga2", "ga")
 
 #: Most rows ``plan(top=...)`` returns: a billion-row request took 51 s and printed 15.5 MB.
 MAX_TOP = 10_000
@@ -175,6 +175,10 @@ def _strategy(strategy: Any, top: int) -> Any:
     name = getattr(strategy, "value", strategy)
     if name == "grid":
         return GridSearch(top=top)
+    if name == "dp":
+        from search.dp import DPSearch
+
+        return DPSearch(top=top)
     if name == "ga":
         from search.evolutionary import GeneticSearch
 
@@ -398,8 +402,10 @@ def plan(
     gpus
         Scale the cluster to this many GPUs.
     strategy
-        ``"grid"`` (exhaustive), ``"nsga2"`` (multi-objective, pymoo), ``"ga"`` (genetic), or
-        a strategy object with ``run(problem, seed, progress)``.
+        ``"grid"`` (exhaustive), ``"dp"`` (the grid's outer choices with per-stage layer
+        counts and block recompute chosen by dynamic programming, :mod:`search.dp`; implies
+        ``uneven_layers``), ``"nsga2"`` (multi-objective, pymoo), ``"ga"`` (genetic), or a
+        strategy object with ``run(problem, seed, progress)``.
     objective
         ``"time"`` (step time), ``"memory"`` (peak memory per GPU) or ``"cost"``
         (GPU-seconds per step).
@@ -439,7 +445,8 @@ def plan(
         ``perfmodel.profile``). None: the uncalibrated model.
     **fixed
         Pin parallel dimensions: ``dp tp pp vp cp zero_stage micro_batch_size recompute
-        sequence_parallel schedule num_microbatches``; a value pins, a list / range restricts.
+        sequence_parallel schedule ep etp num_microbatches`` (ep, etp: expert parallel and
+        expert tensor parallel, searched for MoE models); a value pins, a list / range restricts.
         With all of them pinned, the one configuration is evaluated (as
         :func:`evaluate_config`).
 
@@ -457,6 +464,8 @@ def plan(
         message names the operands).
     """
     _check_arguments(strategy=strategy, top=top, seed=seed)
+    if getattr(strategy, "value", strategy) == "dp":
+        uneven_layers = True  # the DP's layouts need not divide the layers evenly
     problem = make_problem(
         model, cluster, training, gpus=gpus, global_batch_size=global_batch_size,
         seq_len=seq_len, precision=precision, optimizer=optimizer, objective=objective,
@@ -542,6 +551,8 @@ def evaluate_config(
     for d in SEARCH_DIMS:
         if pinned[d] is None and d != "dp":
             pinned[d] = getattr(defaults, d)
+    if pinned["etp"] is None:
+        pinned["etp"] = pinned["tp"]  # Megatron's default expert tensor parallel size
     if not schedule_given and pinned["vp"] > 1:
         pinned["schedule"] = "interleaved"
     return plan(model, cluster, training, num_microbatches=nmb, **options, **pinned)

@@ -86,6 +86,7 @@ class Schedule(str, Enum):
 
 class Strategy(str, Enum):
     grid = "grid"
+    dp = "dp"
     nsga2 = "nsga2"
     ga = "ga"
 
@@ -193,16 +194,28 @@ def _config_line(c: dict[str, Any]) -> str:
     line = (f"dp={c['dp']} tp={c['tp']} pp={c['pp']} vp={c['vp']} cp={c['cp']} "
             f"zero={c['zero_stage']} mbs={c['micro_batch_size']} m={c['num_microbatches']} "
             f"recompute={c['recompute']} sp={'on' if c['sequence_parallel'] else 'off'} "
-            f"schedule={c['schedule']}")
+            f"schedule={c['schedule']}"
+            + (f" ep={c['ep']} etp={c['etp']}" if _is_moe_row(c) else ""))
     layout = [f"{k}={c[k]}" for k in ("first_stage_layers", "last_stage_layers") if c.get(k)]
     layout += [k for k in ("embedding_as_layer", "loss_as_layer") if c.get(k)]
     return line + (" " + " ".join(layout) if layout else "")
+
+
+def _is_moe_row(c: dict[str, Any]) -> bool:
+    """Whether a configuration uses expert parallelism (MoE): shows the ep / etp columns."""
+    return c.get("ep", 1) > 1 or c.get("etp", c["tp"]) != c["tp"]
 
 
 def _stage_layout_line(c: dict[str, Any], num_layers: int) -> str | None:
     """'layers per stage 15 16 ... 15 (chunks of rank 0: 1 2 ...)' for an uneven layout."""
     from perfmodel.pipeline import stage_layer_table
 
+    if c.get("stage_layers"):  # a per-stage layout of the DP searcher (search/dp.py)
+        line = f"  layers per pipeline rank: {' '.join(str(n) for n in c['stage_layers'])}"
+        if c.get("stage_recompute_layers"):
+            line += (" (recomputed: "
+                     f"{' '.join(str(n) for n in c['stage_recompute_layers'])})")
+        return line
     if c["pp"] == 1 or num_layers % (c["pp"] * c["vp"]) == 0 and not any(
             c.get(k) for k in ("first_stage_layers", "last_stage_layers", "embedding_as_layer",
                                "loss_as_layer")):
@@ -296,6 +309,11 @@ def term_note(name: str, value: float, row: dict[str, Any], s: dict[str, Any]) -
             return ("hidden behind the backward (overlapped)" if zero_time else
                     "exposed: what the last backward does not hide")
         return "exposed: after the flush (no overlap)"
+    if name == "ep_comm":
+        if c.get("ep", 1) == 1 and c.get("etp", c["tp"]) == c["tp"]:
+            return "ep = 1: no token dispatch"
+        return ("exposed: what the MoE overlap leaves" if sw.get("overlap_moe_comm")
+                else "exposed: token dispatch and combine (no overlap)")
     if name == "zero3_comm":
         if c["zero_stage"] != 3:
             return f"ZeRO-{c['zero_stage']}: no parameter gathers"
@@ -391,15 +409,18 @@ def _print_pareto(out: Console, r: Any) -> None:
 
 def _print_top(out: Console, r: Any, gpus_column: bool = False) -> None:
     t = Table(title=f"top {len(r.rows)} by {r.objective}", title_justify="left")
-    cols = ["#", "dp", "tp", "pp", "vp", "cp", "zero", "mbs", "recompute", "sp", "sched",
+    moe = any(_is_moe_row(row["config"]) for row in r.rows)
+    expert_cols = ["ep", "etp"] if moe else []
+    cols = ["#", "dp", "tp", "pp", "vp", "cp", *expert_cols, "zero", "mbs", "recompute", "sp", "sched",
             *(["GPUs"] if gpus_column else []), "step", "MFU", "peak mem", "why below #1"]
     for col in cols:
         t.add_column(col, justify="left" if col in ("recompute", "sched", "why below #1")
                      else "right")
     for i, row in enumerate(r.rows):
         c = row["config"]
+        expert = (str(c["ep"]), str(c["etp"])) if moe else ()
         t.add_row(str(i + 1), str(c["dp"]), str(c["tp"]), str(c["pp"]), str(c["vp"]),
-                  str(c["cp"]), str(c["zero_stage"]), str(c["micro_batch_size"]),
+                  str(c["cp"]), *expert, str(c["zero_stage"]), str(c["micro_batch_size"]),
                   c["recompute"], "on" if c["sequence_parallel"] else "off", c["schedule"],
                   *([str(row["gpus"])] if gpus_column else []),
                   units.fmt_seconds(row["step_time_s"]), f"{row['mfu']:.1%}",
@@ -434,6 +455,9 @@ def planner(
     sequence_parallel: Annotated[bool | None, typer.Option(
         "--sequence-parallel/--no-sequence-parallel")] = None,
     schedule: Annotated[Schedule | None, typer.Option()] = None,
+    ep: Annotated[int | None, typer.Option(help="expert-parallel size (MoE; searched if "
+                                           "omitted)")] = None,
+    etp: Annotated[int | None, typer.Option(help="expert tensor-parallel size (MoE)")] = None,
     strategy: Annotated[Strategy, typer.Option(help="search strategy")] = Strategy.grid,
     objective: Annotated[Objective, typer.Option(help="what 'best' minimises: step time, "
                                                  "peak memory, or GPU-seconds per step")] =
@@ -531,6 +555,7 @@ def planner(
             "micro_batch_size": micro_batch, "recompute": recompute.value if recompute else None,
             "sequence_parallel": sequence_parallel,
             "schedule": schedule.value if schedule else None,
+            "ep": ep, "etp": etp,
         }
         plan_kwargs["max_step_time_s"] = _quantity(max_step_time, _UNITS_S, "--max-step-time", "s")
         plan_kwargs["max_memory_bytes"] = _quantity(max_memory, _UNITS_B, "--max-memory", "gib")

@@ -34,7 +34,6 @@ Fields that later issues add are read with ``getattr`` and written only when pre
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +41,7 @@ from typing import Any
 from perfmodel.config import ParallelConfig
 from perfmodel.frameworks import FrameworkSpec, load_framework
 from perfmodel.specs import ModelSpec, SpecError, TrainingSpec
+from search.emit_moe import megatron_bridge_moe_fields, megatron_moe_args, torchtitan_moe_fields
 
 __all__ = ["FILE_NAMES", "FORMATS", "FORMAT_FRAMEWORK", "Launch", "emit", "launch_from_result",
            "launch_settings",
@@ -103,11 +103,14 @@ def stage_layers(config: ParallelConfig, model: ModelSpec) -> list[int]:
     (:func:`perfmodel.pipeline.stage_layer_table`), from the configuration's
     ``first_stage_layers`` / ``last_stage_layers`` / ``embedding_as_layer`` / ``loss_as_layer``,
     or Megatron-LM's layout (:func:`perfmodel.pipeline.megatron_layout`) where it names none and
-    ``pp*vp`` does not divide the layers.
+    ``pp*vp`` does not divide the layers; a per-stage layout (``stage_layers``, chosen by
+    :mod:`search.dp`) splits each rank's layers evenly over its chunks.
     """
     from perfmodel.pipeline import megatron_layout, stage_layer_table
 
     L, pp, vp = model.num_layers, config.pp, config.vp
+    if getattr(config, "stage_layers", None):  # a per-stage layout of search/dp.py
+        return [int(config.stage_layers[i % pp]) // vp for i in range(pp * vp)]
     first, last, emb, loss = _layout_fields(config)
     if not (first or last or emb or loss) and L % (pp * vp):
         lay = megatron_layout(L, pp, vp)
@@ -128,6 +131,24 @@ def _layout_fields(config: ParallelConfig) -> tuple[int, int, bool, bool]:
             int(getattr(config, "last_stage_layers", None) or 0),
             bool(getattr(config, "embedding_as_layer", False)),
             bool(getattr(config, "loss_as_layer", False)))
+
+
+def _block_recompute(config: ParallelConfig) -> tuple[int | None, str]:
+    """Megatron-LM's ``--recompute-method block --recompute-num-layers N`` of a per-stage
+    recompute (``stage_recompute_layers``, :mod:`search.dp`): N layers of every chunk (the
+    first N, ``transformer_block.py``), and a comment when the stages' counts are not one N for
+    every stage (Megatron-LM has no per-stage count: the largest is written, which recomputes at
+    least as much). ``(None, "")`` without one."""
+    r = getattr(config, "stage_recompute_layers", None)
+    if r is None or config.recompute != "full":
+        return None, ""
+    vp = config.vp
+    n = max(k // vp for k in r)
+    lay = config.stage_layers
+    if all(k == min(n * vp, s) for k, s in zip(r, lay, strict=True)):
+        return n, ""
+    return n, (f"# per-stage recompute layers {list(r)} are not one count per chunk; "
+               f"--recompute-num-layers {n} recomputes at least as many")
 
 
 def _is_uneven(chunks: list[int]) -> bool:
@@ -248,11 +269,16 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
     # the chunk count per rank (--num-virtual-stages-per-pipeline-rank) where the layout is uneven
     uneven = _is_uneven(chunks)
     first, last, emb, loss = _layout_fields(c)
-    if uneven and not (first or last or emb or loss):  # Megatron-LM's default layout, named
+    per_stage = bool(getattr(c, "stage_layers", None))
+    if per_stage:  # any per-stage counts (search/dp.py): the layout string, which sets vp too
+        a.append(f"--pipeline-model-parallel-layout {_layout(chunks)}")
+    elif uneven and not (first or last or emb or loss):  # Megatron-LM's default layout, named
         first, last = (chunks[0] if c.vp == 1 else 0), (chunks[-1] if c.vp == 1 else 0)
         if c.vp > 1:
             a.append(f"--pipeline-model-parallel-layout {_layout(chunks)}")
-    if c.vp > 1 and not uneven:
+    if per_stage:
+        pass
+    elif c.vp > 1 and not uneven:
         a.append(f"--num-layers-per-virtual-pipeline-stage {chunks[0]}")
     elif c.vp > 1 and (first or last or emb or loss):
         a.append(f"--num-virtual-stages-per-pipeline-rank {c.vp}")
@@ -282,11 +308,20 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
     a += [f"--micro-batch-size {c.micro_batch_size}",
           f"--global-batch-size {training.global_batch_size}"]
     # recompute
-    if c.recompute == "full":
+    block, block_note = _block_recompute(c)
+    if block is not None:  # the first N layers of every chunk (search/dp.py layouts)
+        a += ["--recompute-granularity full", "--recompute-method block",
+              f"--recompute-num-layers {block}"]
+    elif c.recompute == "full":
         a += ["--recompute-granularity full", "--recompute-method uniform",
               "--recompute-num-layers 1"]
     elif c.recompute == "selective":
         a += ["--recompute-granularity selective", "--recompute-modules core_attn"]
+    if getattr(training, "cross_entropy", "fp32") == "fused":  # TE's in-place loss kernel
+        a += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl te"]
+    n_off = getattr(training, "cpu_offload_layers", 0)
+    if n_off:  # Megatron-Core CPU activation offloading (TE cpu_offload context per layer)
+        a += ["--cpu-offloading", f"--cpu-offloading-num-layers {n_off}"]
     # precision
     if recipe == "fp16":
         a.append("--fp16")
@@ -297,6 +332,7 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
         a += [f"--fp8-format {fmt}", f"--fp8-recipe {rec}"]
     elif recipe == "nvfp4":
         a += ["--fp4-format e2m1", "--fp4-recipe nvfp4"]
+    a += megatron_moe_args(c, model, training)  # MoE / MLA flags (search.emit_moe)
     m_count = training.global_batch_size // (c.dp * c.micro_batch_size)
     head = [
         "# Megatron-LM (Megatron-Core 0.16) arguments for pretrain_gpt.py; '#' lines are comments:",
@@ -306,8 +342,10 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
         (f"# {m_count} micro-batches of {c.micro_batch_size} per step (gradient accumulation), "
          f"schedule {'interleaved 1F1B' if c.vp > 1 else '1F1B'}"),
     ]
-    if uneven:
+    if uneven or getattr(c, "stage_layers", None):
         head.append(f"# layers per pipeline chunk: {'/'.join(map(str, chunks))}")
+    if block_note:
+        head.append(block_note)
     return "\n".join(head + a) + "\n"
 
 
@@ -345,7 +383,10 @@ def _bridge_sections(config: ParallelConfig, model: ModelSpec, training: Trainin
         "context_parallel_size": c.cp,
         "sequence_parallel": c.sequence_parallel,
     })
-    if uneven and c.vp == 1:
+    if getattr(c, "stage_layers", None):  # per-stage counts (search/dp.py): the layout
+        mdl["virtual_pipeline_model_parallel_size"] = None  # implied by the layout
+        mdl["pipeline_model_parallel_layout"] = _layout(chunks)
+    elif uneven and c.vp == 1:
         mdl["num_layers_in_first_pipeline_stage"] = chunks[0]
         mdl["num_layers_in_last_pipeline_stage"] = chunks[-1]
     elif uneven:
@@ -355,7 +396,11 @@ def _bridge_sections(config: ParallelConfig, model: ModelSpec, training: Trainin
         mdl["account_for_embedding_in_pipeline_split"] = True
     if getattr(c, "loss_as_layer", False):
         mdl["account_for_loss_in_pipeline_split"] = True
-    if c.recompute == "full":
+    block, _ = _block_recompute(c)
+    if block is not None:
+        mdl.update(recompute_granularity="full", recompute_method="block",
+                   recompute_num_layers=block)
+    elif c.recompute == "full":
         mdl.update(recompute_granularity="full", recompute_method="uniform",
                    recompute_num_layers=1)
     elif c.recompute == "selective":
@@ -368,6 +413,7 @@ def _bridge_sections(config: ParallelConfig, model: ModelSpec, training: Trainin
                            "overlap_grad_reduce": bool(training.overlap_grad_reduce and c.dp > 1),
                            "overlap_param_gather": bool(training.overlap_grad_reduce
                                                         and c.dp > 1 and c.zero_stage >= 1)}
+    mdl.update(megatron_bridge_moe_fields(c, m, training))  # MoE part (search.emit_moe)
     out: dict[str, Any] = {
         "model": mdl,
         "train": {"micro_batch_size": c.micro_batch_size,
@@ -493,6 +539,7 @@ def torchtitan_toml(config: ParallelConfig, model: ModelSpec, training: Training
         # op-level selective recompute (matmul outputs saved, the rest recomputed); the default
         # option "2" would recompute every second layer in full instead
         sec["activation_checkpoint"]["selective_ac_option"] = "op"
+    sec["parallelism"].update(torchtitan_moe_fields(c, m))  # expert parallel (search.emit_moe)
     if c.pp > 1:
         sec["parallelism"]["module_fqns_per_model_part"] = _torchtitan_fqns(chunks)
     if recipe == "fp8-cs":

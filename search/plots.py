@@ -791,10 +791,16 @@ def plot_config_timeline(
     table = stage_layer_table(model.num_layers, c.pp, c.vp, c.first_stage_layers or 0,
                               c.last_stage_layers or 0, c.embedding_as_layer, c.loss_as_layer)
     val = {k: float(np.asarray(v)[0]) for k, v in ct.items()}
-    fwd, bwd = layout_chunk_times(
-        table, val["layer_fwd_s"], val["layer_bwd_s"] + val["layer_recompute_s"],
-        val["embed_fwd_s"], val["embed_bwd_s"], val["logits_fwd_s"], val["logits_bwd_s"])
-    tl = simulate(fwd, bwd, int(c.num_microbatches), c.schedule, v=c.vp)
+    if getattr(c, "stage_layers", None):  # a per-stage layout of search/dp.py
+        from perfmodel.layout import layout_timeline
+
+        table = np.array([[n // c.vp] * c.vp for n in c.stage_layers])
+        tl = layout_timeline(model, training, cluster, c, kernels=kernels)
+    else:
+        fwd, bwd = layout_chunk_times(
+            table, val["layer_fwd_s"], val["layer_bwd_s"] + val["layer_recompute_s"],
+            val["embed_fwd_s"], val["embed_bwd_s"], val["logits_fwd_s"], val["logits_bwd_s"])
+        tl = simulate(fwd, bwd, int(c.num_microbatches), c.schedule, v=c.vp)
     title = (f"{model.name}: pp={c.pp} vp={c.vp} m={c.num_microbatches}, layers of rank 0 "
              f"{'/'.join(map(str, table[0]))}, of rank {c.pp - 1} "
              f"{'/'.join(map(str, table[-1]))}; makespan {tl.makespan_s:.3g} s")

@@ -26,6 +26,7 @@ __all__ = [
     "diagnose",
     "explain_difference",
     "finalize",
+    "finalize_batch",
     "finalize_tally",
 ]
 
@@ -36,7 +37,7 @@ MEMORY_HEADROOM_MIN = 0.05
 
 _CONFIG_COLS = (
     "dp", "tp", "pp", "vp", "cp", "zero_stage", "micro_batch_size", "num_microbatches",
-    "recompute", "sequence_parallel", "schedule", "grad_compression",
+    "recompute", "sequence_parallel", "schedule", "grad_compression", "ep", "etp",
 )
 
 
@@ -65,6 +66,7 @@ def _rows(batch: ConfigBatch, res: Any) -> tuple[pd.DataFrame, list[dict[str, An
         "sequence_parallel": batch.sequence_parallel,
         "schedule": np.asarray(SCHEDULE)[batch.schedule],
         "grad_compression": np.asarray(COMPRESSION)[batch.grad_compression],
+        "ep": batch.ep, "etp": batch.etp,
         "gpus": batch.gpus,
         "step_time_s": np.asarray(res.step_time_s, dtype=float),
         "tokens_per_s": np.asarray(res.tokens_per_s, dtype=float),
@@ -162,8 +164,9 @@ def explain_difference(best: dict[str, Any], other: dict[str, Any], objective: s
     a, b = best, other
     short = {"zero_stage": "zero", "micro_batch_size": "mbs", "num_microbatches": "m",
              "sequence_parallel": "sp"}
+    follows_tp = ca.get("etp", ca["tp"]) == ca["tp"] and cb.get("etp", cb["tp"]) == cb["tp"]
     diffs = [f"{short.get(k, k)} {_fmt(ca[k])}->{_fmt(cb[k])}" for k in ca
-             if k in _CONFIG_COLS and ca[k] != cb[k]]
+             if k in _CONFIG_COLS and ca[k] != cb[k] and not (k == "etp" and follows_tp)]
     if objective == "memory":
         d = {k: b["memory_bytes"][k] - a["memory_bytes"].get(k, 0.0)
              for k in b["memory_bytes"] if k != "peak"}
@@ -329,19 +332,41 @@ def finalize(
     allf = np.concatenate([top_flat, pareto_flat, smallest_flat])
     a, viol = space.decode_flat(allf)
     assert not viol.any(), "strategies report valid configurations only"
-    batch = space.batch(a)
+    return finalize_batch(problem, space.batch(a), len(top_flat), len(pareto_flat),
+                          strategy=strategy, evaluated=evaluated, feasible=feasible,
+                          seconds=seconds, extra=extra)
+
+
+def finalize_batch(
+    problem: Any,
+    batch: ConfigBatch,
+    n_top: int,
+    n_pareto: int,
+    *,
+    strategy: str,
+    evaluated: int,
+    feasible: int,
+    seconds: float,
+    extra: dict[str, Any] | None = None,
+) -> SearchResult:
+    """:func:`finalize` from the configurations themselves: ``batch`` holds the top (best
+    first), then the Pareto front, then at most one smallest-footprint configuration. For
+    strategies whose configurations are not points of the space (the layouts of
+    :mod:`search.dp`)."""
+    space = problem.space
     res = problem.evaluate_batch(batch)
     frame, rows = _rows(batch, res)
-    nt, npar = len(top_flat), len(pareto_flat)
+    nt, npar = n_top, n_pareto
+    has_smallest = len(batch) > nt + npar
     top = frame.iloc[:nt].reset_index(drop=True)
-    if strategy == "single" and nt == 0 and len(smallest_flat):
+    if strategy == "single" and nt == 0 and has_smallest:
         # one configuration asked for: show it even though it does not fit (fits is False)
         top = frame.iloc[nt + npar:nt + npar + 1].reset_index(drop=True)
     par = frame.iloc[nt:nt + npar]
     order = np.lexsort((par["peak_memory_bytes"].to_numpy(), par["step_time_s"].to_numpy()))
     pareto = par.iloc[order].reset_index(drop=True)
     pareto_rows = [rows[nt + i] for i in order]
-    smallest = rows[nt + npar] if len(smallest_flat) else None
+    smallest = rows[nt + npar] if has_smallest else None
     return SearchResult(
         strategy=strategy,
         objective=problem.objective,
@@ -380,7 +405,8 @@ def finalize(
             "profile": getattr(problem, "profile", None),
             "training_switches": {k: getattr(space.training, k) for k in (
                 "overlap_grad_reduce", "overlap_tp_comm", "overlap_p2p_comm",
-                "flash_attention", "zero3_gather", "grad_reduce_in_fp32", "fp8_params")},
+                "flash_attention", "zero3_gather", "grad_reduce_in_fp32", "fp8_params",
+                "cross_entropy", "cpu_offload_layers")},
         },
         extra=dict(extra or {}),
     )

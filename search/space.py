@@ -52,6 +52,8 @@ SEARCH_DIMS = (
     "recompute",
     "sequence_parallel",
     "schedule",
+    "ep",
+    "etp",
 )
 #: Single objectives: what "best" minimises.
 OBJECTIVES = ("time", "memory", "cost")
@@ -80,6 +82,7 @@ CONSTRAINTS = (
     "sequence_parallel",
     "batch",
     "schedule",
+    "expert",
     "framework",
 )
 
@@ -226,6 +229,7 @@ class SearchSpace:
             # what the chosen training stack runs (--framework): ZeRO with pipelines, SP rule
             "framework": zero_pp_allowed(self.framework, zero, pp, tp, sp),
         }
+        masks["expert"] = self._expert_mask(a, tp, cp, dp, sp)
         # Drop exact duplicates: with pp = 1 the schedule does not matter (keep 1f1b), with
         # dp = 1 the ZeRO stage does not (keep the smallest stage offered).
         canonical = np.ones(tp.shape, dtype=bool)
@@ -236,6 +240,19 @@ class SearchSpace:
         canonical &= ~((dp == 1) & (zero > zmin))
         masks["canonical"] = canonical
         return masks
+
+    def _expert_mask(self, a, tp, cp, dp, sp) -> np.ndarray:
+        """MoE parallel folding (see :func:`perfmodel.config.check_expert_parallel`): ``ep*etp``
+        divides the stage's ``tp*cp*dp`` GPUs, etp fits the scale-up domain, tp > 1 has
+        sequence parallelism. A dense model has ep = 1 and etp = tp (set here)."""
+        if not self.model.is_moe:
+            a["etp"] = tp
+            return a["ep"] == 1
+        ep, etp = a["ep"], a["etp"]
+        ok = ((tp * cp * dp) % (ep * etp) == 0) & (self.model.num_experts % ep == 0)
+        ok &= self.model.expert_ffn_size % etp == 0
+        ok &= (etp <= self.cluster.scale_up_size) | self.allow_tp_across_nodes
+        return ok & ((tp == 1) | sp)
 
     def repair(self, genes: np.ndarray) -> np.ndarray:
         """Move gene vectors to the canonical neighbour that the schedule rules allow.
@@ -320,6 +337,8 @@ class SearchSpace:
         idx = []
         for d in self.dims:
             v = getattr(config, d)
+            if d == "etp":  # None (= tp); a dense model's single placeholder candidate
+                v = config.expert_tp if self.model.is_moe else self.values[d][0]
             if d in _CATEGORICAL:
                 v = _CATEGORICAL[d].index(v)
             hit = np.flatnonzero(self.values[d] == int(v))
@@ -422,6 +441,14 @@ def _candidates(d: str, model: ModelSpec, training: TrainingSpec, n_gpus: int, s
         return np.array([0, 1])
     if d == "schedule":
         return np.arange(len(SCHEDULE))
+    if d == "ep":  # expert parallel: divisors of the expert count (1 for a dense model)
+        v = divisors(model.num_experts)
+        return v[v <= n_gpus]
+    if d == "etp":  # expert tensor parallel: powers of two inside the scale-up domain
+        if not model.is_moe:
+            return np.array([1])
+        v = _powers_of_two(min(scale_up, n_gpus, 8) if not allow_tp_across_nodes else n_gpus)
+        return v[model.expert_ffn_size % v == 0]
     raise KeyError(d)
 
 
@@ -488,7 +515,7 @@ def make_space(
     **fixed
         Pin a dimension to one value (``tp=8``) or a list / range of values
         (``pp=[4, 8, 16]``). Names: dp tp pp vp cp zero_stage (or zero) micro_batch_size
-        (or micro_batch) recompute sequence_parallel schedule num_microbatches.
+        (or micro_batch) recompute sequence_parallel schedule ep etp num_microbatches.
         ``None`` means "search it".
     framework
         Keep to what this training stack runs (:func:`perfmodel.frameworks.framework_pins`,

@@ -137,6 +137,46 @@ REQUIRED_COLUMNS = ("row_id", "model", "num_layers", "hidden_size", "num_attenti
 _GATED = ("llama", "mistral", "mixtral", "qwen", "gemma", "deepseek", "yi-", "baichuan", "olmo")
 
 
+#: Megatron-Bridge performance presets' ``cpu_offloading_num_layers`` for its Megatron-FSDP
+#: configurations (scripts/performance/configs/llama/llama3_workload_base_configs.py and
+#: llama31_workload_base_configs.py), keyed by (model, system, precision); the summary tables
+#: the rows come from do not print it, the presets they were run with do.
+BRIDGE_FSDP_CPU_OFFLOAD_LAYERS = {
+    ("llama3_70b", "gb300", "bf16"): 30, ("llama3_70b", "gb300", "fp8"): 20,
+    ("llama3_70b", "gb200", "bf16"): 20, ("llama3_70b", "gb200", "fp8"): 40,
+    ("llama3_70b", "b200", "fp8"): 5,
+    ("llama3.1_405b", "gb300", "bf16"): 40, ("llama3.1_405b", "gb300", "fp8"): 10,
+    ("llama3.1_405b", "gb200", "fp8"): 95,
+}
+
+
+def _bridge_cpu_offload_layers(r: pd.Series, zero_txt: str, src_txt: str,
+                               precision: str) -> int:
+    """CPU-offloaded layers of a Megatron-Bridge Megatron-FSDP row (its preset's
+    ``cpu_offloading_num_layers``, :data:`BRIDGE_FSDP_CPU_OFFLOAD_LAYERS`), else 0."""
+    if "megatron-bridge" not in src_txt or "megatron-fsdp" not in zero_txt:
+        return 0
+    g = str(r["gpu_type"]).lower()
+    system = next((k for k in ("gb300", "gb200", "b200") if k in g), "")
+    key = (str(r["model"]).lower(), system, "fp8" if precision in ("fp8", "fp4") else precision)
+    return BRIDGE_FSDP_CPU_OFFLOAD_LAYERS.get(key, 0)
+
+
+def _mbs_from_ga_column(r: pd.Series, gb: float, d: int, mbs: int) -> int:
+    """The micro-batch a row's own gradient-accumulation column implies, where the notes give
+    one ("GA column = N") and the table's shared MBS column contradicts it: a parenthetical
+    variant of a Megatron-Bridge table cell shares the cell's MBS but states its own GA (R0172:
+    GBS 128, dp 8, GA 16 -> micro-batch 1, the FP8-MX preset's, not the FSDP variant's 2)."""
+    m = re.search(r"GA column = (\d+)", str(r.get("notes", "")))
+    if not m or not gb:
+        return mbs
+    ga = int(m.group(1))
+    implied = gb / (d * ga)
+    if implied != mbs and float(implied).is_integer() and implied >= 1:
+        return int(implied)
+    return mbs
+
+
 def case_from_row(r: pd.Series) -> Case:
     """Express one row of a training-runs CSV (the columns of ``training_runs_dev.csv``);
     raises SpecError with the reason if the tool cannot express it."""
@@ -151,7 +191,8 @@ def case_from_row(r: pd.Series) -> Case:
     name = str(r["model"])
     lname = name.lower()
     if any(k in lname for k in ("moe", "mixtral", "switch", "deepseek-v", "expert")):
-        raise SpecError("mixture-of-experts runs need expert parallelism, which is not modelled")
+        raise SpecError("mixture-of-experts run: give it in the columns of moe_runs_dev.csv "
+                        "(search.validate_moe), which carry the expert layout")
     L, h = _count(r, "num_layers"), _count(r, "hidden_size")
     heads = _count(r, "num_attention_heads")
     kv = _f(r.get("num_query_groups"))
@@ -214,6 +255,13 @@ def case_from_row(r: pd.Series) -> Case:
         # and their fp8 recipes keep fp8 model weights (NeMo bf16_with_fp8_mixed: fp8_params /
         # fp8_param_gather = True)
         sw["fp8_params"] = True
+    if "megatron-bridge" in src_txt:
+        # Megatron-Bridge's performance recipes fuse the loss with Transformer Engine's kernel
+        # (``_benchmark_common``: cross_entropy_fusion_impl = "te")
+        sw["cross_entropy"] = "fused"
+    n_off = _bridge_cpu_offload_layers(r, zero_txt, src_txt, precision)
+    if n_off:
+        sw["cpu_offload_layers"] = n_off
     if "deepspeed" in zero_txt and not modern:
         sw["zero3_gather"] = "tensor"  # DeepSpeed ZeRO-3 (2021) gathers parameter by parameter
     training = TrainingSpec(global_batch_size=int(gb), seq_len=seq, precision=precision,
@@ -236,6 +284,7 @@ def case_from_row(r: pd.Series) -> Case:
     if not float(mbs).is_integer() or mbs < 1:
         raise SpecError(f"micro_batch_size = {mbs!r}: expected a whole number >= 1")
     mbs = int(mbs)
+    mbs = _mbs_from_ga_column(r, gb, d, mbs)
     rec_txt = str(r["activation_recompute"]).lower()
     if rec_txt.startswith("full"):
         recompute = "full"
@@ -546,8 +595,12 @@ def validate_command(
     runs: Path | None = typer.Option(None, "--runs", help="a training-runs CSV with the columns "
                                      "of the shipped training_runs_dev.csv (default: that file)"),
     vtrain: bool = typer.Option(True, "--vtrain/--no-vtrain", help="also rank the vTrain runs"),
-    tuned: bool = typer.Option(False, "--tuned", help="also search freely per vendor-recipe "
-                               "setting and compare the best with the recipe's measured time"),
+    moe: bool = typer.Option(True, "--moe/--no-moe", help="also the published MoE runs "
+                             "(moe_runs_dev.csv)"),
+    tuned: bool = typer.Option(False, "--tuned", help="also the tuned-recipe checks: a free "
+                               "search per vendor-recipe setting (dense runs, and the MoE runs "
+                               "via search.validate_moe.moe_tuned_report) against the measured "
+                               "recipe; about a minute"),
     json_out: bool = typer.Option(False, "--json", help="one JSON document on stdout"),
     profile: str | None = typer.Option(None, "--profile", help="predict under this efficiency "
                                        "profile (shipped name or TOML from `plan calibrate`)"),
@@ -583,6 +636,16 @@ def validate_command(
             "mape_single_node": float(rows.loc[rows["set"] == "single", "error"].abs().mean()),
             "mape_multi_node": float(rows.loc[rows["set"] == "multi", "error"].abs().mean()),
         }
+    if moe:
+        from search.validate_moe import moe_doc
+
+        doc["moe_runs"], moe_report, moe_skipped = moe_doc()
+    if tuned:
+        from search.validate_moe import moe_tuned_report, moe_tuned_summary
+
+        moe_tuned_df = moe_tuned_report()
+        doc["moe_tuned"] = {"summary": moe_tuned_summary(moe_tuned_df),
+                            "settings": moe_tuned_df.to_dict("records")}
     if json_out:
         typer.echo(json.dumps(doc, indent=2, default=float))
         return
@@ -624,6 +687,14 @@ def validate_command(
         out.print(tt)
         out.print(f"tuned: {doc['tuned']['within_0.90_1.15']:.0%} of {len(tuned_df)} settings "
                   f"within 0.90 <= measured / best <= 1.15")
+    if moe:
+        from search.validate_moe import print_moe_report
+
+        print_moe_report(out, moe_report, moe_skipped)
+    if tuned:
+        from search.validate_moe import print_moe_tuned
+
+        print_moe_tuned(out, moe_tuned_df)
     if vtrain:
         v = doc["vtrain"]
         out.print(f"vTrain: {v['groups']} groups, mean Spearman {v['mean_spearman']:.3f}, "

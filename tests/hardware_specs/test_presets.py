@@ -273,7 +273,9 @@ def test_h100_and_blackwell_peaks():
     assert load_gpu("gb200").peak_flops("bf16") == 2500e12  # 360 PF sparse / 72 / 2
     assert load_gpu("gb300").peak_flops("fp4") == 15000e12  # 1,080 PF dense / 72
     with_fp4 = [n for n in GPUS if load_gpu(n).peak_tflops.fp4 is not None]
-    assert with_fp4 == ["b200", "gb200", "gb300"]
+    assert with_fp4 == ["b200", "b300", "gb200", "gb300"]
+    # DGX B300 datasheet: 72 PFLOPS FP8 training per 8 GPUs, as DGX B200 (not the GB300 sheet)
+    assert load_gpu("b300").peak_flops("fp8") == load_gpu("b200").peak_flops("fp8") == 4500e12
 
 
 def test_v100_has_no_bf16_tensor_core():

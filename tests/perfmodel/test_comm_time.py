@@ -17,6 +17,10 @@ BF16 = load_training(global_batch_size=1536, seq_len=2048, precision="bf16",
 A100 = load_cluster("dgx-a100-80g")  # NVLink 300 GB/s 3 us (8 GPUs); IB 25 GB/s 8 us
 ACT = 2048 * 12288 * 2
 KEYS = {
+    "ep_layer_fwd_s",
+    "ep_layer_bwd_s",
+    "expert_dp_grad_s",
+    "expert_zero3_gather_s",
     "tp_layer_fwd_s",
     "tp_layer_bwd_s",
     "cp_layer_fwd_s",

@@ -412,12 +412,32 @@ def _tiny(**kw):
 def test_eager_zero_bubble_keeps_gemm_output_gradients():
     # last stage (1 layer), s b = 128 tokens, fp32: dY of QKV (192 cols), fc1 (256), o and fc2
     # (64 each) = 4 * 128 * 576 = 294,912 B, plus two fused-QKV-sized gradients in the input
-    # pass (2 * 4 * 128 * 192 = 196,608 B)
+    # pass (2 * 4 * 128 * 192 = 196,608 B); the output gradients of the two norms of the layer
+    # and of the final norm (3 * 4 * 128 * 64 = 98,304 B) and of the output layer, one per logit
+    # (4 * 128 * 256 = 131,072 B): torch's param-group intermediates
     cl = load_cluster("dgx-h100", gpus=8)
     one = mem.memory_breakdown(TINY, TINY_TRAIN, cl, _tiny(), kernels="eager")
     zb = mem.memory_breakdown(TINY, TINY_TRAIN, cl, _tiny(schedule="zb"), kernels="eager")
     assert zb["peak_stage"][0] == one["peak_stage"][0] == 1
-    assert zb["activations"][0] - one["activations"][0] == 294_912 + 196_608
+    assert zb["activations"][0] - one["activations"][0] == (
+        294_912 + 196_608 + 98_304 + 131_072)
+
+
+def test_eager_torch_zero_bubble_retains_p_graphs_on_the_last_stage():
+    # pp 4, m 4, one layer per stage: the last stage holds 4 micro-batches' graphs (1F1B: 1),
+    # 4 sets of output gradients and 3 more loss tensors (8 bytes per logit) and final-norm
+    # inputs and stats plus output-layer inputs (fp32: 4 sbh + 8 sb + 4 sbh)
+    cl = load_cluster("dgx-h100", gpus=8)
+    kw = {"dp": 1, "micro_batch_size": 1, "num_microbatches": 4}
+    one = mem.memory_breakdown(TINY, TINY_TRAIN, cl, _tiny(**kw), kernels="eager")
+    zb = mem.memory_breakdown(TINY, TINY_TRAIN, cl, _tiny(schedule="zb", **kw), kernels="eager")
+    layer = mem.eager_layer_activation_bytes(32, 1, 64, 4, ffn_hidden_size=256, autocast=False)
+    sb = 32  # tokens per micro-batch
+    dy = 4 * sb * (192 + 256 + 2 * 64) + 3 * 4 * sb * 64 + 4 * sb * 256
+    final = 4 * sb * 64 + 8 * sb + 4 * sb * 64
+    extra = 3 * (layer + final) + 4 * dy + 2 * 4 * sb * 192 + 3 * 8 * sb * 256
+    assert zb["peak_stage"][0] == 1
+    assert zb["activations"][0] - one["activations"][0] == pytest.approx(extra)
 
 
 def test_eager_fsdp2_zero2_holds_sharded_and_unsharded_weights():

@@ -35,6 +35,12 @@ PLANS = {
                  {"global_batch_size": 64, "seq_len": 32768, "precision": "bf16"},
                  {"dp": 8, "tp": 2, "cp": 4, "zero_stage": 1, "micro_batch_size": 1,
                       "sequence_parallel": True, "recompute": "selective"}),
+    # a layout of the DP searcher (search/dp.py): per-rank layer counts and block recompute
+    "nemotron-dp-layout": ("nemotron4-340b", "dgx-h100", 128,
+                           {"global_batch_size": 32, "seq_len": 4096, "precision": "bf16"},
+                           {"dp": 2, "tp": 8, "pp": 8, "zero_stage": 1, "micro_batch_size": 1,
+                                "sequence_parallel": True, "recompute": "none",
+                                "stage_layers": (10, 11, 12, 12, 13, 13, 13, 12)}),
     # FP8 (delayed scaling) with TP + PP
     "llama-fp8": ("llama3.1-70b", "dgx-h100", 128,
                   {"global_batch_size": 512, "seq_len": 8192, "precision": "fp8"},

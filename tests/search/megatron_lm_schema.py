@@ -28,7 +28,7 @@ _INT = {"--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-h
         "--context-parallel-size", "--decoder-first-pipeline-num-layers",
         "--decoder-last-pipeline-num-layers", "--num-layers-per-virtual-pipeline-stage",
         "--num-virtual-stages-per-pipeline-rank", "--micro-batch-size", "--global-batch-size",
-        "--recompute-num-layers", "--seq-length"}
+        "--recompute-num-layers", "--seq-length", "--cpu-offloading-num-layers"}
 _CHOICES = {
     "--position-embedding-type": ["learned_absolute", "rope", "mrope", "relative", "none"],
     "--normalization": ["LayerNorm", "RMSNorm"],
@@ -38,13 +38,15 @@ _CHOICES = {
                                           "optim_grads_params"],
     "--ckpt-format": ["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"],
     "--attention-backend": ["flash", "fused", "unfused", "local", "auto"],
+    "--cross-entropy-fusion-impl": ["native", "te"],
 }
 _STORE_TRUE = ["--group-query-attention", "--swiglu", "--squared-relu",
                "--untie-embeddings-and-output-weights", "--sequence-parallel",
                "--use-distributed-optimizer", "--use-megatron-fsdp", "--overlap-grad-reduce",
                "--overlap-param-gather", "--tp-comm-overlap", "--bf16", "--fp16",
                "--account-for-embedding-in-pipeline-split",
-               "--account-for-loss-in-pipeline-split"]
+               "--account-for-loss-in-pipeline-split", "--cpu-offloading",
+               "--cross-entropy-loss-fusion"]
 # (flag, dest, action) for the flags whose dest differs from the flag name
 _DEST = [("--disable-bias-linear", "add_bias_linear", "store_false"),
          ("--add-qkv-bias", "add_qkv_bias", "store_true"),

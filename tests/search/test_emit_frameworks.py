@@ -221,7 +221,15 @@ def _check(fmt, text, c, model, training, gpus, readers):
         assert tc.sequence_parallel == c.sequence_parallel
         assert tc.num_layers == model.num_layers and tc.num_query_groups == model.kv_heads
         assert tc.recompute_granularity == (None if c.recompute == "none" else c.recompute)
-        if len(set(chunks)) > 1 and c.vp == 1:
+        lay = getattr(tc, "pipeline_model_parallel_layout", None)
+        if lay is not None:  # an explicit layout (DP searcher): Megatron-Core's own parse
+            from megatron.core.transformer.enums import LayerType
+
+            lay.validate_layer_layout(model.num_layers, 0)
+            built = [lay.layout[i % c.pp][i // c.pp].count(LayerType.decoder)
+                     for i in range(c.pp * c.vp)]
+            assert built == chunks
+        elif len(set(chunks)) > 1 and c.vp == 1:
             assert tc.num_layers_in_first_pipeline_stage == chunks[0]
             assert tc.num_layers_in_last_pipeline_stage == chunks[-1]
         if training.precision == "fp8":

@@ -1,0 +1,288 @@
+"""Per-stage pipeline layouts: arbitrary layer counts per stage and block recompute per stage.
+
+A configuration may carry ``stage_layers`` (transformer layers on each pipeline rank) and
+``stage_recompute_layers`` (how many of them recompute fully), the layouts that the
+dynamic-programming searcher (:mod:`search.dp`) chooses. This module gives the time and memory
+of each stage of such a layout, composed from the same per-layer terms that
+:func:`perfmodel.step.evaluate` and :func:`perfmodel.memory.memory_breakdown` use for the even
+split, so that an even layout with no block recompute predicts exactly what the even split does
+(a test checks it).
+
+Stage ``s`` of ``n_s`` layers of which ``r_s`` recompute (Megatron-LM ``--recompute-granularity
+full --recompute-method block --recompute-num-layers N``: the first N layers of each chunk are
+checkpointed, the rest keep all their activations):
+
+* time of one micro-batch: ``n_s * t_keep + r_s * (t_full - t_keep)`` plus the embedding on the
+  first stage and the logits + loss on the last (``t_keep``: a layer without recompute, or with
+  selective recompute when that is the configuration's mode; ``t_full``: a fully recomputed
+  layer, its extra forward and tensor-parallel collectives included);
+* memory: the stage's parameters (``n_s`` layers, the embedding on the first, final norm and
+  output layer on the last) under ZeRO, ``inflight_s * ((n_s - r_s) a_keep + r_s a_full)`` of
+  activations plus one layer's full activations while a checkpointed layer is recomputed, the
+  embedding / logits buffers, the buffers of :func:`perfmodel.memory.memory_breakdown`, and its
+  allocator allowance.
+
+References
+----------
+Megatron-LM ``transformer_block.py`` (``_checkpointed_forward``, method ``block``) and
+``pipeline_parallel_layer_layout.py`` (``--pipeline-model-parallel-layout``); Korthikanti et
+al. 2022, Table 2 (activations by recompute mode); Narayanan et al. 2021, Sec. 2.2 (in-flight
+micro-batches per stage).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from perfmodel import memory as mem
+from perfmodel.config import ConfigBatch
+from perfmodel.pipeline import inflight_microbatches
+from perfmodel.specs import ClusterSpec, ModelSpec, TrainingSpec
+
+__all__ = [
+    "layout_memory_breakdown",
+    "layout_timeline",
+    "stage_counts",
+    "stage_memory_bytes",
+    "stage_times_s",
+    "without_layout",
+]
+
+_SELECTIVE, _FULL = 1, 2
+
+
+def without_layout(batch: ConfigBatch, recompute: str | None = None) -> ConfigBatch:
+    """The batch with its layouts dropped; ``recompute="keep"`` sets the mode of the layers
+    that keep their activations (selective stays selective, full becomes none),
+    ``recompute="full"`` makes every layer recompute."""
+    rc = batch.recompute
+    if recompute == "keep":
+        rc = np.where(rc == _SELECTIVE, _SELECTIVE, 0)
+    elif recompute == "full":
+        rc = np.full_like(rc, _FULL)
+    return dataclasses.replace(batch, recompute=rc, stage_layers=None,
+                               stage_recompute_layers=None)
+
+
+def stage_counts(model: ModelSpec, batch: ConfigBatch) -> tuple[np.ndarray, np.ndarray]:
+    """``(layers, recomputed)``: ``(n, S)`` int matrices of each stage's layers and fully
+    recomputed layers (S = the largest pp; stages beyond a row's pp hold 0). Rows without a
+    layout get Megatron-LM's layout of their other fields (:meth:`ConfigBatch.layer_counts`:
+    even, or uneven first / last ranks) and recompute all their layers under
+    ``recompute="full"``, none otherwise."""
+    n = len(batch)
+    pp = batch.pp.astype(np.int64)
+    width = int(pp.max()) if n else 1
+    if batch.stage_layers is not None:
+        width = max(width, batch.stage_layers.shape[1])
+    s = np.arange(width)[None, :]
+    L = model.num_layers
+    lc = batch.layer_counts(L)
+    pcol = pp[:, None]
+    even = np.where(s == 0, lc["first"][:, None],
+                    np.where(s == pcol - 1, lc["last"][:, None], lc["middle"][:, None]))
+    even = np.where(s < pcol, even, 0).astype(np.int64)
+    layers = even
+    if batch.stage_layers is not None:
+        lay = np.zeros((n, width), dtype=np.int64)
+        lay[:, :batch.stage_layers.shape[1]] = batch.stage_layers
+        layers = np.where(batch.has_layout[:, None], lay, even)
+    full = (batch.recompute == _FULL)[:, None]
+    rec = np.where(full, layers, 0)
+    if batch.stage_recompute_layers is not None:
+        given = np.full((n, width), -1, dtype=np.int64)
+        given[:, :batch.stage_recompute_layers.shape[1]] = batch.stage_recompute_layers
+        rec = np.where(given[:, :1] >= 0, np.maximum(given, 0), rec)
+    return layers, np.where(s < pp[:, None], rec, 0)
+
+
+def stage_times_s(layers, recomputed, layer_keep_s, layer_full_s, embed_s, logits_s, pp):
+    """Forward + backward time of one micro-batch on each stage [s], ``(n, S)``.
+
+    ``layer_keep_s`` / ``layer_full_s``: one layer without / with full recompute (per config);
+    the embedding is on stage 0, the logits and loss on stage ``pp - 1``; stages beyond ``pp``
+    are 0.
+    """
+    s = np.arange(layers.shape[1])[None, :]
+    pp = np.asarray(pp)[:, None]
+    keep = np.asarray(layer_keep_s, dtype=np.float64)[:, None]
+    extra = np.asarray(layer_full_s, dtype=np.float64)[:, None] - keep
+    t = layers * keep + recomputed * extra
+    t = t + np.where(s == 0, np.asarray(embed_s)[:, None], 0.0)
+    t = t + np.where(s == pp - 1, np.asarray(logits_s)[:, None], 0.0)
+    return np.where(s < pp, t, 0.0)
+
+
+def _col(x, ndim: int) -> np.ndarray:
+    """A per-configuration array broadcast against ``ndim`` trailing axes."""
+    x = np.asarray(x)
+    return x.reshape(x.shape + (1,) * ndim)
+
+
+def stage_memory_bytes(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterSpec,
+    batch: ConfigBatch,
+    stage,
+    layers,
+    recomputed,
+    *,
+    flash_attention: bool = True,
+    dropout: bool | None = None,
+) -> dict[str, np.ndarray]:
+    """Memory per GPU of pipeline stage ``stage`` holding ``layers`` transformer layers of which
+    ``recomputed`` are fully recomputed (fused kernels, Megatron-LM).
+
+    ``stage``, ``layers`` and ``recomputed`` are arrays of shape ``(n, ...)`` (n = len(batch),
+    any trailing axes, broadcast), so a search evaluates every stage and layer count of every
+    configuration at once. Composed of :mod:`perfmodel.memory`'s terms in the order of
+    :func:`perfmodel.memory.memory_breakdown`: parameters (:func:`~perfmodel.memory.stage_params`)
+    under ZeRO (:func:`~perfmodel.memory.zero_state_bytes`), activations
+    (:func:`~perfmodel.memory.layer_activation_bytes` per in-flight micro-batch of
+    :func:`~perfmodel.pipeline.inflight_microbatches`), buffers and the allocator allowance.
+
+    Returns a dict of arrays [bytes]: ``weights``, ``gradients``, ``optimizer``,
+    ``activations``, ``other`` (incl. the allowance), ``peak``.
+    """
+    stage = np.asarray(stage, dtype=np.float64)
+    nd = max(stage.ndim, np.ndim(layers), np.ndim(recomputed)) - 1
+    c = batch
+    f64 = np.float64
+    tp, pp, vp, cp, dp = (_col(np.asarray(x, dtype=f64), nd) for x in (c.tp, c.pp, c.vp, c.cp,
+                                                                        c.dp))
+    zero = _col(c.zero_stage, nd)
+    b = _col(np.asarray(c.micro_batch_size, dtype=f64), nd)
+    m = _col(np.asarray(c.num_microbatches, dtype=f64), nd)
+    rc = _col(c.recompute, nd)
+    sp = _col(np.asarray(c.sequence_parallel, dtype=bool), nd)
+    sched = _col(c.schedule, nd)
+    n_l = np.asarray(layers, dtype=f64)
+    n_r = np.asarray(recomputed, dtype=f64)
+    r = np.where(sp, tp, 1.0)
+    shard = dp * cp
+    s = training.seq_len / cp
+    h, v = float(model.hidden_size), float(model.vocab_size)
+    precision = training.precision
+    if dropout is None:
+        dropout = model.position_embedding == "learned"
+    drop = 1.0 if dropout else 0.0
+    first = stage == 0
+    last = stage == pp - 1
+
+    # 1. Parameters of this stage.
+    sp_ = mem.stage_params(model, tp, pp)
+    params = (n_l * sp_["layer"] + np.where(first, sp_["embedding"], 0.0)
+              + np.where(last, model.norm_params() + sp_["output"], 0.0))
+    # 2. Model states by ZeRO stage (Megatron-LM: 16-bit weights, main grads in fp32 unless
+    # reduced in bf16, fp8 weights with fp8_params).
+    wb, gb, ob = mem.state_bytes_per_param(precision, training.optimizer,
+                                           fp32_main_grads=training.grad_reduce_in_fp32)
+    fp8_params = training.fp8_params and precision in ("fp8", "fp4")
+    if fp8_params:
+        wb = 1.0
+    w, g, o = mem.zero_state_bytes(params, shard, zero, wb, gb, ob)
+    # 3. Activations: kept layers, checkpointed layers, one layer being recomputed.
+    e = 4.0 if precision == "fp32" else 2.0
+    kw = {"tp": tp, "sequence_parallel": sp, "ffn_hidden_size": model.ffn_hidden_size,
+          "num_kv_heads": model.kv_heads, "head_dim": model.head_size,
+          "gated_mlp": model.gated_mlp, "flash": flash_attention, "dropout": dropout,
+          "bytes_per_value": e, "gemm_input_bytes": mem.fp8_gemm_input_bytes(precision)}
+    a = model.num_attention_heads
+    act_keep = mem.layer_activation_bytes(s, b, h, a, recompute=np.where(rc == _SELECTIVE,
+                                                                          _SELECTIVE, 0), **kw)
+    act_ckpt = mem.layer_activation_bytes(s, b, h, a, recompute=_FULL, **kw)
+    act_all = mem.layer_activation_bytes(s, b, h, a, recompute=0, **kw)
+    infl = inflight_microbatches(pp, m, sched, vp, stage=stage)
+    mb = np.ceil(infl)
+    sb = s * b
+    logit = sb * v / tp
+    embed_act = 8.0 * sb + drop * sb * h / r
+    final_act = 2 * e * sb * h / r
+    act = (infl * ((n_l - n_r) * act_keep + n_r * act_ckpt) + np.where(n_r > 0, act_all, 0.0)
+           + np.where(first, mb * embed_act, 0.0)
+           + np.where(last, mb * (final_act + 4.0 * logit) + 2.0 * logit, 0.0))
+    # 4. Other buffers: workspaces, ZeRO-2/3 buckets, ZeRO-3 live layers, fp8 weight caches.
+    gpu_part = mem.is_gpu(cluster.gpu)
+    other = (mem.LIBRARY_WORKSPACE_BYTES if gpu_part else 0.0) + 0.0 * params
+    other = other + np.where(zero >= 2, 2.0 * np.minimum(mem.BUCKET_PARAMS, params) * gb, 0.0)
+    other = other + np.where((zero >= 3) & (shard > 1),
+                             sp_["layer"] * (wb + gb) * mem.ZERO3_LIVE_LAYERS, 0.0)
+    other = other + mem.fp8_weight_cache_bytes(precision, n_l, sp_["gemm_layer"], zero, shard,
+                                               fp8_params)
+    # the optimizer step's fp32 gradient copy (16-bit buffers), live once activations are freed
+    copy_b = mem.optimizer_grad_copy_bytes(precision, training.grad_reduce_in_fp32)
+    copy_opt = np.where(zero >= 1, copy_b / shard, copy_b) * params
+    o = o + np.maximum(copy_opt - act, 0.0)
+    allocated = w + g + o + act + other
+    # the allowance covers what the step allocates and frees (activations and buffers)
+    allowance = (mem.ALLOCATOR_ALLOWANCE_FRACTION if gpu_part else 0.0) * (act + other)
+    return {"weights": w, "gradients": g, "optimizer": o, "activations": act,
+            "other": other + allowance, "peak": allocated + allowance,
+            "allowance": allowance}
+
+
+def layout_memory_breakdown(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterSpec,
+    batch: ConfigBatch,
+    *,
+    flash_attention: bool = True,
+    dropout: bool | None = None,
+    headroom: float = 0.0,
+) -> dict[str, np.ndarray]:
+    """:func:`perfmodel.memory.memory_breakdown`'s dict for a batch with per-stage layouts:
+    the stage that needs most (over every stage, not only the first and last), its terms,
+    ``peak_stage`` its index and ``fits``. Rows without a layout go through
+    ``memory_breakdown`` unchanged."""
+    lay = batch.has_layout
+    out = mem.memory_breakdown(model, training, cluster, without_layout(batch),
+                               flash_attention=flash_attention, dropout=dropout,
+                               headroom=headroom)
+    out = {k: np.array(v, copy=True) for k, v in out.items()}
+    idx = np.flatnonzero(lay)
+    sub = batch.take(idx)
+    layers, rec = stage_counts(model, sub)
+    stage = np.broadcast_to(np.arange(layers.shape[1])[None, :], layers.shape)
+    st = stage_memory_bytes(model, training, cluster, sub, stage, layers, rec,
+                            flash_attention=flash_attention, dropout=dropout)
+    peak = np.where(stage < sub.pp[:, None], st["peak"], -np.inf)
+    k = np.argmax(peak, axis=1)
+    rows = np.arange(len(idx))
+    for name in ("weights", "gradients", "optimizer", "activations", "other", "peak"):
+        out[name][idx] = st[name][rows, k]
+    allowance = st["allowance"][rows, k]
+    out["allocator_allowance"][idx] = allowance
+    out["peak_allocated"][idx] = out["peak"][idx] - allowance
+    out["peak_stage"][idx] = k
+    out["fits"][idx] = out["peak"][idx] <= mem.usable_hbm_bytes(cluster.gpu, headroom)
+    return out
+
+
+def layout_timeline(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config,
+                    *, kernels: str = "fused", calibration=None):
+    """The simulated pipeline step (:func:`perfmodel.pipeline.simulate`) of one resolved
+    configuration, its stages timed by its layout (the even split when it has none): the input
+    of :func:`search.plots.plot_pipeline_timeline`, the Gantt chart of a search result.
+
+    A stage's forward is its layers' forward (the share ``layer_fwd / layer`` of a layer
+    without recompute, applied to the embedding and loss too); the rest of the stage time,
+    recompute included, is its backward.
+    """
+    from perfmodel.pipeline import simulate
+    from perfmodel.step import evaluate
+
+    b = ConfigBatch.from_configs([config])
+    kw = {"kernels": kernels, "calibration": calibration}
+    keep = evaluate(model, training, cluster, without_layout(b, "keep"), **kw).extra
+    full = evaluate(model, training, cluster, without_layout(b, "full"), **kw).extra
+    layers, rec = stage_counts(model, b)
+    t = stage_times_s(layers, rec, keep["layer_s"], full["layer_s"], keep["embed_s"],
+                      keep["logits_s"], b.pp)[0, :config.pp]
+    share = float(keep["layer_fwd_s"][0] / keep["layer_s"][0])
+    extra = (full["layer_s"][0] - keep["layer_s"][0]) * rec[0, :config.pp]
+    fwd = (t - extra) * share
+    return simulate(fwd, t - fwd, int(config.num_microbatches), config.schedule, v=config.vp)

@@ -1,0 +1,231 @@
+"""Mixture-of-experts terms: expert-parallel token dispatch, expert shapes and parameters.
+
+Layout (Megatron-Core MoE parallel folding, ``parallel_state.initialize_model_parallel`` with
+``expert_tensor_parallel_size``): the attention of a pipeline stage runs on ``tp x cp x dp``
+GPUs, its experts on the same GPUs laid out as ``etp x ep x expert-dp`` (innermost first), so
+``expert-dp = tp*cp*dp / (ep*etp)``. An expert-parallel group is ``ep`` GPUs ``etp`` ranks apart;
+an expert-data-parallel group ``expert-dp`` GPUs ``ep*etp`` apart. Megatron requires sequence
+parallelism with MoE and tp > 1, so each GPU routes ``T = b*s/(cp*tp)`` tokens per layer.
+
+Per MoE layer and micro-batch (balanced routing, ``k`` = top-k, ``E`` experts, ``f`` the expert
+FFN size, ``imb`` the load-imbalance factor):
+
+* **dispatch / combine** (``alltoall`` dispatcher): the ``T*k`` routed copies of ``h`` values
+  are exchanged in the ep group (a fraction ``(ep-1)/ep`` leaves the GPU), once to dispatch and
+  once to combine in the forward, and the same two in the backward (their gradients); full
+  recompute repeats the forward's. With ``etp > 1`` the received tokens are all-gathered in the
+  etp group before the experts and reduce-scattered after them. These replace the MLP's tensor-
+  parallel all-gather / reduce-scatter in the MoE layers (with ep = 1 the experts are fed by
+  that sequence-parallel all-gather, as a dense MLP is). The ``allgather`` dispatcher
+  instead all-gathers the group's ``T`` tokens over ``ep*etp`` GPUs and reduce-scatters them back
+  (no top-k copies, but every GPU receives every token).
+* **experts**: each GPU holds ``E/ep`` experts, each ``1/etp`` of the FFN, and runs them as a
+  grouped GEMM of ``M = ep*etp*T*k/E * imb`` rows per expert (the busiest GPU sets the pace).
+* **parameters**: routed experts are sharded ``ep*etp`` ways (not by tp), their gradients
+  reduced and their optimizer states sharded over expert-dp.
+
+References
+----------
+Megatron-Core ``megatron/core/transformer/moe/token_dispatcher.py`` (``MoEAlltoAllTokenDispatcher``,
+``MoEAllGatherTokenDispatcher``), ``experts.py`` (``TEGroupedMLP``), ``moe/README.md`` (MoE
+parallel folding); Liu et al. 2024, "MoE Parallel Folding" (arXiv:2504.14960); Lepikhin et al.
+2021 (GShard), Sec. 3 (dispatch/combine all-to-all); DeepSeek-AI 2024 (DeepSeek-V3 report),
+Sec. 3.2 (all-to-all overlap).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfmodel import collectives as coll
+from perfmodel.config import ConfigBatch
+from perfmodel.specs import ModelSpec, TrainingSpec
+from perfmodel.topology import GroupPlacement
+
+__all__ = [
+    "MOE_HOST_SYNC_S",
+    "a2a_per_layer",
+    "all_to_all_tiered_time",
+    "dispatch_ops_per_layer",
+    "effective_ffn_size",
+    "expert_params_per_gpu",
+    "expert_rows_per_gpu",
+    "moe_activation_extra_bytes",
+    "moe_dispatch_buffer_bytes",
+    "routed_tokens_per_gpu",
+    "tokens_per_gpu",
+    "uses_dispatcher",
+]
+
+
+MOE_HOST_SYNC_S = 2.0e-3
+"""Host time exposed per MoE layer pass (forward or backward) and micro-batch [s]. The token
+dispatcher copies the per-expert token counts to the host (the grouped GEMM's ``m_splits`` and
+the all-to-all split sizes, a device-to-host synchronisation), so the CPU cannot run ahead of
+the GPU there: the Python and launch time of the MoE block (router, dispatcher pre- and
+post-processing, permute, the grouped GEMMs' setup) is added to the GPU time instead of hidden
+behind it. Megatron-Core's remedies confirm the effect: ``--moe-pad-expert-input-to-capacity``
+(no sync), CUDA graphs of ``moe_router`` / ``moe_preprocess`` (Megatron-Bridge 26.x recipes).
+Fitted, as the one MoE-specific parameter, on ``moe_runs_dev.csv`` (88 rows, 8 models):
+2.0 ms (leave-one-model-out fits 1.9-2.7 ms; docs/moe.md)."""
+
+
+def tokens_per_gpu(training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:
+    """Tokens one GPU routes per MoE layer and micro-batch: ``b * s / (cp * tp)`` (sequence
+    parallel slice; Megatron requires sequence parallelism for MoE with tp > 1)."""
+    return batch.micro_batch_size * training.seq_len / (batch.cp * batch.tp).astype(np.float64)
+
+
+def routed_tokens_per_gpu(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch
+                          ) -> np.ndarray:
+    """Routed token copies one GPU sends into the dispatch: ``T * top_k``."""
+    return tokens_per_gpu(training, batch) * model.moe_top_k
+
+
+def expert_rows_per_gpu(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch
+                        ) -> np.ndarray:
+    """Rows of one local expert's GEMMs on the busiest GPU: ``ep*etp*T*k/E * imbalance``.
+
+    With ep = 1 and etp = tp this is ``b*s/cp * k / E``, the all-experts-local shape.
+    """
+    ep, etp = batch.ep.astype(np.float64), batch.etp.astype(np.float64)
+    return ep * etp * routed_tokens_per_gpu(model, training, batch) / model.num_experts * (
+        model.load_imbalance)
+
+
+def expert_params_per_gpu(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
+    """Routed-expert parameters one GPU holds: ``L/pp`` layers' share of the routed experts,
+    split ``ep*etp`` ways (0 for a dense model)."""
+    per_layer = model.routed_expert_params_per_layer()
+    return model.num_layers / batch.pp * per_layer / (batch.ep * batch.etp).astype(np.float64)
+
+
+def effective_ffn_size(model: ModelSpec) -> float:
+    """FFN size that gives the MLP activation elements per token of the average layer:
+    ``(1-phi) f + phi (k * imb * f_expert + f_shared)`` with ``phi`` the MoE-layer fraction.
+
+    Per GPU an MoE layer holds ``etp*T*k*imb`` routed rows of ``f_expert/etp`` intermediate
+    values, which is ``b*s/cp * k*imb*f_expert / tp`` like a dense MLP of ``k*imb*f_expert``
+    split by tp; so the dense formulas apply with this size. ``ffn_hidden_size`` for a dense
+    model.
+    """
+    if not model.is_moe:
+        return float(model.ffn_hidden_size)
+    phi = model.moe_layer_fraction
+    moe = model.moe_top_k * model.load_imbalance * model.expert_ffn_size + model.shared_ffn_size
+    return (1.0 - phi) * model.ffn_hidden_size + phi * moe
+
+
+def moe_activation_extra_bytes(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch,
+                               bytes_per_value: float, gemm_input_bytes: float | None = None
+                               ) -> np.ndarray:
+    """Activation bytes an MoE layer keeps beyond a dense MLP's, averaged over the layers, per
+    micro-batch and GPU: the permuted (dispatched) expert input and the expert output before the
+    probability-weighted combine (``etp*T*k*imb * h`` values each), and the fp32 router logits
+    and probabilities (``2 * 4 * T * E`` bytes). The permuted input is the first expert GEMM's
+    input: under Transformer Engine's fp8 / fp4 recipes ``GroupedLinear`` saves its fp8 cast
+    (``gemm_input_bytes``, 1 byte; :func:`perfmodel.memory.fp8_gemm_input_bytes`), the expert
+    output stays in the activation dtype.
+
+    References
+    ----------
+    Megatron-Core ``moe_utils.permute`` / ``unpermute`` (saved for the backward), ``router.py``;
+    Transformer Engine ``pytorch/module/grouped_linear.py`` (saved ``inputmats``).
+    """
+    if not model.is_moe:
+        return np.zeros(len(batch))
+    rows = batch.etp * routed_tokens_per_gpu(model, training, batch) * model.load_imbalance
+    g_in = bytes_per_value if gemm_input_bytes is None else gemm_input_bytes
+    per_layer = rows * model.hidden_size * (g_in + bytes_per_value) + 8.0 * tokens_per_gpu(
+        training, batch) * model.num_experts
+    return model.moe_layer_fraction * per_layer
+
+
+def moe_dispatch_buffer_bytes(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch,
+                              bytes_per_value: float) -> np.ndarray:
+    """Transient dispatch buffers of the layer being computed: the all-to-all send and receive
+    buffers (``2 * T*k*imb * h``) and, with etp > 1, the etp-gathered tokens."""
+    if not model.is_moe:
+        return np.zeros(len(batch))
+    rt = routed_tokens_per_gpu(model, training, batch) * model.load_imbalance
+    return (2.0 + np.where(batch.etp > 1, batch.etp, 0.0)) * rt * model.hidden_size * (
+        bytes_per_value)
+
+
+# --------------------------------------------------------------------------------------------
+# Communication
+# --------------------------------------------------------------------------------------------
+def uses_dispatcher(batch: ConfigBatch) -> np.ndarray:
+    """Whether the MoE layers move tokens by the dispatcher (ep > 1, or an expert tensor
+    parallel group other than tp); else (ep = 1, etp = tp) the experts sit behind the tensor-
+    parallel all-gather like a dense MLP and the tp term carries their communication."""
+    return (batch.ep > 1) | (batch.etp != batch.tp)
+
+
+def a2a_per_layer(batch: ConfigBatch) -> tuple[np.ndarray, np.ndarray]:
+    """Dispatch-or-combine exchanges per MoE layer per micro-batch: (forward, backward incl.
+    recompute). Forward 2 (dispatch, combine), backward 2 (their gradients), plus 2 when full
+    recomputation repeats the forward (Megatron recomputes the whole layer)."""
+    fwd = np.full(batch.tp.shape, 2.0)
+    return fwd, 2.0 + np.where(batch.recompute == 2, 2.0, 0.0)
+
+
+def dispatch_ops_per_layer(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch,
+                           bytes_per_value: float) -> dict[str, tuple[str, np.ndarray, np.ndarray]]:
+    """The collectives of one dispatch (or one combine): ``name -> (collective, buffer bytes
+    [NCCL convention], group size)``; the group is ``ep`` (stride etp) for ``a2a`` and ``etp``
+    (stride 1) for ``etp_gather``, ``ep*etp`` (stride 1) for the all-gather dispatcher."""
+    h = model.hidden_size
+    ep, etp = batch.ep.astype(np.float64), batch.etp.astype(np.float64)
+    if training.moe_token_dispatcher == "allgather":
+        buf = ep * etp * tokens_per_gpu(training, batch) * h * bytes_per_value
+        return {"allgather": ("all_gather", np.where(ep * etp > 1, buf, 0.0), ep * etp)}
+    rt = routed_tokens_per_gpu(model, training, batch)
+    a2a_buf = np.where(ep > 1, rt * h * bytes_per_value, 0.0)
+    # with ep = 1 and etp = tp the tp group's sequence-parallel all-gather feeds the experts
+    # (counted in the tp term, see uses_dispatcher)
+    gather_buf = np.where((etp > 1) & uses_dispatcher(batch),
+                          etp * rt * model.load_imbalance * h * bytes_per_value, 0.0)
+    return {"a2a": ("all_to_all", a2a_buf, ep), "etp_gather": ("all_gather", gather_buf, etp)}
+
+
+def all_to_all_tiered_time(size_bytes, group: GroupPlacement) -> np.ndarray:
+    """All-to-all time [s] of a ``size_bytes`` buffer (per GPU, NCCL convention) on a placed
+    group: each GPU sends ``1/n`` of its buffer to every other member at once; the members in
+    its own scale-up domain (``intra_size``) are reached over NVLink, the rest through its own
+    port of the outer tier, and the slower of the two sets the time:
+    ``max((m-1)/n * S / B_nvlink, (n-m)/n * S / B_outer) + (n-1) * alpha``.
+
+    References
+    ----------
+    Thakur et al. 2005, Sec. 3.6 (pairwise exchange); NCCL ``alltoall`` over NVLink + NET
+    (one NIC per GPU, rail-optimised); DeepEP README (intranode NVLink and internode RDMA
+    all-to-all bandwidths measured separately).
+    """
+    s = np.asarray(size_bytes, dtype=np.float64)
+    n = np.maximum(group.size, 1.0)
+    m = np.minimum(group.intra_size, n)
+    intra = (m - 1.0) / n * s / group.intra_bw_bytes_per_s
+    outer_bw = np.where(group.tier > 0, group.p2p_bw_bytes_per_s, group.intra_bw_bytes_per_s)
+    inter = (n - m) / n * s / outer_bw
+    t = np.maximum(intra, inter) + np.maximum(n - 1.0, 0.0) * group.latency_s
+    return np.where((n > 1) & (s > 0), t, 0.0)
+
+
+def dispatch_time_per_layer(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch,
+                            groups: dict[str, GroupPlacement], bytes_per_value: float
+                            ) -> np.ndarray:
+    """Link time [s] of one dispatch (or one combine) on the placed groups ``ep`` (size ep,
+    stride etp), ``etp`` (size etp, stride 1) and ``ep_etp`` (size ep*etp, stride 1)."""
+    ops = dispatch_ops_per_layer(model, training, batch, bytes_per_value)
+    if "allgather" in ops:
+        _, buf, _ = ops["allgather"]
+        g = groups["ep_etp"]
+        t = coll.all_gather_time(buf, g.size, g.bw_bytes_per_s, g.latency_s)
+        return np.where(buf > 0, t, 0.0)
+    _, a2a_buf, _ = ops["a2a"]
+    _, gather_buf, _ = ops["etp_gather"]
+    g = groups["etp"]
+    gather = np.where(gather_buf > 0,
+                      coll.all_gather_time(gather_buf, g.size, g.bw_bytes_per_s, g.latency_s), 0.0)
+    return all_to_all_tiered_time(a2a_buf, groups["ep"]) + gather

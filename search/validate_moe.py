@@ -1,0 +1,305 @@
+"""Validation on published MoE training runs (``moe_runs_dev.csv``): predicted versus measured
+step time, and the tuned-recipe check (a free search's best against the published recipe).
+
+Each row becomes (model, training setup, cluster, config) from what the row states and
+documented facts of its framework, nothing fitted per row:
+
+* **model**: the shipped preset of the row's model when there is one (DeepSeek-V3, Qwen3,
+  GPT-OSS, Mixtral), else the row's architecture columns (Grok-1, Llama-4 Scout). Hybrid
+  Mamba2/attention models (Nemotron-3) are refused: the tool models transformer layers only.
+* **software**: Megatron-Core of 2024-2026: distributed optimizer (ZeRO-1; FSDP rows ZeRO-3),
+  overlapped data-parallel, tensor-parallel and pipeline communication, flash attention,
+  sequence parallelism with tp > 1, the alltoall dispatcher (DeepEP / HybridEP ``flex`` move the
+  same bytes) with the all-to-all overlapped only where the row says ``moe_a2a_overlap=True``;
+  dropless, force-balanced routing (the benchmark footnotes), so load imbalance 1.
+* **config**: etp = 1 where the row leaves it empty (Megatron-Bridge MoE recipes set
+  ``expert_tensor_parallel_size=1``); layers that do not divide into ``pp*vp`` chunks are split
+  unevenly (Megatron-Bridge's ``pipeline_model_parallel_layout`` / embedding-aware split).
+* **cluster**: the GPU's preset. GB200/GB300 jobs run on 64-GPU NVLink segments (16 of a rack's
+  18 trays, Slurm ``--segment``; one row says "32 GB200 per NVL domain segment"), so the NVLink
+  tier is 64 GPUs (32 where the row says so).
+* **measured**: ``seconds_per_iteration`` (derived by the source from tokens/s where it says so);
+  rows with only TFLOP/s are refused, since TFLOP/s use each framework's own FLOP formula.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from perfmodel.config import ConfigBatch, ParallelConfig, resolve_config
+from perfmodel.specs import ClusterSpec, ModelSpec, SpecError, TrainingSpec, load_model
+from perfmodel.step import evaluate
+from search.validate import VALIDATION_DIR, Case, _cluster_for
+
+__all__ = ["moe_case_from_row", "moe_runs_report", "moe_summary", "moe_tuned_report",
+           "moe_tuned_summary", "print_moe_tuned"]
+
+_PRESETS = {"deepseek-v3": "deepseek-v3", "qwen3-235b-a22b": "qwen3-235b-a22b",
+            "qwen3-30b-a3b": "qwen3-30b-a3b", "gpt-oss-120b": "gpt-oss-120b",
+            "mixtral-8x7b": "mixtral-8x7b", "mixtral-8x22b": "mixtral-8x22b"}
+
+
+def _f(x) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
+
+
+def _model(r: pd.Series) -> ModelSpec:
+    name = str(r["model"])
+    key = name.lower()
+    if key in _PRESETS:
+        return load_model(_PRESETS[key])
+    pattern = str(r.get("moe_layer_pattern", "")).lower()
+    if "mamba" in pattern or "hybrid" in str(r.get("attention_type", "")).lower():
+        raise SpecError("hybrid Mamba2/attention/MoE layers: only transformer layers are modelled")
+    vocab = _f(r["vocab_size"]) or _f(str(r["vocab_size"]).split(" ")[0])
+    L, h = int(r["num_layers"]), int(r["hidden_size"])
+    if _f(r["num_experts"]) is None or vocab is None:
+        raise SpecError("architecture not published (expert count or vocabulary missing)")
+    kv = _f(r["num_query_groups"])
+    d = _f(r["head_dim"])
+    return ModelSpec(
+        name=name, num_layers=L, hidden_size=h, num_attention_heads=int(r["num_attention_heads"]),
+        num_kv_heads=int(kv) if kv else None, head_dim=int(d) if d else None,
+        ffn_hidden_size=int(r["ffn_hidden_size"]),
+        moe_ffn_hidden_size=int(_f(r["moe_ffn_hidden_size"]) or r["ffn_hidden_size"]),
+        num_experts=int(r["num_experts"]), moe_top_k=int(r["moe_top_k"]),
+        num_shared_experts=int(_f(r["num_shared_experts"]) or 0), vocab_size=int(vocab),
+        max_seq_len=int(r["seq_len"]), activation="swiglu",  # GeGLU: the same three matrices
+        norm="rmsnorm", position_embedding="rope", tied_embeddings=False, linear_bias=False,
+    )
+
+
+def _nvlink_segment(cluster: ClusterSpec, r: pd.Series) -> ClusterSpec:
+    """NVL72 racks as benchmark jobs use them: 64-GPU NVLink segments (32 where stated)."""
+    if cluster.tiers[0].domain_size != 72:
+        return cluster
+    seg = 32 if re.search(r"\b32 GB[23]00 per NVL", str(r.get("other_config", ""))) else 64
+    tiers = [cluster.tiers[0].model_copy(update={"domain_size": seg}), *cluster.tiers[1:]]
+    return cluster.model_copy(update={"tiers": tiers})
+
+
+def _cluster(r: pd.Series) -> ClusterSpec:
+    gpu = str(r["gpu_type"]).upper()
+    gpus = int(r["num_gpus"])
+    if gpu.startswith("B300"):
+        from perfmodel.specs import load_cluster
+
+        c = load_cluster("dgx-b300", gpus=gpus)
+    elif gpu.startswith("H800"):
+        raise SpecError("H800 (export NVLink 400 GB/s) has no cluster preset")
+    else:
+        c = _cluster_for(gpu, gpus)
+    return _nvlink_segment(c, r)
+
+
+def _precision(text: str) -> str:
+    t = text.lower()
+    if "fp8" in t:
+        return "fp8"
+    if "fp4" in t:
+        return "fp4"
+    return "bf16"
+
+
+def _recompute(text: str) -> str:
+    t = text.lower()
+    if t.startswith("full"):
+        return "full"
+    if t.startswith("selective"):
+        return "selective"
+    return "none"
+
+
+def moe_case_from_row(r: pd.Series) -> Case:
+    """One row of ``moe_runs_dev.csv`` as a :class:`~search.validate.Case`; raises SpecError
+    with the reason when the row cannot be expressed."""
+    measured = _f(r["seconds_per_iteration"])
+    if measured is None:
+        tps = _f(r["tokens_per_sec_per_gpu"])
+        if tps is None:
+            raise SpecError("no step time or tokens/s published (TFLOP/s only, under the "
+                            "framework's own FLOP formula)")
+        measured = int(r["global_batch_size"]) * int(r["seq_len"]) / (tps * int(r["num_gpus"]))
+    model = _model(r)
+    other = str(r.get("other_config", "")).lower()
+    training = TrainingSpec(
+        global_batch_size=int(r["global_batch_size"]), seq_len=int(r["seq_len"]),
+        precision=_precision(str(r["precision"])), optimizer="adam",
+        overlap_grad_reduce=True, overlap_tp_comm=True, overlap_p2p_comm=True,
+        flash_attention=True, overlap_moe_comm="moe_a2a_overlap=true" in other,
+        moe_token_dispatcher="allgather" if "dispatcher=allgather" in other else "alltoall",
+    )
+    gpus = int(r["num_gpus"])
+    t = int(_f(r["tensor_parallel"]) or 1)
+    p = int(_f(r["pipeline_parallel"]) or 1)
+    cp = int(_f(r["context_parallel"]) or 1)
+    vp = int(_f(r["virtual_pipeline_stages"]) or 1)
+    ep = int(_f(r["expert_parallel"]) or 1)
+    etp = int(_f(r["expert_tensor_parallel"]) or 1)
+    fsdp = bool(_f(r["fsdp"]))
+    dp = gpus // (t * p * cp)
+    cfg = ParallelConfig(
+        dp=dp, tp=t, pp=p, vp=vp, cp=cp, ep=ep, etp=etp, zero_stage=3 if fsdp else 1,
+        micro_batch_size=int(r["micro_batch_size"]),
+        recompute=_recompute(str(r["activation_recompute"])), sequence_parallel=t > 1,
+        schedule="interleaved" if vp > 1 else "1f1b",
+    )
+    cluster = _cluster(r)
+    # uneven pipelines: check the rest against a layer count that divides, evaluate the real one
+    chunks = p * vp
+    check_model = model
+    if model.num_layers % chunks:
+        check_model = model.model_copy(update={"num_layers": chunks * -(-model.num_layers
+                                                                         // chunks)})
+    try:
+        cfg = resolve_config(cfg, check_model, training, cluster)
+    except SpecError as err:
+        if "must divide tp*cp*dp" in str(err):  # ep*etp*pp larger than the GPU count
+            raise SpecError(f"published layout is not runnable in Megatron-Core: {err}") from None
+        raise
+    return Case(str(r["row_id"]), str(r["model"]), model, training, cluster, cfg,
+                float(measured), "step", str(r.get("status", "")))
+
+
+def moe_runs_report(path: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Predicted vs measured step time for every expressible MoE row.
+
+    Returns ``(report, skipped)`` like :func:`search.validate.training_runs_report`; the report
+    also has ``gpu``, ``precision`` and ``status``.
+    """
+    df = pd.read_csv(path or VALIDATION_DIR / "moe_runs_dev.csv")
+    rows, skipped = [], []
+    for _, r in df.iterrows():
+        try:
+            case = moe_case_from_row(r)
+        except SpecError as err:
+            skipped.append({"row_id": r["row_id"], "model": r["model"], "reason": str(err)})
+            continue
+        res = evaluate(case.model, case.training, case.cluster,
+                       ConfigBatch.from_configs([case.config]))
+        c = case.config
+        pred = float(res.step_time_s[0])
+        rows.append({
+            "row_id": case.row_id, "model": case.label, "gpu": str(r["gpu_type"]),
+            "gpus": int(r["num_gpus"]), "precision": case.training.precision,
+            "config": f"t{c.tp} p{c.pp} v{c.vp} cp{c.cp} ep{c.ep} etp{c.etp} d{c.dp} "
+                      f"b{c.micro_batch_size} m{c.num_microbatches} {c.recompute}",
+            "status": case.reliability, "measured_s": case.measured_step_s, "predicted_s": pred,
+            "error": pred / case.measured_step_s - 1.0,
+            "fits": bool(res.fits[0]),
+        })
+    return pd.DataFrame(rows), pd.DataFrame(skipped, columns=["row_id", "model", "reason"])
+
+
+def moe_summary(report: pd.DataFrame) -> dict:
+    err = report["error"].abs()
+    return {"rows": len(report), "mape": float(err.mean()),
+            "within_10pct": float((err <= 0.10).mean()),
+            "max_abs_error": float(err.max()) if len(report) else 0.0,
+            "worst_row": str(report.loc[err.idxmax(), "row_id"]) if len(report) else ""}
+
+
+def moe_tuned_report(path: Path | None = None, limit: int | None = None) -> pd.DataFrame:
+    """Tuned-recipe check: for each distinct setting (model, GPU, GPU count, global batch,
+    sequence, precision) the published recipe's measured step time over the best step time a
+    free search predicts (same training setup; ep, etp, tp, pp, vp, cp, micro-batch, recompute
+    searched). A planner whose search is right finds a recipe within [0.90, 1.15] of the
+    measured one."""
+    from search.api import plan
+
+    df = pd.read_csv(path or VALIDATION_DIR / "moe_runs_dev.csv")
+    cases = []
+    for _, r in df.iterrows():
+        try:
+            cases.append(moe_case_from_row(r))
+        except SpecError:
+            continue
+    best: dict[tuple, Case] = {}
+    for c in cases:
+        key = (c.label, c.cluster.gpu.name, c.cluster.total_gpus, c.training.global_batch_size,
+               c.training.seq_len, c.training.precision)
+        if key not in best or c.measured_step_s < best[key].measured_step_s:
+            best[key] = c
+    rows = []
+    for i, (key, c) in enumerate(sorted(best.items(), key=lambda kv: str(kv[0]))):
+        if limit is not None and i >= limit:
+            break
+        r = plan(c.model, c.cluster, c.training, top=1, uneven_layers=True,
+                 zero_stage=c.config.zero_stage, sequence_parallel=None)
+        pred = float(r.top["step_time_s"].iloc[0]) if r.fits_any else float("nan")
+        rows.append({"model": key[0], "gpu": key[1], "gpus": key[2], "global_batch": key[3],
+                     "seq_len": key[4], "precision": key[5], "row_id": c.row_id,
+                     "measured_s": c.measured_step_s, "predicted_best_s": pred,
+                     "ratio": c.measured_step_s / pred if pred == pred else float("nan"),
+                     "best_config": _cfg_text(r.top.iloc[0]) if r.fits_any else ""})
+    out = pd.DataFrame(rows)
+    if len(out):
+        out["ok"] = (out["ratio"] >= 0.90) & (out["ratio"] <= 1.15)
+    return out
+
+
+def moe_tuned_summary(tuned: pd.DataFrame) -> dict:
+    """Settings of the tuned-recipe check and how many are within [0.90, 1.15]."""
+    n = len(tuned)
+    ok = int(tuned["ok"].sum()) if n else 0
+    return {"settings": n, "within": ok, "fraction": ok / n if n else float("nan"),
+            "band": [0.90, 1.15]}
+
+
+def print_moe_tuned(out, tuned: pd.DataFrame) -> None:
+    """The tuned-recipe check as a table and its one-line summary."""
+    from rich.table import Table
+
+    t = Table(title="MoE tuned recipes: best published over the search's best", title_justify="left")
+    for col in ("model", "GPU", "GPUs", "batch", "precision", "measured", "search best",
+                "ratio", "search's config"):
+        t.add_column(col, justify="left" if col in ("model", "GPU", "precision",
+                                                    "search's config") else "right")
+    for r in tuned.itertuples():
+        t.add_row(r.model, r.gpu, str(r.gpus), str(r.global_batch), r.precision,
+                  f"{r.measured_s:.4g} s", f"{r.predicted_best_s:.4g} s", f"{r.ratio:.2f}",
+                  r.best_config)
+    out.print(t)
+    s = moe_tuned_summary(tuned)
+    out.print(f"tuned-recipe check: {s['within']} of {s['settings']} settings within "
+              f"[0.90, 1.15] ({s['fraction']:.0%})")
+
+
+def _cfg_text(row) -> str:
+    return (f"t{row['tp']} p{row['pp']} v{row['vp']} cp{row['cp']} ep{row['ep']} "
+            f"etp{row['etp']} d{row['dp']} b{row['micro_batch_size']} {row['recompute']}")
+
+
+def moe_doc(path: Path | None = None) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """The MoE section of ``plan validate --json``: summary, rows, refused rows."""
+    report, skipped = moe_runs_report(path)
+    doc = {"summary": moe_summary(report), "rows": report.to_dict("records"),
+           "skipped": skipped.to_dict("records")}
+    return doc, report, skipped
+
+
+def print_moe_report(out, report: pd.DataFrame, skipped: pd.DataFrame) -> None:
+    """The MoE rows as a table on a rich console, then the summary and the refused rows."""
+    from rich.table import Table
+
+    t = Table(title="published MoE runs: predicted vs measured step time", title_justify="left")
+    for col in ("row", "model", "GPUs", "config", "prec", "measured", "predicted", "error"):
+        t.add_column(col, justify="right" if col in ("GPUs", "measured", "predicted", "error")
+                     else "left")
+    for r in report.itertuples():
+        t.add_row(r.row_id, r.model, f"{r.gpus} {r.gpu}", r.config, r.precision,
+                  f"{r.measured_s:.4g} s", f"{r.predicted_s:.4g} s", f"{r.error:+.1%}")
+    out.print(t)
+    s = moe_summary(report)
+    out.print(f"{s['rows']} MoE rows: MAPE {s['mape']:.1%}, {s['within_10pct']:.0%} within 10%, "
+              f"worst {s['worst_row']} ({s['max_abs_error']:.1%})")
+    for r in skipped.itertuples():
+        out.print(f"not expressible: {r.row_id} {r.model}: {r.reason}")

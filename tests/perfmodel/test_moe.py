@@ -1,0 +1,254 @@
+"""MoE cost terms: hand-computed dispatch bytes, expert shapes, tier pricing, memory and FLOPs,
+and the invariants (ep = 1 is today's all-experts-local MoE; more ep never raises the expert
+weight bytes per GPU; the all-to-all bytes grow with top-k)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from perfmodel import comm_volume, flops, moe
+from perfmodel.comm_time import comm_times
+from perfmodel.compute import compute_times, layer_gemms
+from perfmodel.config import ConfigBatch
+from perfmodel.memory import memory_breakdown
+from perfmodel.specs import load_cluster, load_model, load_training
+from perfmodel.step import evaluate
+from perfmodel.topology import group_placement
+
+MIX = load_model("mixtral-8x7b")
+TR = load_training(global_batch_size=256, seq_len=4096)
+
+
+def batch(**kw):
+    kw.setdefault("num_microbatches", 4)
+    return ConfigBatch.from_arrays(**kw)
+
+
+def test_dispatch_bytes_by_hand():
+    # Mixtral, b=1, s=4096, tp=1, cp=1, ep=8: T = 4096 tokens, k = 2, h = 4096, bf16:
+    # buffer 4096*2*4096*2 = 64 MiB per exchange, 7/8 of it leaves the GPU; 4 exchanges per
+    # MoE layer per micro-batch (dispatch + combine, forward and backward), 32/4 = 8 layers per
+    # stage (pp=4), m = 4 micro-batches.
+    b = batch(dp=16, pp=4, ep=8, etp=1)
+    per = 4096 * 2 * 4096 * 2 * 7 / 8
+    assert comm_volume.ep_dispatch_bytes(MIX, TR, b)[0] == pytest.approx(4 * 8 * 4 * per)
+    assert comm_volume.comm_bytes_per_gpu(MIX, TR, b)["ep"][0] == pytest.approx(4 * 8 * 4 * per)
+    # full recompute repeats the forward's two exchanges
+    rb = batch(dp=16, pp=4, ep=8, etp=1, recompute="full")
+    assert comm_volume.ep_dispatch_bytes(MIX, TR, rb)[0] == pytest.approx(6 * 8 * 4 * per)
+    # ep = 1: nothing leaves the GPU
+    assert comm_volume.ep_dispatch_bytes(MIX, TR, batch(dp=16, pp=4))[0] == 0.0
+
+
+def test_allgather_dispatcher_bytes():
+    ag = TR.model_copy(update={"moe_token_dispatcher": "allgather"})
+    b = batch(dp=16, pp=4, ep=8, etp=1)
+    # all-gather of the 8 GPUs' 4096 tokens (no top-k copies): 7/8 of 8*4096*4096*2
+    per = 7 / 8 * 8 * 4096 * 4096 * 2
+    assert comm_volume.ep_dispatch_bytes(MIX, ag, b)[0] == pytest.approx(4 * 8 * 4 * per)
+
+
+def test_expert_rows_and_gemm_shapes():
+    # tp=2 (sequence parallel), ep=4, etp=1: T = 4096/2 = 2048 tokens per GPU, 2048*2 copies,
+    # the ep*etp = 4 GPUs' 16384 copies over 8 experts = 2048 rows per expert, 8/4 = 2 local
+    b = batch(dp=8, tp=2, pp=4, ep=4, etp=1, sequence_parallel=True)
+    assert moe.expert_rows_per_gpu(MIX, TR, b)[0] == 2048
+    g = {name: (m, n, k, c) for name, m, n, k, c in
+         layer_gemms(MIX, np.array([4096.0]), b.tp, b.ep, b.etp,
+                     moe.expert_rows_per_gpu(MIX, TR, b))}
+    m, n, k, c = g["expert_fc1"]
+    assert (m[0], n[0], k[0], c[0]) == (2048, 2 * 14336, 4096, 2)
+    assert g["router"][0][0] == 2048 and g["router"][1][0] == 8
+    # ep = 1, etp = tp: the all-experts-local shape b*s/cp * k / E = 1024 rows of f/tp columns
+    b1 = batch(dp=8, tp=2, pp=4, sequence_parallel=True)
+    assert moe.expert_rows_per_gpu(MIX, TR, b1)[0] == 4096 * 2 / 8
+    # load imbalance scales the busiest expert's rows
+    imb = MIX.model_copy(update={"moe_load_imbalance": 1.5})
+    assert moe.expert_rows_per_gpu(imb, TR, b)[0] == 1.5 * 2048
+
+
+def test_a2a_priced_on_the_tier_the_group_spans():
+    # 64 MiB buffer, ep = 8 inside one DGX H100 node: 7/8 over NVLink (450 GB/s);
+    # ep = 16 over two nodes: 7/16 over NVLink, 8/16 over the GPU's 400 Gb/s NIC (slower).
+    h100 = load_cluster("dgx-h100", gpus=64)
+    s = 64 * 2**20
+    g8 = group_placement(h100, np.array([8]), np.array([1]))
+    nv = h100.tiers[0]
+    t8 = moe.all_to_all_tiered_time(np.array([s]), g8)[0]
+    assert t8 == pytest.approx(7 / 8 * s / nv.effective_bw_bytes_per_s + 7 * nv.latency_s)
+    g16 = group_placement(h100, np.array([16]), np.array([1]))
+    ib = h100.tiers[1]
+    t16 = moe.all_to_all_tiered_time(np.array([s]), g16)[0]
+    assert t16 == pytest.approx(8 / 16 * s / ib.effective_bw_bytes_per_s + 15 * ib.latency_s)
+    # an NVL72 rack keeps ep = 64 on NVLink when the job uses 64 GPUs per rack (16 trays)
+    gb = load_cluster("gb200-nvl72", gpus=256)
+    gb64 = gb.model_copy(update={"tiers": [gb.tiers[0].model_copy(update={"domain_size": 64}),
+                                           gb.tiers[1]]})
+    g64 = group_placement(gb64, np.array([64]), np.array([1]))
+    assert g64.tier[0] == 0
+    t64 = moe.all_to_all_tiered_time(np.array([s]), g64)[0]
+    assert t64 == pytest.approx(63 / 64 * s / 900e9 + 63 * 4e-6)
+
+
+def test_overlap_switch_hides_dispatch():
+    c = load_cluster("dgx-h100", gpus=64)
+    b = batch(dp=16, pp=4, ep=8, etp=1, num_microbatches=16)
+    plain = evaluate(MIX, TR, c, b)
+    hidden = evaluate(MIX, TR.model_copy(update={"overlap_moe_comm": True}), c, b)
+    assert plain.time_s["ep_comm"][0] > 0
+    assert hidden.time_s["ep_comm"][0] < plain.time_s["ep_comm"][0]
+    assert hidden.step_time_s[0] < plain.step_time_s[0]
+
+
+def test_expert_memory_sharded_by_ep_and_expert_dp():
+    c = load_cluster("dgx-h100", gpus=64)
+    # Mixtral routed experts: 32 layers * 8 * 3*4096*14336 = 45.1e9; pp = 4, ep = 8, etp = 1:
+    # 45.1e9 / 4 / 8 per GPU, bf16 weights (2 bytes)
+    b = batch(dp=16, pp=4, ep=8, etp=1, zero_stage=1)
+    n = moe.expert_params_per_gpu(MIX, b)[0]
+    assert n == pytest.approx(32 * 8 * 3 * 4096 * 14336 / 4 / 8)
+    one = batch(dp=16, pp=4, zero_stage=1)
+    w8 = memory_breakdown(MIX, TR, c, b)["weights"][0]
+    w1 = memory_breakdown(MIX, TR, c, one)["weights"][0]
+    assert w1 - w8 == pytest.approx(2 * (n * 8 - n))
+    # optimizer states of the experts sharded over expert-dp = 16/8 = 2
+    o8 = memory_breakdown(MIX, TR, c, b)["optimizer"][0]
+    o1 = memory_breakdown(MIX, TR, c, one)["optimizer"][0]
+    assert o1 - o8 == pytest.approx(12 * (8 * n / 16 - n / 2))
+
+
+def test_active_parameter_flops_deepseek():
+    # per token per layer, forward: MLA 2*187.1e6, MoE layers (58/61) 8 routed + 1 shared
+    # experts 2*3*7168*2048*9 and the router 2*7168*256; dense layers (3/61) 2*3*7168*18432
+    m = load_model("deepseek-v3")
+    phi = 58 / 61
+    want = 2 * 187_107_328 + phi * (2 * 3 * 7168 * 2048 * 9 + 2 * 7168 * 256) + (
+        (1 - phi) * 2 * 3 * 7168 * 18432)
+    assert flops.layer_matmul_flops_per_token(m) == pytest.approx(want)
+    # attention: QK^T over 192, PV over 128 per head
+    assert flops.layer_attention_flops_per_token(m, 4096) == 2 * 4096 * 128 * (192 + 128)
+    # 6 * active parameters (+ attention) per token, roughly: within 10 % of 6 * 37e9
+    per_token = flops.model_flops_per_step(m, load_training(global_batch_size=1, seq_len=4096))
+    assert per_token / 4096 == pytest.approx(6 * 37e9 + 3 * 61 * 2 * 4096 * 128 * 320, rel=0.1)
+
+
+# ------------------------------------------------------------------------------------------
+# Properties
+# ------------------------------------------------------------------------------------------
+def test_ep1_equals_todays_all_experts_local_moe():
+    # Before expert parallelism, an MoE model ran all experts locally, split by tp, with no
+    # all-to-all. ep = 1 and etp = tp (Megatron's default) must be exactly that: no dispatch
+    # bytes or time, expert weights tp-split like the dense MLP, optimizer states over dp.
+    c = load_cluster("dgx-h100", gpus=64)
+    b = batch(dp=8, tp=2, pp=4, sequence_parallel=True, zero_stage=1)
+    assert b.etp[0] == 2 and b.ep[0] == 1
+    r = evaluate(MIX, TR, c, b)
+    assert r.comm_bytes_per_gpu["ep"][0] == 0.0 and r.time_s["ep_comm"][0] == 0.0
+    # weights = every layer parameter split by tp (norms and router replicated), as one
+    # dense GPU holds them: the expert share is exactly ffn / tp
+    n = moe.expert_params_per_gpu(MIX, b)[0]
+    assert n == pytest.approx(32 / 4 * 8 * 3 * 4096 * 14336 / 2)
+    t = comm_times(MIX, TR, c, b)
+    assert t["ep_layer_fwd_s"][0] == 0.0 and t["expert_dp_grad_s"][0] > 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4]),
+       st.integers(0, 3))
+def test_more_ep_never_raises_expert_weight_bytes(ep, etp, pp, zero):
+    c = load_cluster("dgx-h100", gpus=64)
+    dp = 64 // pp
+    lo = batch(dp=dp, pp=pp, ep=ep, etp=etp, zero_stage=zero)
+    hi = batch(dp=dp, pp=pp, ep=min(2 * ep, 8), etp=etp, zero_stage=zero)
+    assert moe.expert_params_per_gpu(MIX, hi)[0] <= moe.expert_params_per_gpu(MIX, lo)[0]
+    assert (memory_breakdown(MIX, TR, c, hi)["weights"][0]
+            <= memory_breakdown(MIX, TR, c, lo)["weights"][0] + 1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from([2, 4, 8]), st.integers(1, 7), st.sampled_from(["alltoall"]))
+def test_a2a_bytes_grow_with_top_k(ep, k, dispatcher):
+    lo_m = MIX.model_copy(update={"moe_top_k": k})
+    hi_m = MIX.model_copy(update={"moe_top_k": k + 1})
+    b = batch(dp=16, pp=4, ep=ep, etp=1)
+    assert (comm_volume.ep_dispatch_bytes(hi_m, TR, b)[0]
+            > comm_volume.ep_dispatch_bytes(lo_m, TR, b)[0])
+
+
+def test_compute_runs_for_every_moe_preset():
+    gpu = load_cluster("gb200-nvl72").gpu
+    for name in ("deepseek-v3", "qwen3-30b-a3b", "gpt-oss-120b", "mixtral-8x22b"):
+        m = load_model(name)
+        b = batch(dp=8, ep=8, etp=1)
+        out = compute_times(m, TR, gpu, b)
+        assert all(np.all(np.isfinite(v)) and np.all(v >= 0) for v in out.values())
+
+
+def test_etp_other_than_tp_pays_the_gather_even_without_ep():
+    # tp = 1, etp = 4, ep = 1: the 4 expert shards need every token of the etp group: an
+    # all-gather of 4*T*k*h (3/4 of it from the others) per dispatch, and no tp collective
+    b = batch(dp=8, tp=1, pp=1, ep=1, etp=4)
+    T = 4096  # b*s/(cp*tp)
+    per = 3 / 4 * 4 * T * 2 * 4096 * 2
+    assert comm_volume.ep_dispatch_bytes(MIX, TR, b)[0] == pytest.approx(4 * 32 * 4 * per)
+    same = batch(dp=8, tp=4, pp=1, ep=1, etp=4, sequence_parallel=True)
+    assert comm_volume.ep_dispatch_bytes(MIX, TR, same)[0] == 0.0  # behind the tp all-gather
+
+
+def test_grouped_gemm_launches_one_gemm_per_local_expert(monkeypatch):
+    # Transformer Engine's GroupedLinear launches one cuBLAS GEMM per local expert. With the
+    # host cost per launch made huge (1 s) the layer is launch-bound: Mixtral with ep = 2 holds
+    # 8/2 = 4 local experts, with ep = 8 one; the forward's two grouped GEMMs (fc1, fc2) then
+    # differ by 2 * (4 - 1) = 6 launches = 6 s, the backward's four (dgrad, wgrad) by 12 s.
+    from perfmodel import compute
+
+    gpu = load_cluster("dgx-h100").gpu
+    monkeypatch.setattr(compute, "CPU_FWD_LAUNCH_S", 1.0)
+    monkeypatch.setattr(compute, "CPU_BWD_LAUNCH_S", 1.0)
+    t2 = compute_times(MIX, TR, gpu, batch(dp=16, pp=4, ep=2, etp=1))
+    t8 = compute_times(MIX, TR, gpu, batch(dp=16, pp=4, ep=8, etp=1))
+    assert t2["layer_fwd_s"][0] - t8["layer_fwd_s"][0] == pytest.approx(6.0, rel=0.01)
+    assert t2["layer_bwd_s"][0] - t8["layer_bwd_s"][0] == pytest.approx(12.0, rel=0.01)
+
+
+def test_unfused_elementwise_kernels_by_hand():
+    # GPT-OSS (Megatron-Bridge leaves bias_activation_fusion off): the gated activation runs as
+    # 8 kernels moving 20 values per intermediate column and token instead of the fused 3;
+    # the backward 16 kernels and 40 values instead of 5; RoPE 6 kernels instead of 1.
+    from perfmodel.compute import UNFUSED_ROPE_KERNELS, unfused_activation_kernels
+
+    oss = load_model("gpt-oss-120b")
+    assert not oss.fused_elementwise and MIX.fused_elementwise
+    assert unfused_activation_kernels(oss, "fwd") == (8, 20.0)
+    assert unfused_activation_kernels(oss, "bwd") == (16, 40.0)
+    assert UNFUSED_ROPE_KERNELS == 6
+    # the unfused model is slower, by the extra elementwise traffic only (same GEMMs)
+    gpu = load_cluster("dgx-b200").gpu
+    tr = load_training(global_batch_size=64, seq_len=4096)
+    b = batch(dp=8, ep=8, etp=1, micro_batch_size=4)
+    slow = compute_times(oss, tr, gpu, b)["layer_fwd_s"][0]
+    fast = compute_times(oss.model_copy(update={"fused_elementwise": True}), tr, gpu, b)
+    # extra forward traffic: (20 - 3) values * k*f = 4*2880 columns * 16384 tokens * 2 bytes at
+    # the activation kernels' bandwidth, and 5 more RoPE passes over q and k (64 + 8 heads of
+    # 64, read and written: 2 * 2 bytes) at the copy bandwidth; the phase is GPU-bound, so the
+    # smooth maximum passes the difference through (within 5 %)
+    from perfmodel.calibration import calibration_for
+
+    cal = calibration_for(gpu, None)
+    extra_s = (17 * 4 * 2880 * 16384 * 2 / cal.membw_bytes_per_s("gelu")
+               + 5 * 2 * 2 * 16384 * 72 * 64 / cal.membw_bytes_per_s("copy"))
+    assert slow - fast["layer_fwd_s"][0] == pytest.approx(extra_s, rel=0.05)
+
+
+def test_fp8_recipes_save_the_permuted_expert_input_in_fp8():
+    # Mixtral, b=1, s=4096, tp=1: T*k = 8192 routed rows of h = 4096; bf16: permuted input and
+    # expert output 2 bytes each, + fp32 router scores 8 * 4096 * 8 bytes
+    b = batch(dp=16, pp=4, ep=8, etp=1)
+    router = 8.0 * 4096 * 8
+    bf16 = moe.moe_activation_extra_bytes(MIX, TR, b, 2.0)[0]
+    fp8 = moe.moe_activation_extra_bytes(MIX, TR, b, 2.0, 1.0)[0]
+    assert bf16 == pytest.approx(8192 * 4096 * 4 + router)
+    assert fp8 == pytest.approx(8192 * 4096 * 3 + router)

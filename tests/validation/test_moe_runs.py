@@ -1,0 +1,90 @@
+"""Validation against the published MoE training runs (``moe_runs_dev.csv``, issue 15).
+
+Issue targets: step-time MAPE <= 10 % with every row expressible or refused for a stated true
+limit; the tuned-recipe check in >= 80 % of settings. Measured at the time of writing: MAPE
+17.1 % (52 % of rows within 10 %; leave-one-model-out 19.2 %), tuned check see docs/moe.md. The
+targets are not met; the tests below guard what is reached so that a change cannot make it
+worse unnoticed, and check the refusals.
+"""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from search.validate_moe import moe_runs_report, moe_summary, moe_tuned_report
+
+#: the stated limits a row may be refused for (substrings of the reason)
+TRUE_LIMITS = (
+    "TFLOP/s only",  # no time published; TFLOP/s use each framework's own FLOP formula
+    "hybrid Mamba2",  # Nemotron-3: Mamba2 layers are not transformer layers
+    "must divide tp*cp*dp",  # the published ep*pp does not fit the GPU count (not runnable)
+)
+
+
+@pytest.fixture(scope="module")
+def report():
+    return moe_runs_report()
+
+
+@pytest.mark.slow
+def test_every_moe_row_expressed_or_refused_for_a_true_limit(report):
+    rows, skipped = report
+    assert len(rows) + len(skipped) == 100
+    assert len(rows) >= 85
+    for reason in skipped["reason"]:
+        assert any(k in reason for k in TRUE_LIMITS), reason
+
+
+@pytest.mark.slow
+def test_moe_mape_does_not_regress(report):
+    rows, _ = report
+    s = moe_summary(rows)
+    table = rows[["row_id", "config", "measured_s", "predicted_s", "error"]].to_string()
+    assert s["mape"] <= 0.18, f"MAPE {s['mape']:.1%}\n{table}"
+    assert s["within_10pct"] >= 0.50
+    # GPT-OSS-120B: its unfused elementwise ops (Megatron-Bridge GPTOSSProvider) modelled,
+    # MAPE 10.4 % (was 23 % too fast on average)
+    oss = rows[rows["model"] == "GPT-OSS-120B"]
+    assert len(oss) == 16 and np.abs(oss["error"]).mean() <= 0.11
+    # Grok-1 (dgxc, measured iteration times): within 11 % on every row (-7 to -10.1 %)
+    grok = rows[rows["model"] == "Grok-1"]
+    assert len(grok) == 12 and np.all(np.abs(grok["error"]) <= 0.11)
+
+
+@pytest.mark.slow
+def test_tuned_check_runs_on_two_settings():
+    t = moe_tuned_report(limit=2)
+    assert len(t) == 2 and np.all(np.isfinite(t["ratio"])) and (t["ratio"] > 0).all()
+    assert set(t.columns) >= {"measured_s", "predicted_best_s", "ratio", "ok", "best_config"}
+    # what `plan validate --tuned` prints and puts in its JSON
+    from rich.console import Console
+
+    from search.validate_moe import moe_tuned_summary, print_moe_tuned
+
+    s = moe_tuned_summary(t)
+    assert s["settings"] == 2 and s["within"] == int(t["ok"].sum()) and s["band"] == [0.90, 1.15]
+    out = Console(record=True, width=200)
+    print_moe_tuned(out, t)
+    assert f"tuned-recipe check: {s['within']} of 2 settings within [0.90, 1.15]" in out.export_text()
+
+
+def test_plan_validate_has_the_tuned_switch():
+    from typer.testing import CliRunner
+
+    from search.cli import app
+
+    res = CliRunner().invoke(app, ["validate", "--help"])
+    assert res.exit_code == 0 and "--tuned" in res.output
+
+
+def test_case_of_a_row_by_hand():
+    from search.validate_moe import moe_case_from_row
+    from search.validate import VALIDATION_DIR
+
+    df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
+    c = moe_case_from_row(df.loc["E0061"])  # DeepSeek-V3, 256 GB200, t1 p4 v4 ep64, MXFP8
+    cfg = c.config
+    assert (cfg.tp, cfg.pp, cfg.vp, cfg.ep, cfg.etp, cfg.dp) == (1, 4, 4, 64, 1, 64)
+    assert cfg.expert_dp == 1 and c.training.precision == "fp8"
+    assert c.cluster.tiers[0].domain_size == 64  # NVL72 rack used as a 64-GPU segment
+    assert c.measured_step_s == pytest.approx(16.298)
