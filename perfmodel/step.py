@@ -542,8 +542,9 @@ def _layout_stages(model, training, cluster, b, embed_s, logits_s, *, kernels, c
     first, last = t[:, 0], t[rows, pp - 1]
     mid = np.where(pp > 2, (total - first - last) / np.maximum(pp - 2, 1), first)
     k = np.argmax(t, axis=1)
-    h_keep = flops.hardware_flops_per_step(model, training, keep_b.recompute)
-    h_full = flops.hardware_flops_per_step(model, training, full_b.recompute)
+    causal = training.flash_attention  # as in evaluate: flash attention runs the causal half
+    h_keep = flops.hardware_flops_per_step(model, training, keep_b.recompute, causal=causal)
+    h_full = flops.hardware_flops_per_step(model, training, full_b.recompute, causal=causal)
     frac = rec.sum(axis=1) / model.num_layers
     n_k = layers[rows, k].astype(np.float64)
     return {"first": first, "mid": mid, "last": last, "max": t[rows, k],
