@@ -158,7 +158,8 @@ def _bridge_cpu_offload_layers(r: pd.Series, zero_txt: str, src_txt: str,
         return 0
     g = str(r["gpu_type"]).lower()
     system = next((k for k in ("gb300", "gb200", "b200") if k in g), "")
-    key = (str(r["model"]).lower(), system, "fp8" if precision in ("fp8", "fp4") else precision)
+    low = precision.startswith(("fp8", "mxfp8", "nvfp4", "fp4"))  # any low-precision recipe
+    key = (str(r["model"]).lower(), system, "fp8" if low else precision)
     return BRIDGE_FSDP_CPU_OFFLOAD_LAYERS.get(key, 0)
 
 
