@@ -25,7 +25,7 @@ $(FW_STAMP): $(STAMP)
 frameworks: $(FW_STAMP)
 
 plan: $(STAMP)
-	$(BIN)/plan
+	$(BIN)/plan --framework megatron-2022
 
 test: $(STAMP) $(FW_STAMP)
 	$(BIN)/python -m pytest -q

@@ -36,7 +36,10 @@ __all__ = [
     "comm_times",
     "dp_num_buckets",
     "exposed_dp_time_s",
+    "link_busy_s",
     "op_time",
+    "shared_link_excess_s",
+    "stream_busy_in_window_s",
 ]
 
 DDP_BUCKET_MIN_PARAMS = 40_000_000  # Megatron-core DDP default bucket: max(40M, 1M * dp) params
@@ -272,3 +275,66 @@ def exposed_dp_time_s(
     k = np.maximum(np.asarray(num_buckets, dtype=np.float64), 1.0)
     hidden = np.maximum(c / k, c - b * (k - 1.0) / k)
     return np.where(np.asarray(overlap, dtype=bool), hidden, c)
+
+
+# --------------------------------------------------------------------------------------------
+# Shared links: every stream one GPU sends over a tier in the same step shares that tier's port
+# --------------------------------------------------------------------------------------------
+def link_busy_s(streams: dict[str, tuple[ArrayLike, ArrayLike]], num_tiers: int) -> np.ndarray:
+    """Busy time of each tier's per-GPU port over one step [s], shape ``(num_tiers, n)``.
+
+    ``streams`` maps a name to ``(busy_s, tier)``: the link time of everything that stream sends
+    per step per GPU (already priced at the per-GPU share of the tier it crosses: rails, the
+    node's NICs shared by its GPUs, oversubscription, see :mod:`perfmodel.topology`) and the index
+    of that tier (-1: a group of one GPU, nothing sent). Streams on the same tier add up: two
+    collectives on one NIC (or one NVLink port) never both run at the full rate, so the port is
+    busy for the sum of their times.
+
+    References
+    ----------
+    Calculon (Isaev et al. 2023, SC23), Sec. 3.4 (one network per tier, its time the sum of the
+    collectives placed on it); NCCL runs concurrent communicators on separate channels that share
+    the same NICs (NCCL ``src/graph/connect.cc``).
+    """
+    rows = []
+    for t in range(num_tiers):
+        total = 0.0
+        for busy, tier in streams.values():
+            busy = np.asarray(busy, dtype=np.float64)
+            total = total + np.where(np.asarray(tier) == t, busy, 0.0)
+        rows.append(np.broadcast_to(np.asarray(total, dtype=np.float64), np.shape(busy)))
+    return np.stack(rows) if rows else np.zeros((0,))
+
+
+def stream_busy_in_window_s(
+    own_s: ArrayLike, tier_busy_s: ArrayLike, window_s: ArrayLike, span_s: ArrayLike
+) -> np.ndarray:
+    """Link time a stream effectively needs inside its overlap window [s], when its tier also
+    carries other streams spread evenly over the step: its own time plus the other streams'
+    share of the window, ``own + (tier_busy - own) * window / span``.
+
+    Example: the gradient reduce-scatter (``own`` 0.7 s) may overlap only the last backward
+    (``window`` 0.5 s of a ``span`` of 3 s); ZeRO-3 gathers on the same NIC (2.7 s over the step)
+    take 2.7 * 0.5 / 3 = 0.45 s of that window, so the reduction needs 1.15 s of link time there.
+    """
+    own = np.asarray(own_s, dtype=np.float64)
+    other = np.maximum(np.asarray(tier_busy_s, dtype=np.float64) - own, 0.0)
+    frac = np.clip(np.asarray(window_s, dtype=np.float64) / np.maximum(span_s, 1e-30), 0.0, 1.0)
+    return own + other * frac
+
+
+def shared_link_excess_s(tier_busy_s: np.ndarray, step_s: ArrayLike,
+                         unoverlappable_s: ArrayLike = 0.0) -> np.ndarray:
+    """Time the step must grow so that every tier can carry its traffic [s]:
+    ``max(0, max_t busy_t + unoverlappable - step)``.
+
+    A port busy for ``busy_t`` seconds needs at least that long; work that no communication can
+    overlap (the optimizer step, after the last gradient arrives) comes on top. The exposed terms
+    computed stream by stream assume each stream has the link to itself; this term is the rest
+    when they do not fit together.
+    """
+    step = np.asarray(step_s, dtype=np.float64)
+    if tier_busy_s.size == 0:
+        return np.zeros_like(step)
+    need = tier_busy_s.max(axis=0) + np.asarray(unoverlappable_s, dtype=np.float64)
+    return np.maximum(need - step, 0.0)

@@ -31,6 +31,8 @@ CUDA-core peak in eager PyTorch (``torch.backends.cuda.matmul.allow_tf32`` is Fa
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import numpy as np
 
 from perfmodel import moe
@@ -44,12 +46,18 @@ __all__ = [
     "CPU_BWD_LAUNCH_S",
     "CPU_FWD_LAUNCH_S",
     "LOW_PRECISION_GEMM_RATIO",
+    "LOW_PRECISION_RECIPES",
     "OPTIMIZER_BYTES_PER_PARAM",
+    "SUSTAINED_GEMM_FRACTION",
+    "LowPrecisionRecipe",
     "compute_times",
     "gemm_time_s",
     "grouped_gemm_time_s",
     "layer_gemms",
     "optimizer_params_per_gpu",
+    "quantise_bytes",
+    "recipe_of",
+    "sustained_gemm_fraction",
 ]
 
 # Eager PyTorch CPU cost per launched kernel (Python module call, autocast and autograd record
@@ -66,8 +74,116 @@ times: equal times cost 2^(1/4) = 1.19x either, since short kernels between long
 device idle while the CPU catches up. Chosen with the constants above (p in 3, 4, 6, inf)."""
 
 LOW_PRECISION_GEMM_RATIO = 0.85
-"""fp8/fp4 GEMM efficiency relative to the bf16 efficiency at the same shape (assumption:
-Transformer Engine fp8 GEMMs reach ~1.3-1.45 of the 2x higher peak's bf16-equivalent on H100)."""
+"""fp8 GEMM efficiency (tensor-wise scaled, or MXFP8 on Blackwell) relative to the bf16
+efficiency at the same shape, against the 2x higher fp8 peak. Fitted on the dev split's FP8 rows
+(benchmarks/fit_time_model.py; docs/compute.md)."""
+
+
+SUSTAINED_GEMM_FRACTION = {
+    "volta": 1.0,
+    "ampere": 1.0,
+    "hopper": 0.86,
+    "blackwell": 0.81,
+    "cdna3": 1.0,
+    "other": 1.0,
+}
+"""GEMM throughput of a whole node training at its power limit, as a fraction of the one-GPU
+matmul ceiling (MAMF) its kernel efficiency is transferred from, per GPU generation; applied with
+fused (multi-GPU framework) kernels on parts without a measured calibration of their own. Hopper and Blackwell
+are fitted on the dev split (benchmarks/fit_time_model.py: NeMo / Megatron-Bridge rows; B200,
+GB200 and GB300 carry their own fitted ``sustained_gemm_fraction`` in their spec files, the
+generation's value is B200's, for other Blackwell parts); Ampere stays 1 (the Megatron-LM A100 rows are matched with Bekman's MAMF as measured). A 700 W H100
+running dense GEMMs on all 8 GPUs of a node holds lower clocks than a single-GPU benchmark."""
+
+
+def sustained_gemm_fraction(gpu: GPUSpec) -> float:
+    """The GPU spec's ``sustained_gemm_fraction`` when given, else
+    :data:`SUSTAINED_GEMM_FRACTION` of its generation."""
+    from perfmodel.overlap import gpu_generation
+
+    own = getattr(gpu, "sustained_gemm_fraction", None)
+    return float(own) if own is not None else SUSTAINED_GEMM_FRACTION[gpu_generation(gpu)]
+
+
+def sustained_calibration(gpu: GPUSpec, calibration=None, kernels: str = "fused") -> Calibration:
+    """The GPU's calibration with :func:`sustained_gemm_fraction` applied to its GEMM efficiency
+    when the efficiency was transferred from another GPU's one-GPU measurement (the shipped H200
+    tables scaled by datasheet; a calibration passed in, e.g. under an efficiency profile, is
+    checked by its ``source``) and the kernels are the fused multi-GPU ones."""
+    if calibration is None:
+        cal = calibration_for(gpu)
+        if kernels == "fused" and "scaled to" in cal.source:
+            return calibration_for(gpu, None, gemm_scale=sustained_gemm_fraction(gpu))
+        return cal
+    cal = calibration_for(gpu, calibration)
+    if kernels == "fused" and "scaled to" in cal.source:
+        f = sustained_gemm_fraction(gpu)
+        if f != 1.0:  # the interpolators do not depend on gemm_scale: share them
+            return replace(cal, gemm_scale=cal.gemm_scale * f)
+    return cal
+
+
+@dataclass(frozen=True)
+class LowPrecisionRecipe:
+    """How a Transformer Engine low-precision recipe quantises one GEMM operand.
+
+    Attributes
+    ----------
+    amax_passes : extra reads of the 16-bit tensor before the cast (current scaling needs the
+        tensor's amax first; delayed scaling takes it from the history of earlier steps, and
+        block scalings compute the block amax inside the cast kernel)
+    copies : quantised copies written per tensor (row-wise for the forward GEMM and column-wise,
+        i.e. transposed, for the other pass: Hopper fp8 GEMMs take only TN layouts, MX formats
+        scale along the reduction axis, so both directions are quantised)
+    bytes_per_elem : bytes of one quantised element incl. its share of block scales
+    gemm_ratio : GEMM efficiency relative to bf16 at the same shape, against the low-precision peak
+
+    References
+    ----------
+    Transformer Engine ``transformer_engine/common/recipe/__init__.py`` (DelayedScaling,
+    Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling) and its fused
+    ``cast_transpose`` kernels; OCP Microscaling Formats (MX) v1.0 spec (32-element blocks, e8m0
+    scales); NVIDIA NVFP4 blog (2025: 16-element blocks with e4m3 scales, per-tensor fp32 scale).
+    """
+
+    amax_passes: float
+    copies: float
+    bytes_per_elem: float
+    gemm_ratio: float
+
+
+#: The recipes of ``--precision``. gemm_ratio: fp8-delayed / fp8-cs / mxfp8 share the fitted
+#: :data:`LOW_PRECISION_GEMM_RATIO` (same tensor-core path; MX scales are applied by Blackwell's
+#: tensor cores); fp8-block on Hopper scales 128-wide blocks in the GEMM main loop (CUTLASS /
+#: DeepGEMM style), assumed 10 % slower; nvfp4 assumed 20 % below fp8's ratio against its 2x
+#: higher peak (no published nvfp4 row in the dev split: an assumption, see docs/compute.md).
+LOW_PRECISION_RECIPES = {
+    "fp8-delayed": LowPrecisionRecipe(0.0, 2.0, 1.0, 1.0),
+    "fp8-cs": LowPrecisionRecipe(1.0, 2.0, 1.0, 1.0),
+    "fp8-block": LowPrecisionRecipe(0.0, 2.0, 1.0 + 4 / 128, 0.9),
+    "mxfp8": LowPrecisionRecipe(0.0, 2.0, 1.0 + 1 / 32, 1.0),
+    "nvfp4": LowPrecisionRecipe(1.0, 2.0, 0.5 + 1 / 16, 0.8),
+}
+
+
+def recipe_of(training: TrainingSpec) -> LowPrecisionRecipe | None:
+    """The training's low-precision recipe (None for fp32 / bf16 / fp16)."""
+    if training.precision not in ("fp8", "fp4"):
+        return None
+    name = training.low_precision_recipe or ("nvfp4" if training.precision == "fp4"
+                                              else "fp8-delayed")
+    return LOW_PRECISION_RECIPES[name]
+
+
+def quantise_bytes(elements, recipe: LowPrecisionRecipe, act_bytes: float = 2.0):
+    """HBM bytes to quantise ``elements`` 16-bit values for a low-precision GEMM [bytes]:
+    ``elements * (act_bytes * (1 + amax_passes) + copies * bytes_per_elem)``.
+
+    Example: fp8 current scaling of 1e6 bf16 values reads them twice (amax, cast) and writes a
+    row-wise and a column-wise fp8 copy: 1e6 * (2*2 + 2*1) = 6e6 bytes.
+    """
+    e = np.asarray(elements, dtype=np.float64)
+    return e * (act_bytes * (1.0 + recipe.amax_passes) + recipe.copies * recipe.bytes_per_elem)
 
 OPTIMIZER_BYTES_PER_PARAM = {
     # bytes read + written per parameter by the optimizer step
@@ -216,6 +332,56 @@ class _Phase:
 
 
 
+def eager_rope(ph: _Phase, elements, act_b: float, autocast: bool, pass_: str) -> None:
+    """Rotary embedding of q and k in eager PyTorch (``elements`` = tokens x (q + k heads) x
+    head_dim on this GPU), as the calibration script's ``rope`` and Hugging Face's
+    ``apply_rotary_pos_emb`` write it: four multiplies of the even / odd halves by cos and sin,
+    a subtract, an add and a ``stack`` (7 kernels). Under autocast the cos / sin tables are fp32
+    buffers, so type promotion makes every product and the result fp32 (4 bytes), and
+    ``scaled_dot_product_attention`` casts q and k back to bf16 (2 more kernels). The backward
+    runs the same products on the gradients (fp32) plus the cast of the incoming bf16 gradient.
+
+    Bytes per element (forward, autocast): products read 2 and write 4 on half the elements each
+    (4 x 3), subtract / add read 8 and write 4 on half (2 x 6), stack reads and writes 4 (8), the
+    cast reads 4 and writes 2 (6): 38 bytes per element over 9 kernels.
+
+    References
+    ----------
+    ``benchmarks/calibrate_gpu.py`` (``rope``, ``LlamaBlock``); Su et al. 2021 (RoFormer), Eq. 34;
+    PyTorch type promotion (bf16 x fp32 -> fp32).
+    """
+    e = np.asarray(elements, dtype=np.float64)
+    wide = 4.0 if autocast else act_b  # element width of the rotated result
+    products = 4 * 0.5 * (act_b + wide)
+    sums = 2 * 0.5 * (3 * wide)
+    stack = 2 * wide
+    cast = (wide + act_b) if autocast else 0.0
+    kernels = 7 + (2 if autocast else 0)
+    if pass_ == "bwd":  # gradient of the products (and of the stack) + cast of the bf16 grad
+        products = 4 * 0.5 * (2 * wide)
+    ph.mem("copy", e * (products + sums + stack + cast) / kernels, kernels)
+
+
+def eager_gqa_repeat(ph: _Phase, model: ModelSpec, tokens, tp, act_b: float, pass_: str) -> None:
+    """Grouped-query attention in eager PyTorch: ``repeat_interleave`` of k and v to the query
+    heads before ``scaled_dot_product_attention`` (Hugging Face ``repeat_kv``), 2 kernels
+    writing ``tokens x heads x head_dim`` each; the backward sums the repeated gradients back
+    (a reduction reading the repeated and writing the grouped size). Nothing when
+    ``kv_heads == heads``.
+
+    References
+    ----------
+    ``benchmarks/calibrate_gpu.py`` (``LlamaBlock.forward``); Ainslie et al. 2023 (GQA).
+    """
+    rep = model.num_attention_heads / model.kv_heads
+    if rep <= 1:
+        return
+    tp = np.asarray(tp, dtype=np.float64)
+    full = np.asarray(tokens, dtype=np.float64) * model.num_attention_heads / tp * model.head_size
+    grouped = full / rep
+    ph.mem("copy", act_b * (full + grouped), 2)  # k and v, forward or the gradient sums
+
+
 def _overlap_s(gpu_s, cpu_s):
     """Time of a phase whose kernels take ``gpu_s`` on the device and ``cpu_s`` to launch:
     ``(gpu^p + cpu^p)^(1/p)``, a smooth maximum (p = :data:`COMPOSE_P`)."""
@@ -298,17 +464,22 @@ def _optimizer_s(model, training, gpu, batch, kernels, calibration) -> np.ndarra
     """Optimizer step over this GPU's parameter shard: bytes over the achieved fused-AdamW
     bandwidth [s]."""
     cal = calibration_for(gpu, calibration)
-    opt_bytes = OPTIMIZER_BYTES_PER_PARAM[(training.optimizer, kernels)] * (
-        optimizer_params_per_gpu(model, batch)
-    )
-    return opt_bytes / cal.membw_bytes_per_s("adamw")
+    params = optimizer_params_per_gpu(model, batch)
+    opt_bytes = OPTIMIZER_BYTES_PER_PARAM[(training.optimizer, kernels)] * params
+    t = opt_bytes / cal.membw_bytes_per_s("adamw")
+    recipe = recipe_of(training)
+    if recipe is not None and kernels == "fused":
+        # the updated bf16 weights are quantised once per step (TE caches the fp8 weights over
+        # the micro-batches: is_first_microbatch); with fp8 parameter gather on the shard only
+        t = t + quantise_bytes(params, recipe) / cal.membw_bytes_per_s("copy")
+    return t
 
 
 def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[str, np.ndarray]:
     """:func:`compute_times` for every configuration of ``batch``, without de-duplication."""
     if kernels not in ("fused", "eager"):
         raise ValueError(f"kernels {kernels!r}: expected 'fused' or 'eager'")
-    cal = calibration_for(gpu, calibration)
+    cal = sustained_calibration(gpu, calibration, kernels)
     eager = kernels == "eager"
     n = len(batch)
     prec = training.precision
@@ -319,10 +490,14 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         ratio, act_b, res_b = 1.0, 4.0, 4.0
     elif prec in ("fp8", "fp4"):
         peak = gpu.peak_flops(prec)
-        ratio, act_b, res_b = LOW_PRECISION_GEMM_RATIO, 2.0, 2.0
+        recipe = recipe_of(training)
+        ratio, act_b, res_b = LOW_PRECISION_GEMM_RATIO * recipe.gemm_ratio, 2.0, 2.0
     else:
         peak = gpu.peak_flops(prec)
         ratio, act_b, res_b = 1.0, 2.0, 2.0
+    # Only the layers' linear GEMMs run in low precision; the attention core, softmax, norms
+    # and the output (logit) layer stay 16-bit (Transformer Engine / Megatron-Core layout).
+    peak16, ratio16 = (gpu.peak_flops("bf16"), 1.0) if prec in ("fp8", "fp4") else (peak, ratio)
     attn_slowdown = max(1.0, cal.peak_flops_bf16 / peak) if prec == "fp32" else 1.0
     autocast = eager and prec != "fp32"
     if autocast:
@@ -390,8 +565,8 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         scores = bh * sq * s
         layouts = ("fwd",) if pass_ == "fwd" else ("dgrad", "wgrad")
         for lay in layouts:
-            ph.add(gemm_time_s(cal, bh * sq, s, d, lay, peak, ratio))
-            ph.add(gemm_time_s(cal, bh * sq, d, s, lay, peak, ratio))
+            ph.add(gemm_time_s(cal, bh * sq, s, d, lay, peak16, ratio16))
+            ph.add(gemm_time_s(cal, bh * sq, d, s, lay, peak16, ratio16))
         if pass_ == "fwd":
             ph.mem("softmax", 2 * act_b * scores)
             ph.mem("dropout", (2 * act_b + 1) * scores)
@@ -421,8 +596,9 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
                 ph.mem("add", 3 * act_b * T * f_gpu)  # * up
             else:
                 ph.mem("gelu", 2 * act_b * T * f_gpu)
-            if model.position_embedding == "rope":  # rotate q and k: ~6 elementwise kernels
-                ph.mem("copy", 2 * act_b * T * (nh_gpu + model.kv_heads / tp) * d, 6)
+            if model.position_embedding == "rope":
+                eager_rope(ph, T * (nh_gpu + model.kv_heads / tp) * d, act_b, autocast, "fwd")
+            eager_gqa_repeat(ph, model, T, tp, act_b, "fwd")
         else:
             ph.mem("layernorm", 2 * act_b * Tn * h, 2)  # fused ln1, ln2
             ph.mem("dropout", (3 * act_b + 1) * Tn * h, 2)  # fused bias + dropout + add, x2
@@ -434,8 +610,8 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
             if model.position_embedding == "rope":
                 ph.mem("copy", 2 * act_b * T * (nh_gpu + model.kv_heads / tp) * d,
                        1 if model.fused_elementwise else UNFUSED_ROPE_KERNELS)
-            if lowp:  # quantise the four GEMM inputs
-                ph.mem("copy", (act_b + 1) * T * (2 * h + nh_gpu * d + f_gpu), 4)
+            if lowp:  # quantise the four GEMM inputs (recipe's amax / cast / transpose)
+                ph.mem("copy", quantise_bytes(T * (2 * h + nh_gpu * d + f_gpu), recipe) / 4, 4)
 
     fwd = _Phase(cal, n)
     layer_forward(fwd)
@@ -462,7 +638,10 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         if has_bias:  # bias gradients: column sums of the output gradients
             ph.mem("add", act_b * T * (gemms[0][2] + h + act_cols + h) / 4, 4)
         if model.position_embedding == "rope":
-            ph.mem("copy", 2 * act_b * T * (nh_gpu + model.kv_heads / tp) * d, 6)
+            eager_rope(ph, T * (nh_gpu + model.kv_heads / tp) * d, act_b, autocast, "bwd")
+        eager_gqa_repeat(ph, model, T, tp, act_b, "bwd")
+        if model.gated_mlp:
+            ph.mem("copy", 2 * act_b * T * act_cols)  # cat of d(gate), d(up) (chunk backward)
     else:
         ph = bwd
         ph.mem("layernorm", 3 * act_b * Tn * h, 2)  # fused ln backward
@@ -478,8 +657,8 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         if model.position_embedding == "rope":
             ph.mem("copy", 2 * act_b * T * (nh_gpu + model.kv_heads / tp) * d,
                    1 if model.fused_elementwise else UNFUSED_ROPE_KERNELS)
-        if lowp:  # quantise the output gradients
-            ph.mem("copy", (act_b + 1) * T * (gemms[0][2] + act_cols + 2 * h), 4)
+        if lowp:  # quantise the four GEMMs' output gradients
+            ph.mem("copy", quantise_bytes(T * (gemms[0][2] + act_cols + 2 * h), recipe) / 4, 4)
 
     # ---- recompute
     rec_full = _Phase(cal, n)
@@ -529,9 +708,9 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     # ---- logits and loss (last stage): final norm, output GEMM, fp32 cross-entropy
     Vg = V / tp
     lf, lb = _Phase(cal, n), _Phase(cal, n)
-    lf.add(gemm_time_s(cal, T, Vg, h, "fwd", peak, ratio))
-    lb.add(gemm_time_s(cal, T, Vg, h, "dgrad", peak, ratio))
-    lb.add(gemm_time_s(cal, T, Vg, h, "wgrad", peak, ratio))
+    lf.add(gemm_time_s(cal, T, Vg, h, "fwd", peak16, ratio16))
+    lb.add(gemm_time_s(cal, T, Vg, h, "dgrad", peak16, ratio16))
+    lb.add(gemm_time_s(cal, T, Vg, h, "wgrad", peak16, ratio16))
     if eager:
         lf.mem("layernorm", 2 * res_b * T * h)
         if autocast:

@@ -108,6 +108,18 @@ class GPUSpec(Spec):
         description="maximum achievable bf16 matmul TFLOP/s, measured (the ceiling a large GEMM "
         "reaches; datasheet peaks assume boost clocks that power limits do not sustain)",
     )
+    sustained_gemm_fraction: PosFloat | None = Field(
+        default=None,
+        description="GEMM throughput of a whole node training at its power limit relative to "
+        "the one-GPU matmul ceiling (mamf_tflops); None uses perfmodel.compute's value for the "
+        "GPU's generation",
+    )
+    comm_overlap_slowdown: NonNegFloat | None = Field(
+        default=None,
+        description="fractional slowdown of compute while overlapped communication runs "
+        "(NCCL kernels take SMs and HBM bandwidth); None uses perfmodel.overlap's value for "
+        "the GPU's generation",
+    )
 
     def peak_flops(self, dtype: str | Dtype) -> float:
         """Dense peak in FLOP/s for ``dtype``; raises SpecError if the part lacks it."""
@@ -545,11 +557,22 @@ class TrainingSpec(Spec):
     ``precision``: ``fp32`` (everything fp32), ``bf16``/``fp16`` (mixed: 16-bit weights and
     gradients, fp32 master weights and optimizer states), ``fp8``/``fp4`` (Transformer-Engine style:
     low-precision GEMMs, bf16 weights and activations, fp32 master weights and optimizer states).
+
+    Low-precision recipes (Transformer Engine / Megatron ``--fp8-recipe``) are given as the
+    precision and stored split into ``precision`` (the GEMM dtype, ``fp8`` or ``fp4``) and
+    ``low_precision_recipe``: ``fp8-delayed`` (per-tensor scales from an amax history; TE's
+    DelayedScaling, Megatron's default, alias ``fp8``), ``fp8-cs`` (per-tensor current scaling:
+    an amax pass before each cast), ``fp8-block`` (1x128 / 128x128 block scales, Hopper),
+    ``mxfp8`` (32-element blocks with e8m0 scales, Blackwell) and ``nvfp4`` (16-element blocks,
+    fp8 block scales, Blackwell; alias ``fp4``).
     """
 
     global_batch_size: PosInt = 1536
     seq_len: PosInt = 2048
     precision: Literal["fp32", "bf16", "fp16", "fp8", "fp4"] = "bf16"
+    low_precision_recipe: Literal["fp8-delayed", "fp8-cs", "fp8-block", "mxfp8", "nvfp4"] | None = (
+        Field(default=None, description="scaling recipe of the fp8/fp4 GEMMs (set from precision)")
+    )
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
     # Software features that decide what communication is hidden (Megatron-Core / NeMo names in
     # brackets). Defaults describe a current Megatron-Core recipe; Megatron-LM 2021 had none.
@@ -603,9 +626,57 @@ class TrainingSpec(Spec):
         "or one per parameter tensor (DeepSpeed ZeRO-3 as of 2021)",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _split_recipe(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "precision" not in data:
+            return data
+        prec = data["precision"]
+        if not isinstance(prec, str):
+            return data
+        data = dict(data)
+        old = data.get("low_precision_recipe")
+        if prec in PRECISION_RECIPES:
+            dtype, recipe = PRECISION_RECIPES[prec]
+            data["precision"] = dtype
+            keep = prec == dtype and old in PRECISION_RECIPES and PRECISION_RECIPES[old][0] == dtype
+            data["low_precision_recipe"] = old if keep else recipe
+        elif prec in ("fp32", "bf16", "fp16"):
+            data["low_precision_recipe"] = None
+        return data
+
+    @model_validator(mode="after")
+    def _check_recipe(self) -> TrainingSpec:
+        r = self.low_precision_recipe
+        if r is not None and PRECISION_RECIPES[r][0] != self.precision:
+            raise ValueError(f"low_precision_recipe ({r}) needs precision "
+                             f"{PRECISION_RECIPES[r][0]}, got {self.precision}")
+        if r is None and self.precision in ("fp8", "fp4"):
+            object.__setattr__(self, "low_precision_recipe",
+                               PRECISION_RECIPES[self.precision][1])
+        return self
+
+    @property
+    def precision_name(self) -> str:
+        """The precision as the user names it: the recipe for fp8/fp4, else the dtype."""
+        return self.low_precision_recipe or self.precision
+
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch_size * self.seq_len
+
+
+#: ``--precision`` names of the low-precision recipes: name -> (GEMM dtype, recipe).
+PRECISION_RECIPES = {
+    "fp8": ("fp8", "fp8-delayed"),
+    "fp8-delayed": ("fp8", "fp8-delayed"),
+    "fp8-cs": ("fp8", "fp8-cs"),
+    "fp8-block": ("fp8", "fp8-block"),
+    "mxfp8": ("fp8", "mxfp8"),
+    "fp4": ("fp4", "nvfp4"),
+    "nvfp4": ("fp4", "nvfp4"),
+}
+PRECISIONS = ("fp32", "bf16", "fp16", *PRECISION_RECIPES)
 
 
 # --------------------------------------------------------------------------------------------

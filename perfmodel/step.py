@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfmodel import comm_time as comm_time_mod
-from perfmodel import comm_volume, compute, flops, memory
+from perfmodel import comm_volume, compute, flops, memory, overlap
 from perfmodel.config import ConfigBatch
 from perfmodel.specs import ClusterSpec, ModelSpec, TrainingSpec
+from perfmodel.topology import parallel_groups
 
 # Order of the time terms in the breakdown; they add up to ``step_time_s``.
 TIME_TERMS = (
@@ -37,6 +38,13 @@ TIME_TERMS = (
     "dp_comm",
     "zero3_comm",
     "optimizer",
+    "overlap_slowdown",
+    "link_shared",
+)
+MFU_CONVENTION = (
+    "MFU: model FLOPs with the full (non-causal) s x s attention, no recompute, as NVIDIA NeMo / "
+    "Megatron-LM report it; HFU: FLOPs the GPUs run (causal attention with flash attention, "
+    "recompute counted); both over the dense peak of the GEMM dtype"
 )
 MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other", "peak")
 COMM_DIMS = ("dp", "tp", "pp", "cp", "ep")
@@ -233,6 +241,45 @@ def pipeline_makespan_s(
     return steady + fill, steady
 
 
+def _link_streams(comm, tiers, b, m, layers_per_stage, sends, p2p_s, tp_link_s, dp_grad_s,
+                  z3_s):
+    """Everything one GPU sends per step, as ``name -> (link time [s], tier)`` for
+    :func:`perfmodel.comm_time.link_busy_s`: the tensor-parallel collectives and ring-attention
+    exchanges of every layer and micro-batch, the pipeline sends (both directions), the
+    data-parallel gradient reduction (+ ZeRO-1/2 parameter all-gather) and the ZeRO-3 gathers."""
+    per_stage = layers_per_stage * m
+    cp_link_s = np.where(b.cp > 1, comm["cp_layer_fwd_s"] + comm["cp_layer_bwd_s"], 0.0)
+    return {
+        "tp": (per_stage * tp_link_s, tiers["tp"]),
+        "cp": (per_stage * cp_link_s, tiers["cp"]),
+        "pp": (m * sends * p2p_s, tiers["pp"]),
+        "dp": (dp_grad_s + z3_s, tiers["dp_cp"]),
+    }
+
+
+def _busy_on_tier(tier_busy_s: np.ndarray, tier) -> np.ndarray:
+    """The busy time of each configuration's own tier ``tier`` (array of indices, -1 none)."""
+    t = np.asarray(tier).astype(np.int64)
+    if tier_busy_s.size == 0:
+        return np.zeros(t.shape)
+    idx = np.clip(t, 0, tier_busy_s.shape[0] - 1)
+    return np.where(t >= 0, np.take_along_axis(tier_busy_s, idx[None, :], axis=0)[0], 0.0)
+
+
+def _hidden_comm_s(training, m, layers_per_stage, sends, p2p_s, pp_exposed_s, dp_grad_s,
+                   dp_exposed_s, z3_s, zero3_exposed_s):
+    """Communication that runs under compute over the step [s]: what the overlapped pipeline
+    sends, gradient reduction and ZeRO-3 gathers hide (their link time less their exposed
+    part). Blocking (non-overlapped) communication hides nothing."""
+    hidden = np.zeros_like(np.asarray(dp_grad_s, dtype=np.float64))
+    if training.overlap_p2p_comm:
+        hidden = hidden + np.maximum(m * sends * p2p_s - pp_exposed_s, 0.0)
+    if training.overlap_grad_reduce:
+        hidden = hidden + np.maximum(dp_grad_s - dp_exposed_s, 0.0)
+        hidden = hidden + np.maximum(z3_s - zero3_exposed_s, 0.0)
+    return hidden
+
+
 def _offload_s(model, training, cluster, b, layers, ct) -> np.ndarray:
     """Exposed CPU-offload copy time of one micro-batch through a stage of ``layers`` layers
     (:func:`perfmodel.offload.exposed_offload_s`)."""
@@ -293,11 +340,17 @@ def evaluate(
     comm = comm_time_mod.comm_times(model, training, cluster, b)
     layer_fwd_s = ct["layer_fwd_s"]
     layer_bwd_s = ct["layer_bwd_s"] + ct["layer_recompute_s"]
-    tp_comm_s = comm["tp_layer_fwd_s"] + comm["tp_layer_bwd_s"]
+    tp_link_s = comm["tp_layer_fwd_s"] + comm["tp_layer_bwd_s"]
+    tp_comm_s = tp_link_s
+    slowdown = overlap.overlap_slowdown_for(cluster.gpu)
+    tp_overlap_s = np.zeros_like(tp_link_s)
     if training.overlap_tp_comm:
         # TE userbuffers split GEMMs into chunks and hide the collectives behind them; what
         # remains is the part longer than the GEMMs it overlaps (bounded below by one chunk).
-        tp_comm_s = np.maximum(tp_comm_s - (layer_fwd_s + layer_bwd_s) * 0.5, tp_comm_s * 0.1)
+        # The GEMMs that hide it run slower while the communication kernels hold SMs.
+        gemm_window_s = (layer_fwd_s + layer_bwd_s) * 0.5
+        tp_comm_s = np.maximum(tp_link_s - gemm_window_s, tp_link_s * 0.1)
+        tp_overlap_s = overlap.overlap_slowdown_s(tp_link_s - tp_comm_s, gemm_window_s, slowdown)
     # Ring attention overlaps each K/V exchange step with the attention of the previous block.
     cp_comm_s = comm["cp_layer_fwd_s"] + comm["cp_layer_bwd_s"]
     cp_comm_s = np.where(b.cp > 1, cp_comm_s, 0.0)
@@ -306,7 +359,8 @@ def evaluate(
     ep_comm_s = model.moe_layer_fraction * (comm["ep_layer_fwd_s"] + comm["ep_layer_bwd_s"])
     if training.overlap_moe_comm:
         ep_comm_s = np.maximum(ep_comm_s - (layer_fwd_s + layer_bwd_s), 0.0)
-    layer_s = layer_fwd_s + layer_bwd_s + tp_comm_s + cp_comm_s + ep_comm_s
+    layer_s = (layer_fwd_s + layer_bwd_s + tp_comm_s + cp_comm_s + ep_comm_s
+               + tp_overlap_s)
 
     # 2. per-stage time of one micro-batch (forward + backward).
     embed_s = ct["embed_fwd_s"] + ct["embed_bwd_s"]
@@ -350,6 +404,7 @@ def evaluate(
     tp_share = np.where(t_max > 0, (layers_per_stage * tp_comm_s) / t_max, 0.0)
     ep_share = np.where(t_max > 0, (layers_per_stage * ep_comm_s) / t_max, 0.0)
     cp_share = comm_share - tp_share - ep_share
+    tp_overlap_share = np.where(t_max > 0, (layers_per_stage * tp_overlap_s) / t_max, 0.0)
 
     # 4a. pipeline p2p: one activation send forward and one gradient send backward per
     # micro-batch per stage boundary (v times with interleaving). Overlapped sends leave only
@@ -364,19 +419,28 @@ def evaluate(
 
     # 4b. data-parallel gradient reduction (and ZeRO-1/2 parameter all-gather): hidden behind
     # the backward of the last micro-batch when overlapped, else fully exposed.
+    # The other streams on the same tier (ZeRO-3 gathers, pipeline sends, ring attention) take
+    # their share of the window the reduction overlaps (shared links, 4d).
     dp_grad_s = np.where(b.dp > 1, comm["dp_grad_s"], 0.0)
     # routed experts' gradients over expert-dp, on the same links (perfmodel.moe)
     dp_grad_s = dp_grad_s + comm["expert_dp_grad_s"]
+    z3_s = np.where(b.zero_stage == 3, comm["zero3_gather_s"], 0.0)
+    z3_s = z3_s + np.where(b.zero_stage == 3, comm["expert_zero3_gather_s"], 0.0)
+    tiers = {k: g.tier for k, g in parallel_groups(cluster, b, ("tp", "cp", "pp", "dp_cp")).items()}
+    streams = _link_streams(comm, tiers, b, m, layers_per_stage, sends, p2p_s, tp_link_s,
+                            dp_grad_s, z3_s)
+    tier_busy_s = comm_time_mod.link_busy_s(streams, len(cluster.tiers))
+    last_bwd_s = layers_per_stage * layer_bwd_s
     if training.overlap_grad_reduce:
-        last_bwd_s = layers_per_stage * layer_bwd_s
-        dp_exposed_s = comm_time_mod.exposed_dp_time_s(dp_grad_s, last_bwd_s)
+        dp_tier_busy_s = _busy_on_tier(tier_busy_s, tiers["dp_cp"])
+        dp_need_s = comm_time_mod.stream_busy_in_window_s(dp_grad_s, dp_tier_busy_s, last_bwd_s,
+                                                          makespan_s)
+        dp_exposed_s = comm_time_mod.exposed_dp_time_s(dp_need_s, last_bwd_s)
     else:
         dp_exposed_s = dp_grad_s
     # 4c. ZeRO-3 parameter gathers: prefetched a layer ahead when the framework overlaps
     # data-parallel communication (FSDP2, Megatron-FSDP), exposed only beyond compute; fully
     # exposed otherwise (DeepSpeed ZeRO-3 of 2021, Narayanan et al. 2021 Table 2).
-    z3_s = np.where(b.zero_stage == 3, comm["zero3_gather_s"], 0.0)
-    z3_s = z3_s + np.where(b.zero_stage == 3, comm["expert_zero3_gather_s"], 0.0)
     if training.overlap_grad_reduce:
         zero3_exposed_s = np.maximum(z3_s - steady_s, 0.0)
     else:
@@ -385,11 +449,23 @@ def evaluate(
     # 5. optimizer step over this GPU's shard.
     optimizer_s = ct["optimizer_s"]
 
-    step_s = makespan_s + pp_exposed_s + dp_exposed_s + zero3_exposed_s + optimizer_s
+    # 6. compute slowed by the communication it hides (NCCL kernels hold SMs and HBM).
+    hidden_s = _hidden_comm_s(training, m, layers_per_stage, sends, p2p_s, pp_exposed_s,
+                              dp_grad_s, dp_exposed_s, z3_s, zero3_exposed_s)
+    overlap_s = overlap.overlap_slowdown_s(hidden_s, makespan_s, slowdown)
+
+    step_s = (makespan_s + pp_exposed_s + dp_exposed_s + zero3_exposed_s + optimizer_s
+              + overlap_s)
+
+    # 4d. shared links: each tier's port must carry all its streams; the stream-by-stream
+    # exposed terms above assumed each had the link to itself. Whatever does not fit in the
+    # step so far is exposed too (the optimizer step cannot overlap the gradient traffic).
+    link_shared_s = comm_time_mod.shared_link_excess_s(tier_busy_s, step_s, optimizer_s)
+    step_s = step_s + link_shared_s
 
     # Breakdown: the steady part split into compute / TP / CP by their share of a stage.
     time_s = {
-        "compute": steady_s * (1.0 - comm_share),
+        "compute": steady_s * (1.0 - comm_share - tp_overlap_share),
         "tp_comm": steady_s * tp_share,
         "cp_comm": steady_s * cp_share,
         "ep_comm": steady_s * ep_share,
@@ -398,13 +474,20 @@ def evaluate(
         "dp_comm": dp_exposed_s,
         "zero3_comm": zero3_exposed_s,
         "optimizer": optimizer_s,
+        "overlap_slowdown": steady_s * tp_overlap_share + overlap_s,
+        "link_shared": link_shared_s,
     }
+    # Per-tier port busy time over the step (not a term of the sum: it runs under the others).
+    extra = {f"link_busy_{t.name}_s": tier_busy_s[i] for i, t in enumerate(cluster.tiers)}
 
     # Throughput and utilisation.
     tokens = float(training.global_batch_size * training.seq_len)
     gpus = b.gpus.astype(np.float64)
     mflops = flops.model_flops_per_step(model, training)
-    hflops = flops.hardware_flops_per_step(model, training, b.recompute)
+    # Flash attention skips the masked upper triangle of causal attention: the hardware runs
+    # the causal count. Unfused attention computes (and masks) the whole s x s square.
+    hflops = flops.hardware_flops_per_step(model, training, b.recompute,
+                                           causal=training.flash_attention)
     if hflops_layout is not None:
         hflops = np.where(b.has_layout, hflops_layout, hflops)
     peak = peak_flops_for(cluster, training.precision, kernels)
@@ -427,7 +510,7 @@ def evaluate(
         memory_bytes={k: np.asarray(mem[k], dtype=np.float64) for k in MEMORY_TERMS},
         comm_bytes_per_gpu={k: np.asarray(vol[k], dtype=np.float64) for k in COMM_DIMS},
         fits=np.asarray(mem["fits"], dtype=bool),
-        extra={"layer_s": np.asarray(layer_s, dtype=np.float64),
+        extra={**extra, "layer_s": np.asarray(layer_s, dtype=np.float64),
                "layer_fwd_s": np.asarray(layer_fwd_s, dtype=np.float64) + 0.0 * m,
                "embed_s": np.asarray(embed_s, dtype=np.float64) + 0.0 * m,
                "logits_s": np.asarray(logits_s, dtype=np.float64) + 0.0 * m},
@@ -459,8 +542,9 @@ def _layout_stages(model, training, cluster, b, embed_s, logits_s, *, kernels, c
     first, last = t[:, 0], t[rows, pp - 1]
     mid = np.where(pp > 2, (total - first - last) / np.maximum(pp - 2, 1), first)
     k = np.argmax(t, axis=1)
-    h_keep = flops.hardware_flops_per_step(model, training, keep_b.recompute)
-    h_full = flops.hardware_flops_per_step(model, training, full_b.recompute)
+    causal = training.flash_attention  # as in evaluate: flash attention runs the causal half
+    h_keep = flops.hardware_flops_per_step(model, training, keep_b.recompute, causal=causal)
+    h_full = flops.hardware_flops_per_step(model, training, full_b.recompute, causal=causal)
     frac = rec.sum(axis=1) / model.num_layers
     n_k = layers[rows, k].astype(np.float64)
     return {"first": first, "mid": mid, "last": last, "max": t[rows, k],

@@ -28,6 +28,7 @@ from rich.table import Table
 from hardware_specs import list_presets
 from perfmodel import units
 from perfmodel.specs import MAX_GPUS, SpecError, format_validation_error
+from perfmodel.step import MFU_CONVENTION
 from search import api
 
 __all__ = ["SUBCOMMANDS", "app", "main"]
@@ -55,8 +56,13 @@ class Precision(str, Enum):
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
-    fp8 = "fp8"
-    fp4 = "fp4"
+    fp8 = "fp8"  # alias of fp8-delayed
+    fp8_delayed = "fp8-delayed"
+    fp8_cs = "fp8-cs"
+    fp8_block = "fp8-block"
+    mxfp8 = "mxfp8"
+    nvfp4 = "nvfp4"
+    fp4 = "fp4"  # alias of nvfp4
 
 
 class Optimizer(str, Enum):
@@ -315,6 +321,11 @@ def term_note(name: str, value: float, row: dict[str, Any], s: dict[str, Any]) -
             return ("hidden: the gathers are prefetched behind compute" if zero_time else
                     "exposed: gathers longer than the compute they overlap")
         return "exposed: gathers not overlapped"
+    if name == "overlap_slowdown":
+        return "compute slowed by the communication it hides"
+    if name == "link_shared":
+        return ("the streams sharing each link fit in the step" if zero_time else
+                "exposed: a link's streams together exceed the step")
     return ""
 
 
@@ -359,9 +370,20 @@ def _print_best(out: Console, r: Any) -> None:
     c.add_column("bytes per GPU per step", justify="right")
     for name, v, _ in b["comm"]:
         c.add_row(name, units.fmt_bytes(v))
+    busy = row.get("link_busy_s", {})
+    lk = Table(title="link busy per step (all streams sharing each tier's port)",
+               title_justify="left")
+    lk.add_column("tier")
+    lk.add_column("busy", justify="right")
+    lk.add_column("of step", justify="right")
+    for name, v in busy.items():
+        lk.add_row(name, units.fmt_seconds(v), f"{v / row['step_time_s']:.1%}")
     out.print(t)
     out.print(m)
     out.print(c)
+    if busy:
+        out.print(lk)
+    out.print(f"  {MFU_CONVENTION}")
     for w in s.get("warnings") or ():
         out.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
     for d in r.diagnostics:

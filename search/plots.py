@@ -136,6 +136,7 @@ _MEMORY_TERMS = tuple(t for t in MEMORY_TERMS if t != "peak")
 _TERM_COLORS = {
     "compute": "#4C72B0", "tp_comm": "#DD8452", "cp_comm": "#937860", "bubble": "#C44E52",
     "pp_comm": "#8172B3", "dp_comm": "#55A868", "zero3_comm": "#DA8BC3", "optimizer": "#8C8C8C",
+    "overlap_slowdown": "#CCB974", "link_shared": "#64B5CD",
 }
 _MEMORY_COLORS = {"weights": "#4C72B0", "gradients": "#55A868", "optimizer": "#8172B3",
                   "activations": "#DD8452", "other": "#BBBBBB"}

@@ -94,6 +94,10 @@ def _rows(batch: ConfigBatch, res: Any) -> tuple[pd.DataFrame, list[dict[str, An
             "memory_bytes": {k: float(v[i]) for k, v in res.memory_bytes.items()},
             "time_s": {k: float(v[i]) for k, v in res.time_s.items()},
             "comm_bytes_per_gpu": {k: float(v[i]) for k, v in res.comm_bytes_per_gpu.items()},
+            # per-tier port busy time over the step (perfmodel.step: shared links)
+            "link_busy_s": {k[len("link_busy_"):-2]: float(np.asarray(v)[i])
+                            for k, v in getattr(res, "extra", {}).items()
+                            if k.startswith("link_busy_")},
         })
     return frame, rows
 
@@ -394,7 +398,7 @@ def finalize_batch(
             if hasattr(problem, "usable_bytes") else float(space.cluster.gpu.hbm_bytes),
             "global_batch_size": space.training.global_batch_size,
             "seq_len": space.training.seq_len,
-            "precision": space.training.precision,
+            "precision": space.training.precision_name,
             "optimizer": space.training.optimizer,
             "kernels": problem.kernels,
             "framework": None if space.framework is None else space.framework.name,

@@ -158,7 +158,8 @@ def _bridge_cpu_offload_layers(r: pd.Series, zero_txt: str, src_txt: str,
         return 0
     g = str(r["gpu_type"]).lower()
     system = next((k for k in ("gb300", "gb200", "b200") if k in g), "")
-    key = (str(r["model"]).lower(), system, "fp8" if precision in ("fp8", "fp4") else precision)
+    low = precision.startswith(("fp8", "mxfp8", "nvfp4", "fp4"))  # any low-precision recipe
+    key = (str(r["model"]).lower(), system, "fp8" if low else precision)
     return BRIDGE_FSDP_CPU_OFFLOAD_LAYERS.get(key, 0)
 
 
@@ -223,9 +224,15 @@ def case_from_row(r: pd.Series) -> Case:
     )
     prec_txt = str(r["precision"]).lower()
     if "fp4" in prec_txt:
-        precision = "fp4"
+        precision = "nvfp4"
+    elif "fp8-mx" in prec_txt or "mxfp8" in prec_txt:
+        precision = "mxfp8"  # Megatron-Bridge FP8-MX: MXFP8 block scaling (Blackwell)
+    elif "fp8-cs" in prec_txt or "current scaling" in prec_txt:
+        precision = "fp8-cs"  # Megatron-Bridge 25.x FP8-CS (25.09 rows: inferred, see README)
+    elif "block" in prec_txt and "fp8" in prec_txt:
+        precision = "fp8-block"
     elif "fp8" in prec_txt:
-        precision = "fp8"
+        precision = "fp8-delayed"  # NeMo 24.x / TE default recipe: delayed scaling ("hybrid")
     elif "bf16" in prec_txt or "bfloat" in prec_txt:
         precision = "bf16"
     elif ("fp32" in prec_txt or "tf32" in prec_txt) and "mixed" not in prec_txt:
@@ -397,6 +404,9 @@ def training_runs_report(path: Path | None = None, profile=None) -> tuple[
             "measured_s": case.measured_step_s,
             "predicted_s": pred,
             "error": pred / case.measured_step_s - 1.0,
+            "source": source_group(str(r["source"])),
+            "gpu_type": case.cluster.gpu.name,
+            "precision": case.training.precision_name,
         })
     return pd.DataFrame(rows), pd.DataFrame(skipped, columns=["row_id", "model", "reason"])
 
@@ -430,6 +440,87 @@ _OPTIONAL_COLUMNS = ("source", "software", "num_query_groups", "ffn_hidden_size"
                      "zero_or_dist_optimizer", "precision", "seconds_per_iteration",
                      "tokens_per_sec_total", "tokens_per_sec_per_gpu", "reliability",
                      "params_b")
+
+
+_SOURCE_GROUPS = (  # (substring of the source text, short name); first match
+    ("Narayanan", "Megatron-LM 2021"), ("Megatron-LM README", "Megatron-LM README 2020"),
+    ("Korthikanti", "Korthikanti 2022"), ("24.07", "NeMo 24.07"),
+    ("dgxc", "NeMo 24.09 DGX Cloud"), ("25.09", "Megatron-Bridge 25.09"),
+    ("25.11", "Megatron-Bridge 25.11"),
+)
+#: The framework preset (``hardware_specs/frameworks``) each vendor source ran: the tuned
+#: search keeps to what that stack can run (its ZeRO stages, schedules, recompute modes).
+_SOURCE_FRAMEWORK = {"NeMo 24.07": "nemo-24.07", "NeMo 24.09 DGX Cloud": "nemo-24.09",
+                     "Megatron-Bridge 25.09": "bridge-25.x", "Megatron-Bridge 25.11": "bridge-25.x"}
+#: Sources that publish tuned vendor recipes (what ``--tuned`` searches against).
+VENDOR_RECIPE_SOURCES = ("NeMo 24.07", "NeMo 24.09 DGX Cloud", "Megatron-Bridge 25.09",
+                         "Megatron-Bridge 25.11")
+
+
+def source_group(source: str) -> str:
+    """Short name of a row's source (its publication / framework release)."""
+    low = source.lower()
+    for key, name in _SOURCE_GROUPS:
+        if key.lower() in low:
+            return name
+    return source[:32]
+
+
+def group_table(report: pd.DataFrame) -> pd.DataFrame:
+    """Rows grouped by source x GPU type x precision: count, mean signed error (bias), MAPE."""
+    if report.empty or "source" not in report.columns:
+        return pd.DataFrame(columns=["source", "gpu_type", "precision", "rows", "bias", "mape"])
+    g = report.groupby(["source", "gpu_type", "precision"], sort=False)["error"]
+    out = pd.DataFrame({"rows": g.size(), "bias": g.mean(),
+                        "mape": g.apply(lambda e: float(e.abs().mean()))}).reset_index()
+    return out
+
+
+def tuned_report(path: Path | None = None) -> pd.DataFrame:
+    """Free search per distinct vendor-recipe setting (model, GPU type, GPU count, global batch,
+    sequence, precision): the best predicted step time versus the recipe's measured one.
+
+    Nothing but the setting is pinned: the search is the planner's own (grid over dp, tp, pp,
+    vp, cp, ZeRO, micro-batch, recompute, schedule). ``ratio = measured / predicted best``; a
+    planner may beat a tuned recipe by a little (ratio a bit above 1) but not by a lot, and
+    should not lose to it (ratio below 1).
+    """
+    from search.api import plan
+
+    df = read_runs(path)
+    settings: dict[tuple, list] = {}
+    for _, r in df.iterrows():
+        if source_group(str(r["source"])) not in VENDOR_RECIPE_SOURCES:
+            continue
+        try:
+            case = case_from_row(r)
+        except SpecError:
+            continue
+        if "proxy" in case.label.lower():
+            continue  # fewer layers than the model: no free search of the real one
+        t = case.training
+        key = (case.model.name, case.model.num_layers, case.cluster.gpu.name,
+               int(r["num_gpus"]), t.global_batch_size, t.seq_len, t.precision_name)
+        key = key + ((source_group(str(r["source"])),),)
+        settings.setdefault(key, []).append(case)
+    rows = []
+    for key, cases in settings.items():
+        c0 = cases[0]
+        measured = min(c.measured_step_s for c in cases)
+        try:
+            res = plan(c0.model, c0.cluster, c0.training, gpus=key[3], top=1,
+                       framework=_SOURCE_FRAMEWORK.get(key[-1][0]))
+            best = float(res.best_row["step_time_s"])
+            cfg = res.best_row["config"]
+            txt = (f"d{cfg['dp']} t{cfg['tp']} p{cfg['pp']} v{cfg['vp']} cp{cfg['cp']} "
+                   f"z{cfg['zero_stage']} b{cfg['micro_batch_size']} {cfg['recompute']}")
+        except SpecError as err:
+            best, txt = float("nan"), f"no feasible config: {err}"
+        rows.append({"model": key[0], "gpu_type": key[2], "gpus": key[3], "global_batch": key[4],
+                     "seq_len": key[5], "precision": key[6], "source": key[-1][0], "measured_s": measured,
+                     "predicted_best_s": best, "ratio": measured / best, "best_config": txt,
+                     "recipe_rows": ",".join(c.row_id for c in cases)})
+    return pd.DataFrame(rows)
 
 
 def vtrain_report(max_rows: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -507,9 +598,10 @@ def validate_command(
     vtrain: bool = typer.Option(True, "--vtrain/--no-vtrain", help="also rank the vTrain runs"),
     moe: bool = typer.Option(True, "--moe/--no-moe", help="also the published MoE runs "
                              "(moe_runs_dev.csv)"),
-    tuned: bool = typer.Option(False, "--tuned", help="also the tuned-recipe check of the MoE "
-                               "runs: a free search per setting against the best published "
-                               "recipe (search.validate_moe.moe_tuned_report; about a minute)"),
+    tuned: bool = typer.Option(False, "--tuned", help="also the tuned-recipe checks: a free "
+                               "search per vendor-recipe setting (dense runs, and the MoE runs "
+                               "via search.validate_moe.moe_tuned_report) against the measured "
+                               "recipe; about a minute"),
     json_out: bool = typer.Option(False, "--json", help="one JSON document on stdout"),
     profile: str | None = typer.Option(None, "--profile", help="predict under this efficiency "
                                        "profile (shipped name or TOML from `plan calibrate`)"),
@@ -529,8 +621,14 @@ def validate_command(
     except (OSError, KeyError, pd.errors.ParserError) as e:
         typer.echo(f"plan: error: --runs {runs}: cannot read a training-runs table: {e}", err=True)
         raise typer.Exit(2) from None
+    groups_df = group_table(report)
     doc: dict = {"training_runs": summary(report), "rows": report.to_dict("records"),
-                 "skipped": skipped.to_dict("records")}
+                 "groups": groups_df.to_dict("records"), "skipped": skipped.to_dict("records")}
+    tuned_df = tuned_report(runs) if tuned else None
+    if tuned_df is not None:
+        ok = tuned_df["ratio"].between(0.90, 1.15)
+        doc["tuned"] = {"settings": len(tuned_df), "within_0.90_1.15": float(ok.mean()),
+                        "rows": tuned_df.to_dict("records")}
     if vtrain:
         rows, groups = vtrain_report()
         doc["vtrain"] = {
@@ -546,9 +644,9 @@ def validate_command(
     if tuned:
         from search.validate_moe import moe_tuned_report, moe_tuned_summary
 
-        tuned_report = moe_tuned_report()
-        doc["moe_tuned"] = {"summary": moe_tuned_summary(tuned_report),
-                            "settings": tuned_report.to_dict("records")}
+        moe_tuned_df = moe_tuned_report()
+        doc["moe_tuned"] = {"summary": moe_tuned_summary(moe_tuned_df),
+                            "settings": moe_tuned_df.to_dict("records")}
     if json_out:
         typer.echo(json.dumps(doc, indent=2, default=float))
         return
@@ -569,6 +667,27 @@ def validate_command(
         out.print("0 rows could be expressed")
     for r in skipped.itertuples():
         out.print(f"not expressible: {r.row_id} {r.model}: {r.reason}")
+    gt = Table(title="by source x GPU x precision (bias = mean signed error)", title_justify="left")
+    for col in ("source", "GPU", "precision", "rows", "bias", "MAPE"):
+        gt.add_column(col, justify="right" if col in ("rows", "bias", "MAPE") else "left")
+    for g in groups_df.itertuples():
+        gt.add_row(g.source, g.gpu_type, g.precision, str(g.rows), f"{g.bias:+.1%}",
+                   f"{g.mape:.1%}")
+    out.print(gt)
+    if tuned_df is not None:
+        tt = Table(title="tuned recipes: free search per setting (ratio = measured / predicted "
+                   "best)", title_justify="left")
+        for col in ("model", "GPU", "GPUs", "GBS", "seq", "precision", "measured", "best",
+                    "ratio", "best config"):
+            tt.add_column(col, justify="right" if col in ("GPUs", "GBS", "seq", "measured",
+                                                          "best", "ratio") else "left")
+        for t in tuned_df.itertuples():
+            tt.add_row(t.model, t.gpu_type, str(t.gpus), str(t.global_batch), str(t.seq_len),
+                       t.precision, f"{t.measured_s:.4g} s", f"{t.predicted_best_s:.4g} s",
+                       f"{t.ratio:.3f}", t.best_config)
+        out.print(tt)
+        out.print(f"tuned: {doc['tuned']['within_0.90_1.15']:.0%} of {len(tuned_df)} settings "
+                  f"within 0.90 <= measured / best <= 1.15")
     if moe:
         from search.validate_moe import print_moe_report
 
@@ -576,7 +695,7 @@ def validate_command(
     if tuned:
         from search.validate_moe import print_moe_tuned
 
-        print_moe_tuned(out, tuned_report)
+        print_moe_tuned(out, moe_tuned_df)
     if vtrain:
         v = doc["vtrain"]
         out.print(f"vTrain: {v['groups']} groups, mean Spearman {v['mean_spearman']:.3f}, "
