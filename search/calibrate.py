@@ -82,6 +82,11 @@ PRIOR_SIGMA = {
     "step_overhead_ms": 50.0,
 }
 
+PRIOR_SIGMA_OVERALL = 0.06
+"""One-sigma prior width of the overall efficiency (log units) fitted when the runs cannot
+separate the parameters: the spread of the base model's per-group mean error on the dev split
+(issue 13's model: most group means within +-6 %)."""
+
 CONTRADICTION = 0.10
 """Two rows describing the same run whose measured times differ by more than this are refused."""
 
@@ -248,6 +253,53 @@ def _sensitivity(cases, profile, names, base_pred) -> np.ndarray:
     return S
 
 
+MAX_CONDITION = 10.0
+"""Largest condition number of the runs' scaled sensitivity matrix (``d log t / d x`` times
+prior width over noise) at which the parameters are fitted separately; above it (or with no
+more runs than parameters) the runs pin one overall efficiency, not the split."""
+
+
+def _condition(A: np.ndarray) -> float:
+    if A.shape[1] == 0:
+        return 1.0
+    sv = np.linalg.svd(A, compute_uv=False)
+    if sv.size < A.shape[1] or sv[-1] <= 1e-12 * max(sv[0], 1e-30):
+        return math.inf
+    return float(sv[0] / sv[-1])
+
+
+def _free_directions(S: np.ndarray, names: list[str], sg: np.ndarray,
+                     noise: float) -> tuple[np.ndarray, list[str]]:
+    """Basis ``B`` (parameters x free directions) of the fit and the names tied together.
+
+    Separate parameters when the runs can tell them apart: more runs than parameters and a
+    well-conditioned scaled sensitivity matrix. Otherwise one free direction, the overall
+    efficiency: every informed scale (GEMM, memory, links) moves by the same log factor, which
+    scales the predicted step time uniformly; an additive overhead stays neutral.
+    """
+    by = {p.name: p for p in PARAMETERS}
+    n = len(names)
+    if n <= 1 or (S.shape[0] > n and _condition(S * sg / noise) <= MAX_CONDITION):
+        return np.eye(n), []
+    scales = [i for i, m in enumerate(names) if by[m].log]
+    B = np.zeros((n, 1))
+    B[scales, 0] = 1.0
+    return B, [names[i] for i in scales]
+
+
+def _direction_bounds(B, x0, lo, hi):
+    """Box bounds on the free directions such that ``x0 + B z`` stays in ``[lo, hi]``."""
+    k = B.shape[1]
+    zlo, zhi = np.full(k, -np.inf), np.full(k, np.inf)
+    for j in range(k):
+        m = B[:, j] != 0
+        a = (lo[m] - x0[m]) / B[m, j]
+        b = (hi[m] - x0[m]) / B[m, j]
+        zlo[j] = np.max(np.minimum(a, b))
+        zhi[j] = np.min(np.maximum(a, b))
+    return zlo, zhi
+
+
 def fit_profile(cases: list[Case], *, name: str = "calibrated", description: str = "",
                 fitted_on: str = "", noise: float = NOISE,
                 parameters: tuple[str, ...] | None = None) -> FitResult:
@@ -276,42 +328,69 @@ def fit_profile(cases: list[Case], *, name: str = "calibrated", description: str
     sg = np.array([PRIOR_SIGMA[n] for n in names])
     lo = np.array([math.log(by[n].lo) if by[n].log else by[n].lo for n in names])
     hi = np.array([math.log(by[n].hi) if by[n].log else by[n].hi for n in names])
+    B, tied = _free_directions(S0[:, [all_names.index(n) for n in names]], names, sg, noise)
+    if tied:
+        warnings.append(
+            f"{len(cases)} runs cannot separate {', '.join(tied)} (their sensitivities, scaled "
+            f"by the prior and the noise, have condition number {_condition(S0[:, [all_names.index(n) for n in names]] * sg / noise):.3g}"
+            f" > {MAX_CONDITION:g}, or there are no more runs than parameters): fitted one overall "
+            f"efficiency that scales them together. To separate them add runs that differ in "
+            + "; or ".join(f"{by[n].informed_by} ({n})" for n in tied))
+    zsg = np.sqrt(1.0 / np.sum((B / sg[:, None]) ** 2, axis=0)) if B.shape[1] else np.zeros(0)
+    if tied:  # one overall efficiency: its own prior, not the product of the tied ones
+        zsg = np.array([PRIOR_SIGMA_OVERALL])
+        sg = np.where(B[:, 0] != 0, PRIOR_SIGMA_OVERALL * math.sqrt(len(tied)), sg)
 
     memo: dict[bytes, np.ndarray] = {}
+    noise_now = [noise]
 
-    def resid(x):
-        key = np.asarray(x, dtype=np.float64).tobytes()
+    def resid(z):
+        key = np.asarray(z, dtype=np.float64).tobytes()
         if key not in memo:  # the Jacobian re-evaluates the point the solver just took
+            x = x0 + B @ z
             prof = neutral.with_values(**_values_from_x(x, names))
-            r = np.log(_predict(cases, prof) / meas) / noise
+            r = np.log(_predict(cases, prof) / meas) / noise_now[0]
             memo.clear()
             memo[key] = np.concatenate([r, (x - x0) / sg])
         return memo[key]
 
-    def jac(x):
-        # forward differences with an absolute step (the neutral point is x = 0, where a
+    def jac(z):
+        # forward differences with an absolute step (the neutral point is z = 0, where a
         # relative step vanishes), stepping inward at an upper bound
-        f0 = resid(x)
-        out = np.empty((f0.size, x.size))
-        for j in range(x.size):
-            h = 1e-3 * sg[j]
-            if x[j] + h > hi[j]:
+        f0 = resid(z)
+        out = np.empty((f0.size, z.size))
+        for j in range(z.size):
+            h = 1e-3 * zsg[j]
+            if z[j] + h > zhi[j]:
                 h = -h
-            xh = x.copy()
-            xh[j] += h
-            out[:, j] = (resid(xh) - f0) / h
+            zh = z.copy()
+            zh[j] += h
+            out[:, j] = (resid(zh) - f0) / h
         return out
 
+    # bounds of the free directions: every parameter they move stays inside its own bounds
+    zlo, zhi = _direction_bounds(B, x0, lo, hi)
     if names:
-        start = np.clip(x0, lo + 1e-2 * sg, hi - 1e-2 * sg)  # trust-region needs the interior
-        sol = least_squares(resid, start, jac=jac, bounds=(lo, hi), x_scale=sg,
+        start = np.clip(np.zeros(B.shape[1]), zlo + 1e-2 * zsg, zhi - 1e-2 * zsg)
+        sol = least_squares(resid, start, jac=jac, bounds=(zlo, zhi), x_scale=zsg,
                             method="trf", xtol=1e-8, ftol=1e-10)
-        x = np.clip(sol.x, lo, hi)
-
-        J = sol.jac
+        dof = len(cases) - B.shape[1]
+        if dof > 0:
+            # the runs' scatter about the fit (less any common offset a bound left over) is
+            # error of the model that no profile parameter explains: count it as noise (two
+            # runs that disagree pin little), refit
+            r = np.log(_predict(cases, neutral.with_values(
+                **_values_from_x(np.clip(x0 + B @ sol.x, lo, hi), names))) / meas)
+            noise_now[0] = math.sqrt(noise**2 + float(np.sum((r - r.mean())**2)) / dof)
+            memo.clear()
+            sol = least_squares(resid, sol.x, jac=jac, bounds=(zlo, zhi), x_scale=zsg,
+                                method="trf", xtol=1e-8, ftol=1e-10)
+        z = np.clip(sol.x, zlo, zhi)
+        x = np.clip(x0 + B @ z, lo, hi)
+        J = jac(z)  # in the free directions
         cost = float(sol.cost)
     else:
-        x, J, cost = x0, np.zeros((len(cases), 0)), 0.0
+        z, x, J, cost = np.zeros(0), x0, np.zeros((len(cases), 0)), 0.0
     values = _values_from_x(x, names)
     prof = neutral.with_values(**values)
     after = _predict(cases, prof)
@@ -319,14 +398,15 @@ def fit_profile(cases: list[Case], *, name: str = "calibrated", description: str
     # uncertainty: posterior covariance (J includes the prior rows), inflated by the reduced
     # chi-square when there are more runs than fitted parameters
     n_rows = len(cases)
-    cov = np.linalg.pinv(J.T @ J) if names else np.zeros((0, 0))
+    covz = np.linalg.pinv(J.T @ J) if names else np.zeros((0, 0))
     data_r = np.log(after / meas) / noise
-    dof = n_rows - len(names)
+    dof = n_rows - B.shape[1]
     if dof > 0:
-        cov = cov * max(1.0, float(np.sum(data_r**2)) / dof)
+        covz = covz * max(1.0, float(np.sum(data_r**2)) / dof)
+    cov = B @ covz @ B.T  # of the parameters (tied ones fully correlated)
     sx = np.sqrt(np.clip(np.diag(cov), 0.0, None))
-    # d log(predicted) / dx of every run at the solution: the data rows of the Jacobian
-    S = J[:n_rows] * noise if names else np.zeros((n_rows, 0))
+    # d log(predicted) / dx of every run: the data rows of the neutral sensitivity
+    S = S0[:, [all_names.index(n) for n in names]] if names else np.zeros((n_rows, 0))
     ids = [c.row_id for c in cases]
     params, unc = [], {}
     for p in PARAMETERS:
@@ -359,7 +439,7 @@ def fit_profile(cases: list[Case], *, name: str = "calibrated", description: str
 
     # separability: two fitted parameters the runs move together (their sensitivity columns
     # are nearly parallel, or their posterior correlation is strong)
-    if len(names) >= 2:
+    if len(names) >= 2 and not tied:
         d = np.sqrt(np.clip(np.diag(cov), 1e-30, None))
         corr = cov / np.outer(d, d)
         norm = np.linalg.norm(S, axis=0)

@@ -46,7 +46,9 @@ def test_fit_explains_a_uniformly_slower_cluster(dev):
             zip(cases, pred, strict=True)]
     fit = fit_profile(fake)
     assert fit.profile.gemm_16bit < 0.95
-    assert np.all(np.abs(fit.rows["error_after"]) < 0.01)
+    # two runs fit one overall efficiency, shrunk toward neutral by its prior (6 %): what is
+    # left is well inside the run-to-run noise (3 %)
+    assert np.all(np.abs(fit.rows["error_after"]) < 0.02)
     g = next(p for p in fit.params if p["name"] == "gemm_16bit")
     assert g["fitted"] and g["sigma"] > 0 and "R0206" in g["rows"]
     fp8 = next(p for p in fit.params if p["name"] == "gemm_fp8")
