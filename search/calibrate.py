@@ -16,6 +16,11 @@ parameters, never a constant per row:
   the smallest correction that explains them);
 * parameters that no run is sensitive to (a one-sigma prior change moves no run by half the
   noise) are not fitted and stay neutral.
+* when the runs cannot separate the informed parameters (fewer than two runs more than
+  parameters, or a degenerate scaled Jacobian, :data:`MAX_CONDITION`) one overall efficiency
+  is fitted that scales them all together (prior :data:`PRIOR_SIGMA_OVERALL`);
+* the runs' scatter about the fit (what no parameter explains: model error per run) is added to
+  the noise and the fit redone, so two runs that disagree pin little.
 
 What it reports: each fitted parameter with its value, one-sigma uncertainty (from the Jacobian
 at the solution) and the runs behind it (those whose time it changes most); the residual of
@@ -253,10 +258,12 @@ def _sensitivity(cases, profile, names, base_pred) -> np.ndarray:
     return S
 
 
-MAX_CONDITION = 10.0
+MAX_CONDITION = 200.0
 """Largest condition number of the runs' scaled sensitivity matrix (``d log t / d x`` times
-prior width over noise) at which the parameters are fitted separately; above it (or with no
-more runs than parameters) the runs pin one overall efficiency, not the split."""
+prior width over noise) at which the parameters are fitted separately. Above it (runs whose
+terms all scale alike), or with fewer than two runs more than parameters (no residual left to
+check a split against the noise: two runs of a cluster), the runs pin one overall efficiency,
+not the split."""
 
 
 def _condition(A: np.ndarray) -> float:
@@ -272,14 +279,14 @@ def _free_directions(S: np.ndarray, names: list[str], sg: np.ndarray,
                      noise: float) -> tuple[np.ndarray, list[str]]:
     """Basis ``B`` (parameters x free directions) of the fit and the names tied together.
 
-    Separate parameters when the runs can tell them apart: more runs than parameters and a
-    well-conditioned scaled sensitivity matrix. Otherwise one free direction, the overall
+    Separate parameters when the runs can tell them apart: at least two runs more than
+    parameters and a scaled sensitivity matrix that is not degenerate (:data:`MAX_CONDITION`). Otherwise one free direction, the overall
     efficiency: every informed scale (GEMM, memory, links) moves by the same log factor, which
     scales the predicted step time uniformly; an additive overhead stays neutral.
     """
     by = {p.name: p for p in PARAMETERS}
     n = len(names)
-    if n <= 1 or (S.shape[0] > n and _condition(S * sg / noise) <= MAX_CONDITION):
+    if n <= 1 or (S.shape[0] > n + 1 and _condition(S * sg / noise) <= MAX_CONDITION):
         return np.eye(n), []
     scales = [i for i, m in enumerate(names) if by[m].log]
     B = np.zeros((n, 1))
@@ -333,7 +340,7 @@ def fit_profile(cases: list[Case], *, name: str = "calibrated", description: str
         warnings.append(
             f"{len(cases)} runs cannot separate {', '.join(tied)} (their sensitivities, scaled "
             f"by the prior and the noise, have condition number {_condition(S0[:, [all_names.index(n) for n in names]] * sg / noise):.3g}"
-            f" > {MAX_CONDITION:g}, or there are no more runs than parameters): fitted one overall "
+            f" > {MAX_CONDITION:g}, or fewer than two runs more than parameters): fitted one overall "
             f"efficiency that scales them together. To separate them add runs that differ in "
             + "; or ".join(f"{by[n].informed_by} ({n})" for n in tied))
     zsg = np.sqrt(1.0 / np.sum((B / sg[:, None]) ** 2, axis=0)) if B.shape[1] else np.zeros(0)
