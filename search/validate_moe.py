@@ -24,7 +24,6 @@ documented facts of its framework, nothing fitted per row:
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 
@@ -33,7 +32,7 @@ import pandas as pd
 from perfmodel.config import ConfigBatch, ParallelConfig, resolve_config
 from perfmodel.specs import ClusterSpec, ModelSpec, SpecError, TrainingSpec, load_model
 from perfmodel.step import evaluate
-from search.validate import VALIDATION_DIR, Case, _cluster_for
+from search.validate import VALIDATION_DIR, Case, _cluster_for, _f
 
 __all__ = ["moe_case_from_row", "moe_runs_report", "moe_summary", "moe_tuned_report",
            "moe_tuned_summary", "print_moe_tuned"]
@@ -41,14 +40,6 @@ __all__ = ["moe_case_from_row", "moe_runs_report", "moe_summary", "moe_tuned_rep
 _PRESETS = {"deepseek-v3": "deepseek-v3", "qwen3-235b-a22b": "qwen3-235b-a22b",
             "qwen3-30b-a3b": "qwen3-30b-a3b", "gpt-oss-120b": "gpt-oss-120b",
             "mixtral-8x7b": "mixtral-8x7b", "mixtral-8x22b": "mixtral-8x22b"}
-
-
-def _f(x) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(v) else v
 
 
 def _model(r: pd.Series) -> ModelSpec:

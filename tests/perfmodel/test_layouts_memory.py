@@ -328,12 +328,13 @@ def test_cpu_offload_memory_and_time():
     t0 = evaluate(m, tr, cl, b).step_time_s[0]
     t1 = evaluate(m, off, cl, b).step_time_s[0]
     # over 55.2 GB/s PCIe one layer's copy (c = per_layer / 55.2e9) outlasts its neighbours'
-    # compute: the step grows by exactly the exposed copies of the 40 layers
+    # compute: the stage grows by exactly the exposed copies of the 40 layers; the step by at
+    # most that (the longer stage hides a little more of the ZeRO-3 traffic on shared links)
     ct = compute.compute_times(m, tr, cl.gpu, b)
     c = per_layer / 55.2e9
     want = 40 * (max(c - ct["layer_fwd_s"][0], 0) + max(c - ct["layer_bwd_s"][0], 0))
     assert want > 0
-    assert t1 - t0 == pytest.approx(want, rel=1e-9)
+    assert 0.97 * want <= t1 - t0 <= want * (1 + 1e-9)
     assert offload.host_link_bytes_per_s(cl.gpu) == 55.2e9
 
 

@@ -218,8 +218,8 @@ def test_dp_needs_fused_kernels():
 
 
 def test_cli_strategy_dp_prints_the_layout_and_emits_it():
-    """``plan --strategy dp`` on Llama 2 13B / 8 A100-40GB with 1F1B: the best recomputes only
-    part of its layers (Megatron's block recompute), shown under the best configuration, in
+    """``plan --strategy dp`` on Llama 2 13B / 8 A100-40GB with 1F1B and tp 2, pp 1 (memory-bound:
+    ZeRO-3 and recompute needed): the best recomputes only part of its layers (Megatron's block recompute), shown under the best configuration, in
     ``--json`` and in ``--emit megatron``."""
     import json
 
@@ -229,7 +229,7 @@ def test_cli_strategy_dp_prints_the_layout_and_emits_it():
 
     args = ["--model", "llama2-13b", "--cluster", "dgx-a100-40g", "--gpus", "8",
             "--global-batch", "32", "--seq-len", "4096", "--cp", "1", "--schedule", "1f1b",
-            "--strategy", "dp", "--top", "3"]
+            "--tp", "2", "--pp", "1", "--strategy", "dp", "--top", "3"]
     r = CliRunner().invoke(app, [*args, "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
@@ -241,7 +241,8 @@ def test_cli_strategy_dp_prints_the_layout_and_emits_it():
     assert r.exit_code == 0, r.output
     assert "--recompute-method block" in r.stdout
     assert f"--recompute-num-layers {max(rec)}" in r.stdout
-    assert "--pipeline-model-parallel-layout" in r.stdout
+    if cfg["pp"] > 1:
+        assert "--pipeline-model-parallel-layout" in r.stdout
     assert f"(recomputed: {' '.join(map(str, rec))})" in r.output
 
 
