@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from hardware_specs import ROOT as SPECS_ROOT
 from perfmodel.config import ConfigBatch, ParallelConfig, resolve_config
+from perfmodel.frameworks import load_framework
 from perfmodel.specs import (
     ClusterSpec,
     ModelSpec,
@@ -133,6 +134,17 @@ def _opt_count(r: pd.Series, col: str, default: int | None) -> int | None:
 #: Columns every row needs (the rest may be blank).
 REQUIRED_COLUMNS = ("row_id", "model", "num_layers", "hidden_size", "num_attention_heads",
                     "seq_len", "num_gpus", "gpu_type", "measurement_scope")
+
+#: the switches a row's software era decides (the rest follow the source's recipe below)
+ERA_SWITCHES = ("overlap_grad_reduce", "overlap_tp_comm", "overlap_p2p_comm", "flash_attention")
+
+
+def era_switches(modern: bool) -> dict[str, bool]:
+    """Overlap and flash-attention switches of a run's era, read from the framework presets
+    (``nemo-24.07`` for a current stack, ``megatron-2021`` for Megatron-LM 2020-2022)."""
+    fw = load_framework("nemo-24.07" if modern else "megatron-2021").training_switches()
+    return {k: fw[k] for k in ERA_SWITCHES}
+
 
 _GATED = ("llama", "mistral", "mixtral", "qwen", "gemma", "deepseek", "yi-", "baichuan", "olmo")
 
@@ -239,14 +251,10 @@ def case_from_row(r: pd.Series) -> Case:
         precision = "fp32"
     else:
         precision = "fp16" if not modern else "bf16"
-    if modern:
-        sw = dict(overlap_grad_reduce=True, overlap_tp_comm=True, overlap_p2p_comm=True,
-                  flash_attention=True)
-    else:
-        # Megatron-LM 2020-2022: gradient all-reduce after the flush, no TP overlap, blocking
-        # p2p, fused softmax storing the attention scores (no flash attention).
-        sw = dict(overlap_grad_reduce=False, overlap_tp_comm=False, overlap_p2p_comm=False,
-                  flash_attention=False)
+    # the era's overlap and attention switches, from its framework preset: Megatron-LM 2020-2022
+    # (gradient all-reduce after the flush, no TP overlap, blocking p2p, fused softmax storing
+    # the attention scores) or a current Megatron-Core / NeMo stack
+    sw = era_switches(modern)
     zero_txt = str(r["zero_or_dist_optimizer"]).lower()
     src_txt = " ".join(str(r.get(k, "")) for k in ("source", "software")).lower()
     if any(k in src_txt for k in ("nemo", "megatron-bridge", "dgxc")):
@@ -555,8 +563,7 @@ def vtrain_report(max_rows: int | None = None) -> tuple[pd.DataFrame, pd.DataFra
                           num_attention_heads=heads, ffn_hidden_size=4 * h, vocab_size=50257,
                           max_seq_len=s)
         training = TrainingSpec(global_batch_size=gb, seq_len=s, precision="fp16",
-                                overlap_grad_reduce=False, overlap_p2p_comm=False,
-                                flash_attention=False)
+                                **era_switches(modern=False))  # Megatron-DeepSpeed of 2021
         cluster = load_cluster("dgx-a100-80g", gpus=gpus)
         nmb = gb // (g["d"].to_numpy() * g["mbs"].to_numpy())
         batch = ConfigBatch.from_arrays(

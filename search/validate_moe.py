@@ -32,7 +32,7 @@ import pandas as pd
 from perfmodel.config import ConfigBatch, ParallelConfig, resolve_config
 from perfmodel.specs import ClusterSpec, ModelSpec, SpecError, TrainingSpec, load_model
 from perfmodel.step import evaluate
-from search.validate import VALIDATION_DIR, Case, _cluster_for, _f
+from search.validate import VALIDATION_DIR, Case, _cluster_for, _f, era_switches
 
 __all__ = ["moe_case_from_row", "moe_runs_report", "moe_summary", "moe_tuned_report",
            "moe_tuned_summary", "print_moe_tuned"]
@@ -124,8 +124,7 @@ def moe_case_from_row(r: pd.Series) -> Case:
     training = TrainingSpec(
         global_batch_size=int(r["global_batch_size"]), seq_len=int(r["seq_len"]),
         precision=_precision(str(r["precision"])), optimizer="adam",
-        overlap_grad_reduce=True, overlap_tp_comm=True, overlap_p2p_comm=True,
-        flash_attention=True, overlap_moe_comm="moe_a2a_overlap=true" in other,
+        **era_switches(modern=True), overlap_moe_comm="moe_a2a_overlap=true" in other,
         moe_token_dispatcher="allgather" if "dispatcher=allgather" in other else "alltoall",
     )
     gpus = int(r["num_gpus"])
