@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from perfmodel import eager as eager_kernels
 from perfmodel import moe
 from perfmodel.calibration import KERNEL_MIN_S, Calibration, calibration_for
 from perfmodel.config import ConfigBatch
@@ -319,6 +320,11 @@ class _Phase:
         self.gpu_s = self.gpu_s + count * np.where(nbytes > 0, t, 0.0)
         self.launches = self.launches + count * np.where(nbytes > 0, 1.0, 0.0)
 
+    def terms(self, terms) -> None:
+        """The kernel families of :mod:`perfmodel.eager`, each at its memops bandwidth."""
+        for t in terms:
+            self.mem(t.op, t.nbytes / t.kernels, t.kernels)
+
     def add(self, t_s, launches=1) -> None:
         self.gpu_s = self.gpu_s + t_s
         self.launches = self.launches + launches
@@ -330,56 +336,6 @@ class _Phase:
         """The slower of the device and the launching thread, see :func:`_overlap_s`."""
         return _overlap_s(self.gpu_s, self.cpu_s(cpu_per_launch_s, cpu_extra_s))
 
-
-
-def eager_rope(ph: _Phase, elements, act_b: float, autocast: bool, pass_: str) -> None:
-    """Rotary embedding of q and k in eager PyTorch (``elements`` = tokens x (q + k heads) x
-    head_dim on this GPU), as the calibration script's ``rope`` and Hugging Face's
-    ``apply_rotary_pos_emb`` write it: four multiplies of the even / odd halves by cos and sin,
-    a subtract, an add and a ``stack`` (7 kernels). Under autocast the cos / sin tables are fp32
-    buffers, so type promotion makes every product and the result fp32 (4 bytes), and
-    ``scaled_dot_product_attention`` casts q and k back to bf16 (2 more kernels). The backward
-    runs the same products on the gradients (fp32) plus the cast of the incoming bf16 gradient.
-
-    Bytes per element (forward, autocast): products read 2 and write 4 on half the elements each
-    (4 x 3), subtract / add read 8 and write 4 on half (2 x 6), stack reads and writes 4 (8), the
-    cast reads 4 and writes 2 (6): 38 bytes per element over 9 kernels.
-
-    References
-    ----------
-    ``benchmarks/calibrate_gpu.py`` (``rope``, ``LlamaBlock``); Su et al. 2021 (RoFormer), Eq. 34;
-    PyTorch type promotion (bf16 x fp32 -> fp32).
-    """
-    e = np.asarray(elements, dtype=np.float64)
-    wide = 4.0 if autocast else act_b  # element width of the rotated result
-    products = 4 * 0.5 * (act_b + wide)
-    sums = 2 * 0.5 * (3 * wide)
-    stack = 2 * wide
-    cast = (wide + act_b) if autocast else 0.0
-    kernels = 7 + (2 if autocast else 0)
-    if pass_ == "bwd":  # gradient of the products (and of the stack) + cast of the bf16 grad
-        products = 4 * 0.5 * (2 * wide)
-    ph.mem("copy", e * (products + sums + stack + cast) / kernels, kernels)
-
-
-def eager_gqa_repeat(ph: _Phase, model: ModelSpec, tokens, tp, act_b: float, pass_: str) -> None:
-    """Grouped-query attention in eager PyTorch: ``repeat_interleave`` of k and v to the query
-    heads before ``scaled_dot_product_attention`` (Hugging Face ``repeat_kv``), 2 kernels
-    writing ``tokens x heads x head_dim`` each; the backward sums the repeated gradients back
-    (a reduction reading the repeated and writing the grouped size). Nothing when
-    ``kv_heads == heads``.
-
-    References
-    ----------
-    ``benchmarks/calibrate_gpu.py`` (``LlamaBlock.forward``); Ainslie et al. 2023 (GQA).
-    """
-    rep = model.num_attention_heads / model.kv_heads
-    if rep <= 1:
-        return
-    tp = np.asarray(tp, dtype=np.float64)
-    full = np.asarray(tokens, dtype=np.float64) * model.num_attention_heads / tp * model.head_size
-    grouped = full / rep
-    ph.mem("copy", act_b * (full + grouped), 2)  # k and v, forward or the gradient sums
 
 
 def _overlap_s(gpu_s, cpu_s):
@@ -591,14 +547,9 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
                 # the cast cache lives only inside the outermost autocast region)
                 ph.mem("copy", (w_b + act_b) * weights_per_layer / weight_tensors, weight_tensors)
             ph.mem("add", (2 * res_b + act_b) * Tn * h, 1 if early_stop else 2)  # residual adds
-            if model.gated_mlp:
-                ph.mem("gelu", 2 * act_b * T * f_gpu)  # silu(gate)
-                ph.mem("add", 3 * act_b * T * f_gpu)  # * up
-            else:
+            if not model.gated_mlp:
                 ph.mem("gelu", 2 * act_b * T * f_gpu)
-            if model.position_embedding == "rope":
-                eager_rope(ph, T * (nh_gpu + model.kv_heads / tp) * d, act_b, autocast, "fwd")
-            eager_gqa_repeat(ph, model, T, tp, act_b, "fwd")
+            ph.terms(eager_kernels.layer_terms(model, T, tp, s, act_b, autocast, "fwd"))
         else:
             ph.mem("layernorm", 2 * act_b * Tn * h, 2)  # fused ln1, ln2
             ph.mem("dropout", (3 * act_b + 1) * Tn * h, 2)  # fused bias + dropout + add, x2
@@ -627,9 +578,8 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         ph.mem("layernorm", 3 * res_b * Tn * h, 2)  # ln dx
         ph.mem("layernorm", 2 * res_b * Tn * h, 2)  # ln dgamma, dbeta
         ph.mem("add", 3 * res_b * Tn * h, 2)  # residual gradient sums
-        ph.mem("gelu", 3 * act_b * T * f_gpu)  # activation backward
-        if model.gated_mlp:
-            ph.mem("add", 3 * act_b * T * f_gpu, 2)  # d(gate), d(up) of the product
+        if not model.gated_mlp:
+            ph.mem("gelu", 3 * act_b * T * f_gpu)  # activation backward
         ph.mem("copy", 2 * act_b * T * gemms[0][2])  # cat of dq, dk, dv (split backward)
         if autocast:
             ph.mem("copy", (res_b + act_b) * Tn * h, 2)  # residual grads cast to bf16
@@ -637,11 +587,7 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
             ph.mem("copy", (w_b + act_b) * weights_per_layer / weight_tensors, weight_tensors)
         if has_bias:  # bias gradients: column sums of the output gradients
             ph.mem("add", act_b * T * (gemms[0][2] + h + act_cols + h) / 4, 4)
-        if model.position_embedding == "rope":
-            eager_rope(ph, T * (nh_gpu + model.kv_heads / tp) * d, act_b, autocast, "bwd")
-        eager_gqa_repeat(ph, model, T, tp, act_b, "bwd")
-        if model.gated_mlp:
-            ph.mem("copy", 2 * act_b * T * act_cols)  # cat of d(gate), d(up) (chunk backward)
+        ph.terms(eager_kernels.layer_terms(model, T, tp, s, act_b, autocast, "bwd"))
     else:
         ph = bwd
         ph.mem("layernorm", 3 * act_b * Tn * h, 2)  # fused ln backward
@@ -722,10 +668,10 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
             lb.mem("copy", (act_b + res_b) * T * h)  # input grad cast to fp32
         # log_softmax over vocab-wide rows keeps each row in shared memory: one read, one write,
         # at streaming (copy) bandwidth, unlike memops.csv's 2048-wide bf16 softmax
-        lf.mem("copy", 8 * T * Vg)
+        lf.terms(eager_kernels.log_softmax(T, Vg, "fwd"))
         lf.add(KERNEL_MIN_S)  # nll_loss
         lb.mem("copy", 4 * T * Vg)  # nll backward: zero-filled fp32 gradient + scatter
-        lb.mem("copy", 12 * T * Vg)  # log_softmax backward
+        lb.terms(eager_kernels.log_softmax(T, Vg, "bwd"))
         lb.mem("layernorm", 5 * res_b * T * h, 2)
     else:
         lf.mem("layernorm", 2 * act_b * Tn * h)
