@@ -22,8 +22,8 @@ Run on CPU. What differs from the CUDA run, and what is assumed:
 * Embedding backward, ``nll_loss`` and the fused AdamW are one dispatcher op each here; their
   CUDA kernel counts are taken from the CUDA sources in :mod:`perfmodel.eager`.
 
-Bytes of an op = bytes of its tensor inputs + bytes of its outputs (the logical sizes: the
-kernel streams each once), which is what a memory-bound kernel moves.
+Bytes of an op = bytes of its tensor inputs + bytes of its outputs (each streamed once; an
+expanded, stride-0 input counts the storage it reads), which is what a memory-bound kernel moves.
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ class Inventory:
 def _nbytes(x) -> int:
     import torch
 
-    if isinstance(x, torch.Tensor):
-        return x.numel() * x.element_size()
+    if isinstance(x, torch.Tensor):  # an expanded (stride-0) view reads only its storage
+        return min(x.numel() * x.element_size(), x.untyped_storage().nbytes())
     if isinstance(x, (list, tuple)):
         return sum(_nbytes(y) for y in x)
     return 0

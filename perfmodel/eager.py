@@ -56,7 +56,8 @@ def rope(tokens, width, seq, head_dim, act_b: float, pass_: str, wide_b: float =
          ) -> list[Term]:
     """RoPE of one tensor (q or k: ``width`` = heads x head_dim) as the script's ``rope`` writes
     it: ``x1, x2 = x[..., ::2], x[..., 1::2]`` (strided views of the bf16 GEMM output),
-    ``stack((x1*cos - x2*sin, x1*sin + x2*cos), -1)``. cos / sin are fp32 ``[s, d/2]`` buffers,
+    ``stack((x1*cos - x2*sin, x1*sin + x2*cos), -1)``. cos / sin are fp32 ``[s, d/2]`` buffers
+    (each product reads one: ``4 * 4*s*d/2`` bytes),
     so the four products are fp32 (type promotion). ``E = tokens x width`` elements.
 
     Forward (7 kernels): 4 ``mul`` read ``act_b*E/2`` + the cos/sin table and write ``4*E/2``;
@@ -70,7 +71,8 @@ def rope(tokens, width, seq, head_dim, act_b: float, pass_: str, wide_b: float =
     and a strided copy of ``act_b*E/2`` in and out: 2 kernels each) and the bf16 ``add`` of the
     two (``3*act_b*E``): ``(28 + 12*act_b)*E`` bytes (52 E in bf16).
 
-    Example: 1 token, width 2, bf16, forward: E = 2, (4 + 28) * 2 = 64 bytes + 4 table reads.
+    Example: 1 token, width 2, head_dim 2, seq 1, bf16, forward: E = 2, (4 + 28) * 2 = 64 bytes
+    + 4 table reads of 4 bytes = 80 bytes.
 
     References
     ----------
@@ -80,7 +82,7 @@ def rope(tokens, width, seq, head_dim, act_b: float, pass_: str, wide_b: float =
     """
     e = _e(tokens) * _e(width)
     w = wide_b  # fp32 under autocast (fp32 cos / sin); act_b without autocast
-    table = 2.0 * w * seq * head_dim / 2  # cos and sin, one read per product pair
+    table = 4.0 * w * seq * head_dim / 2  # each product reads its cos or sin table
     if pass_ == "fwd":
         return [Term("copy", 4 * (act_b + w) * e / 2 + table, 4),
                 Term("add", 2 * 3 * w * e / 2, 2),
