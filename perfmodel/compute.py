@@ -536,26 +536,15 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
             ph.mem("dropout", (2 * act_b + 1) * scores)
             ph.mem("softmax", 3 * act_b * scores)
 
-    weights_per_layer = model.layer_params() / tp
-    weight_tensors = 4 + (4 if has_bias else 0)
-
     # ---- layer forward
     def layer_forward(ph: _Phase, early_stop: bool = False) -> None:
         # early_stop: torch.utils.checkpoint (non-reentrant) stops the recomputation once the
         # last saved tensor (fc2's input) exists, so fc2 and the last residual add are skipped.
         gemm_phase(ph, ("fwd",), skip=("fc2",) if early_stop else ())
         attention(ph, "fwd")
-        if eager:
-            ph.mem("layernorm", 2 * res_b * Tn * h, 2)  # ln1, ln2 (fp32 under autocast)
-            if autocast:
-                ph.mem("copy", (res_b + act_b) * T * h, 2)  # casts of the qkv and fc1 inputs
-                # autocast casts every fp32 weight to bf16 each forward (and each recompute:
-                # the cast cache lives only inside the outermost autocast region)
-                ph.mem("copy", (w_b + act_b) * weights_per_layer / weight_tensors, weight_tensors)
-            ph.mem("add", (2 * res_b + act_b) * Tn * h, 1 if early_stop else 2)  # residual adds
-            if not model.gated_mlp:
-                ph.mem("gelu", 2 * act_b * T * f_gpu)
-            ph.terms(eager_kernels.layer_terms(model, T, tp, s, act_b, autocast, "fwd"))
+        if eager:  # fp32 norms and residual stream, autocast casts, RoPE / GQA / SwiGLU
+            ph.terms(eager_kernels.layer_terms(model, T, Tn, tp, f_gpu, gemms[0][2], s, act_b,
+                                               res_b, w_b, autocast, "fwd", early_stop))
         else:
             ph.mem("layernorm", 2 * act_b * Tn * h, 2)  # fused ln1, ln2
             ph.mem("dropout", (3 * act_b + 1) * Tn * h, 2)  # fused bias + dropout + add, x2
@@ -580,20 +569,8 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     attention(bwd, "bwd")
     moe_kernels(bwd, "bwd")
     if eager:
-        ph = bwd
-        ph.mem("layernorm", 3 * res_b * Tn * h, 2)  # ln dx
-        ph.mem("layernorm", 2 * res_b * Tn * h, 2)  # ln dgamma, dbeta
-        ph.mem("add", 3 * res_b * Tn * h, 2)  # residual gradient sums
-        if not model.gated_mlp:
-            ph.mem("gelu", 3 * act_b * T * f_gpu)  # activation backward
-        ph.mem("copy", 2 * act_b * T * gemms[0][2])  # cat of dq, dk, dv (split backward)
-        if autocast:
-            ph.mem("copy", (res_b + act_b) * Tn * h, 2)  # residual grads cast to bf16
-            ph.mem("copy", (res_b + act_b) * T * h, 2)  # GEMM-input grads cast back to fp32
-            ph.mem("copy", (w_b + act_b) * weights_per_layer / weight_tensors, weight_tensors)
-        if has_bias:  # bias gradients: column sums of the output gradients
-            ph.mem("add", act_b * T * (gemms[0][2] + h + act_cols + h) / 4, 4)
-        ph.terms(eager_kernels.layer_terms(model, T, tp, s, act_b, autocast, "bwd"))
+        bwd.terms(eager_kernels.layer_terms(model, T, Tn, tp, f_gpu, gemms[0][2], s, act_b,
+                                            res_b, w_b, autocast, "bwd"))
     else:
         ph = bwd
         ph.mem("layernorm", 3 * act_b * Tn * h, 2)  # fused ln backward
@@ -663,22 +640,10 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     lf.add(gemm_time_s(cal, T, Vg, h, "fwd", peak16, ratio16))
     lb.add(gemm_time_s(cal, T, Vg, h, "dgrad", peak16, ratio16))
     lb.add(gemm_time_s(cal, T, Vg, h, "wgrad", peak16, ratio16))
-    if eager:
-        lf.mem("layernorm", 2 * res_b * T * h)
-        if autocast:
-            lf.mem("copy", (res_b + act_b) * T * h)  # input cast
-            lf.mem("copy", (w_b + act_b) * Vg * h)  # output weight cast
-            lf.mem("copy", (act_b + 4) * T * Vg)  # logits.float()
-            lb.mem("copy", (4 + act_b) * T * Vg)  # grad cast to bf16
-            lb.mem("copy", (act_b + w_b) * Vg * h)  # weight grad cast to fp32
-            lb.mem("copy", (act_b + res_b) * T * h)  # input grad cast to fp32
-        # log_softmax over vocab-wide rows keeps each row in shared memory: one read, one write,
-        # at streaming (copy) bandwidth, unlike memops.csv's 2048-wide bf16 softmax
-        lf.terms(eager_kernels.log_softmax(T, Vg, "fwd"))
+    if eager:  # final norm, autocast casts, logits.float(), fp32 log_softmax + nll_loss
+        lf.terms(eager_kernels.cross_entropy(T, Vg, h, res_b, act_b, w_b, autocast, "fwd"))
         lf.add(KERNEL_MIN_S)  # nll_loss
-        lb.mem("copy", 4 * T * Vg)  # nll backward: zero-filled fp32 gradient + scatter
-        lb.terms(eager_kernels.log_softmax(T, Vg, "bwd"))
-        lb.mem("layernorm", 5 * res_b * T * h, 2)
+        lb.terms(eager_kernels.cross_entropy(T, Vg, h, res_b, act_b, w_b, autocast, "bwd"))
     else:
         lf.mem("layernorm", 2 * act_b * Tn * h)
         # Megatron's vocab-parallel cross-entropy (unfused PyTorch ops on fp32 logits): cast

@@ -25,12 +25,19 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
-    "SOFTMAX_ROWS_PER_SM",
     "L2_BYTES",
+    "SOFTMAX_ROWS_PER_SM",
     "Term",
-    "layer_terms",
-    "log_softmax",
+    "autocast_casts",
+    "bias_grads",
+    "cross_entropy",
+    "gelu",
     "gqa_repeat",
+    "layer_terms",
+    "llama_terms",
+    "log_softmax",
+    "norms",
+    "residual_adds",
     "rope",
     "sdpa_casts",
     "swiglu",
@@ -197,8 +204,8 @@ def log_softmax(tokens, vocab, pass_: str, elem_b: float = F32) -> list[Term]:
     return [Term("copy", elem_b * (3.0 + miss) * n, 1)]
 
 
-def layer_terms(model, tokens, tp, seq: float, act_b: float, autocast: bool, pass_: str
-                ) -> list[Term]:
+def llama_terms(model, tokens, tp, seq: float, act_b: float, autocast: bool, pass_: str,
+                ffn_width=None) -> list[Term]:
     """The Llama-style kernels of one eager layer on this GPU (``pass_`` = fwd or bwd): SwiGLU
     (:func:`swiglu`), RoPE of q and of k (:func:`rope`, one application each), the GQA repeat
     of k and v (:func:`gqa_repeat`) and the casts around attention (:func:`sdpa_casts`). Empty
@@ -207,7 +214,7 @@ def layer_terms(model, tokens, tp, seq: float, act_b: float, autocast: bool, pas
     d = model.head_size
     q_w = model.num_attention_heads / tp * d
     kv_w = np.maximum(model.kv_heads / tp, 1.0) * d
-    f_gpu = model.ffn_hidden_size / tp
+    f_gpu = model.ffn_hidden_size / tp if ffn_width is None else ffn_width
     terms: list[Term] = []
     if model.gated_mlp:
         terms += swiglu(tokens, f_gpu, act_b, pass_)
@@ -221,3 +228,149 @@ def layer_terms(model, tokens, tp, seq: float, act_b: float, autocast: bool, pas
         terms += sdpa_casts(tokens, q_w, k_cast_w, wide, act_b, pass_)
     terms += gqa_repeat(tokens, q_w, kv_w, k_b, act_b, pass_)
     return terms
+
+
+def norms(tokens, hidden, res_b: float, pass_: str, count: int = 2) -> list[Term]:
+    """``count`` LayerNorm / RMSNorm of the fp32 residual stream (fp32 input and weight: no
+    autocast cast). Forward one kernel each reading and writing ``res_b*T*h``; backward the dX
+    kernel (reads dy and x, writes dx: ``3*res_b*T*h``) and the weight-gradient reduction (reads
+    dy and x again: ``2*res_b*T*h``), 2 kernels each.
+
+    Example: 1 token, h = 4, fp32, 2 norms: forward 2 x 32 bytes, backward 2 x (48 + 32) bytes.
+
+    References
+    ----------
+    PyTorch ``aten/src/ATen/native/cuda/layer_norm_kernel.cu`` (``LayerNormForwardCUDAKernel``,
+    ``layer_norm_backward_cuda``: ``ComputeInternalGradients`` / ``GammaBetaBackward``), and
+    its RMS variant behind ``aten._fused_rms_norm`` (PyTorch >= 2.9, ``layer_norm.cpp``).
+    """
+    th = _e(tokens) * hidden
+    if pass_ == "fwd":
+        return [Term("layernorm", count * 2 * res_b * th, count)]
+    return [Term("layernorm", count * 3 * res_b * th, count),
+            Term("layernorm", count * 2 * res_b * th, count)]
+
+
+def autocast_casts(tokens, norm_tokens, hidden, weights, weight_tensors: int, res_b: float,
+                   act_b: float, w_b: float, pass_: str) -> list[Term]:
+    """Autocast's casts in one layer with fp32 weights. Forward: the fp32 inputs of the two GEMMs
+    that read the residual stream's norms (qkv, fc1 / gate_up: ``(res_b + act_b)*T*h`` each) and
+    every weight tensor to bf16 (``(w_b + act_b)*weights``; each forward and each recompute: the
+    cast cache lives only inside the outermost autocast region). Backward: the fp32 residual
+    gradients cast to bf16 for the two GEMMs that write the residual stream (proj / o, fc2 /
+    down), the bf16 input gradients of qkv and fc1 cast back to fp32, and every weight gradient
+    to fp32 (autograd casts each gradient to its input's dtype).
+
+    Example: 1 token, h = 4, 16 weights in 4 tensors, fp32 -> bf16: forward 2 x 24 + 96 bytes
+    over 6 kernels; backward 4 x 24 + 96 bytes over 8 kernels.
+
+    References
+    ----------
+    ``aten/src/ATen/autocast_mode.cpp`` (``cached_cast``, lower-precision ``linear``);
+    ``torch/csrc/autograd/engine.cpp`` (``validate_outputs`` casts gradients).
+    """
+    th, tnh = _e(tokens) * hidden, _e(norm_tokens) * hidden
+    wt = Term("copy", (w_b + act_b) * _e(weights) + 0 * th, weight_tensors)
+    if pass_ == "fwd":
+        return [Term("copy", 2 * (res_b + act_b) * th, 2), wt]
+    return [Term("copy", 2 * (res_b + act_b) * tnh, 2), Term("copy", 2 * (res_b + act_b) * th, 2),
+            wt]
+
+
+def residual_adds(tokens, hidden, res_b: float, act_b: float, pass_: str, count: int = 2
+                  ) -> list[Term]:
+    """The residual adds ``x + f(x)`` of the fp32 stream and a bf16 branch output: forward reads
+    ``res_b + act_b`` and writes ``res_b`` per element; backward sums the two fp32 gradients of
+    the stream (``3*res_b``). One kernel each (``count``: 1 in a recompute that stops early).
+
+    Example: 1 token, h = 4: forward (8 + 2) * 4 = 40 bytes per add, backward 48.
+    """
+    th = _e(tokens) * hidden
+    per = (2 * res_b + act_b) if pass_ == "fwd" else 3 * res_b
+    return [Term("add", count * per * th, count)]
+
+
+def gelu(tokens, ffn_width, act_b: float, pass_: str) -> list[Term]:
+    """Exact GELU of the bf16 fc1 output (GPT-2): forward reads and writes ``f`` (``2*act_b``),
+    ``gelu_backward`` reads the gradient and the input, writes one (``3*act_b``). 1 kernel.
+
+    Example: 1 token, f = 4, bf16: forward 16 bytes, backward 24.
+    """
+    tf = _e(tokens) * _e(ffn_width)
+    return [Term("gelu", (2 if pass_ == "fwd" else 3) * act_b * tf, 1)]
+
+
+def bias_grads(tokens, widths, act_b: float) -> list[Term]:
+    """Bias gradients of the biased Linears (``sum`` of each output gradient over the tokens):
+    one reduction per bias reading ``act_b*T*width``.
+
+    Example: 1 token, widths (12, 4, 16, 4), bf16: 72 bytes over 4 kernels.
+    """
+    return [Term("add", act_b * _e(tokens) * sum(_e(w) for w in widths), len(widths))]
+
+
+def layer_terms(model, tokens, norm_tokens, tp, ffn_width, qkv_cols, seq: float, act_b: float,
+                res_b: float, w_b: float, autocast: bool, pass_: str, early_stop: bool = False
+                ) -> list[Term]:
+    """Every memory-bound kernel of one eager layer on this GPU (the GEMMs and attention are
+    timed apart): the two norms (:func:`norms`), autocast's casts (:func:`autocast_casts`),
+    the residual adds (:func:`residual_adds`), GELU (:func:`gelu`) or the Llama-style families
+    (:func:`llama_terms`), and in the backward the ``cat`` of dq, dk, dv (the qkv ``split``'s
+    backward: reads and writes the qkv width) and the bias gradients (:func:`bias_grads`).
+    ``early_stop``: the checkpoint's recompute stops at the last saved tensor (fc2's input),
+    so the last residual add is not rerun. ``tokens``: GEMM rows on this GPU, ``norm_tokens``:
+    rows of the norm / residual region, ``ffn_width``: MLP intermediate columns on this GPU,
+    ``qkv_cols``: output columns of the qkv GEMM."""
+    tp = np.asarray(tp, dtype=np.float64)
+    h = model.hidden_size
+    f_gpu, qkv_w = ffn_width, qkv_cols
+    has_bias = model.linear_bias
+    weight_tensors = 4 + (4 if has_bias else 0)
+    terms = norms(norm_tokens, h, res_b, pass_)
+    if autocast:
+        terms += autocast_casts(tokens, norm_tokens, h, model.layer_params() / tp,
+                                weight_tensors, res_b, act_b, w_b, pass_)
+    if pass_ == "fwd":
+        terms += residual_adds(norm_tokens, h, res_b, act_b, pass_, 1 if early_stop else 2)
+    else:
+        terms += residual_adds(norm_tokens, h, res_b, act_b, pass_)
+        terms.append(Term("copy", 2 * act_b * _e(tokens) * qkv_w, 1))  # cat of dq, dk, dv
+        if has_bias:
+            cols = f_gpu * (2 if model.gated_mlp else 1)
+            terms += bias_grads(tokens, (qkv_w, h, cols, h), act_b)
+    if not model.gated_mlp:
+        terms += gelu(tokens, f_gpu, act_b, pass_)
+    return terms + llama_terms(model, tokens, tp, seq, act_b, autocast, pass_, f_gpu)
+
+
+def cross_entropy(tokens, vocab, hidden, res_b: float, act_b: float, w_b: float,
+                  autocast: bool, pass_: str) -> list[Term]:
+    """The script's loss head around the logit GEMM: final norm (:func:`norms`), under autocast
+    the casts of its input and of the (untied or tied) fp32 output weight to bf16 and
+    ``logits.float()`` (``(act_b + 4)`` per logit); the fp32 ``log_softmax``
+    (:func:`log_softmax`) and ``nll_loss`` (timed as one short kernel by the caller). Backward:
+    ``nll_loss_backward`` (zero-filled fp32 gradient + scatter: 4 bytes per logit), the
+    ``log_softmax`` backward, the gradient's cast to bf16, the weight and input gradients'
+    casts back to fp32, and the norm's backward.
+
+    Example: 1 token, vocab 8, h = 2, fp32 weights, bf16: forward casts 12 + 96 + 48 bytes.
+
+    References
+    ----------
+    ``benchmarks/calibrate_gpu.py`` (``F.cross_entropy(logits.float().view(-1, vocab), ...)``);
+    PyTorch ``aten/src/ATen/native/cuda/Loss.cu`` (``nll_loss_backward``).
+    """
+    t, v = _e(tokens), _e(vocab)
+    th, wv = t * hidden, v * hidden
+    if pass_ == "fwd":
+        terms = norms(t, hidden, res_b, "fwd", count=1)
+        if autocast:
+            terms += [Term("copy", (res_b + act_b) * th, 1), Term("copy", (w_b + act_b) * wv, 1),
+                      Term("copy", (act_b + F32) * t * v, 1)]
+        return terms + log_softmax(t, v, "fwd")
+    terms = []
+    if autocast:
+        terms += [Term("copy", (F32 + act_b) * t * v, 1), Term("copy", (act_b + w_b) * wv, 1),
+                  Term("copy", (act_b + res_b) * th, 1)]
+    terms += [Term("copy", F32 * t * v, 1)] + log_softmax(t, v, "bwd")
+    return terms + [Term("layernorm", 2 * 5 * res_b * th, 2)]

@@ -38,6 +38,30 @@ def test_sdpa_casts_and_swiglu_hand_computed():
     assert _sum(eager.swiglu(1, 4, 2.0, "bwd")) == (104.0, 4)
 
 
+def test_common_families_hand_computed():
+    # norms: 1 token, h = 4, fp32: forward 2 x 32 bytes, backward 2 x (48 + 32), 2 / 4 kernels
+    assert _sum(eager.norms(1, 4, 4.0, "fwd")) == (64.0, 2)
+    assert _sum(eager.norms(1, 4, 4.0, "bwd")) == (160.0, 4)
+    # autocast: 16 weights in 4 tensors: forward 2 x 24 + 96, backward 4 x 24 + 96
+    assert _sum(eager.autocast_casts(1, 1, 4, 16, 4, 4.0, 2.0, 4.0, "fwd")) == (144.0, 6)
+    assert _sum(eager.autocast_casts(1, 1, 4, 16, 4, 4.0, 2.0, 4.0, "bwd")) == (192.0, 8)
+    assert _sum(eager.residual_adds(1, 4, 4.0, 2.0, "fwd")) == (80.0, 2)
+    assert _sum(eager.residual_adds(1, 4, 4.0, 2.0, "bwd")) == (96.0, 2)
+    assert _sum(eager.gelu(1, 4, 2.0, "fwd")) == (16.0, 1)
+    assert _sum(eager.gelu(1, 4, 2.0, "bwd")) == (24.0, 1)
+    assert _sum(eager.bias_grads(1, (12, 4, 16, 4), 2.0)) == (72.0, 4)
+
+
+def test_cross_entropy_hand_computed():
+    # 1 token, vocab 8, h = 2, fp32 weights, bf16: norm 16, casts 12 + 96 + 48, log_softmax
+    # (GPT-sized rows: no L2 misses) 8 * 8 = 64 -> 236 bytes over 5 kernels
+    b, k = _sum(eager.cross_entropy(1, 8, 2, 4.0, 2.0, 4.0, True, "fwd"))
+    assert k == 5 and b == pytest.approx(16 + 12 + 96 + 48 + 64)
+    # backward: casts 48 + 96 + 12, nll 32, log_softmax 3 * 4 * 8 = 96, norm 2 x 40
+    b, k = _sum(eager.cross_entropy(1, 8, 2, 4.0, 2.0, 4.0, True, "bwd"))
+    assert k == 7 and b == pytest.approx(48 + 96 + 12 + 32 + 96 + 80)
+
+
 def test_log_softmax_rereads_only_beyond_l2():
     # GPT's 50,304 fp32 columns: 264 rows x 201 KB = 53.1 MB in flight, 1.3 % misses
     fwd_gpt = _sum(eager.log_softmax(1, 50304, "fwd"))[0] / 50304
@@ -140,6 +164,6 @@ def test_llama_families_bytes_match_recorded_step(recorded, phase):
     ops = [o for o in _layer_ops(one, two, phase) if _is_llama_family(o)]
     rec_bytes = sum(o.in_bytes + o.out_bytes for o in ops)
     rec_kernels = sum(CUDA_KERNELS.get(o.name, 1) for o in ops)
-    b, k = _sum(eager.layer_terms(_llama(), S, 1, S, 2.0, True, phase))
+    b, k = _sum(eager.llama_terms(_llama(), S, 1, S, 2.0, True, phase))
     assert k == rec_kernels
     assert b == pytest.approx(rec_bytes, rel=0.03)
