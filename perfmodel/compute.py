@@ -17,9 +17,11 @@ weight-gradient accumulation fused into the fp32 main gradient, sequence paralle
 the norm/dropout region by tp; CPU launch cost is hidden behind the GPU.
 
 ``kernels="eager"`` models plain PyTorch eager under ``torch.autocast`` with fp32 weights (the
-calibration script's ``e2e`` model): an fp32 residual stream, fp32 LayerNorm, a bf16 cast of
-every weight and of every GEMM input each forward (and their fp32 casts back in the backward),
-separate bias-gradient reductions, fp32 logits and cross-entropy; each kernel also costs CPU
+calibration script's ``e2e`` and ``e2e_llama`` models): an fp32 residual stream, fp32 norms, a
+bf16 cast of every weight and of every GEMM input each forward (and their fp32 casts back in the
+backward), separate bias-gradient reductions, fp32 RoPE, GQA repeats, fp32 logits and
+cross-entropy, one named function per kernel family in :mod:`perfmodel.eager` (checked against a
+recorded step, ``harness/eager_inventory.py``); each kernel also costs CPU
 dispatch time (:data:`CPU_FWD_LAUNCH_S`, :data:`CPU_BWD_LAUNCH_S`, :data:`CHECKPOINT_CPU_S`), and
 a phase takes ``max(GPU time, CPU time)`` (the CPU runs ahead of the GPU when it can).
 

@@ -138,6 +138,7 @@ def _analytic_phases(model):
 
 
 @pytest.mark.torch
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llama", "gpt"])
 def test_layer_kernel_count_matches_recorded_step(recorded, kind):
     one, two = recorded[kind]
@@ -158,6 +159,7 @@ def _is_llama_family(o):
 
 
 @pytest.mark.torch
+@pytest.mark.slow
 @pytest.mark.parametrize("phase", ["fwd", "bwd"])
 def test_llama_families_bytes_match_recorded_step(recorded, phase):
     one, two = recorded["llama"]
