@@ -104,10 +104,14 @@ def recorded():
         pytest.skip("benchmarks/calibrate_gpu.py not in this checkout")
     out = {}
     for kind, kw in (("llama", {"kv_heads": NKV, "ffn": FFN}), ("gpt", {})):
-        one = ei.record_step(kind, 1, H, NH, V, S, **kw)
-        two = ei.record_step(kind, 2, H, NH, V, S, **kw)
-        out[kind] = (one, two)
+        for rc in (False, True):
+            out[kind, rc] = tuple(ei.record_step(kind, n, H, NH, V, S, recompute=rc, **kw)
+                                  for n in (1, 2))
     return out
+
+
+def _cuda_kernels(inv, phase):
+    return sum(CUDA_KERNELS.get(o.name, 1) for o in inv.kernels(phase))
 
 
 def _layer_ops(one, two, phase):
@@ -118,7 +122,7 @@ def _layer_ops(one, two, phase):
     return b[1:1 + n] if phase == "fwd" else b[-1 - n:-1] if phase == "bwd" else b[:n]
 
 
-def _analytic_phases(model):
+def _analytic_phases(model, recompute=0):
     phases = []
 
     class Rec(compute._Phase):
@@ -131,22 +135,25 @@ def _analytic_phases(model):
     compute._Phase = Rec
     try:
         compute.compute_times(model, training, load_gpu("h200-sxm-141gb"),
-                              ConfigBatch.from_arrays(micro_batch_size=1), kernels="eager")
+                              ConfigBatch.from_arrays(micro_batch_size=1, recompute=recompute),
+                              kernels="eager")
     finally:
         compute._Phase = orig
-    return phases[0], phases[1]  # layer forward, layer backward
+    return phases[0], phases[1], phases[2]  # layer forward, backward, full recompute
 
 
 @pytest.mark.torch
 @pytest.mark.slow
+@pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("kind", ["llama", "gpt"])
-def test_layer_kernel_count_matches_recorded_step(recorded, kind):
-    one, two = recorded[kind]
-    fwd, bwd = _analytic_phases(_llama() if kind == "llama" else _gpt())
-    for phase, ph in (("fwd", fwd), ("bwd", bwd)):
-        ops = _layer_ops(one, two, phase)
-        n = sum(CUDA_KERNELS.get(o.name, 1) for o in ops)
-        assert ph.launches[0] == n, (phase, [o.name for o in ops])
+def test_layer_kernel_count_matches_recorded_step(recorded, kind, recompute):
+    """The CUDA kernels one more layer adds to the recorded step (forward; backward with the
+    checkpoint's recompute) equal the model's launch count of a layer."""
+    one, two = recorded[kind, recompute]
+    fwd, bwd, rec = _analytic_phases(_llama() if kind == "llama" else _gpt(), 2 * recompute)
+    assert _cuda_kernels(two, "fwd") - _cuda_kernels(one, "fwd") == fwd.launches[0]
+    model_bwd = bwd.launches[0] + (rec.launches[0] if recompute else 0.0)
+    assert _cuda_kernels(two, "bwd") - _cuda_kernels(one, "bwd") == model_bwd
 
 
 def _is_llama_family(o):
@@ -162,7 +169,7 @@ def _is_llama_family(o):
 @pytest.mark.slow
 @pytest.mark.parametrize("phase", ["fwd", "bwd"])
 def test_llama_families_bytes_match_recorded_step(recorded, phase):
-    one, two = recorded["llama"]
+    one, two = recorded["llama", False]
     ops = [o for o in _layer_ops(one, two, phase) if _is_llama_family(o)]
     rec_bytes = sum(o.in_bytes + o.out_bytes for o in ops)
     rec_kernels = sum(CUDA_KERNELS.get(o.name, 1) for o in ops)
