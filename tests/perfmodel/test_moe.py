@@ -277,3 +277,11 @@ def test_host_time_per_local_expert_adds_to_each_pass(monkeypatch):
     t8 = compute_times(MIX, TR, gpu, batch(dp=16, pp=4, ep=8, etp=1))
     assert t2["layer_fwd_s"][0] - t8["layer_fwd_s"][0] == pytest.approx(3.0, rel=0.01)
     assert t2["layer_bwd_s"][0] - t8["layer_bwd_s"][0] == pytest.approx(3.0, rel=0.01)
+
+
+def test_a2a_overlap_hides_a_share_of_what_fits_under_compute():
+    # 10 ms of exchanges under 6 ms of compute: 0.6 * 6 ms hidden, 6.4 ms exposed; under 20 ms
+    # of compute 0.6 * 10 ms hidden, 4 ms exposed; never more than without the overlap
+    e = moe.a2a_overlap_exposed_s(np.array([10e-3, 10e-3, 0.0]), np.array([6e-3, 20e-3, 1.0]))
+    assert moe.MOE_A2A_OVERLAP_HIDDEN == 0.6
+    assert e == pytest.approx([6.4e-3, 4.0e-3, 0.0])
