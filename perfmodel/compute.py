@@ -497,7 +497,7 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
                 else:
                     ph.add(count * gemm_time_s(cal, m_, n_, k_, lay, peak, ratio), count)
 
-    host_exposed_s = moe.moe_host_exposed_s(model, batch)
+    host_exposed_s = moe.moe_host_exposed_s(model, batch, training)
 
     def moe_kernels(ph: _Phase, pass_: str) -> None:
         """Router softmax / top-k and token permute / unpermute of the MoE layers (averaged

@@ -367,10 +367,16 @@ def evaluate(
     # 2. per-stage time of one micro-batch (forward + backward).
     embed_s = ct["embed_fwd_s"] + ct["embed_bwd_s"]
     logits_s = ct["logits_fwd_s"] + ct["logits_bwd_s"]
+    if model.mtp_num_layers:  # DeepSeek-V3 multi-token prediction, on the last stage
+        from perfmodel.mtp import mtp_stage_s
+
+        head_s = logits_s + mtp_stage_s(model, layer_s, logits_s)
+    else:
+        head_s = logits_s
     single = pp == 1
-    t_first = np.where(single, n_first * layer_s + embed_s + logits_s,
+    t_first = np.where(single, n_first * layer_s + embed_s + head_s,
                        n_first * layer_s + embed_s)
-    t_last = np.where(single, t_first, n_last * layer_s + logits_s)
+    t_last = np.where(single, t_first, n_last * layer_s + head_s)
     t_mid = n_mid * layer_s
     if training.cpu_offload_layers and kernels == "fused":  # CPU activation offloading
         t_first, t_mid, t_last = (t + _offload_s(model, training, cluster, b, n, ct)
@@ -388,7 +394,7 @@ def evaluate(
     hflops_layout = None
     if b.stage_layers is not None and np.any(b.has_layout):
         lay = b.has_layout
-        st = _layout_stages(model, training, cluster, b, embed_s, logits_s, kernels=kernels,
+        st = _layout_stages(model, training, cluster, b, embed_s, head_s, kernels=kernels,
                             calibration=calibration)
         t_first, t_mid, t_last = (np.where(lay, st[k], x) for k, x in
                                   (("first", t_first), ("mid", t_mid), ("last", t_last)))
