@@ -79,7 +79,7 @@ cuBLAS GEMM per expert in ``general_grouped_gemm``, for fc1 and fc2; in the back
 wgrad) before the GPU has anything to run, so the host time per local expert adds to the
 layer's time instead of hiding behind it. ``E/ep`` local experts: DeepSeek-V3 with ep 8 has 32,
 Qwen3-235B with ep 64 has 2. Fitted, as the one MoE-specific parameter, on ``moe_runs_dev.csv``
-(94 rows, 8 models): 0.114 ms (leave-one-model-out fits 0.112-0.140 ms; docs/moe.md). Megatron-Core's
+(94 rows, 8 models): 0.139 ms with the MTP layouts of the DeepSeek-V3 rows (leave-one-model-out fits 0.124-0.141 ms; docs/moe.md). Megatron-Core's
 remedies confirm the effect: ``--moe-pad-expert-input-to-capacity`` (no sync), CUDA graphs of
 ``moe_router`` / ``moe_preprocess``, TE's device-side grouped GEMM (``m_splits`` on the GPU)."""
 
