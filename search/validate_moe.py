@@ -19,7 +19,8 @@ documented facts of its framework, nothing fitted per row:
   18 trays, Slurm ``--segment``; one row says "32 GB200 per NVL domain segment"), so the NVLink
   tier is 64 GPUs (32 where the row says so).
 * **measured**: ``seconds_per_iteration`` (derived by the source from tokens/s where it says so);
-  rows with only TFLOP/s are refused, since TFLOP/s use each framework's own FLOP formula.
+  rows with only TFLOP/s are converted with the source's own FLOP formula
+  (:func:`flop_convention`, :mod:`perfmodel.framework_flops`).
 """
 
 from __future__ import annotations
@@ -109,17 +110,55 @@ def _recompute(text: str) -> str:
     return "none"
 
 
+def flop_convention(r: pd.Series) -> tuple[str, int]:
+    """The FLOP formula a row's TFLOP/s was counted with: ``(form, mtp_layers)`` of
+    :func:`perfmodel.framework_flops.megatron_flops_per_token`.
+
+    * Megatron-LM MoE README (MCore v0.8 / v0.9): the 2024 ``num_floating_point_operations``.
+    * Megatron-LM DeepSeek-V3 GB200 study (Megatron-LM of Nov 2025) and Megatron-Bridge: the
+      2025 ``transformer_flops``; DeepSeek-V3 counts its one MTP layer (``mtp_num_layers=1``
+      of ``DeepSeekV3ModelProvider``) unless the row says "w/o MTP" or the launch script has
+      no MTP flag. Checked on the rows that publish both tokens/s and TFLOP/s: the 2025 form
+      reproduces their ratio within 0.3 % for DeepSeek-V3 (with MTP, w/o MTP where labelled),
+      Qwen3, Grok-1, Mixtral-8x22B and Llama-4 Scout (``tests/perfmodel/test_framework_flops.py``).
+    """
+    src = str(r.get("source", "")).lower()
+    release = str(r.get("release", "")).lower()
+    if "moe/readme" in src or re.match(r"mcore v0\.[0-9]\b", release):
+        return "2024", 0
+    text = (str(r.get("notes", "")) + " " + str(r.get("config_source", ""))).lower()
+    no_mtp = "w/o mtp" in text or "no mtp" in text
+    mtp = 1 if str(r["model"]).lower().startswith("deepseek-v3") and not no_mtp else 0
+    return "2025", mtp
+
+
+def _step_from_tflops(r: pd.Series, model: ModelSpec) -> float:
+    """Step time from a published TFLOP/s/GPU under the source's own FLOP formula."""
+    from perfmodel.framework_flops import megatron_flops_per_token, step_time_from_tflops
+
+    tflops = _f(r["tflops_per_gpu"])
+    if tflops is None:
+        raise SpecError("no step time, tokens/s or TFLOP/s published")
+    form, mtp = flop_convention(r)
+    f_tok = megatron_flops_per_token(model, int(r["seq_len"]),
+                                     tp=int(_f(r["tensor_parallel"]) or 1), mtp_layers=mtp,
+                                     form=form)
+    return step_time_from_tflops(tflops, f_tok, int(r["global_batch_size"]), int(r["seq_len"]),
+                                 int(r["num_gpus"]))
+
+
 def moe_case_from_row(r: pd.Series) -> Case:
     """One row of ``moe_runs_dev.csv`` as a :class:`~search.validate.Case`; raises SpecError
     with the reason when the row cannot be expressed."""
+    model = _model(r)
     measured = _f(r["seconds_per_iteration"])
     if measured is None:
         tps = _f(r["tokens_per_sec_per_gpu"])
-        if tps is None:
-            raise SpecError("no step time or tokens/s published (TFLOP/s only, under the "
-                            "framework's own FLOP formula)")
-        measured = int(r["global_batch_size"]) * int(r["seq_len"]) / (tps * int(r["num_gpus"]))
-    model = _model(r)
+        if tps is not None:
+            measured = int(r["global_batch_size"]) * int(r["seq_len"]) / (
+                tps * int(r["num_gpus"]))
+        else:
+            measured = _step_from_tflops(r, model)
     other = str(r.get("other_config", "")).lower()
     training = TrainingSpec(
         global_batch_size=int(r["global_batch_size"]), seq_len=int(r["seq_len"]),
@@ -153,7 +192,16 @@ def moe_case_from_row(r: pd.Series) -> Case:
         cfg = resolve_config(cfg, check_model, training, cluster)
     except SpecError as err:
         if "must divide tp*cp*dp" in str(err):  # ep*etp*pp larger than the GPU count
-            raise SpecError(f"published layout is not runnable in Megatron-Core: {err}") from None
+            # Megatron-Core initialize_model_parallel: world_size % (etp*ep*pp) == 0. The row's
+            # own GA (= GBS / (MBS * dp)) fixes dp, hence pp, so the EP cell is what disagrees.
+            ga = _f(r.get("grad_accum"))
+            ga_note = ""
+            if ga and int(ga) * cfg.micro_batch_size * dp == int(r["global_batch_size"]):
+                ga_note = (f"; the row's GA {int(ga)} = GBS/(MBS*dp) confirms dp {dp} and pp {p}")
+            raise SpecError(
+                f"published layout is not runnable in Megatron-Core: {err}; ep*etp*pp = "
+                f"{ep * etp * p} > {gpus} GPUs (initialize_model_parallel needs world_size % "
+                f"(etp*ep*pp) == 0){ga_note}") from None
         raise
     return Case(str(r["row_id"]), str(r["model"]), model, training, cluster, cfg,
                 float(measured), "step", str(r.get("status", "")))
