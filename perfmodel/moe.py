@@ -43,6 +43,7 @@ from perfmodel.specs import ModelSpec, TrainingSpec
 from perfmodel.topology import GroupPlacement
 
 __all__ = [
+    "MOE_EXPERT_HOST_S",
     "MOE_HOST_SYNC_S",
     "a2a_per_layer",
     "all_to_all_tiered_time",
@@ -50,24 +51,57 @@ __all__ = [
     "effective_ffn_size",
     "expert_params_per_gpu",
     "expert_rows_per_gpu",
+    "local_experts",
     "moe_activation_extra_bytes",
     "moe_dispatch_buffer_bytes",
+    "moe_host_exposed_s",
     "routed_tokens_per_gpu",
     "tokens_per_gpu",
     "uses_dispatcher",
 ]
 
 
-MOE_HOST_SYNC_S = 2.0e-3
-"""Host time exposed per MoE layer pass (forward or backward) and micro-batch [s]. The token
-dispatcher copies the per-expert token counts to the host (the grouped GEMM's ``m_splits`` and
-the all-to-all split sizes, a device-to-host synchronisation), so the CPU cannot run ahead of
-the GPU there: the Python and launch time of the MoE block (router, dispatcher pre- and
-post-processing, permute, the grouped GEMMs' setup) is added to the GPU time instead of hidden
-behind it. Megatron-Core's remedies confirm the effect: ``--moe-pad-expert-input-to-capacity``
-(no sync), CUDA graphs of ``moe_router`` / ``moe_preprocess`` (Megatron-Bridge 26.x recipes).
-Fitted, as the one MoE-specific parameter, on ``moe_runs_dev.csv`` (88 rows, 8 models):
-2.0 ms (leave-one-model-out fits 1.9-2.7 ms; docs/moe.md)."""
+MOE_HOST_SYNC_S = 0.0
+"""Host time exposed per MoE layer pass (forward or backward) and micro-batch, independent of
+the expert count [s]: the dispatcher's device-to-host copy of the per-expert token counts
+(the all-to-all split sizes) stops the CPU from running ahead. Fitted together with
+:data:`MOE_EXPERT_HOST_S` on ``moe_runs_dev.csv``: the fit puts it at 0 once the per-expert
+term is there (see ``docs/moe.md``), so it is kept as a named hook at 0."""
+
+MOE_EXPERT_HOST_S = 1.44e-4
+"""Host time exposed per *local expert*, MoE layer pass (forward or backward) and micro-batch
+[s]. After the dispatcher's device-to-host sync (``tokens_per_expert`` to the host: the grouped
+GEMM's ``m_splits``) the GPU queue is empty, and Transformer Engine's ``GroupedLinear`` then does
+its per-expert host work (split of the input, per-expert fp8 quantisers and workspaces, one
+cuBLAS GEMM per expert in ``general_grouped_gemm``, for fc1 and fc2; in the backward dgrad and
+wgrad) before the GPU has anything to run, so the host time per local expert adds to the
+layer's time instead of hiding behind it. ``E/ep`` local experts: DeepSeek-V3 with ep 8 has 32,
+Qwen3-235B with ep 64 has 2. Fitted, as the one MoE-specific parameter, on ``moe_runs_dev.csv``
+(94 rows, 8 models): 0.15 ms (leave-one-model-out fits and error in docs/moe.md). Megatron-Core's
+remedies confirm the effect: ``--moe-pad-expert-input-to-capacity`` (no sync), CUDA graphs of
+``moe_router`` / ``moe_preprocess``, TE's device-side grouped GEMM (``m_splits`` on the GPU)."""
+
+
+def local_experts(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
+    """Routed experts one GPU holds per MoE layer: ``E / ep`` (0 for a dense model)."""
+    if not model.is_moe:
+        return np.zeros(len(batch))
+    return model.num_experts / batch.ep.astype(np.float64)
+
+
+def moe_host_exposed_s(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
+    """Host time the GPU waits for per MoE layer pass and micro-batch [s]:
+    ``MOE_HOST_SYNC_S + MOE_EXPERT_HOST_S * E/ep`` (0 for a dense model).
+
+    References
+    ----------
+    Megatron-Core ``token_dispatcher.py`` (``MoEAlltoAllTokenDispatcher.preprocess``:
+    ``tokens_per_expert`` copied to the host for the all-to-all splits and ``m_splits``);
+    Transformer Engine ``pytorch/module/grouped_linear.py`` (per-expert quantise / GEMM loop).
+    """
+    if not model.is_moe:
+        return np.zeros(len(batch))
+    return MOE_HOST_SYNC_S + MOE_EXPERT_HOST_S * local_experts(model, batch)
 
 
 def tokens_per_gpu(training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:

@@ -12,8 +12,8 @@ documented facts of its framework, nothing fitted per row:
   sequence parallelism with tp > 1, the alltoall dispatcher (DeepEP / HybridEP ``flex`` move the
   same bytes) with the all-to-all overlapped only where the row says ``moe_a2a_overlap=True``;
   dropless, force-balanced routing (the benchmark footnotes), so load imbalance 1.
-* **config**: etp = 1 where the row leaves it empty (Megatron-Bridge MoE recipes set
-  ``expert_tensor_parallel_size=1``); layers that do not divide into ``pp*vp`` chunks are split
+* **config**: where the row leaves etp empty, 1 for Megatron-Bridge (its MoE recipes set
+  ``expert_tensor_parallel_size=1``) and Megatron-Core's default etp = tp for the others; layers that do not divide into ``pp*vp`` chunks are split
   unevenly (Megatron-Bridge's ``pipeline_model_parallel_layout`` / embedding-aware split).
 * **cluster**: the GPU's preset. GB200/GB300 jobs run on 64-GPU NVLink segments (16 of a rack's
   18 trays, Slurm ``--segment``; one row says "32 GB200 per NVL domain segment"), so the NVLink
@@ -147,6 +147,16 @@ def _step_from_tflops(r: pd.Series, model: ModelSpec) -> float:
                                  int(r["num_gpus"]))
 
 
+def _default_etp(r: pd.Series, tp: int) -> int:
+    """Expert tensor parallelism where the row leaves it empty: 1 for Megatron-Bridge (its MoE
+    workload presets set ``expert_tensor_parallel_size=1``), else Megatron-Core's own default
+    ``etp = tp`` (``parallel_state.initialize_model_parallel``: "if expert_tensor_parallel_size
+    is None: expert_tensor_parallel_size = tensor_model_parallel_size"; NeMo 2.0's
+    ``MegatronStrategy`` and the NeMo launcher leave it None; before MCore 0.10 the experts were
+    split by tp, the same)."""
+    return 1 if "megatron-bridge" in str(r.get("source", "")).lower() else tp
+
+
 def moe_case_from_row(r: pd.Series) -> Case:
     """One row of ``moe_runs_dev.csv`` as a :class:`~search.validate.Case`; raises SpecError
     with the reason when the row cannot be expressed."""
@@ -172,7 +182,7 @@ def moe_case_from_row(r: pd.Series) -> Case:
     cp = int(_f(r["context_parallel"]) or 1)
     vp = int(_f(r["virtual_pipeline_stages"]) or 1)
     ep = int(_f(r["expert_parallel"]) or 1)
-    etp = int(_f(r["expert_tensor_parallel"]) or 1)
+    etp = int(_f(r["expert_tensor_parallel"]) or _default_etp(r, t))
     fsdp = bool(_f(r["fsdp"]))
     dp = gpus // (t * p * cp)
     cfg = ParallelConfig(
