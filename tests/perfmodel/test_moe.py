@@ -120,6 +120,45 @@ def test_expert_memory_sharded_by_ep_and_expert_dp():
     assert o1 - o8 == pytest.approx(12 * (8 * n / 16 - n / 2))
 
 
+def test_stage_expert_params_by_hand():
+    # DeepSeek-V3: 61 layers, the first 3 dense, 256 experts of 3*7168*2048 = 44.04e6.
+    # pp = 16, ep = 8: rank 0 with 2 layers (both dense) holds no experts, a middle rank with 4
+    # MoE layers 4*256*44.04e6/8 = 5.64e9, and with pp = 1 all 58 MoE layers over ep.
+    from perfmodel.memory import stage_expert_params
+
+    m = load_model("deepseek-v3")
+    b = batch(dp=16, pp=16, ep=8, etp=1)
+    per_layer = 256 * 3 * 7168 * 2048
+    assert stage_expert_params(m, b, 2.0, 2.0)[0] == 0.0
+    assert stage_expert_params(m, b, 4.0, 0.0)[0] == pytest.approx(4 * per_layer / 8)
+    assert stage_expert_params(m, b, 5.0, 3.0)[0] == pytest.approx(2 * per_layer / 8)
+    one = batch(dp=256, ep=8, etp=1)
+    assert stage_expert_params(m, one, 61.0, 3.0)[0] == pytest.approx(
+        moe.expert_params_per_gpu(m, one)[0])
+    # a model whose MoE layers are every 2nd (Llama-4 Maverick style): half of a stage's layers
+    alt = m.model_copy(update={"moe_dense_layers": 0, "moe_layer_freq": 2, "num_layers": 48})
+    assert stage_expert_params(alt, b, 6.0)[0] == pytest.approx(3 * per_layer / 8)
+
+
+def test_middle_rank_holds_its_experts():
+    # DeepSeek-V3 on pp = 16 (61 layers: 2 / 4 per middle rank / 3): the peak is a middle rank,
+    # and its weights include its 4 MoE layers' experts (4*256*44.04e6/8 params, bf16), not
+    # only attention and norms.
+    m = load_model("deepseek-v3")
+    c = load_cluster("dgx-b200", gpus=256)
+    tr = load_training(global_batch_size=2048, seq_len=4096, precision="bf16")
+    b = ConfigBatch.from_arrays(dp=16, pp=16, ep=8, etp=1, num_microbatches=128,
+                                zero_stage=1)
+    mem = memory_breakdown(m, tr, c, b)
+    assert mem["peak_stage"][0] == 2
+    experts = 4 * 256 * 3 * 7168 * 2048 / 8
+    assert mem["weights"][0] > 2 * experts
+    # more ep never raises it either (the property, on the middle rank)
+    b16 = ConfigBatch.from_arrays(dp=16, pp=16, ep=16, etp=1, num_microbatches=128,
+                                  zero_stage=1)
+    assert memory_breakdown(m, tr, c, b16)["peak"][0] < mem["peak"][0]
+
+
 def test_active_parameter_flops_deepseek():
     # per token per layer, forward: MLA 2*187.1e6, MoE layers (58/61) 8 routed + 1 shared
     # experts 2*3*7168*2048*9 and the router 2*7168*256; dense layers (3/61) 2*3*7168*18432
