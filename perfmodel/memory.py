@@ -808,6 +808,10 @@ def memory_breakdown(
     sched = np.asarray(c.schedule)
     infl_first = inflight_microbatches(pp, m, sched, vp, stage=0)
     infl_last = inflight_microbatches(pp, m, sched, vp, stage=pp - 1)
+    # the MoE all-to-all overlap's combined 1F1B holds one more micro-batch (pp = 1) or chunk
+    a2a_extra = 0.0 if eager else moe.a2a_overlap_extra_inflight(training, c)
+    infl_first = np.minimum(infl_first + a2a_extra, np.maximum(m, infl_first))
+    infl_last = np.minimum(infl_last + a2a_extra, np.maximum(m, infl_last))
     if eager:  # torch's zero bubble retains whole backward graphs until the W pass
         infl_last = np.where(schedule_code(sched) == _CODE_ZB,
                              torch_zb_retained_microbatches(pp, m), infl_last)
@@ -913,7 +917,7 @@ def memory_breakdown(
         wm, gm, om = zero_state_bytes(sp_["middle"], shard, zero, wb, gb, ob)
         we, ge, oe = zero_state_bytes(n_exp_mid, c.expert_dp, zero, wb, gb, ob)
         wm, gm, om = wm + we, gm + ge, om + oe  # the middle rank's experts
-        act_mid = (inflight_microbatches(pp, m, sched, vp, stage=1)
+        act_mid = ((inflight_microbatches(pp, m, sched, vp, stage=1) + a2a_extra)
                    * resident_activation_layers(layers_mid, n_off) * layer_act)
         act_mid = act_mid + recompute_extra
         other_mid = base_other + bucket + zero3 + fp8_weight_cache_bytes(

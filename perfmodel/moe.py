@@ -43,6 +43,8 @@ from perfmodel.specs import ModelSpec, TrainingSpec
 from perfmodel.topology import GroupPlacement
 
 __all__ = [
+    "a2a_overlap_applies",
+    "a2a_overlap_extra_inflight",
     "MOE_EXPERT_HOST_S",
     "MOE_HOST_SYNC_S",
     "a2a_per_layer",
@@ -263,3 +265,49 @@ def dispatch_time_per_layer(model: ModelSpec, training: TrainingSpec, batch: Con
     gather = np.where(gather_buf > 0,
                       coll.all_gather_time(gather_buf, g.size, g.bw_bytes_per_s, g.latency_s), 0.0)
     return all_to_all_tiered_time(a2a_buf, groups["ep"]) + gather
+
+
+# --------------------------------------------------------------------------------------------
+# Where the all-to-all overlap runs (Megatron-Core's combined 1F1B)
+# --------------------------------------------------------------------------------------------
+def a2a_overlap_applies(training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:
+    """Whether ``--overlap-moe-expert-parallel-comm`` runs for each configuration: the switch
+    is on (``training.overlap_moe_comm``), ep > 1, the alltoall dispatcher, no full
+    recomputation, and with pp > 1 an interleaved schedule (vp > 1). Megatron-Core refuses the
+    others (``TransformerConfig.__post_init__``: "virtual_pipeline_model_parallel_size must be
+    specified when pipeline_model_parallel_size > 1", "disable full recomputation when enabling
+    overlap_moe_expert_parallel_comm", ep > 1, alltoall/flex dispatcher): only
+    ``combined_1f1b_schedule_for_no_pipelining`` (pp = 1) and
+    ``..._for_interleaved_pipelining`` overlap, the plain 1F1B schedule does not. Where it does
+    not apply the dispatch and combine stay exposed (and ``--emit`` leaves the flag out).
+
+    References
+    ----------
+    Megatron-Core ``transformer/transformer_config.py`` (the asserts above),
+    ``pipeline_parallel/combined_1f1b.py``, ``pipeline_parallel/schedules.py``.
+    """
+    n = len(batch)
+    if not training.overlap_moe_comm or training.moe_token_dispatcher != "alltoall":
+        return np.zeros(n, dtype=bool)
+    full = np.asarray(batch.recompute) == 2  # perfmodel.config.RECOMPUTE: none, selective, full
+    return (batch.ep > 1) & ~full & ((batch.pp == 1) | (batch.vp > 1))
+
+
+def a2a_overlap_extra_inflight(training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:
+    """Micro-batches a stage holds in flight beyond its schedule's count when the all-to-all
+    overlap runs [whole-stage micro-batches]: with pp = 1 the combined 1F1B runs the forward of
+    micro-batch i+1 with the backward of micro-batch i, so two micro-batches' activations are
+    alive (+1); interleaved, Megatron-Core adds one warm-up forward (``num_warmup_microbatches
+    + 1``), one more model chunk (+1/vp). Capped by the micro-batches there are.
+
+    References
+    ----------
+    Megatron-Core ``pipeline_parallel/combined_1f1b.py``
+    (``combined_1f1b_schedule_for_no_pipelining``: one forward, then paired forward/backward)
+    and ``schedules.py`` (``get_pp_rank_microbatches``: ``if overlap_moe_expert_parallel_comm:
+    num_warmup_microbatches += 1``).
+    """
+    on = a2a_overlap_applies(training, batch)
+    pp, vp = batch.pp.astype(np.float64), batch.vp.astype(np.float64)
+    extra = np.where(pp == 1, 1.0, 1.0 / vp)
+    return np.where(on & (batch.num_microbatches > 1), extra, 0.0)

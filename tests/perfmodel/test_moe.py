@@ -95,7 +95,8 @@ def test_a2a_priced_on_the_tier_the_group_spans():
 
 def test_overlap_switch_hides_dispatch():
     c = load_cluster("dgx-h100", gpus=64)
-    b = batch(dp=16, pp=4, ep=8, etp=1, num_microbatches=16)
+    # interleaved (Megatron-Core overlaps with pp > 1 only there: combined 1F1B)
+    b = batch(dp=16, pp=4, vp=2, schedule="interleaved", ep=8, etp=1, num_microbatches=16)
     plain = evaluate(MIX, TR, c, b)
     hidden = evaluate(MIX, TR.model_copy(update={"overlap_moe_comm": True}), c, b)
     assert plain.time_s["ep_comm"][0] > 0
@@ -316,3 +317,44 @@ def test_host_time_per_local_expert_adds_to_each_pass(monkeypatch):
     t8 = compute_times(MIX, TR, gpu, batch(dp=16, pp=4, ep=8, etp=1))
     assert t2["layer_fwd_s"][0] - t8["layer_fwd_s"][0] == pytest.approx(3.0, rel=0.01)
     assert t2["layer_bwd_s"][0] - t8["layer_bwd_s"][0] == pytest.approx(3.0, rel=0.01)
+
+
+def test_a2a_overlap_only_where_megatron_core_runs_it():
+    # Megatron-Core's combined 1F1B overlaps the dispatch / combine only with pp = 1 or an
+    # interleaved pipeline, ep > 1 and no full recomputation; elsewhere it refuses the switch,
+    # so the all-to-all stays exposed (the same as with the switch off).
+    c = load_cluster("dgx-h100", gpus=64)
+    on = TR.model_copy(update={"overlap_moe_comm": True})
+    cases = {  # (pp, vp, recompute, ep): overlap runs
+        (1, 1, "none", 8): True, (4, 2, "none", 8): True, (4, 1, "none", 8): False,
+        (1, 1, "full", 8): False, (4, 2, "full", 8): False, (1, 1, "none", 1): False,
+    }
+    for (pp, vp, rc, ep), runs in cases.items():
+        sched = "interleaved" if vp > 1 else "1f1b"
+        b = batch(dp=64 // pp, pp=pp, vp=vp, schedule=sched, recompute=rc, ep=ep, etp=1,
+                  num_microbatches=8)
+        assert bool(moe.a2a_overlap_applies(on, b)[0]) is runs
+        hidden, plain = evaluate(MIX, on, c, b), evaluate(MIX, TR, c, b)
+        if runs:
+            assert hidden.time_s["ep_comm"][0] < plain.time_s["ep_comm"][0]
+        else:
+            assert hidden.time_s["ep_comm"][0] == pytest.approx(plain.time_s["ep_comm"][0])
+    # the allgather dispatcher has no overlap
+    ag = on.model_copy(update={"moe_token_dispatcher": "allgather"})
+    assert not moe.a2a_overlap_applies(ag, batch(dp=64, ep=8, etp=1))[0]
+
+
+def test_a2a_overlap_holds_one_more_microbatch():
+    # pp = 1: forward of micro-batch i+1 runs with the backward of i, 2 in flight instead of 1
+    # (+1); interleaved pp = 4, vp = 2: one more warm-up chunk (+1/2); plain 1F1B: no overlap.
+    on = TR.model_copy(update={"overlap_moe_comm": True})
+    b = batch(dp=16, pp=1, ep=8, etp=1, num_microbatches=8)
+    assert moe.a2a_overlap_extra_inflight(on, b)[0] == 1.0
+    bi = batch(dp=16, pp=4, vp=2, schedule="interleaved", ep=8, etp=1, num_microbatches=8)
+    assert moe.a2a_overlap_extra_inflight(on, bi)[0] == 0.5
+    assert moe.a2a_overlap_extra_inflight(on, batch(dp=16, pp=4, ep=8, etp=1))[0] == 0.0
+    assert moe.a2a_overlap_extra_inflight(TR, b)[0] == 0.0
+    c = load_cluster("dgx-h100", gpus=16)
+    with_ov = memory_breakdown(MIX, on, c, b)["activations"][0]
+    without = memory_breakdown(MIX, TR, c, b)["activations"][0]
+    assert with_ov > 1.5 * without
