@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from search.validate_moe import moe_runs_report, moe_summary, moe_tuned_report
+from search.validate_moe import (moe_runs_report, moe_summary, moe_tuned_report,
+                                 moe_tuned_summary)
 
 #: the stated limits a row may be refused for (substrings of the reason)
 TRUE_LIMITS = (
@@ -58,7 +59,11 @@ def test_moe_mape_does_not_regress(report):
 def test_tuned_check_runs_on_two_settings():
     t = moe_tuned_report(limit=2)
     assert len(t) == 2 and np.all(np.isfinite(t["ratio"])) and (t["ratio"] > 0).all()
-    assert set(t.columns) >= {"measured_s", "predicted_best_s", "ratio", "ok", "best_config"}
+    assert set(t.columns) >= {"measured_s", "predicted_best_s", "ratio", "ok", "best_config",
+                              "recipe_predicted_s", "recipe_fits", "search_gain"}
+    # the ratio splits into the recipe's own time error and the search's gain over it
+    np.testing.assert_allclose(t["ratio"], t["measured_s"] / t["recipe_predicted_s"]
+                               * t["search_gain"])
     # what `plan validate --tuned` prints and puts in its JSON
     from rich.console import Console
 
@@ -69,6 +74,21 @@ def test_tuned_check_runs_on_two_settings():
     out = Console(record=True, width=200)
     print_moe_tuned(out, t)
     assert f"tuned-recipe check: {s['within']} of 2 settings within [0.90, 1.15]" in out.export_text()
+
+
+@pytest.mark.slow
+def test_moe_tuned_fraction_does_not_regress():
+    # target: >= 80 % of settings within [0.90, 1.15] (not met). Reached: 24 of 48 (50 %); the
+    # misses are mostly the recipes' own time error (measured / recipe_predicted outside the
+    # band: GPT-OSS on GB200/GB300, Qwen3-235B on H100, DeepSeek-V3 2048 on B200) and search
+    # gains where the search swaps the recipe's etp = tp for etp = 1 with an in-node ep group
+    # (Grok-1); see docs/moe.md. ~1 min (48 searches).
+    t = moe_tuned_report()
+    s = moe_tuned_summary(t)
+    table = t[["model", "gpu", "gpus", "ratio", "recipe_predicted_s", "search_gain",
+               "best_config"]].to_string()
+    assert s["settings"] == 48
+    assert s["fraction"] >= 0.50, f"{s}\n{table}"
 
 
 def test_plan_validate_has_the_tuned_switch():
