@@ -70,7 +70,7 @@ the expert count [s]: the dispatcher's device-to-host copy of the per-expert tok
 :data:`MOE_EXPERT_HOST_S` on ``moe_runs_dev.csv``: the fit puts it at 0 once the per-expert
 term is there (see ``docs/moe.md``), so it is kept as a named hook at 0."""
 
-MOE_EXPERT_HOST_S = 1.44e-4
+MOE_EXPERT_HOST_S = 1.14e-4
 """Host time exposed per *local expert*, MoE layer pass (forward or backward) and micro-batch
 [s]. After the dispatcher's device-to-host sync (``tokens_per_expert`` to the host: the grouped
 GEMM's ``m_splits``) the GPU queue is empty, and Transformer Engine's ``GroupedLinear`` then does
@@ -79,7 +79,7 @@ cuBLAS GEMM per expert in ``general_grouped_gemm``, for fc1 and fc2; in the back
 wgrad) before the GPU has anything to run, so the host time per local expert adds to the
 layer's time instead of hiding behind it. ``E/ep`` local experts: DeepSeek-V3 with ep 8 has 32,
 Qwen3-235B with ep 64 has 2. Fitted, as the one MoE-specific parameter, on ``moe_runs_dev.csv``
-(94 rows, 8 models): 0.15 ms (leave-one-model-out fits and error in docs/moe.md). Megatron-Core's
+(94 rows, 8 models): 0.114 ms (leave-one-model-out fits 0.112-0.140 ms; docs/moe.md). Megatron-Core's
 remedies confirm the effect: ``--moe-pad-expert-input-to-capacity`` (no sync), CUDA graphs of
 ``moe_router`` / ``moe_preprocess``, TE's device-side grouped GEMM (``m_splits`` on the GPU)."""
 

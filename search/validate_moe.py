@@ -157,6 +157,24 @@ def _grad_reduce_in_fp32(r: pd.Series) -> bool:
     return "megatron-bridge" not in str(r.get("source", "")).lower()
 
 
+#: Settings of recipes the dataset did not enrich, read from the recipe files of the release:
+#: (release, model, GPU) -> other_config text. Megatron-Bridge 25.09: the python recipes
+#: ``scripts/performance/configs/deepseek/deepseek_llm_pretrain.py`` and
+#: ``parallelism_configs.py`` @0132842 (their parallelism matches every 25.09 DeepSeek-V3 table
+#: row, unlike the 25.09 YAML): H100 1024 GPUs ``enable_deepep=True`` and
+#: ``set_moe_a2a_overlap_overrides(cfg)`` (B200 / GB200: neither).
+RECIPE_FACTS = {
+    ("NeMo container 25.09", "DeepSeek-V3", "H100"):
+        "moe_flex_dispatcher_backend=deepep; moe_a2a_overlap=True",
+}
+
+
+def recipe_facts(r: pd.Series) -> str:
+    """The :data:`RECIPE_FACTS` of a row ('' when none)."""
+    return RECIPE_FACTS.get((str(r.get("release", "")), str(r["model"]),
+                             str(r.get("gpu_type", "")).upper()), "")
+
+
 def _default_etp(r: pd.Series, tp: int) -> int:
     """Expert tensor parallelism where the row leaves it empty: 1 for Megatron-Bridge (its MoE
     workload presets set ``expert_tensor_parallel_size=1``), else Megatron-Core's own default
@@ -179,7 +197,7 @@ def moe_case_from_row(r: pd.Series) -> Case:
                 tps * int(r["num_gpus"]))
         else:
             measured = _step_from_tflops(r, model)
-    other = str(r.get("other_config", "")).lower()
+    other = (str(r.get("other_config", "")) + "; " + recipe_facts(r)).lower()
     training = TrainingSpec(
         global_batch_size=int(r["global_batch_size"]), seq_len=int(r["seq_len"]),
         precision=_precision(str(r["precision"])), optimizer="adam",
@@ -228,6 +246,21 @@ def moe_case_from_row(r: pd.Series) -> Case:
                 float(measured), "step", str(r.get("status", "")))
 
 
+def slowest_rank_model(model: ModelSpec, cfg: ParallelConfig) -> ModelSpec:
+    """The model whose even split paces the published uneven pipeline: Megatron puts at most
+    ``ceil(L / (pp*vp))`` layers in each of the ``pp*vp`` model chunks (Megatron-Bridge's
+    ``pipeline_model_parallel_layout`` maps, e.g. DeepSeek-V3 ``(4, 4)``: ``[E + 4 decoder]``,
+    14 x ``[4]``, ``[1 decoder + MTP + loss]``; ``account_for_embedding/loss_in_pipeline_split``
+    for 94-layer Qwen3-235B on pp 8: 12 a stage, 11 next to the embedding and the loss), and the
+    pipeline runs at the pace of a rank with full chunks. So a model of ``pp*vp*ceil(L/(pp*vp))``
+    layers split evenly has that rank's time (61 DeepSeek-V3 layers on pp 4 x vp 4: 16 a rank,
+    not 15.25). Unchanged when the layers divide."""
+    chunks = cfg.pp * cfg.vp
+    if model.num_layers % chunks == 0:
+        return model
+    return model.model_copy(update={"num_layers": chunks * -(-model.num_layers // chunks)})
+
+
 def moe_runs_report(path: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Predicted vs measured step time for every expressible MoE row.
 
@@ -242,8 +275,8 @@ def moe_runs_report(path: Path | None = None) -> tuple[pd.DataFrame, pd.DataFram
         except SpecError as err:
             skipped.append({"row_id": r["row_id"], "model": r["model"], "reason": str(err)})
             continue
-        res = evaluate(case.model, case.training, case.cluster,
-                       ConfigBatch.from_configs([case.config]))
+        res = evaluate(slowest_rank_model(case.model, case.config), case.training,
+                       case.cluster, ConfigBatch.from_configs([case.config]))
         c = case.config
         pred = float(res.step_time_s[0])
         rows.append({

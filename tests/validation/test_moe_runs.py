@@ -41,10 +41,10 @@ def test_moe_mape_does_not_regress(report):
     rows, _ = report
     s = moe_summary(rows)
     table = rows[["row_id", "config", "measured_s", "predicted_s", "error"]].to_string()
-    # 94 rows: 12.5 % (leave-one-model-out 12.5 %); was 16.0 % on 89 rows with the per-pass
-    # host-sync constant (leave-one-model-out 16.7 % on these 94)
+    # 94 rows: 12.4 % (leave-one-model-out 12.6 %); was 16.0 % on 89 rows with the per-pass
+    # host-sync constant (leave-one-model-out 15.4 % on these 94)
     assert s["mape"] <= 0.13, f"MAPE {s['mape']:.1%}\n{table}"
-    assert s["within_10pct"] >= 0.42
+    assert s["within_10pct"] >= 0.48
     # GPT-OSS-120B: its unfused elementwise ops (Megatron-Bridge GPTOSSProvider) modelled,
     # MAPE 13.9 % (was 23 % too fast on average before them)
     oss = rows[rows["model"] == "GPT-OSS-120B"]
@@ -111,3 +111,33 @@ def test_case_of_a_row_by_hand():
     assert cfg.expert_dp == 1 and c.training.precision == "fp8"
     assert c.cluster.tiers[0].domain_size == 64  # NVL72 rack used as a 64-GPU segment
     assert c.measured_step_s == pytest.approx(16.298)
+
+
+def test_slowest_rank_model_by_hand():
+    from perfmodel.config import ParallelConfig
+    from perfmodel.specs import load_model
+    from search.validate_moe import slowest_rank_model
+
+    ds = load_model("deepseek-v3")  # 61 layers
+    # pp 4 x vp 4 = 16 chunks of at most ceil(61/16) = 4 layers: 64 layers, 16 a rank
+    c = ParallelConfig(dp=64, pp=4, vp=4, ep=64, etp=1, schedule="interleaved")
+    assert slowest_rank_model(ds, c).num_layers == 64
+    # pp 16: 4 a stage (Megatron-Bridge layout [E + 4], 14 x [4], [1 + MTP + loss])
+    assert slowest_rank_model(ds, ParallelConfig(dp=16, pp=16, ep=8, etp=1)).num_layers == 64
+    q = load_model("qwen3-235b-a22b")  # 94 layers; pp 8: 12 a stage
+    assert slowest_rank_model(q, ParallelConfig(dp=8, pp=8, ep=8, etp=1)).num_layers == 96
+    assert slowest_rank_model(q, ParallelConfig(dp=64, pp=2, ep=8, etp=1)) is q  # divides
+
+
+def test_recipe_facts_and_default_etp():
+    from search.validate_moe import moe_case_from_row, recipe_facts
+    from search.validate import VALIDATION_DIR
+
+    df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
+    assert "moe_a2a_overlap=True" in recipe_facts(df.loc["E0002"])  # 25.09 H100 recipe
+    assert moe_case_from_row(df.loc["E0002"]).training.overlap_moe_comm
+    assert recipe_facts(df.loc["E0003"]) == ""  # B200: no a2a overlap in that recipe
+    # Grok-1 (NeMo launcher, ETP unset): Megatron-Core's default etp = tp = 4
+    assert moe_case_from_row(df.loc["E0205"]).config.etp == 4
+    # Megatron-Bridge rows without an ETP: its presets' etp = 1
+    assert moe_case_from_row(df.loc["E0010"]).config.etp == 1
