@@ -41,14 +41,18 @@ def test_moe_mape_does_not_regress(report):
     rows, _ = report
     s = moe_summary(rows)
     table = rows[["row_id", "config", "measured_s", "predicted_s", "error"]].to_string()
-    # 94 rows: 12.4 % (leave-one-model-out 12.6 %); was 16.0 % on 89 rows with the per-pass
+    # 94 rows: 12.7 % (12.4 % with fp32 gradients for the Bridge rows; leave-one-model-out
+    # 12.6 %); was 16.0 % on 89 rows with the per-pass
     # host-sync constant (leave-one-model-out 15.4 % on these 94)
     assert s["mape"] <= 0.13, f"MAPE {s['mape']:.1%}\n{table}"
     assert s["within_10pct"] >= 0.48
     # GPT-OSS-120B: its unfused elementwise ops (Megatron-Bridge GPTOSSProvider) modelled,
-    # MAPE 13.9 % (was 23 % too fast on average before them)
+    # MAPE 13.9 % (was 23 % too fast on average before them); 15.4 % with the bf16 gradient
+    # reduction of Bridge's perf configs (set_gpt_oss_common_configs: grad_reduce_in_fp32 =
+    # False), which halves the exposed expert-dp reduction of the dp 64 / ep 8 B200-B300 rows
+    # (E0074 -2 % -> -11 %): the rows' remaining optimism there is not the gradient dtype
     oss = rows[rows["model"] == "GPT-OSS-120B"]
-    assert len(oss) == 16 and np.abs(oss["error"]).mean() <= 0.145
+    assert len(oss) == 16 and np.abs(oss["error"]).mean() <= 0.155
     # Grok-1 (dgxc, measured iteration times), etp = tp (Megatron-Core's default): bf16 rows
     # -5 to -7 %, fp8 rows -12 to -15 %
     grok = rows[rows["model"] == "Grok-1"]
