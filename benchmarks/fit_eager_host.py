@@ -29,10 +29,10 @@ from scipy.optimize import minimize
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perfmodel import compute  # noqa: E402
-from perfmodel.compute import compute_times  # noqa: E402
-from perfmodel.config import ConfigBatch  # noqa: E402
-from perfmodel.specs import ModelSpec, load_gpu, load_training  # noqa: E402
+from perfmodel import compute
+from perfmodel.compute import compute_times
+from perfmodel.config import ConfigBatch
+from perfmodel.specs import ModelSpec, load_gpu, load_training
 
 GPU = load_gpu("h200-sxm-141gb")
 STRUCTURE_CSV = ROOT / "hardware_specs" / "calibration" / "host_structure_cpu.csv"
@@ -59,11 +59,11 @@ def cpu_structure(path=STRUCTURE_CSV) -> dict[str, float]:
     step_s = ((a[0, "fwd"] - kf[0, "fwd"] * c_f)
               + (a[0, "bwd"] - kf[0, "bwd"] * b[0, "bwd"] / kb[0, "bwd"])
               + (a[0, "opt"] - GPT_OUTSIDE_TENSORS * param_s) + a[0, "zero_grad"])
-    return dict(cpu_fwd_kernel_s=c_f, bwd_ratio=b[0, "bwd"] / GPT_LAYER_KERNELS[1] / c_f,
-                ckpt_kernels=ckpt_s / c_f, param_kernels=param_s / c_f,
-                step_kernels=step_s / c_f,
-                per_layer_s=sum(b[0, p] for p in ("fwd", "bwd", "opt", "zero_grad")),
-                fixed_s=sum(a[0, p] for p in ("fwd", "bwd", "opt", "zero_grad")))
+    return {"cpu_fwd_kernel_s": c_f, "bwd_ratio": b[0, "bwd"] / GPT_LAYER_KERNELS[1] / c_f,
+                "ckpt_kernels": ckpt_s / c_f, "param_kernels": param_s / c_f,
+                "step_kernels": step_s / c_f,
+                "per_layer_s": sum(b[0, p] for p in ("fwd", "bwd", "opt", "zero_grad")),
+                "fixed_s": sum(a[0, p] for p in ("fwd", "bwd", "opt", "zero_grad"))}
 
 
 @contextmanager
@@ -166,7 +166,7 @@ def fit(variant, names=None):
         return loss(t, None if names is None else t["name"].isin(names))
     x0 = [25.0, 1.0]
     res = minimize(f, x0 if variant == 2 else x0[:1] + [1.0], method="Nelder-Mead",
-                   options=dict(xatol=0.05, fatol=1e-5))
+                   options={"xatol": 0.05, "fatol": 1e-5})
     x = res.x
     return (x[0], x[1] if variant == 2 else 1.0)
 

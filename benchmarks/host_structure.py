@@ -19,7 +19,8 @@ layer`` is the host cost of one dispatched op.
 Output: ``hardware_specs/calibration/host_structure_cpu.csv`` (one row per phase: intercept,
 slope, kernels per layer, per-kernel cost, with the machine and library versions) and the raw
 timings ``host_structure_cpu_raw.csv``. Run on demand (a few minutes):
-``python benchmarks/host_structure.py [--reps 60] [--out DIR]``. Not a unit test: timings
+``python benchmarks/host_structure.py [--reps 15] [--rounds 8] [--device cpu|cuda] [--out DIR]``
+(``--device cuda`` on the GPU machine measures its own host with the kernels launched). Not a unit test: timings
 depend on the machine.
 """
 
@@ -38,7 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.eager_inventory import load_script, record_step  # noqa: E402
+from harness.eager_inventory import load_script, record_step
 
 H, NH, SEQ, VOCAB = 16, 2, 8, 64
 LAYERS = (1, 2, 4, 8, 16)
@@ -60,22 +61,29 @@ def _machine() -> str:
 class _Step:
     """The script's model, optimizer and data at tiny dims; :meth:`run` times one step's phases."""
 
-    def __init__(self, cg, layers: int, recompute: bool):
+    def __init__(self, cg, layers: int, recompute: bool, device: str = "cpu"):
         import torch
 
         torch.manual_seed(0)
-        self.model = cg.GPT(layers, H, NH, VOCAB, SEQ, recompute)
+        self.dev = torch.device(device)
+        with self.dev:
+            self.model = cg.GPT(layers, H, NH, VOCAB, SEQ, recompute)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)
-        self.idx = torch.randint(0, VOCAB, (1, SEQ))
-        self.tgt = torch.randint(0, VOCAB, (1, SEQ))
+        self.idx = torch.randint(0, VOCAB, (1, SEQ), device=self.dev)
+        self.tgt = torch.randint(0, VOCAB, (1, SEQ), device=self.dev)
 
     def run(self) -> tuple[float, ...]:
         import torch
         import torch.nn.functional as F
 
-        clock = time.thread_time_ns  # CPU time of this thread: not the wait for a busy core
+        # CPU: this thread's CPU time (not the wait for a busy core). CUDA: wall time of the
+        # launching host (the backward runs on the engine's device thread), GPU idle at start.
+        cuda = self.dev.type == "cuda"
+        clock = time.perf_counter_ns if cuda else time.thread_time_ns
+        if cuda:
+            torch.cuda.synchronize()
         t0 = clock()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(self.dev.type, dtype=torch.bfloat16):
             logits = self.model(self.idx)
             loss = F.cross_entropy(logits.float().view(-1, VOCAB), self.tgt.view(-1))
         t1 = clock()
@@ -88,11 +96,12 @@ class _Step:
         return tuple((b - a) * 1e-9 for a, b in ((t0, t1), (t1, t2), (t2, t3), (t3, t4)))
 
 
-def time_phases(cg, configs, reps: int, rounds: int) -> dict[tuple, dict[str, float]]:
+def time_phases(cg, configs, reps: int, rounds: int, device: str = "cpu"
+                ) -> dict[tuple, dict[str, float]]:
     """Thread CPU seconds of each phase per ``(layers, recompute)`` config: the median over
     ``reps`` steps, the smallest of ``rounds`` such medians; the configs take turns within a
     round, so a disturbance by other processes hits them alike."""
-    steps = {c: _Step(cg, *c) for c in configs}
+    steps = {c: _Step(cg, *c, device=device) for c in configs}
     for st in steps.values():  # warm-up
         for _ in range(3):
             st.run()
@@ -123,6 +132,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda: the host structure of the "
+                    "GPU machine itself (wall time of the launching host at tiny dims)")
     ap.add_argument("--out", type=Path, default=ROOT / "hardware_specs" / "calibration")
     args = ap.parse_args(argv)
     import torch
@@ -130,12 +141,12 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     cg = load_script()
     machine = _machine()
-    info = dict(machine=machine, torch=torch.__version__, python=platform.python_version(),
-                hidden=H, heads=NH, seq=SEQ, vocab=VOCAB, reps=args.reps,
-                rounds=args.rounds)
+    info = {"device": args.device, "machine": machine, "torch": torch.__version__, "python": platform.python_version(),
+                "hidden": H, "heads": NH, "seq": SEQ, "vocab": VOCAB, "reps": args.reps,
+                "rounds": args.rounds}
     raw, summary = [], []
     configs = [(L, rc) for rc in (False, True) for L in LAYERS]
-    times = time_phases(cg, configs, args.reps, args.rounds)
+    times = time_phases(cg, configs, args.reps, args.rounds, args.device)
     for rc in (False, True):
         per_phase: dict[str, list[tuple[int, float, int]]] = {p: [] for p in PHASES}
         for L in LAYERS:
@@ -143,8 +154,8 @@ def main(argv=None) -> int:
             k = kernel_counts(L, rc)
             for p in PHASES:
                 per_phase[p].append((L, t[p], k.get(p, 0)))
-                raw.append(dict(recompute=int(rc), layers=L, phase=p, seconds=f"{t[p]:.4e}",
-                                kernels=k.get(p, 0)))
+                raw.append({"recompute": int(rc), "layers": L, "phase": p, "seconds": f"{t[p]:.4e}",
+                                "kernels": k.get(p, 0)})
             print(f"recompute {int(rc)} layers {L:2d}: "
                   + "  ".join(f"{p} {t[p] * 1e6:7.0f} us ({k.get(p, 0)} ops)" for p in PHASES),
                   flush=True)
@@ -159,12 +170,13 @@ def main(argv=None) -> int:
             print(f"  {p:9s} a = {a * 1e6:7.1f} us  b = {b * 1e6:6.1f} us/layer  "
                   f"(rms {rms * 1e6:.1f} us; ops {ka:.0f} + {kb:.0f}/layer)")
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, rows in (("host_structure_cpu.csv", summary), ("host_structure_cpu_raw.csv", raw)):
+    for name, rows in ((f"host_structure_{args.device}.csv", summary),
+                       (f"host_structure_{args.device}_raw.csv", raw)):
         with open(args.out / name, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-    print("wrote", args.out / "host_structure_cpu.csv")
+    print("wrote", args.out / f"host_structure_{args.device}.csv")
     return 0
 
 
