@@ -497,6 +497,8 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
                 else:
                     ph.add(count * gemm_time_s(cal, m_, n_, k_, lay, peak, ratio), count)
 
+    host_exposed_s = moe.moe_host_exposed_s(model, batch)
+
     def moe_kernels(ph: _Phase, pass_: str) -> None:
         """Router softmax / top-k and token permute / unpermute of the MoE layers (averaged
         over the layers): the router reads and writes ``T/tp x E`` fp32 scores; permute and
@@ -508,8 +510,8 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         t_sp = T / tp
         ph.mem("softmax", phi * 2 * 4.0 * t_sp * model.num_experts, 2 if pass_ == "bwd" else 1)
         ph.mem("copy", phi * (1 + model.moe_top_k) * act_b * t_sp * h, 2)
-        if not eager:  # the dispatcher's host sync exposes the MoE block's CPU time
-            ph.add(phi * moe.MOE_HOST_SYNC_S, 0)
+        if not eager:  # after the dispatcher's host sync the per-expert host work is exposed
+            ph.add(phi * host_exposed_s, 0)
 
     def attention(ph: _Phase, pass_: str) -> None:
         if training.flash_attention:
