@@ -348,8 +348,17 @@ def balanced_counts(coef: StageCoefficients, iterations: int = 60
 def _coefficients(problem: Problem, rows: ConfigBatch, width: int) -> dict[str, np.ndarray]:
     """Per-configuration scalars of the stage costs, from the cost model's own terms: one
     layer's time without and with full recompute (:func:`perfmodel.step.evaluate`), the
-    embedding and logits time, and each stage's memory at 1 and 2 units with 0, 1 and 2
-    recomputed (:func:`perfmodel.layout.stage_memory_bytes`; memory is affine in both)."""
+    embedding and logits time, and each stage's memory at ``a`` and ``a + 1`` units with 0, 1
+    and 2 recomputed (:func:`perfmodel.layout.stage_memory_bytes`; memory is affine in both).
+
+    MoE models: a layer beyond the ``D`` dense leading ones is MoE with the probability ``rho =
+    num_moe_layers / (L - D)`` (1 unless MoE layers interleave), so a unit costs ``rho`` MoE
+    layers and ``1 - rho`` dense ones (:func:`perfmodel.layout.layer_times_by_type`), and stage
+    0, which holds the dense leading layers (at least ``D`` layers in its first chunk), gets
+    ``D * (dense - unit layer)`` as fixed work and memory. The probes start at ``a = 1 +
+    ceil(D / vp)`` units so that stage 0's MoE layers are counted where it holds them all. The
+    layouts found are then priced by the full model, which counts each stage's MoE layers
+    exactly (:func:`perfmodel.layout.stage_moe_layers`)."""
     from perfmodel.step import evaluate
 
     s = problem.space
@@ -360,9 +369,21 @@ def _coefficients(problem: Problem, rows: ConfigBatch, width: int) -> dict[str, 
                     layout_mod.without_layout(rows, "keep"), **kw).extra
     full = evaluate(s.model, s.training, s.cluster,
                     layout_mod.without_layout(rows, "full"), **kw).extra
+    model = s.model
+    D, rho = 0.0, 0.0
+    keep_s, full_s, dense_fixed_s = keep["layer_s"], full["layer_s"], 0.0
+    if model.is_moe:
+        lt = layout_mod.layer_times_by_type(model, s.training, s.cluster, rows, average=False,
+                                            **kw)
+        D = float(model.moe_dense_layers)
+        rest = model.num_layers - model.moe_dense_layers
+        rho = model.num_moe_layers / rest if rest else 0.0
+        keep_s = rho * lt["moe_keep"] + (1.0 - rho) * lt["dense_keep"]
+        full_s = rho * lt["moe_full"] + (1.0 - rho) * lt["dense_full"]
+        dense_fixed_s = D * (lt["dense_keep"] - keep_s)
     out = {
-        "unit_s": rows.vp * keep["layer_s"],
-        "recompute_unit_s": rows.vp * np.maximum(full["layer_s"] - keep["layer_s"], 0.0),
+        "unit_s": rows.vp * keep_s,
+        "recompute_unit_s": rows.vp * np.maximum(full_s - keep_s, 0.0),
     }
     per_stage = {k: np.zeros((len(rows), int(width))) for k in
                  ("fixed_s", "mem1_bytes", "mem_unit_bytes", "once_bytes", "saved_bytes")}
@@ -373,17 +394,24 @@ def _coefficients(problem: Problem, rows: ConfigBatch, width: int) -> dict[str, 
         stage = np.broadcast_to(np.arange(p)[None, :], (idx.size, int(p)))
 
         def m(units, rec_units, sub=sub, vp=vp, stage=stage):
+            n = units * vp
+            moe_layers = None
+            if model.is_moe:  # rho of the layers MoE, the D dense leading ones on stage 0
+                moe_layers = rho * (n - np.where(stage == 0, D, 0.0))
             return layout_mod.stage_memory_bytes(
-                s.model, s.training, s.cluster, sub, stage, units * vp, rec_units * vp,
-                flash_attention=s.training.flash_attention)["peak"]
+                s.model, s.training, s.cluster, sub, stage, n, rec_units * vp,
+                flash_attention=s.training.flash_attention, moe_layers=moe_layers)["peak"]
 
-        m10, m20, m21, m22 = m(1, 0), m(2, 0), m(2, 1), m(2, 2)
+        a = 1 + np.ceil(D / vp)  # units where stage 0 holds every dense leading layer
+        m10, m20, m21, m22 = m(a, 0), m(a + 1, 0), m(a + 1, 1), m(a + 1, 2)
         saved = m21 - m22
         e = keep["embed_s"][idx, None]
         g = keep["logits_s"][idx, None]
+        dfix = np.asarray(dense_fixed_s + 0.0 * keep_s)[idx, None]
         vals = {
-            "fixed_s": np.where(stage == 0, e, 0.0) + np.where(stage == p - 1, g, 0.0),
-            "mem1_bytes": m10,
+            "fixed_s": (np.where(stage == 0, e + dfix, 0.0)
+                        + np.where(stage == p - 1, g, 0.0)),
+            "mem1_bytes": m10 - (a - 1) * (m20 - m10),
             "mem_unit_bytes": m20 - m10,
             "once_bytes": m21 - m20 + saved,
             "saved_bytes": saved,
