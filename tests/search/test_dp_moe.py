@@ -178,17 +178,23 @@ def _exhaustive_best(problem, L: int):
     return float(t[k]), S[k].tolist()
 
 
-@pytest.mark.parametrize("pp", [2, pytest.param(4, marks=pytest.mark.slow)])
-def test_dp_pick_equals_exhaustive_layouts_on_a_small_moe_space(pp):
-    """Tiny MoE with 2 dense leading layers on 8 H100 (pp pinned): the DP's best equals the best
-    of every outer configuration x every layout priced by the full model (within 1e-9; measured
-    equal: pp 2 -> 5|3, ep 4, 23.22 ms; pp 4 -> 1|3|3|1, ep 2, 33.19 ms), and beats the grid,
-    whose Megatron layouts cannot give stage 0 (dense layers + embedding) more layers (pp 2:
-    24.85 ms)."""
+@pytest.mark.parametrize("pattern, pp", [
+    ({"moe_dense_layers": 2}, 2),
+    pytest.param({"moe_dense_layers": 2}, 4, marks=pytest.mark.slow),
+    pytest.param({"moe_dense_layers": 1, "moe_layer_freq": 2}, 4, marks=pytest.mark.slow),
+    pytest.param({"moe_dense_layers": 0, "moe_layer_freq": 2}, 2, marks=pytest.mark.slow),
+])
+def test_dp_pick_equals_exhaustive_layouts_on_a_small_moe_space(pattern, pp):
+    """Tiny MoE on 8 H100 (pp pinned) with dense leading layers or MoE every 2nd layer: the DP's
+    best equals the best of every outer configuration x every layout priced by the full model
+    (within 1e-9; measured equal: 2 dense, pp 2 -> 5|3, ep 4, 23.22 ms; pp 4 -> 1|3|3|1, ep 2,
+    33.19 ms; 1 dense + every 2nd, pp 4: 29.44 ms; every 2nd, pp 2: 22.33 ms), and beats the
+    grid, whose Megatron layouts cannot give the stages the layer counts their layer types and
+    in-flight micro-batches call for (pp 2: 24.85 ms, pp 4: 38.37 ms)."""
     import search
     from search.api import make_problem
 
-    m = _tiny_moe()
+    m = _tiny_moe(**pattern)
     kw = {"gpus": 8, "global_batch_size": GB, "seq_len": SEQ, "cp": 1, "pp": pp}
     best, _ = _exhaustive_best(make_problem(m, "dgx-h100", **kw), m.num_layers)
     d = search.plan(m, "dgx-h100", strategy="dp", top=1, **kw).rows[0]
@@ -230,3 +236,26 @@ def test_cli_strategy_dp_on_an_moe_preset():
         ev = search.evaluate_config("mixtral-8x7b", "dgx-h100", gpus=16, global_batch_size=64,
                                     seq_len=4096, **fields).rows[0]
         assert best["step_time_s"] == pytest.approx(ev["step_time_s"], rel=1e-9)
+
+
+@pytest.mark.slow
+def test_deepseek_v3_256_gb200_dp_plan_agrees_with_the_default_search():
+    """The issue's command with ``--strategy dp`` (DeepSeek-V3, 256 GB200, GBS 8192, seq 4096):
+    exit 0 with ep and etp in the table; its best is no worse than the default search's and, for
+    the same configuration, the same prediction (measured: both dp=64 pp=4 ep=64 zb, 39.98 s)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from search.cli import app
+
+    args = ["--model", "deepseek-v3", "--cluster", "gb200-nvl72", "--gpus", "256",
+            "--global-batch", "8192", "--seq-len", "4096", "--top", "3", "--json"]
+    dp = CliRunner().invoke(app, [*args, "--strategy", "dp"])
+    assert dp.exit_code == 0, dp.output
+    grid = CliRunner().invoke(app, args)
+    d, g = json.loads(dp.stdout)["best"], json.loads(grid.stdout)["best"]
+    assert d["config"]["ep"] > 1 and "etp" in d["config"]
+    assert d["step_time_s"] <= g["step_time_s"] * (1 + 1e-9)
+    if d["config"] == g["config"]:
+        assert d["step_time_s"] == pytest.approx(g["step_time_s"], rel=1e-12)
