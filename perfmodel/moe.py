@@ -43,10 +43,12 @@ from perfmodel.specs import ModelSpec, TrainingSpec
 from perfmodel.topology import GroupPlacement
 
 __all__ = [
+    "MOE_A2A_OVERLAP_HIDDEN",
     "a2a_overlap_applies",
     "a2a_overlap_extra_inflight",
     "MOE_EXPERT_HOST_S",
     "MOE_HOST_SYNC_S",
+    "a2a_overlap_exposed_s",
     "a2a_per_layer",
     "all_to_all_tiered_time",
     "dispatch_ops_per_layer",
@@ -223,6 +225,33 @@ def dispatch_ops_per_layer(model: ModelSpec, training: TrainingSpec, batch: Conf
     gather_buf = np.where((etp > 1) & uses_dispatcher(batch),
                           etp * rt * model.load_imbalance * h * bytes_per_value, 0.0)
     return {"a2a": ("all_to_all", a2a_buf, ep), "etp_gather": ("all_gather", gather_buf, etp)}
+
+
+MOE_A2A_OVERLAP_HIDDEN = 0.6
+"""Fraction of the all-to-all time that fits under the layer's compute which Megatron-Core's
+expert-parallel overlap (``--overlap-moe-expert-parallel-comm``, Megatron-Bridge
+``moe_a2a_overlap``) actually hides. The overlap runs the dispatch / combine of one micro-batch
+next to the attention / expert compute of another (the merged forward-backward of the 1F1B steady
+state), so the warm-up and cool-down micro-batches have no partner, each exchange hides only
+behind the sub-module it is paired with, and the communication kernels (NCCL or DeepEP, 20-32
+SMs) slow the compute they run beside. Fitted on ``moe_runs_dev.csv`` with
+:data:`MOE_EXPERT_HOST_S` (the 7 overlapped rows: DeepSeek-V3 on 1024 H100, Qwen3-235B on 256
+H100 / B300, Qwen3-30B on 16 H100): 0.6; leave-one-model-out folds 0.55-0.7 (docs/moe.md).
+At 1.0 (the whole window hides) those rows were 15-21 % too fast."""
+
+
+def a2a_overlap_exposed_s(a2a_s, compute_s) -> np.ndarray:
+    """Exposed dispatch + combine time [s] with the all-to-all overlap:
+    ``a2a - MOE_A2A_OVERLAP_HIDDEN * min(a2a, compute)`` (``a2a``, ``compute``: the layer's
+    exchanges and its forward + backward compute per micro-batch).
+
+    References
+    ----------
+    Megatron-Core ``moe/README.md`` ("EP A2A overlap": merged forward-backward of two
+    micro-batches); DeepSeek-AI 2024 (DeepSeek-V3 report), Sec. 3.2.1 (DualPipe overlap).
+    """
+    a2a = np.asarray(a2a_s, dtype=np.float64)
+    return a2a - MOE_A2A_OVERLAP_HIDDEN * np.minimum(a2a, np.asarray(compute_s, dtype=np.float64))
 
 
 def all_to_all_tiered_time(size_bytes, group: GroupPlacement) -> np.ndarray:

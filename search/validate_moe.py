@@ -147,16 +147,6 @@ def _step_from_tflops(r: pd.Series, model: ModelSpec) -> float:
                                  int(r["num_gpus"]))
 
 
-def _grad_reduce_in_fp32(r: pd.Series) -> bool:
-    """Whether the row's gradient buffer is fp32: Megatron-Bridge's MoE performance configs set
-    ``grad_reduce_in_fp32 = False`` (bf16 main-grad buffer and data-parallel reduction) for every
-    model family here: ``set_qwen3_common_configs`` (``scripts/performance/configs/qwen/
-    qwen3_llm_pretrain.py``), ``set_gpt_oss_common_configs`` (``gpt_oss_llm_pretrain.py``) and
-    the DeepSeek-V3 recipe (``recipes/deepseek/deepseek_v3.py``: "grad_reduce_in_fp32=False").
-    Other sources keep Megatron's fp32 main grads (the TrainingSpec default)."""
-    return "megatron-bridge" not in str(r.get("source", "")).lower()
-
-
 #: Settings of recipes the dataset did not enrich, read from the recipe files of the release:
 #: (release, model, GPU) -> other_config text. Megatron-Bridge 25.09: the python recipes
 #: ``scripts/performance/configs/deepseek/deepseek_llm_pretrain.py`` and
@@ -203,7 +193,6 @@ def moe_case_from_row(r: pd.Series) -> Case:
         precision=_precision(str(r["precision"])), optimizer="adam",
         **era_switches(modern=True), overlap_moe_comm="moe_a2a_overlap=true" in other,
         moe_token_dispatcher="allgather" if "dispatcher=allgather" in other else "alltoall",
-        grad_reduce_in_fp32=_grad_reduce_in_fp32(r),
     )
     gpus = int(r["num_gpus"])
     t = int(_f(r["tensor_parallel"]) or 1)

@@ -358,3 +358,11 @@ def test_a2a_overlap_holds_one_more_microbatch():
     with_ov = memory_breakdown(MIX, on, c, b)["activations"][0]
     without = memory_breakdown(MIX, TR, c, b)["activations"][0]
     assert with_ov > 1.5 * without
+
+
+def test_a2a_overlap_hides_a_share_of_what_fits_under_compute():
+    # 10 ms of exchanges under 6 ms of compute: 0.6 * 6 ms hidden, 6.4 ms exposed; under 20 ms
+    # of compute 0.6 * 10 ms hidden, 4 ms exposed; never more than without the overlap
+    e = moe.a2a_overlap_exposed_s(np.array([10e-3, 10e-3, 0.0]), np.array([6e-3, 20e-3, 1.0]))
+    assert moe.MOE_A2A_OVERLAP_HIDDEN == 0.6
+    assert e == pytest.approx([6.4e-3, 4.0e-3, 0.0])

@@ -2,7 +2,7 @@
 
 Issue targets: step-time MAPE <= 10 % with every row expressible or refused for a stated true
 limit; the tuned-recipe check in >= 80 % of settings. Measured at the time of writing: 94 of 100
-rows expressed, MAPE 12.5 % (45 % of rows within 10 %; leave-one-model-out 12.5 %), tuned check
+rows expressed, MAPE 11.5 % (56 % of rows within 10 %; leave-one-model-out 12.0 %), tuned check
 see docs/moe.md. The MAPE target is not met; the tests below guard what is reached so that a change cannot make it
 worse unnoticed, and check the refusals.
 """
@@ -41,18 +41,17 @@ def test_moe_mape_does_not_regress(report):
     rows, _ = report
     s = moe_summary(rows)
     table = rows[["row_id", "config", "measured_s", "predicted_s", "error"]].to_string()
-    # 94 rows: 12.7 % (12.4 % with fp32 gradients for the Bridge rows; leave-one-model-out
-    # 12.6 %); was 16.0 % on 89 rows with the per-pass
-    # host-sync constant (leave-one-model-out 15.4 % on these 94)
-    assert s["mape"] <= 0.13, f"MAPE {s['mape']:.1%}\n{table}"
-    assert s["within_10pct"] >= 0.48
+    # 94 rows: 11.5 % (56 % within 10 %; leave-one-model-out 12.0 %); was 16.0 % on 89 rows
+    # with the per-pass host-sync constant and a fully hiding all-to-all overlap
+    assert s["mape"] <= 0.12, f"MAPE {s['mape']:.1%}\n{table}"
+    assert s["within_10pct"] >= 0.54
+    # the all-to-all-overlapped H100 rows (DeepSeek-V3 on 1024, Qwen3-235B on 256) within 7 %
+    ov = rows.set_index("row_id").loc[["E0001", "E0002", "E0024", "E0044", "E0064"], "error"]
+    assert np.all(np.abs(ov) <= 0.07), ov
     # GPT-OSS-120B: its unfused elementwise ops (Megatron-Bridge GPTOSSProvider) modelled,
-    # MAPE 13.9 % (was 23 % too fast on average before them); 15.4 % with the bf16 gradient
-    # reduction of Bridge's perf configs (set_gpt_oss_common_configs: grad_reduce_in_fp32 =
-    # False), which halves the exposed expert-dp reduction of the dp 64 / ep 8 B200-B300 rows
-    # (E0074 -2 % -> -11 %): the rows' remaining optimism there is not the gradient dtype
+    # MAPE 13.9 % (was 23 % too fast on average before them)
     oss = rows[rows["model"] == "GPT-OSS-120B"]
-    assert len(oss) == 16 and np.abs(oss["error"]).mean() <= 0.155
+    assert len(oss) == 16 and np.abs(oss["error"]).mean() <= 0.145
     # Grok-1 (dgxc, measured iteration times), etp = tp (Megatron-Core's default): bf16 rows
     # -5 to -7 %, fp8 rows -12 to -15 %
     grok = rows[rows["model"] == "Grok-1"]
