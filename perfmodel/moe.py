@@ -158,23 +158,31 @@ def moe_activation_extra_bytes(model: ModelSpec, training: TrainingSpec, batch: 
                                bytes_per_value: float, gemm_input_bytes: float | None = None
                                ) -> np.ndarray:
     """Activation bytes an MoE layer keeps beyond a dense MLP's, averaged over the layers, per
-    micro-batch and GPU: the permuted (dispatched) expert input and the expert output before the
-    probability-weighted combine (``etp*T*k*imb * h`` values each), and the fp32 router logits
-    and probabilities (``2 * 4 * T * E`` bytes). The permuted input is the first expert GEMM's
-    input: under Transformer Engine's fp8 / fp4 recipes ``GroupedLinear`` saves its fp8 cast
-    (``gemm_input_bytes``, 1 byte; :func:`perfmodel.memory.fp8_gemm_input_bytes`), the expert
-    output stays in the activation dtype.
+    micro-batch and GPU: the permuted (dispatched) expert input (``etp*T*k*imb * h`` values),
+    the permuted routing probabilities the experts apply (fp32, one per routed row), and the fp32
+    router logits and probabilities (``2 * 4 * T * E`` bytes). The permuted input is the first
+    expert GEMM's input: under Transformer Engine's fp8 / fp4 recipes ``GroupedLinear`` saves its
+    fp8 cast (``gemm_input_bytes``, 1 byte; :func:`perfmodel.memory.fp8_gemm_input_bytes`).
+
+    The expert output is not kept: Megatron-Core (2025 on, the releases of the validation rows'
+    Megatron-Bridge) applies the probabilities inside the experts (``TEGroupedMLP``'s weighted
+    SwiGLU on ``permuted_probs``), so the combine's ``unpermute`` takes no probabilities and is a
+    pure gather whose backward needs only the index map. (Megatron-Core of 2024 multiplied them in
+    ``unpermute`` and kept the expert output, ``etp*T*k*imb * h`` more values.)
 
     References
     ----------
-    Megatron-Core ``moe_utils.permute`` / ``unpermute`` (saved for the backward), ``router.py``;
-    Transformer Engine ``pytorch/module/grouped_linear.py`` (saved ``inputmats``).
+    Megatron-Core ``moe/token_dispatcher.py`` (``combine_postprocess``: ``unpermute`` without
+    probs; ``token_permutation`` returns ``permuted_probs`` to the experts), ``moe/experts.py``
+    (``bias_act_func`` with ``weighted_bias_swiglu_impl(..., permuted_probs)``),
+    ``fusions/fused_bias_swiglu.py`` (``WeightedSwiGLUFunction`` saves input and weights),
+    ``router.py``; Transformer Engine ``pytorch/module/grouped_linear.py`` (saved ``inputmats``).
     """
     if not model.is_moe:
         return np.zeros(len(batch))
     rows = batch.etp * routed_tokens_per_gpu(model, training, batch) * model.load_imbalance
     g_in = bytes_per_value if gemm_input_bytes is None else gemm_input_bytes
-    per_layer = rows * model.hidden_size * (g_in + bytes_per_value) + 8.0 * tokens_per_gpu(
+    per_layer = rows * (model.hidden_size * g_in + 4.0) + 8.0 * tokens_per_gpu(
         training, batch) * model.num_experts
     return model.moe_layer_fraction * per_layer
 
