@@ -540,10 +540,16 @@ def _layout_stages(model, training, cluster, b, embed_s, logits_s, *, kernels, c
 
     kw = {"kernels": kernels, "calibration": calibration}
     keep_b, full_b = layout.without_layout(b, "keep"), layout.without_layout(b, "full")
-    keep_s = evaluate(model, training, cluster, keep_b, **kw).extra["layer_s"]
-    full_s = evaluate(model, training, cluster, full_b, **kw).extra["layer_s"]
     layers, rec = layout.stage_counts(model, b)
-    t = layout.stage_times_s(layers, rec, keep_s, full_s, embed_s, logits_s, b.pp)
+    if model.is_moe:  # a dense and an MoE layer each at its own time, per stage by its layers
+        lt = layout.layer_times_by_type(model, training, cluster, b, average=False, **kw)
+        t = layout.stage_times_s(layers, rec, lt["dense_keep"], lt["dense_full"], embed_s,
+                                 logits_s, b.pp, layout.stage_moe_layers(model, b, layers),
+                                 lt["moe_keep"], lt["moe_full"])
+    else:
+        keep_s = evaluate(model, training, cluster, keep_b, **kw).extra["layer_s"]
+        full_s = evaluate(model, training, cluster, full_b, **kw).extra["layer_s"]
+        t = layout.stage_times_s(layers, rec, keep_s, full_s, embed_s, logits_s, b.pp)
     pp = b.pp.astype(np.int64)
     rows = np.arange(len(b))
     total = t.sum(axis=1)
