@@ -43,31 +43,67 @@ from perfmodel.specs import ModelSpec, TrainingSpec
 from perfmodel.topology import GroupPlacement
 
 __all__ = [
+    "MOE_A2A_OVERLAP_HIDDEN",
+    "MOE_EXPERT_HOST_S",
     "MOE_HOST_SYNC_S",
+    "a2a_overlap_exposed_s",
     "a2a_per_layer",
     "all_to_all_tiered_time",
     "dispatch_ops_per_layer",
     "effective_ffn_size",
     "expert_params_per_gpu",
     "expert_rows_per_gpu",
+    "local_experts",
     "moe_activation_extra_bytes",
     "moe_dispatch_buffer_bytes",
+    "moe_host_exposed_s",
     "routed_tokens_per_gpu",
     "tokens_per_gpu",
     "uses_dispatcher",
 ]
 
 
-MOE_HOST_SYNC_S = 2.0e-3
-"""Host time exposed per MoE layer pass (forward or backward) and micro-batch [s]. The token
-dispatcher copies the per-expert token counts to the host (the grouped GEMM's ``m_splits`` and
-the all-to-all split sizes, a device-to-host synchronisation), so the CPU cannot run ahead of
-the GPU there: the Python and launch time of the MoE block (router, dispatcher pre- and
-post-processing, permute, the grouped GEMMs' setup) is added to the GPU time instead of hidden
-behind it. Megatron-Core's remedies confirm the effect: ``--moe-pad-expert-input-to-capacity``
-(no sync), CUDA graphs of ``moe_router`` / ``moe_preprocess`` (Megatron-Bridge 26.x recipes).
-Fitted, as the one MoE-specific parameter, on ``moe_runs_dev.csv`` (88 rows, 8 models):
-2.0 ms (leave-one-model-out fits 1.9-2.7 ms; docs/moe.md)."""
+MOE_HOST_SYNC_S = 0.0
+"""Host time exposed per MoE layer pass (forward or backward) and micro-batch, independent of
+the expert count [s]: the dispatcher's device-to-host copy of the per-expert token counts
+(the all-to-all split sizes) stops the CPU from running ahead. Fitted together with
+:data:`MOE_EXPERT_HOST_S` on ``moe_runs_dev.csv``: the fit puts it at 0 once the per-expert
+term is there (see ``docs/moe.md``), so it is kept as a named hook at 0."""
+
+MOE_EXPERT_HOST_S = 1.14e-4
+"""Host time exposed per *local expert*, MoE layer pass (forward or backward) and micro-batch
+[s]. After the dispatcher's device-to-host sync (``tokens_per_expert`` to the host: the grouped
+GEMM's ``m_splits``) the GPU queue is empty, and Transformer Engine's ``GroupedLinear`` then does
+its per-expert host work (split of the input, per-expert fp8 quantisers and workspaces, one
+cuBLAS GEMM per expert in ``general_grouped_gemm``, for fc1 and fc2; in the backward dgrad and
+wgrad) before the GPU has anything to run, so the host time per local expert adds to the
+layer's time instead of hiding behind it. ``E/ep`` local experts: DeepSeek-V3 with ep 8 has 32,
+Qwen3-235B with ep 64 has 2. Fitted, as the one MoE-specific parameter, on ``moe_runs_dev.csv``
+(94 rows, 8 models): 0.114 ms (leave-one-model-out fits 0.112-0.140 ms; docs/moe.md). Megatron-Core's
+remedies confirm the effect: ``--moe-pad-expert-input-to-capacity`` (no sync), CUDA graphs of
+``moe_router`` / ``moe_preprocess``, TE's device-side grouped GEMM (``m_splits`` on the GPU)."""
+
+
+def local_experts(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
+    """Routed experts one GPU holds per MoE layer: ``E / ep`` (0 for a dense model)."""
+    if not model.is_moe:
+        return np.zeros(len(batch))
+    return model.num_experts / batch.ep.astype(np.float64)
+
+
+def moe_host_exposed_s(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
+    """Host time the GPU waits for per MoE layer pass and micro-batch [s]:
+    ``MOE_HOST_SYNC_S + MOE_EXPERT_HOST_S * E/ep`` (0 for a dense model).
+
+    References
+    ----------
+    Megatron-Core ``token_dispatcher.py`` (``MoEAlltoAllTokenDispatcher.preprocess``:
+    ``tokens_per_expert`` copied to the host for the all-to-all splits and ``m_splits``);
+    Transformer Engine ``pytorch/module/grouped_linear.py`` (per-expert quantise / GEMM loop).
+    """
+    if not model.is_moe:
+        return np.zeros(len(batch))
+    return MOE_HOST_SYNC_S + MOE_EXPERT_HOST_S * local_experts(model, batch)
 
 
 def tokens_per_gpu(training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:
@@ -187,6 +223,33 @@ def dispatch_ops_per_layer(model: ModelSpec, training: TrainingSpec, batch: Conf
     gather_buf = np.where((etp > 1) & uses_dispatcher(batch),
                           etp * rt * model.load_imbalance * h * bytes_per_value, 0.0)
     return {"a2a": ("all_to_all", a2a_buf, ep), "etp_gather": ("all_gather", gather_buf, etp)}
+
+
+MOE_A2A_OVERLAP_HIDDEN = 0.6
+"""Fraction of the all-to-all time that fits under the layer's compute which Megatron-Core's
+expert-parallel overlap (``--overlap-moe-expert-parallel-comm``, Megatron-Bridge
+``moe_a2a_overlap``) actually hides. The overlap runs the dispatch / combine of one micro-batch
+next to the attention / expert compute of another (the merged forward-backward of the 1F1B steady
+state), so the warm-up and cool-down micro-batches have no partner, each exchange hides only
+behind the sub-module it is paired with, and the communication kernels (NCCL or DeepEP, 20-32
+SMs) slow the compute they run beside. Fitted on ``moe_runs_dev.csv`` with
+:data:`MOE_EXPERT_HOST_S` (the 7 overlapped rows: DeepSeek-V3 on 1024 H100, Qwen3-235B on 256
+H100 / B300, Qwen3-30B on 16 H100): 0.6; leave-one-model-out folds 0.55-0.7 (docs/moe.md).
+At 1.0 (the whole window hides) those rows were 15-21 % too fast."""
+
+
+def a2a_overlap_exposed_s(a2a_s, compute_s) -> np.ndarray:
+    """Exposed dispatch + combine time [s] with the all-to-all overlap:
+    ``a2a - MOE_A2A_OVERLAP_HIDDEN * min(a2a, compute)`` (``a2a``, ``compute``: the layer's
+    exchanges and its forward + backward compute per micro-batch).
+
+    References
+    ----------
+    Megatron-Core ``moe/README.md`` ("EP A2A overlap": merged forward-backward of two
+    micro-batches); DeepSeek-AI 2024 (DeepSeek-V3 report), Sec. 3.2.1 (DualPipe overlap).
+    """
+    a2a = np.asarray(a2a_s, dtype=np.float64)
+    return a2a - MOE_A2A_OVERLAP_HIDDEN * np.minimum(a2a, np.asarray(compute_s, dtype=np.float64))
 
 
 def all_to_all_tiered_time(size_bytes, group: GroupPlacement) -> np.ndarray:

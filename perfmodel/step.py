@@ -355,10 +355,12 @@ def evaluate(
     cp_comm_s = comm["cp_layer_fwd_s"] + comm["cp_layer_bwd_s"]
     cp_comm_s = np.where(b.cp > 1, cp_comm_s, 0.0)
     # MoE token dispatch + combine, averaged over the layers (perfmodel.moe); with the overlap
-    # switch only what exceeds the layer's compute stays exposed.
+    # switch a share of what fits under the layer's compute is hidden.
     ep_comm_s = model.moe_layer_fraction * (comm["ep_layer_fwd_s"] + comm["ep_layer_bwd_s"])
     if training.overlap_moe_comm:
-        ep_comm_s = np.maximum(ep_comm_s - (layer_fwd_s + layer_bwd_s), 0.0)
+        from perfmodel.moe import a2a_overlap_exposed_s
+
+        ep_comm_s = a2a_overlap_exposed_s(ep_comm_s, layer_fwd_s + layer_bwd_s)
     layer_s = (layer_fwd_s + layer_bwd_s + tp_comm_s + cp_comm_s + ep_comm_s
                + tp_overlap_s)
 

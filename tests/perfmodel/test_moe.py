@@ -252,3 +252,36 @@ def test_fp8_recipes_save_the_permuted_expert_input_in_fp8():
     fp8 = moe.moe_activation_extra_bytes(MIX, TR, b, 2.0, 1.0)[0]
     assert bf16 == pytest.approx(8192 * 4096 * 4 + router)
     assert fp8 == pytest.approx(8192 * 4096 * 3 + router)
+
+
+def test_host_time_per_local_expert_by_hand():
+    # DeepSeek-V3 with ep = 8 holds 256/8 = 32 routed experts per GPU: 32 * 0.114 ms exposed
+    # per MoE layer pass; ep = 64: 4 * 0.114 ms; a dense model none
+    ds = load_model("deepseek-v3")
+    b = batch(dp=64, pp=1, ep=np.array([8, 64]), etp=1)
+    assert moe.local_experts(ds, b).tolist() == [32.0, 4.0]
+    assert moe.moe_host_exposed_s(ds, b) == pytest.approx(
+        moe.MOE_HOST_SYNC_S + moe.MOE_EXPERT_HOST_S * np.array([32.0, 4.0]))
+    assert moe.MOE_EXPERT_HOST_S * 32 == pytest.approx(3.648e-3, rel=0.01)
+    assert moe.moe_host_exposed_s(load_model("llama2-7b"), batch(dp=8)).tolist() == [0.0]
+
+
+def test_host_time_per_local_expert_adds_to_each_pass(monkeypatch):
+    # made 1 s per local expert: Mixtral (every layer MoE) with ep = 2 holds 4 local experts,
+    # with ep = 8 one, so forward and backward each differ by 3 s (plus a few launches)
+    from perfmodel import compute
+
+    gpu = load_cluster("dgx-h100").gpu
+    monkeypatch.setattr(moe, "MOE_EXPERT_HOST_S", 1.0)
+    t2 = compute_times(MIX, TR, gpu, batch(dp=16, pp=4, ep=2, etp=1))
+    t8 = compute_times(MIX, TR, gpu, batch(dp=16, pp=4, ep=8, etp=1))
+    assert t2["layer_fwd_s"][0] - t8["layer_fwd_s"][0] == pytest.approx(3.0, rel=0.01)
+    assert t2["layer_bwd_s"][0] - t8["layer_bwd_s"][0] == pytest.approx(3.0, rel=0.01)
+
+
+def test_a2a_overlap_hides_a_share_of_what_fits_under_compute():
+    # 10 ms of exchanges under 6 ms of compute: 0.6 * 6 ms hidden, 6.4 ms exposed; under 20 ms
+    # of compute 0.6 * 10 ms hidden, 4 ms exposed; never more than without the overlap
+    e = moe.a2a_overlap_exposed_s(np.array([10e-3, 10e-3, 0.0]), np.array([6e-3, 20e-3, 1.0]))
+    assert moe.MOE_A2A_OVERLAP_HIDDEN == 0.6
+    assert e == pytest.approx([6.4e-3, 4.0e-3, 0.0])
