@@ -44,6 +44,8 @@ from perfmodel.topology import GroupPlacement
 
 __all__ = [
     "MOE_A2A_OVERLAP_HIDDEN",
+    "a2a_overlap_applies",
+    "a2a_overlap_extra_inflight",
     "MOE_EXPERT_HOST_S",
     "MOE_HOST_SYNC_S",
     "a2a_overlap_exposed_s",
@@ -156,23 +158,31 @@ def moe_activation_extra_bytes(model: ModelSpec, training: TrainingSpec, batch: 
                                bytes_per_value: float, gemm_input_bytes: float | None = None
                                ) -> np.ndarray:
     """Activation bytes an MoE layer keeps beyond a dense MLP's, averaged over the layers, per
-    micro-batch and GPU: the permuted (dispatched) expert input and the expert output before the
-    probability-weighted combine (``etp*T*k*imb * h`` values each), and the fp32 router logits
-    and probabilities (``2 * 4 * T * E`` bytes). The permuted input is the first expert GEMM's
-    input: under Transformer Engine's fp8 / fp4 recipes ``GroupedLinear`` saves its fp8 cast
-    (``gemm_input_bytes``, 1 byte; :func:`perfmodel.memory.fp8_gemm_input_bytes`), the expert
-    output stays in the activation dtype.
+    micro-batch and GPU: the permuted (dispatched) expert input (``etp*T*k*imb * h`` values),
+    the permuted routing probabilities the experts apply (fp32, one per routed row), and the fp32
+    router logits and probabilities (``2 * 4 * T * E`` bytes). The permuted input is the first
+    expert GEMM's input: under Transformer Engine's fp8 / fp4 recipes ``GroupedLinear`` saves its
+    fp8 cast (``gemm_input_bytes``, 1 byte; :func:`perfmodel.memory.fp8_gemm_input_bytes`).
+
+    The expert output is not kept: Megatron-Core (2025 on, the releases of the validation rows'
+    Megatron-Bridge) applies the probabilities inside the experts (``TEGroupedMLP``'s weighted
+    SwiGLU on ``permuted_probs``), so the combine's ``unpermute`` takes no probabilities and is a
+    pure gather whose backward needs only the index map. (Megatron-Core of 2024 multiplied them in
+    ``unpermute`` and kept the expert output, ``etp*T*k*imb * h`` more values.)
 
     References
     ----------
-    Megatron-Core ``moe_utils.permute`` / ``unpermute`` (saved for the backward), ``router.py``;
-    Transformer Engine ``pytorch/module/grouped_linear.py`` (saved ``inputmats``).
+    Megatron-Core ``moe/token_dispatcher.py`` (``combine_postprocess``: ``unpermute`` without
+    probs; ``token_permutation`` returns ``permuted_probs`` to the experts), ``moe/experts.py``
+    (``bias_act_func`` with ``weighted_bias_swiglu_impl(..., permuted_probs)``),
+    ``fusions/fused_bias_swiglu.py`` (``WeightedSwiGLUFunction`` saves input and weights),
+    ``router.py``; Transformer Engine ``pytorch/module/grouped_linear.py`` (saved ``inputmats``).
     """
     if not model.is_moe:
         return np.zeros(len(batch))
     rows = batch.etp * routed_tokens_per_gpu(model, training, batch) * model.load_imbalance
     g_in = bytes_per_value if gemm_input_bytes is None else gemm_input_bytes
-    per_layer = rows * model.hidden_size * (g_in + bytes_per_value) + 8.0 * tokens_per_gpu(
+    per_layer = rows * (model.hidden_size * g_in + 4.0) + 8.0 * tokens_per_gpu(
         training, batch) * model.num_experts
     return model.moe_layer_fraction * per_layer
 
@@ -292,3 +302,49 @@ def dispatch_time_per_layer(model: ModelSpec, training: TrainingSpec, batch: Con
     gather = np.where(gather_buf > 0,
                       coll.all_gather_time(gather_buf, g.size, g.bw_bytes_per_s, g.latency_s), 0.0)
     return all_to_all_tiered_time(a2a_buf, groups["ep"]) + gather
+
+
+# --------------------------------------------------------------------------------------------
+# Where the all-to-all overlap runs (Megatron-Core's combined 1F1B)
+# --------------------------------------------------------------------------------------------
+def a2a_overlap_applies(training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:
+    """Whether ``--overlap-moe-expert-parallel-comm`` runs for each configuration: the switch
+    is on (``training.overlap_moe_comm``), ep > 1, the alltoall dispatcher, no full
+    recomputation, and with pp > 1 an interleaved schedule (vp > 1). Megatron-Core refuses the
+    others (``TransformerConfig.__post_init__``: "virtual_pipeline_model_parallel_size must be
+    specified when pipeline_model_parallel_size > 1", "disable full recomputation when enabling
+    overlap_moe_expert_parallel_comm", ep > 1, alltoall/flex dispatcher): only
+    ``combined_1f1b_schedule_for_no_pipelining`` (pp = 1) and
+    ``..._for_interleaved_pipelining`` overlap, the plain 1F1B schedule does not. Where it does
+    not apply the dispatch and combine stay exposed (and ``--emit`` leaves the flag out).
+
+    References
+    ----------
+    Megatron-Core ``transformer/transformer_config.py`` (the asserts above),
+    ``pipeline_parallel/combined_1f1b.py``, ``pipeline_parallel/schedules.py``.
+    """
+    n = len(batch)
+    if not training.overlap_moe_comm or training.moe_token_dispatcher != "alltoall":
+        return np.zeros(n, dtype=bool)
+    full = np.asarray(batch.recompute) == 2  # perfmodel.config.RECOMPUTE: none, selective, full
+    return (batch.ep > 1) & ~full & ((batch.pp == 1) | (batch.vp > 1))
+
+
+def a2a_overlap_extra_inflight(training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:
+    """Micro-batches a stage holds in flight beyond its schedule's count when the all-to-all
+    overlap runs [whole-stage micro-batches]: with pp = 1 the combined 1F1B runs the forward of
+    micro-batch i+1 with the backward of micro-batch i, so two micro-batches' activations are
+    alive (+1); interleaved, Megatron-Core adds one warm-up forward (``num_warmup_microbatches
+    + 1``), one more model chunk (+1/vp). Capped by the micro-batches there are.
+
+    References
+    ----------
+    Megatron-Core ``pipeline_parallel/combined_1f1b.py``
+    (``combined_1f1b_schedule_for_no_pipelining``: one forward, then paired forward/backward)
+    and ``schedules.py`` (``get_pp_rank_microbatches``: ``if overlap_moe_expert_parallel_comm:
+    num_warmup_microbatches += 1``).
+    """
+    on = a2a_overlap_applies(training, batch)
+    pp, vp = batch.pp.astype(np.float64), batch.vp.astype(np.float64)
+    extra = np.where(pp == 1, 1.0, 1.0 / vp)
+    return np.where(on & (batch.num_microbatches > 1), extra, 0.0)

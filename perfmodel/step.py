@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfmodel import comm_time as comm_time_mod
-from perfmodel import comm_volume, compute, flops, memory, overlap
+from perfmodel import comm_volume, compute, flops, memory, moe, overlap
 from perfmodel.config import ConfigBatch
 from perfmodel.specs import ClusterSpec, ModelSpec, TrainingSpec
 from perfmodel.topology import parallel_groups
@@ -357,10 +357,10 @@ def evaluate(
     # MoE token dispatch + combine, averaged over the layers (perfmodel.moe); with the overlap
     # switch a share of what fits under the layer's compute is hidden.
     ep_comm_s = model.moe_layer_fraction * (comm["ep_layer_fwd_s"] + comm["ep_layer_bwd_s"])
-    if training.overlap_moe_comm:
-        from perfmodel.moe import a2a_overlap_exposed_s
-
-        ep_comm_s = a2a_overlap_exposed_s(ep_comm_s, layer_fwd_s + layer_bwd_s)
+    if training.overlap_moe_comm:  # only where Megatron-Core runs it (moe.a2a_overlap_applies)
+        ep_comm_s = np.where(moe.a2a_overlap_applies(training, b),
+                             moe.a2a_overlap_exposed_s(ep_comm_s, layer_fwd_s + layer_bwd_s),
+                             ep_comm_s)
     layer_s = (layer_fwd_s + layer_bwd_s + tp_comm_s + cp_comm_s + ep_comm_s
                + tp_overlap_s)
 

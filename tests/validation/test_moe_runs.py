@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from search.validate_moe import moe_runs_report, moe_summary, moe_tuned_report
+from search.validate_moe import (moe_runs_report, moe_summary, moe_tuned_report,
+                                 moe_tuned_summary)
 
 #: the stated limits a row may be refused for (substrings of the reason)
 TRUE_LIMITS = (
@@ -61,7 +62,11 @@ def test_moe_mape_does_not_regress(report):
 def test_tuned_check_runs_on_two_settings():
     t = moe_tuned_report(limit=2)
     assert len(t) == 2 and np.all(np.isfinite(t["ratio"])) and (t["ratio"] > 0).all()
-    assert set(t.columns) >= {"measured_s", "predicted_best_s", "ratio", "ok", "best_config"}
+    assert set(t.columns) >= {"measured_s", "predicted_best_s", "ratio", "ok", "best_config",
+                              "recipe_predicted_s", "recipe_fits", "search_gain"}
+    # the ratio splits into the recipe's own time error and the search's gain over it
+    np.testing.assert_allclose(t["ratio"], t["measured_s"] / t["recipe_predicted_s"]
+                               * t["search_gain"])
     # what `plan validate --tuned` prints and puts in its JSON
     from rich.console import Console
 
@@ -72,6 +77,21 @@ def test_tuned_check_runs_on_two_settings():
     out = Console(record=True, width=200)
     print_moe_tuned(out, t)
     assert f"tuned-recipe check: {s['within']} of 2 settings within [0.90, 1.15]" in out.export_text()
+
+
+@pytest.mark.slow
+def test_moe_tuned_fraction_does_not_regress():
+    # target: >= 80 % of settings within [0.90, 1.15] (not met). Reached: 23 of 48 (48 %); the
+    # misses all have ratio > 1.15: the recipe's own time error (GPT-OSS on GB200/GB300, where
+    # the search picks the recipe's config) or search gains the time model predicts for layouts
+    # the recipes did not use (Grok-1: etp 1 with an in-node ep group; larger micro-batches that
+    # amortise per-micro-batch MoE costs); see docs/moe.md. ~1 min (48 searches).
+    t = moe_tuned_report()
+    s = moe_tuned_summary(t)
+    table = t[["model", "gpu", "gpus", "ratio", "recipe_predicted_s", "search_gain",
+               "best_config"]].to_string()
+    assert s["settings"] == 48
+    assert s["fraction"] >= 23 / 48 - 1e-9, f"{s}\n{table}"
 
 
 def test_plan_validate_has_the_tuned_switch():
