@@ -41,10 +41,10 @@ def sections() -> dict[str, str]:
     out["groups"] = "\n".join(lines)
     t = tuned_report()
     ok = t["ratio"].between(0.90, 1.15)
-    lines = [f"**{int(ok.sum())} of {len(t)} settings ({ok.mean():.1%}) within 0.90 <= measured "
-             "/ best <= 1.15.**", "",
-             "| source | model | GPU | GPUs | GBS | seq | precision | measured [s] | "
-             "best predicted [s] | ratio | best config |",
+    lines = [(f"**{int(ok.sum())} of {len(t)} settings ({ok.mean():.1%}) within 0.90 <= measured "
+              "/ best <= 1.15.**"), "",
+             ("| source | model | GPU | GPUs | GBS | seq | precision | measured [s] | "
+              "best predicted [s] | ratio | best config |"),
              "|---|---|---|---:|---:|---:|---|---:|---:|---:|---|"]
     for r, good in zip(t.itertuples(), ok, strict=True):
         lines.append(f"| {r.source} | {r.model} | {r.gpu_type} | {r.gpus} | {r.global_batch} | "
@@ -52,8 +52,8 @@ def sections() -> dict[str, str]:
                      f"{r.predicted_best_s:.4g} | {r.ratio:.3f}{'' if good else ' (out)'} | "
                      f"{r.best_config} |")
     out["tuned"] = "\n".join(lines)
-    lines = ["| row | source | model | GPU | GPUs | config | measured [s] | predicted [s] | "
-             "error |", "|---|---|---|---|---:|---|---:|---:|---:|"]
+    lines = [("| row | source | model | GPU | GPUs | config | measured [s] | predicted [s] | "
+              "error |"), "|---|---|---|---|---:|---|---:|---:|---:|"]
     for r in report.itertuples():
         lines.append(f"| {r.row_id} | {r.source} | {r.model} | {r.gpu_type} | {r.gpus} | "
                      f"{r.config} | {r.measured_s:.4g} | {r.predicted_s:.4g} | "
@@ -65,7 +65,7 @@ def sections() -> dict[str, str]:
 def render(text: str, new: dict[str, str]) -> str:
     for name, body in new.items():
         pat = re.compile(rf"(<!-- accuracy:{name} -->\n).*?(\n<!-- /accuracy:{name} -->)",
-                         re.S)
+                         re.DOTALL)
         if not pat.search(text):
             raise SystemExit(f"README.md has no <!-- accuracy:{name} --> markers")
         text = pat.sub(lambda m, b=body: m.group(1) + b + m.group(2), text)

@@ -20,7 +20,7 @@ Objective: mean squared log ratio predicted / measured over the rows each parame
 (rows with communication overlap: NeMo 24.07, DGX Cloud NeMo 24.09, Megatron-Bridge 25.09/25.11).
 Reported: the in-sample fit and leave-one-source-out cross-validation (fit on all sources but
 one, predict the held-out one). Run: ``python benchmarks/fit_time_model.py [hopper|blackwell|mxfp8]
-[--no-cv] [--hold-out=SOURCE ...]`` (a few minutes per fit).
+[--no-cv] [--hold-out=SOURCE ...] [--sustained-only]`` (a few minutes per fit).
 """
 
 from __future__ import annotations
@@ -168,12 +168,41 @@ def fit_mxfp8_ratio(cases) -> float:
     return g
 
 
+def sustained_only(hop) -> None:
+    """The Hopper sustained GEMM fraction alone (bounded scalar fit; overlap slowdown and fp8
+    ratio held at their shipped values), with leave-one-source-out: a quick refit after a model
+    change (``--sustained-only``; the numbers in docs/compute.md)."""
+    from scipy.optimize import minimize_scalar
+
+    names = ["kappa_hopper", "fp8_ratio", "sustained_hopper"]
+    held = [overlap.OVERLAP_SLOWDOWN["hopper"], compute.LOW_PRECISION_GEMM_RATIO]
+
+    def fit1(rows):
+        return minimize_scalar(lambda x: float(np.mean(log_errors([*held, x], names, rows) ** 2)),
+                               bounds=(0.7, 1.05), method="bounded",
+                               options={"xatol": 2e-3}).x
+
+    x = fit1(hop)
+    e = np.exp(log_errors([*held, x], names, hop)) - 1
+    print(f"sustained_hopper={x:.4f} (held: slowdown {held[0]}, fp8 ratio {held[1]}): in-sample "
+          f"MAPE {np.mean(np.abs(e)):.2%}, bias {np.mean(e):+.2%} ({len(hop)} rows)", flush=True)
+    for src in sorted({s for s, _ in hop}):
+        xs = fit1([c for c in hop if c[0] != src])
+        test = [c for c in hop if c[0] == src]
+        et = np.exp(log_errors([*held, xs], names, test)) - 1
+        print(f"  held out {src:16s}: sustained={xs:.3f} held-out MAPE "
+              f"{np.mean(np.abs(et)):.2%}, bias {np.mean(et):+.2%} ({len(test)} rows)", flush=True)
+    set_params([*held, x], names)
+
+
 def main() -> None:
     cases = load_cases()
     hop = [c for c in cases if any(k in c[1].cluster.gpu.name for k in HOPPER)]
     bw = [c for c in cases if any(k in c[1].cluster.gpu.name for k in BLACKWELL)]
     which = [a for a in sys.argv[1:] if not a.startswith("--")] or ["hopper", "blackwell"]
-    if "hopper" in which:
+    if "--sustained-only" in sys.argv:
+        sustained_only(hop)
+    elif "hopper" in which:
         report("Hopper", ["kappa_hopper", "fp8_ratio", "sustained_hopper"], [0.2, 0.85, 0.9],
                [(0.05, 0.4), (0.5, 1.0), (0.6, 1.05)], hop)
     if "mxfp8" in which or "blackwell" in which:
