@@ -382,6 +382,25 @@ def eager_gqa_repeat(ph: _Phase, model: ModelSpec, tokens, tp, act_b: float, pas
     ph.mem("copy", act_b * (full + grouped), 2)  # k and v, forward or the gradient sums
 
 
+def fused_cross_entropy(fwd: _Phase, bwd: _Phase, logits, act_b: float) -> None:
+    """Transformer Engine's fused cross-entropy on ``logits`` 16-bit values (tokens x vocab
+    columns on this GPU; Megatron-Core ``cross_entropy_fusion_impl="te"``): the forward's online
+    softmax reads the logits once (running max and sum per row; the loss is per row), the
+    backward reads them again and writes the gradient in place: ``act_b`` bytes per value
+    forward, ``2*act_b`` backward (against 34 + 22 bytes of the unfused fp32 path).
+
+    Example: 8192 tokens x 32064 columns in bf16 move 0.53 GB forward and 1.05 GB backward.
+
+    References
+    ----------
+    Transformer Engine ``transformer_engine/pytorch/triton/cross_entropy.py``
+    (``online_softmax_kernel``, ``cross_entropy_forward_kernel``, ``cross_entropy_backward_kernel``).
+    """
+    fwd.mem("copy", act_b * np.asarray(logits, dtype=np.float64))
+    fwd.add(KERNEL_MIN_S)  # the per-row loss kernel
+    bwd.mem("copy", 2 * act_b * np.asarray(logits, dtype=np.float64))
+
+
 def _overlap_s(gpu_s, cpu_s):
     """Time of a phase whose kernels take ``gpu_s`` on the device and ``cpu_s`` to launch:
     ``(gpu^p + cpu^p)^(1/p)``, a smooth maximum (p = :data:`COMPOSE_P`)."""
@@ -729,13 +748,16 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         lb.mem("layernorm", 5 * res_b * T * h, 2)
     else:
         lf.mem("layernorm", 2 * act_b * Tn * h)
-        # Megatron's vocab-parallel cross-entropy (unfused PyTorch ops on fp32 logits): cast
-        # (a+4), max (4), subtract (8), exp (8), sum (4), normalise in place (8) ...
-        lf.mem("copy", (act_b + 4) * T * Vg)
-        lf.mem("copy", 28 * T * Vg / 5, 5)
-        # ... backward: softmax - one-hot (8), scale by the loss gradient (8), cast (4+a)
-        lb.mem("copy", 16 * T * Vg / 2, 2)
-        lb.mem("copy", (4 + act_b) * T * Vg)
+        if training.cross_entropy == "fused":
+            fused_cross_entropy(lf, lb, T * Vg, act_b)
+        else:
+            # Megatron's vocab-parallel cross-entropy (unfused PyTorch ops on fp32 logits): cast
+            # (a+4), max (4), subtract (8), exp (8), sum (4), normalise in place (8) ...
+            lf.mem("copy", (act_b + 4) * T * Vg)
+            lf.mem("copy", 28 * T * Vg / 5, 5)
+            # ... backward: softmax - one-hot (8), scale by the loss gradient (8), cast (4+a)
+            lb.mem("copy", 16 * T * Vg / 2, 2)
+            lb.mem("copy", (4 + act_b) * T * Vg)
         lb.mem("layernorm", 3 * act_b * Tn * h)
 
     # ---- optimizer: this GPU's shard, bytes over the achieved fused-AdamW bandwidth
