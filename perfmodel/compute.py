@@ -17,9 +17,11 @@ weight-gradient accumulation fused into the fp32 main gradient, sequence paralle
 the norm/dropout region by tp; CPU launch cost is hidden behind the GPU.
 
 ``kernels="eager"`` models plain PyTorch eager under ``torch.autocast`` with fp32 weights (the
-calibration script's ``e2e`` model): an fp32 residual stream, fp32 LayerNorm, a bf16 cast of
-every weight and of every GEMM input each forward (and their fp32 casts back in the backward),
-separate bias-gradient reductions, fp32 logits and cross-entropy; each kernel also costs CPU
+calibration script's ``e2e`` and ``e2e_llama`` models): an fp32 residual stream, fp32 norms, a
+bf16 cast of every weight and of every GEMM input each forward (and their fp32 casts back in the
+backward), separate bias-gradient reductions, fp32 RoPE, GQA repeats, fp32 logits and
+cross-entropy, one named function per kernel family in :mod:`perfmodel.eager` (checked against a
+recorded step, ``harness/eager_inventory.py``); each kernel also costs CPU
 dispatch time (:data:`CPU_FWD_LAUNCH_S`, :data:`CPU_BWD_LAUNCH_S`, :data:`CHECKPOINT_CPU_S`), and
 a phase takes ``max(GPU time, CPU time)`` (the CPU runs ahead of the GPU when it can).
 
@@ -35,6 +37,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from perfmodel import eager as eager_kernels
 from perfmodel import moe
 from perfmodel.calibration import KERNEL_MIN_S, Calibration, calibration_for
 from perfmodel.config import ConfigBatch
@@ -61,17 +64,23 @@ __all__ = [
 ]
 
 # Eager PyTorch CPU cost per launched kernel (Python module call, autocast and autograd record
-# in the forward; the C++ autograd engine in the backward) and per checkpointed layer (the
-# non-reentrant checkpoint's saved-tensor hooks and RNG state). Fitted on the small-model rows of
-# hardware_specs/calibration/h200/e2e_dev.csv, where the GPU waits for the CPU (docs/compute.md).
-CPU_FWD_LAUNCH_S = 24e-6
-CPU_BWD_LAUNCH_S = 34e-6
-CHECKPOINT_CPU_S = 1.3e-3
+# in the forward; the C++ autograd engine in the backward, incl. the view and AccumulateGrad
+# nodes around each kernel) and per checkpointed layer (the non-reentrant checkpoint's
+# saved-tensor hooks and RNG state). Kernel counts per layer are those of the recorded step
+# (harness/eager_inventory.py, tests/perfmodel/test_eager.py). Fitted on
+# hardware_specs/calibration/h200/e2e_dev.csv (grid search with COMPOSE_P; leave-one-model-out
+# cross-validated MAPE 5.4 %, docs/compute.md), where the small-model steps wait for the CPU.
+CPU_FWD_LAUNCH_S = 17e-6
+CPU_BWD_LAUNCH_S = 38e-6
+CHECKPOINT_CPU_S = 1.5e-3
 
-COMPOSE_P = 4.0
+COMPOSE_P = 8.0
 """Exponent of the smooth maximum ``(gpu^p + cpu^p)^(1/p)`` of a phase's device and launch
-times: equal times cost 2^(1/4) = 1.19x either, since short kernels between long ones leave the
-device idle while the CPU catches up. Chosen with the constants above (p in 3, 4, 6, inf)."""
+times. The CPU runs ahead of the GPU (kernels queue on the stream), so a phase takes about the
+larger of the two, not their sum; equal times cost 2^(1/8) = 1.09x, the device idling while the
+CPU launches a run of short kernels between long ones. p in (4, 8, inf) chosen with the
+constants above: cross-validated MAPE 5.96 / 5.38 / 5.36 %, worst in-sample row 9.3 / 9.7 /
+10.9 % (p = 4 was the previous choice)."""
 
 LOW_PRECISION_GEMM_RATIO = 0.85
 """fp8 GEMM efficiency (tensor-wise scaled, or MXFP8 on Blackwell) relative to the bf16
@@ -321,6 +330,11 @@ class _Phase:
         self.gpu_s = self.gpu_s + count * np.where(nbytes > 0, t, 0.0)
         self.launches = self.launches + count * np.where(nbytes > 0, 1.0, 0.0)
 
+    def terms(self, terms) -> None:
+        """The kernel families of :mod:`perfmodel.eager`, each at its memops bandwidth."""
+        for t in terms:
+            self.mem(t.op, t.nbytes / t.kernels, t.kernels)
+
     def add(self, t_s, launches=1) -> None:
         self.gpu_s = self.gpu_s + t_s
         self.launches = self.launches + launches
@@ -332,56 +346,6 @@ class _Phase:
         """The slower of the device and the launching thread, see :func:`_overlap_s`."""
         return _overlap_s(self.gpu_s, self.cpu_s(cpu_per_launch_s, cpu_extra_s))
 
-
-
-def eager_rope(ph: _Phase, elements, act_b: float, autocast: bool, pass_: str) -> None:
-    """Rotary embedding of q and k in eager PyTorch (``elements`` = tokens x (q + k heads) x
-    head_dim on this GPU), as the calibration script's ``rope`` and Hugging Face's
-    ``apply_rotary_pos_emb`` write it: four multiplies of the even / odd halves by cos and sin,
-    a subtract, an add and a ``stack`` (7 kernels). Under autocast the cos / sin tables are fp32
-    buffers, so type promotion makes every product and the result fp32 (4 bytes), and
-    ``scaled_dot_product_attention`` casts q and k back to bf16 (2 more kernels). The backward
-    runs the same products on the gradients (fp32) plus the cast of the incoming bf16 gradient.
-
-    Bytes per element (forward, autocast): products read 2 and write 4 on half the elements each
-    (4 x 3), subtract / add read 8 and write 4 on half (2 x 6), stack reads and writes 4 (8), the
-    cast reads 4 and writes 2 (6): 38 bytes per element over 9 kernels.
-
-    References
-    ----------
-    ``benchmarks/calibrate_gpu.py`` (``rope``, ``LlamaBlock``); Su et al. 2021 (RoFormer), Eq. 34;
-    PyTorch type promotion (bf16 x fp32 -> fp32).
-    """
-    e = np.asarray(elements, dtype=np.float64)
-    wide = 4.0 if autocast else act_b  # element width of the rotated result
-    products = 4 * 0.5 * (act_b + wide)
-    sums = 2 * 0.5 * (3 * wide)
-    stack = 2 * wide
-    cast = (wide + act_b) if autocast else 0.0
-    kernels = 7 + (2 if autocast else 0)
-    if pass_ == "bwd":  # gradient of the products (and of the stack) + cast of the bf16 grad
-        products = 4 * 0.5 * (2 * wide)
-    ph.mem("copy", e * (products + sums + stack + cast) / kernels, kernels)
-
-
-def eager_gqa_repeat(ph: _Phase, model: ModelSpec, tokens, tp, act_b: float, pass_: str) -> None:
-    """Grouped-query attention in eager PyTorch: ``repeat_interleave`` of k and v to the query
-    heads before ``scaled_dot_product_attention`` (Hugging Face ``repeat_kv``), 2 kernels
-    writing ``tokens x heads x head_dim`` each; the backward sums the repeated gradients back
-    (a reduction reading the repeated and writing the grouped size). Nothing when
-    ``kv_heads == heads``.
-
-    References
-    ----------
-    ``benchmarks/calibrate_gpu.py`` (``LlamaBlock.forward``); Ainslie et al. 2023 (GQA).
-    """
-    rep = model.num_attention_heads / model.kv_heads
-    if rep <= 1:
-        return
-    tp = np.asarray(tp, dtype=np.float64)
-    full = np.asarray(tokens, dtype=np.float64) * model.num_attention_heads / tp * model.head_size
-    grouped = full / rep
-    ph.mem("copy", act_b * (full + grouped), 2)  # k and v, forward or the gradient sums
 
 
 def fused_cross_entropy(fwd: _Phase, bwd: _Phase, logits, act_b: float) -> None:
@@ -554,6 +518,8 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
                 else:
                     ph.add(count * gemm_time_s(cal, m_, n_, k_, lay, peak, ratio), count)
 
+    host_exposed_s = moe.moe_host_exposed_s(model, batch)
+
     def moe_kernels(ph: _Phase, pass_: str) -> None:
         """Router softmax / top-k and token permute / unpermute of the MoE layers (averaged
         over the layers): the router reads and writes ``T/tp x E`` fp32 scores; permute and
@@ -565,8 +531,8 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         t_sp = T / tp
         ph.mem("softmax", phi * 2 * 4.0 * t_sp * model.num_experts, 2 if pass_ == "bwd" else 1)
         ph.mem("copy", phi * (1 + model.moe_top_k) * act_b * t_sp * h, 2)
-        if not eager:  # the dispatcher's host sync exposes the MoE block's CPU time
-            ph.add(phi * moe.MOE_HOST_SYNC_S, 0)
+        if not eager:  # after the dispatcher's host sync the per-expert host work is exposed
+            ph.add(phi * host_exposed_s, 0)
 
     def attention(ph: _Phase, pass_: str) -> None:
         if training.flash_attention:
@@ -595,31 +561,15 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
             ph.mem("dropout", (2 * act_b + 1) * scores)
             ph.mem("softmax", 3 * act_b * scores)
 
-    weights_per_layer = model.layer_params() / tp
-    weight_tensors = 4 + (4 if has_bias else 0)
-
     # ---- layer forward
     def layer_forward(ph: _Phase, early_stop: bool = False) -> None:
         # early_stop: torch.utils.checkpoint (non-reentrant) stops the recomputation once the
         # last saved tensor (fc2's input) exists, so fc2 and the last residual add are skipped.
         gemm_phase(ph, ("fwd",), skip=("fc2",) if early_stop else ())
         attention(ph, "fwd")
-        if eager:
-            ph.mem("layernorm", 2 * res_b * Tn * h, 2)  # ln1, ln2 (fp32 under autocast)
-            if autocast:
-                ph.mem("copy", (res_b + act_b) * T * h, 2)  # casts of the qkv and fc1 inputs
-                # autocast casts every fp32 weight to bf16 each forward (and each recompute:
-                # the cast cache lives only inside the outermost autocast region)
-                ph.mem("copy", (w_b + act_b) * weights_per_layer / weight_tensors, weight_tensors)
-            ph.mem("add", (2 * res_b + act_b) * Tn * h, 1 if early_stop else 2)  # residual adds
-            if model.gated_mlp:
-                ph.mem("gelu", 2 * act_b * T * f_gpu)  # silu(gate)
-                ph.mem("add", 3 * act_b * T * f_gpu)  # * up
-            else:
-                ph.mem("gelu", 2 * act_b * T * f_gpu)
-            if model.position_embedding == "rope":
-                eager_rope(ph, T * (nh_gpu + model.kv_heads / tp) * d, act_b, autocast, "fwd")
-            eager_gqa_repeat(ph, model, T, tp, act_b, "fwd")
+        if eager:  # fp32 norms and residual stream, autocast casts, RoPE / GQA / SwiGLU
+            ph.terms(eager_kernels.layer_terms(model, T, Tn, tp, f_gpu, gemms[0][2], s, act_b,
+                                               res_b, w_b, autocast, "fwd", early_stop))
         else:
             ph.mem("layernorm", 2 * act_b * Tn * h, 2)  # fused ln1, ln2
             ph.mem("dropout", (3 * act_b + 1) * Tn * h, 2)  # fused bias + dropout + add, x2
@@ -644,25 +594,8 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     attention(bwd, "bwd")
     moe_kernels(bwd, "bwd")
     if eager:
-        ph = bwd
-        ph.mem("layernorm", 3 * res_b * Tn * h, 2)  # ln dx
-        ph.mem("layernorm", 2 * res_b * Tn * h, 2)  # ln dgamma, dbeta
-        ph.mem("add", 3 * res_b * Tn * h, 2)  # residual gradient sums
-        ph.mem("gelu", 3 * act_b * T * f_gpu)  # activation backward
-        if model.gated_mlp:
-            ph.mem("add", 3 * act_b * T * f_gpu, 2)  # d(gate), d(up) of the product
-        ph.mem("copy", 2 * act_b * T * gemms[0][2])  # cat of dq, dk, dv (split backward)
-        if autocast:
-            ph.mem("copy", (res_b + act_b) * Tn * h, 2)  # residual grads cast to bf16
-            ph.mem("copy", (res_b + act_b) * T * h, 2)  # GEMM-input grads cast back to fp32
-            ph.mem("copy", (w_b + act_b) * weights_per_layer / weight_tensors, weight_tensors)
-        if has_bias:  # bias gradients: column sums of the output gradients
-            ph.mem("add", act_b * T * (gemms[0][2] + h + act_cols + h) / 4, 4)
-        if model.position_embedding == "rope":
-            eager_rope(ph, T * (nh_gpu + model.kv_heads / tp) * d, act_b, autocast, "bwd")
-        eager_gqa_repeat(ph, model, T, tp, act_b, "bwd")
-        if model.gated_mlp:
-            ph.mem("copy", 2 * act_b * T * act_cols)  # cat of d(gate), d(up) (chunk backward)
+        bwd.terms(eager_kernels.layer_terms(model, T, Tn, tp, f_gpu, gemms[0][2], s, act_b,
+                                            res_b, w_b, autocast, "bwd"))
     else:
         ph = bwd
         ph.mem("layernorm", 3 * act_b * Tn * h, 2)  # fused ln backward
@@ -732,22 +665,10 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     lf.add(gemm_time_s(cal, T, Vg, h, "fwd", peak16, ratio16))
     lb.add(gemm_time_s(cal, T, Vg, h, "dgrad", peak16, ratio16))
     lb.add(gemm_time_s(cal, T, Vg, h, "wgrad", peak16, ratio16))
-    if eager:
-        lf.mem("layernorm", 2 * res_b * T * h)
-        if autocast:
-            lf.mem("copy", (res_b + act_b) * T * h)  # input cast
-            lf.mem("copy", (w_b + act_b) * Vg * h)  # output weight cast
-            lf.mem("copy", (act_b + 4) * T * Vg)  # logits.float()
-            lb.mem("copy", (4 + act_b) * T * Vg)  # grad cast to bf16
-            lb.mem("copy", (act_b + w_b) * Vg * h)  # weight grad cast to fp32
-            lb.mem("copy", (act_b + res_b) * T * h)  # input grad cast to fp32
-        # log_softmax over vocab-wide rows keeps each row in shared memory: one read, one write,
-        # at streaming (copy) bandwidth, unlike memops.csv's 2048-wide bf16 softmax
-        lf.mem("copy", 8 * T * Vg)
+    if eager:  # final norm, autocast casts, logits.float(), fp32 log_softmax + nll_loss
+        lf.terms(eager_kernels.cross_entropy(T, Vg, h, res_b, act_b, w_b, autocast, "fwd"))
         lf.add(KERNEL_MIN_S)  # nll_loss
-        lb.mem("copy", 4 * T * Vg)  # nll backward: zero-filled fp32 gradient + scatter
-        lb.mem("copy", 12 * T * Vg)  # log_softmax backward
-        lb.mem("layernorm", 5 * res_b * T * h, 2)
+        lb.terms(eager_kernels.cross_entropy(T, Vg, h, res_b, act_b, w_b, autocast, "bwd"))
     else:
         lf.mem("layernorm", 2 * act_b * Tn * h)
         if training.cross_entropy == "fused":

@@ -37,6 +37,7 @@ import dataclasses
 import numpy as np
 
 from perfmodel import memory as mem
+from perfmodel import moe
 from perfmodel.config import ConfigBatch
 from perfmodel.pipeline import inflight_microbatches
 from perfmodel.specs import ClusterSpec, ModelSpec, TrainingSpec
@@ -172,10 +173,20 @@ def stage_memory_bytes(
     first = stage == 0
     last = stage == pp - 1
 
-    # 1. Parameters of this stage.
+    # 1. Parameters of this stage (routed experts apart: split ep*etp ways, sharded over
+    # expert-dp). The layout counts every layer of a stage as MoE in the model's share
+    # (affine in the layer count, as search/dp.py needs): DeepSeek-style dense leading layers are
+    # not subtracted on stage 0, which overstates its experts by at most those layers'.
     sp_ = mem.stage_params(model, tp, pp)
     params = (n_l * sp_["layer"] + np.where(first, sp_["embedding"], 0.0)
               + np.where(last, model.norm_params() + sp_["output"], 0.0))
+    ep_etp = _col((c.ep * c.etp).astype(f64), nd)
+    expert_dp = _col(c.expert_dp.astype(f64), nd)
+    per_moe_layer = model.num_experts * model.expert_params() if model.is_moe else 0.0
+    other_layers = model.num_layers - model.moe_dense_layers
+    moe_share = model.num_moe_layers / other_layers if model.is_moe and other_layers else 0.0
+    n_exp_layer = per_moe_layer / ep_etp  # one MoE layer's routed experts on this GPU
+    experts = n_l * moe_share * n_exp_layer
     # 2. Model states by ZeRO stage (Megatron-LM: 16-bit weights, main grads in fp32 unless
     # reduced in bf16, fp8 weights with fp8_params).
     wb, gb, ob = mem.state_bytes_per_param(precision, training.optimizer,
@@ -184,9 +195,11 @@ def stage_memory_bytes(
     if fp8_params:
         wb = 1.0
     w, g, o = mem.zero_state_bytes(params, shard, zero, wb, gb, ob)
+    we, ge, oe = mem.zero_state_bytes(experts, expert_dp, zero, wb, gb, ob)
+    w, g, o = w + we, g + ge, o + oe
     # 3. Activations: kept layers, checkpointed layers, one layer being recomputed.
     e = 4.0 if precision == "fp32" else 2.0
-    kw = {"tp": tp, "sequence_parallel": sp, "ffn_hidden_size": model.ffn_hidden_size,
+    kw = {"tp": tp, "sequence_parallel": sp, "ffn_hidden_size": moe.effective_ffn_size(model),
           "num_kv_heads": model.kv_heads, "head_dim": model.head_size,
           "gated_mlp": model.gated_mlp, "flash": flash_attention, "dropout": dropout,
           "bytes_per_value": e, "gemm_input_bytes": mem.fp8_gemm_input_bytes(precision)}
@@ -195,7 +208,13 @@ def stage_memory_bytes(
                                                                           _SELECTIVE, 0), **kw)
     act_ckpt = mem.layer_activation_bytes(s, b, h, a, recompute=_FULL, **kw)
     act_all = mem.layer_activation_bytes(s, b, h, a, recompute=0, **kw)
+    # MoE: dispatched tokens, expert outputs, router scores (0 for a dense model)
+    moe_extra = _col(moe.moe_activation_extra_bytes(model, training, c, e,
+                                                    kw["gemm_input_bytes"]), nd)
+    act_keep, act_all = act_keep + moe_extra, act_all + moe_extra
     infl = inflight_microbatches(pp, m, sched, vp, stage=stage)
+    a2a_extra = _col(moe.a2a_overlap_extra_inflight(training, c), nd)
+    infl = np.minimum(infl + a2a_extra, np.maximum(m, infl))
     mb = np.ceil(infl)
     sb = s * b
     logit = sb * v / tp
@@ -212,9 +231,17 @@ def stage_memory_bytes(
                              sp_["layer"] * (wb + gb) * mem.ZERO3_LIVE_LAYERS, 0.0)
     other = other + mem.fp8_weight_cache_bytes(precision, n_l, sp_["gemm_layer"], zero, shard,
                                                fp8_params)
+    if model.is_moe:  # experts' low-precision copies, ZeRO-3 live experts, dispatch buffers
+        other = other + mem.fp8_weight_cache_bytes(precision, n_l * moe_share, n_exp_layer,
+                                                   zero, expert_dp, fp8_params)
+        other = other + np.where((zero >= 3) & (shard > 1),
+                                 n_exp_layer * (wb + gb) * mem.ZERO3_LIVE_LAYERS, 0.0)
+        other = other + _col(moe.moe_dispatch_buffer_bytes(model, training, c, e), nd)
     # the optimizer step's fp32 gradient copy (16-bit buffers), live once activations are freed
     copy_b = mem.optimizer_grad_copy_bytes(precision, training.grad_reduce_in_fp32)
     copy_opt = np.where(zero >= 1, copy_b / shard, copy_b) * params
+    # (memory_breakdown leaves the experts' copy out too: it only raises the peak past the
+    # activations)
     o = o + np.maximum(copy_opt - act, 0.0)
     allocated = w + g + o + act + other
     # the allowance covers what the step allocates and frees (activations and buffers)

@@ -47,6 +47,7 @@ __all__ = [
     "max_micro_batch_size",
     "memory_breakdown",
     "model_state_bytes",
+    "stage_expert_params",
     "stage_params",
     "state_bytes_per_param",
     "usable_hbm_bytes",
@@ -423,6 +424,45 @@ def fp8_weight_cache_bytes(
     return per * live * gemm_params_per_layer
 
 
+def _fp8_expert_bytes(precision, n_stage_experts, n_layer_experts, zero_stage, expert_dp,
+                      fp8_params):
+    """Transformer Engine's low-precision copies of a rank's routed experts
+    (:func:`fp8_weight_cache_bytes` with the rank's MoE layers, sharded over expert-dp under
+    ZeRO-3)."""
+    per = np.where(n_layer_experts > 0, n_layer_experts, 1.0)
+    return fp8_weight_cache_bytes(precision, n_stage_experts / per, n_layer_experts, zero_stage,
+                                  expert_dp, fp8_params)
+
+
+def stage_expert_params(model: ModelSpec, batch: ConfigBatch, layers, dense_layers=0.0
+                        ) -> np.ndarray:
+    """Routed-expert parameters one GPU holds on a pipeline rank of ``layers`` transformer
+    layers, ``dense_layers`` of them dense [count]: the rank's MoE layers (its other layers in
+    the model's MoE proportion, ``num_moe_layers / (L - moe_dense_layers)``) times
+    ``E * expert / (ep * etp)``.
+
+    Megatron-Core builds each rank's own layers (``TransformerBlock`` with
+    ``get_transformer_layer_offset``; ``moe_layer_freq`` / ``first_k_dense_replace`` pick which
+    are MoE), so a rank's expert weights, gradients and optimizer shards follow its MoE layers,
+    not the model's average: DeepSeek-V3's three dense layers lighten rank 0 only, and the ranks
+    with more layers in an uneven split hold more experts. With ``pp = 1`` this is the whole
+    model's routed experts over ``ep * etp`` (:func:`perfmodel.moe.expert_params_per_gpu`).
+
+    References
+    ----------
+    Megatron-Core ``transformer/transformer_block.py`` (``get_num_layers_to_build``),
+    ``models/gpt/moe_module_specs.py`` / ``gpt_layer_specs.py`` (``moe_layer_pattern``),
+    ``transformer/moe/experts.py`` (``num_local_experts = E / ep``).
+    """
+    if not model.is_moe:
+        return np.zeros(len(batch))
+    other = model.num_layers - model.moe_dense_layers
+    moe_share = model.num_moe_layers / other if other > 0 else 0.0
+    moe_layers = np.maximum(np.asarray(layers, dtype=np.float64) - dense_layers, 0.0) * moe_share
+    per_layer = model.num_experts * model.expert_params()
+    return moe_layers * per_layer / (batch.ep * batch.etp).astype(np.float64)
+
+
 # ---------------------------------------------------------------------------------------------
 # Parameters per GPU on the first and last pipeline stage
 # ---------------------------------------------------------------------------------------------
@@ -691,9 +731,19 @@ def memory_breakdown(
     w2, g2, o2 = zero_state_bytes(n_last, shard, zero, wb, gb, ob)
     # 2b. Routed MoE experts: split ep*etp ways, states sharded over expert-dp (Megatron-Core
     # distributed optimizer over the expert-data-parallel group); both end stages hold them.
-    n_expert = moe.expert_params_per_gpu(model, c)
-    we, ge, oe = zero_state_bytes(n_expert, c.expert_dp, zero, wb, gb, ob)
-    w1, g1, o1, w2, g2, o2 = w1 + we, g1 + ge, o1 + oe, w2 + we, g2 + ge, o2 + oe
+    # Each rank holds its own layers' experts (stage_expert_params): the dense leading layers
+    # sit on rank 0 (its first chunk), the other ranks' layers are MoE in the model's share.
+    dense_first = np.minimum(float(model.moe_dense_layers), lc["first_chunk0"])
+    dense_first = np.where(pp > 1, dense_first, float(model.moe_dense_layers))
+    n_exp_first = stage_expert_params(model, c, layers, dense_first)
+    n_exp_last = stage_expert_params(model, c, layers_last,
+                                     np.where(pp > 1, 0.0, float(model.moe_dense_layers)))
+    n_exp_mid = stage_expert_params(model, c, sp_["layers_middle"], 0.0)
+    n_exp_layer = stage_expert_params(model, c, 1.0)  # one MoE layer's share
+    we, ge, oe = zero_state_bytes(n_exp_first, c.expert_dp, zero, wb, gb, ob)
+    w1, g1, o1 = w1 + we, g1 + ge, o1 + oe
+    we, ge, oe = zero_state_bytes(n_exp_last, c.expert_dp, zero, wb, gb, ob)
+    w2, g2, o2 = w2 + we, g2 + ge, o2 + oe
     if eager:  # FSDP2 ZeRO-2 (reshard_after_forward=False) keeps the sharded parameters (the
         # optimizer's) next to the unsharded ones it computes with
         z2 = (zero == 2) & (dp * cp > 1)
@@ -758,6 +808,10 @@ def memory_breakdown(
     sched = np.asarray(c.schedule)
     infl_first = inflight_microbatches(pp, m, sched, vp, stage=0)
     infl_last = inflight_microbatches(pp, m, sched, vp, stage=pp - 1)
+    # the MoE all-to-all overlap's combined 1F1B holds one more micro-batch (pp = 1) or chunk
+    a2a_extra = 0.0 if eager else moe.a2a_overlap_extra_inflight(training, c)
+    infl_first = np.minimum(infl_first + a2a_extra, np.maximum(m, infl_first))
+    infl_last = np.minimum(infl_last + a2a_extra, np.maximum(m, infl_last))
     if eager:  # torch's zero bubble retains whole backward graphs until the W pass
         infl_last = np.where(schedule_code(sched) == _CODE_ZB,
                              torch_zb_retained_microbatches(pp, m), infl_last)
@@ -809,7 +863,7 @@ def memory_breakdown(
         z1 = (zero == 1) & (shard > 1)
         bucket = np.where(z1, n_first * gb, bucket)
         g1, g2 = np.where(z1, 0.0, g1), np.where(z1, 0.0, g2)
-    z3_layer = (sp_["layer"] + n_expert / layers) * (wb + gb) * ZERO3_LIVE_LAYERS
+    z3_layer = (sp_["layer"] + n_exp_layer) * (wb + gb) * ZERO3_LIVE_LAYERS
     zero3_last = None
     if eager:  # FSDP units of BUCKET_PARAMS (harness, DeepSpeed): two live, at most the model
         # chunk (each interleaved chunk is a module of its own, sharded and gathered alone; the
@@ -827,9 +881,10 @@ def memory_breakdown(
         fp8_cache_last = fp8_weight_cache_bytes(precision, layers_last, sp_["gemm_layer"], zero,
                                                 shard, fp8_params)
         # routed experts' low-precision copies, sharded over expert-dp under ZeRO-3
-        fp8_expert = fp8_weight_cache_bytes(precision, layers, n_expert / layers, zero,
-                                            c.expert_dp, fp8_params)
-        fp8_first, fp8_cache_last = fp8_first + fp8_expert, fp8_cache_last + fp8_expert
+        fp8_first = fp8_first + _fp8_expert_bytes(precision, n_exp_first, n_exp_layer, zero,
+                                                  c.expert_dp, fp8_params)
+        fp8_cache_last = fp8_cache_last + _fp8_expert_bytes(precision, n_exp_last, n_exp_layer,
+                                                            zero, c.expert_dp, fp8_params)
     dispatch = moe.moe_dispatch_buffer_bytes(model, training, c, e)  # MoE all-to-all buffers
     other_first = base_other + bucket + zero3 + fp8_first + dispatch
     other_last = base_other + bucket + zero3 + fp8_cache_last + dispatch
@@ -860,11 +915,15 @@ def memory_breakdown(
         # end stages; it has one in-flight micro-batch fewer (1F1B) and no embedding
         layers_mid = sp_["layers_middle"]
         wm, gm, om = zero_state_bytes(sp_["middle"], shard, zero, wb, gb, ob)
-        act_mid = (inflight_microbatches(pp, m, sched, vp, stage=1)
+        we, ge, oe = zero_state_bytes(n_exp_mid, c.expert_dp, zero, wb, gb, ob)
+        wm, gm, om = wm + we, gm + ge, om + oe  # the middle rank's experts
+        act_mid = ((inflight_microbatches(pp, m, sched, vp, stage=1) + a2a_extra)
                    * resident_activation_layers(layers_mid, n_off) * layer_act)
         act_mid = act_mid + recompute_extra
         other_mid = base_other + bucket + zero3 + fp8_weight_cache_bytes(
-            precision, layers_mid, sp_["gemm_layer"], zero, shard, fp8_params)
+            precision, layers_mid, sp_["gemm_layer"], zero, shard, fp8_params) + (
+            _fp8_expert_bytes(precision, n_exp_mid, n_exp_layer, zero, c.expert_dp,
+                              fp8_params)) + dispatch
         total_mid = np.where(pp > 2, wm + gm + om + act_mid + other_mid, 0.0)
         first_peak = total_first >= total_last
         pick = lambda x1, x2: np.where(first_peak, x1, x2)

@@ -43,31 +43,69 @@ from perfmodel.specs import ModelSpec, TrainingSpec
 from perfmodel.topology import GroupPlacement
 
 __all__ = [
+    "MOE_A2A_OVERLAP_HIDDEN",
+    "a2a_overlap_applies",
+    "a2a_overlap_extra_inflight",
+    "MOE_EXPERT_HOST_S",
     "MOE_HOST_SYNC_S",
+    "a2a_overlap_exposed_s",
     "a2a_per_layer",
     "all_to_all_tiered_time",
     "dispatch_ops_per_layer",
     "effective_ffn_size",
     "expert_params_per_gpu",
     "expert_rows_per_gpu",
+    "local_experts",
     "moe_activation_extra_bytes",
     "moe_dispatch_buffer_bytes",
+    "moe_host_exposed_s",
     "routed_tokens_per_gpu",
     "tokens_per_gpu",
     "uses_dispatcher",
 ]
 
 
-MOE_HOST_SYNC_S = 2.0e-3
-"""Host time exposed per MoE layer pass (forward or backward) and micro-batch [s]. The token
-dispatcher copies the per-expert token counts to the host (the grouped GEMM's ``m_splits`` and
-the all-to-all split sizes, a device-to-host synchronisation), so the CPU cannot run ahead of
-the GPU there: the Python and launch time of the MoE block (router, dispatcher pre- and
-post-processing, permute, the grouped GEMMs' setup) is added to the GPU time instead of hidden
-behind it. Megatron-Core's remedies confirm the effect: ``--moe-pad-expert-input-to-capacity``
-(no sync), CUDA graphs of ``moe_router`` / ``moe_preprocess`` (Megatron-Bridge 26.x recipes).
-Fitted, as the one MoE-specific parameter, on ``moe_runs_dev.csv`` (88 rows, 8 models):
-2.0 ms (leave-one-model-out fits 1.9-2.7 ms; docs/moe.md)."""
+MOE_HOST_SYNC_S = 0.0
+"""Host time exposed per MoE layer pass (forward or backward) and micro-batch, independent of
+the expert count [s]: the dispatcher's device-to-host copy of the per-expert token counts
+(the all-to-all split sizes) stops the CPU from running ahead. Fitted together with
+:data:`MOE_EXPERT_HOST_S` on ``moe_runs_dev.csv``: the fit puts it at 0 once the per-expert
+term is there (see ``docs/moe.md``), so it is kept as a named hook at 0."""
+
+MOE_EXPERT_HOST_S = 1.14e-4
+"""Host time exposed per *local expert*, MoE layer pass (forward or backward) and micro-batch
+[s]. After the dispatcher's device-to-host sync (``tokens_per_expert`` to the host: the grouped
+GEMM's ``m_splits``) the GPU queue is empty, and Transformer Engine's ``GroupedLinear`` then does
+its per-expert host work (split of the input, per-expert fp8 quantisers and workspaces, one
+cuBLAS GEMM per expert in ``general_grouped_gemm``, for fc1 and fc2; in the backward dgrad and
+wgrad) before the GPU has anything to run, so the host time per local expert adds to the
+layer's time instead of hiding behind it. ``E/ep`` local experts: DeepSeek-V3 with ep 8 has 32,
+Qwen3-235B with ep 64 has 2. Fitted, as the one MoE-specific parameter, on ``moe_runs_dev.csv``
+(94 rows, 8 models): 0.114 ms (leave-one-model-out fits 0.112-0.140 ms; docs/moe.md). Megatron-Core's
+remedies confirm the effect: ``--moe-pad-expert-input-to-capacity`` (no sync), CUDA graphs of
+``moe_router`` / ``moe_preprocess``, TE's device-side grouped GEMM (``m_splits`` on the GPU)."""
+
+
+def local_experts(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
+    """Routed experts one GPU holds per MoE layer: ``E / ep`` (0 for a dense model)."""
+    if not model.is_moe:
+        return np.zeros(len(batch))
+    return model.num_experts / batch.ep.astype(np.float64)
+
+
+def moe_host_exposed_s(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
+    """Host time the GPU waits for per MoE layer pass and micro-batch [s]:
+    ``MOE_HOST_SYNC_S + MOE_EXPERT_HOST_S * E/ep`` (0 for a dense model).
+
+    References
+    ----------
+    Megatron-Core ``token_dispatcher.py`` (``MoEAlltoAllTokenDispatcher.preprocess``:
+    ``tokens_per_expert`` copied to the host for the all-to-all splits and ``m_splits``);
+    Transformer Engine ``pytorch/module/grouped_linear.py`` (per-expert quantise / GEMM loop).
+    """
+    if not model.is_moe:
+        return np.zeros(len(batch))
+    return MOE_HOST_SYNC_S + MOE_EXPERT_HOST_S * local_experts(model, batch)
 
 
 def tokens_per_gpu(training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:
@@ -120,23 +158,31 @@ def moe_activation_extra_bytes(model: ModelSpec, training: TrainingSpec, batch: 
                                bytes_per_value: float, gemm_input_bytes: float | None = None
                                ) -> np.ndarray:
     """Activation bytes an MoE layer keeps beyond a dense MLP's, averaged over the layers, per
-    micro-batch and GPU: the permuted (dispatched) expert input and the expert output before the
-    probability-weighted combine (``etp*T*k*imb * h`` values each), and the fp32 router logits
-    and probabilities (``2 * 4 * T * E`` bytes). The permuted input is the first expert GEMM's
-    input: under Transformer Engine's fp8 / fp4 recipes ``GroupedLinear`` saves its fp8 cast
-    (``gemm_input_bytes``, 1 byte; :func:`perfmodel.memory.fp8_gemm_input_bytes`), the expert
-    output stays in the activation dtype.
+    micro-batch and GPU: the permuted (dispatched) expert input (``etp*T*k*imb * h`` values),
+    the permuted routing probabilities the experts apply (fp32, one per routed row), and the fp32
+    router logits and probabilities (``2 * 4 * T * E`` bytes). The permuted input is the first
+    expert GEMM's input: under Transformer Engine's fp8 / fp4 recipes ``GroupedLinear`` saves its
+    fp8 cast (``gemm_input_bytes``, 1 byte; :func:`perfmodel.memory.fp8_gemm_input_bytes`).
+
+    The expert output is not kept: Megatron-Core (2025 on, the releases of the validation rows'
+    Megatron-Bridge) applies the probabilities inside the experts (``TEGroupedMLP``'s weighted
+    SwiGLU on ``permuted_probs``), so the combine's ``unpermute`` takes no probabilities and is a
+    pure gather whose backward needs only the index map. (Megatron-Core of 2024 multiplied them in
+    ``unpermute`` and kept the expert output, ``etp*T*k*imb * h`` more values.)
 
     References
     ----------
-    Megatron-Core ``moe_utils.permute`` / ``unpermute`` (saved for the backward), ``router.py``;
-    Transformer Engine ``pytorch/module/grouped_linear.py`` (saved ``inputmats``).
+    Megatron-Core ``moe/token_dispatcher.py`` (``combine_postprocess``: ``unpermute`` without
+    probs; ``token_permutation`` returns ``permuted_probs`` to the experts), ``moe/experts.py``
+    (``bias_act_func`` with ``weighted_bias_swiglu_impl(..., permuted_probs)``),
+    ``fusions/fused_bias_swiglu.py`` (``WeightedSwiGLUFunction`` saves input and weights),
+    ``router.py``; Transformer Engine ``pytorch/module/grouped_linear.py`` (saved ``inputmats``).
     """
     if not model.is_moe:
         return np.zeros(len(batch))
     rows = batch.etp * routed_tokens_per_gpu(model, training, batch) * model.load_imbalance
     g_in = bytes_per_value if gemm_input_bytes is None else gemm_input_bytes
-    per_layer = rows * model.hidden_size * (g_in + bytes_per_value) + 8.0 * tokens_per_gpu(
+    per_layer = rows * (model.hidden_size * g_in + 4.0) + 8.0 * tokens_per_gpu(
         training, batch) * model.num_experts
     return model.moe_layer_fraction * per_layer
 
@@ -189,6 +235,33 @@ def dispatch_ops_per_layer(model: ModelSpec, training: TrainingSpec, batch: Conf
     return {"a2a": ("all_to_all", a2a_buf, ep), "etp_gather": ("all_gather", gather_buf, etp)}
 
 
+MOE_A2A_OVERLAP_HIDDEN = 0.6
+"""Fraction of the all-to-all time that fits under the layer's compute which Megatron-Core's
+expert-parallel overlap (``--overlap-moe-expert-parallel-comm``, Megatron-Bridge
+``moe_a2a_overlap``) actually hides. The overlap runs the dispatch / combine of one micro-batch
+next to the attention / expert compute of another (the merged forward-backward of the 1F1B steady
+state), so the warm-up and cool-down micro-batches have no partner, each exchange hides only
+behind the sub-module it is paired with, and the communication kernels (NCCL or DeepEP, 20-32
+SMs) slow the compute they run beside. Fitted on ``moe_runs_dev.csv`` with
+:data:`MOE_EXPERT_HOST_S` (the 7 overlapped rows: DeepSeek-V3 on 1024 H100, Qwen3-235B on 256
+H100 / B300, Qwen3-30B on 16 H100): 0.6; leave-one-model-out folds 0.55-0.7 (docs/moe.md).
+At 1.0 (the whole window hides) those rows were 15-21 % too fast."""
+
+
+def a2a_overlap_exposed_s(a2a_s, compute_s) -> np.ndarray:
+    """Exposed dispatch + combine time [s] with the all-to-all overlap:
+    ``a2a - MOE_A2A_OVERLAP_HIDDEN * min(a2a, compute)`` (``a2a``, ``compute``: the layer's
+    exchanges and its forward + backward compute per micro-batch).
+
+    References
+    ----------
+    Megatron-Core ``moe/README.md`` ("EP A2A overlap": merged forward-backward of two
+    micro-batches); DeepSeek-AI 2024 (DeepSeek-V3 report), Sec. 3.2.1 (DualPipe overlap).
+    """
+    a2a = np.asarray(a2a_s, dtype=np.float64)
+    return a2a - MOE_A2A_OVERLAP_HIDDEN * np.minimum(a2a, np.asarray(compute_s, dtype=np.float64))
+
+
 def all_to_all_tiered_time(size_bytes, group: GroupPlacement) -> np.ndarray:
     """All-to-all time [s] of a ``size_bytes`` buffer (per GPU, NCCL convention) on a placed
     group: each GPU sends ``1/n`` of its buffer to every other member at once; the members in
@@ -229,3 +302,49 @@ def dispatch_time_per_layer(model: ModelSpec, training: TrainingSpec, batch: Con
     gather = np.where(gather_buf > 0,
                       coll.all_gather_time(gather_buf, g.size, g.bw_bytes_per_s, g.latency_s), 0.0)
     return all_to_all_tiered_time(a2a_buf, groups["ep"]) + gather
+
+
+# --------------------------------------------------------------------------------------------
+# Where the all-to-all overlap runs (Megatron-Core's combined 1F1B)
+# --------------------------------------------------------------------------------------------
+def a2a_overlap_applies(training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:
+    """Whether ``--overlap-moe-expert-parallel-comm`` runs for each configuration: the switch
+    is on (``training.overlap_moe_comm``), ep > 1, the alltoall dispatcher, no full
+    recomputation, and with pp > 1 an interleaved schedule (vp > 1). Megatron-Core refuses the
+    others (``TransformerConfig.__post_init__``: "virtual_pipeline_model_parallel_size must be
+    specified when pipeline_model_parallel_size > 1", "disable full recomputation when enabling
+    overlap_moe_expert_parallel_comm", ep > 1, alltoall/flex dispatcher): only
+    ``combined_1f1b_schedule_for_no_pipelining`` (pp = 1) and
+    ``..._for_interleaved_pipelining`` overlap, the plain 1F1B schedule does not. Where it does
+    not apply the dispatch and combine stay exposed (and ``--emit`` leaves the flag out).
+
+    References
+    ----------
+    Megatron-Core ``transformer/transformer_config.py`` (the asserts above),
+    ``pipeline_parallel/combined_1f1b.py``, ``pipeline_parallel/schedules.py``.
+    """
+    n = len(batch)
+    if not training.overlap_moe_comm or training.moe_token_dispatcher != "alltoall":
+        return np.zeros(n, dtype=bool)
+    full = np.asarray(batch.recompute) == 2  # perfmodel.config.RECOMPUTE: none, selective, full
+    return (batch.ep > 1) & ~full & ((batch.pp == 1) | (batch.vp > 1))
+
+
+def a2a_overlap_extra_inflight(training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:
+    """Micro-batches a stage holds in flight beyond its schedule's count when the all-to-all
+    overlap runs [whole-stage micro-batches]: with pp = 1 the combined 1F1B runs the forward of
+    micro-batch i+1 with the backward of micro-batch i, so two micro-batches' activations are
+    alive (+1); interleaved, Megatron-Core adds one warm-up forward (``num_warmup_microbatches
+    + 1``), one more model chunk (+1/vp). Capped by the micro-batches there are.
+
+    References
+    ----------
+    Megatron-Core ``pipeline_parallel/combined_1f1b.py``
+    (``combined_1f1b_schedule_for_no_pipelining``: one forward, then paired forward/backward)
+    and ``schedules.py`` (``get_pp_rank_microbatches``: ``if overlap_moe_expert_parallel_comm:
+    num_warmup_microbatches += 1``).
+    """
+    on = a2a_overlap_applies(training, batch)
+    pp, vp = batch.pp.astype(np.float64), batch.vp.astype(np.float64)
+    extra = np.where(pp == 1, 1.0, 1.0 / vp)
+    return np.where(on & (batch.num_microbatches > 1), extra, 0.0)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfmodel import comm_time as comm_time_mod
-from perfmodel import comm_volume, compute, flops, memory, overlap, zero3_deepspeed
+from perfmodel import comm_volume, compute, flops, memory, moe, overlap, zero3_deepspeed
 from perfmodel.config import ConfigBatch
 from perfmodel.specs import ClusterSpec, ModelSpec, TrainingSpec
 from perfmodel.topology import parallel_groups
@@ -355,10 +355,12 @@ def evaluate(
     cp_comm_s = comm["cp_layer_fwd_s"] + comm["cp_layer_bwd_s"]
     cp_comm_s = np.where(b.cp > 1, cp_comm_s, 0.0)
     # MoE token dispatch + combine, averaged over the layers (perfmodel.moe); with the overlap
-    # switch only what exceeds the layer's compute stays exposed.
+    # switch a share of what fits under the layer's compute is hidden.
     ep_comm_s = model.moe_layer_fraction * (comm["ep_layer_fwd_s"] + comm["ep_layer_bwd_s"])
-    if training.overlap_moe_comm:
-        ep_comm_s = np.maximum(ep_comm_s - (layer_fwd_s + layer_bwd_s), 0.0)
+    if training.overlap_moe_comm:  # only where Megatron-Core runs it (moe.a2a_overlap_applies)
+        ep_comm_s = np.where(moe.a2a_overlap_applies(training, b),
+                             moe.a2a_overlap_exposed_s(ep_comm_s, layer_fwd_s + layer_bwd_s),
+                             ep_comm_s)
     layer_s = (layer_fwd_s + layer_bwd_s + tp_comm_s + cp_comm_s + ep_comm_s
                + tp_overlap_s)
 

@@ -451,12 +451,7 @@ class DPSearch:
         if problem.kernels != "fused":
             raise SpecError("strategy dp models Megatron-LM layouts: kernels must be 'fused' "
                             f"(got kernels '{problem.kernels}')")
-        space = problem.space
-        if space.model.is_moe:
-            # the per-stage layout model (perfmodel/layout.py) has no expert-parallel terms yet;
-            # refuse rather than rank MoE configurations without their all-to-all
-            raise SpecError(f"strategy dp does not model mixture-of-experts layers yet "
-                            f"({space.model.name}): use --strategy grid, which searches ep and etp")
+        space = problem.space  # MoE: the layout model has the expert terms (perfmodel.layout)
         L = space.model.num_layers
         tally = Tally(self.top)
         kept = {"batch": None, "ids": np.zeros(0, dtype=np.int64)}

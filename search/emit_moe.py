@@ -69,7 +69,7 @@ def megatron_moe_args(config: ParallelConfig, model: ModelSpec, training: Traini
     if model.moe_capacity_factor is not None:
         args += [f"--moe-expert-capacity-factor {model.moe_capacity_factor}",
                  "--moe-pad-expert-input-to-capacity"]
-    if training.overlap_moe_comm and c.ep > 1:
+    if _a2a_overlap_runs(training, c):
         args.append("--overlap-moe-expert-parallel-comm")
     return args
 
@@ -112,3 +112,16 @@ def torchtitan_moe_lines(config: ParallelConfig, model: ModelSpec) -> list[str]:
         return []
     return [f"expert_parallel_degree = {config.ep}",
             f"expert_tensor_parallel_degree = {config.expert_tp}"]
+
+
+def _a2a_overlap_runs(training: TrainingSpec, c: ParallelConfig) -> bool:
+    """Whether Megatron-Core runs the all-to-all overlap for this plan
+    (:func:`perfmodel.moe.a2a_overlap_applies`)."""
+    from perfmodel.config import ConfigBatch
+    from perfmodel.moe import a2a_overlap_applies
+
+    if not training.overlap_moe_comm:
+        return False
+    if c.num_microbatches is None:  # the rule does not depend on it
+        c = c.model_copy(update={"num_microbatches": 1})
+    return bool(a2a_overlap_applies(training, ConfigBatch.from_configs([c]))[0])

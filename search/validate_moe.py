@@ -12,14 +12,15 @@ documented facts of its framework, nothing fitted per row:
   sequence parallelism with tp > 1, the alltoall dispatcher (DeepEP / HybridEP ``flex`` move the
   same bytes) with the all-to-all overlapped only where the row says ``moe_a2a_overlap=True``;
   dropless, force-balanced routing (the benchmark footnotes), so load imbalance 1.
-* **config**: etp = 1 where the row leaves it empty (Megatron-Bridge MoE recipes set
-  ``expert_tensor_parallel_size=1``); layers that do not divide into ``pp*vp`` chunks are split
+* **config**: where the row leaves etp empty, 1 for Megatron-Bridge (its MoE recipes set
+  ``expert_tensor_parallel_size=1``) and Megatron-Core's default etp = tp for the others; layers that do not divide into ``pp*vp`` chunks are split
   unevenly (Megatron-Bridge's ``pipeline_model_parallel_layout`` / embedding-aware split).
 * **cluster**: the GPU's preset. GB200/GB300 jobs run on 64-GPU NVLink segments (16 of a rack's
   18 trays, Slurm ``--segment``; one row says "32 GB200 per NVL domain segment"), so the NVLink
   tier is 64 GPUs (32 where the row says so).
 * **measured**: ``seconds_per_iteration`` (derived by the source from tokens/s where it says so);
-  rows with only TFLOP/s are refused, since TFLOP/s use each framework's own FLOP formula.
+  rows with only TFLOP/s are converted with the source's own FLOP formula
+  (:func:`flop_convention`, :mod:`perfmodel.framework_flops`).
 """
 
 from __future__ import annotations
@@ -109,18 +110,84 @@ def _recompute(text: str) -> str:
     return "none"
 
 
+def flop_convention(r: pd.Series) -> tuple[str, int]:
+    """The FLOP formula a row's TFLOP/s was counted with: ``(form, mtp_layers)`` of
+    :func:`perfmodel.framework_flops.megatron_flops_per_token`.
+
+    * Megatron-LM MoE README (MCore v0.8 / v0.9): the 2024 ``num_floating_point_operations``.
+    * Megatron-LM DeepSeek-V3 GB200 study (Megatron-LM of Nov 2025) and Megatron-Bridge: the
+      2025 ``transformer_flops``; DeepSeek-V3 counts its one MTP layer (``mtp_num_layers=1``
+      of ``DeepSeekV3ModelProvider``) unless the row says "w/o MTP" or the launch script has
+      no MTP flag. Checked on the rows that publish both tokens/s and TFLOP/s: the 2025 form
+      reproduces their ratio within 0.3 % for DeepSeek-V3 (with MTP, w/o MTP where labelled),
+      Qwen3, Grok-1, Mixtral-8x22B and Llama-4 Scout (``tests/perfmodel/test_framework_flops.py``).
+    """
+    src = str(r.get("source", "")).lower()
+    release = str(r.get("release", "")).lower()
+    if "moe/readme" in src or re.match(r"mcore v0\.[0-9]\b", release):
+        return "2024", 0
+    text = (str(r.get("notes", "")) + " " + str(r.get("config_source", ""))).lower()
+    no_mtp = "w/o mtp" in text or "no mtp" in text
+    mtp = 1 if str(r["model"]).lower().startswith("deepseek-v3") and not no_mtp else 0
+    return "2025", mtp
+
+
+def _step_from_tflops(r: pd.Series, model: ModelSpec) -> float:
+    """Step time from a published TFLOP/s/GPU under the source's own FLOP formula."""
+    from perfmodel.framework_flops import megatron_flops_per_token, step_time_from_tflops
+
+    tflops = _f(r["tflops_per_gpu"])
+    if tflops is None:
+        raise SpecError("no step time, tokens/s or TFLOP/s published")
+    form, mtp = flop_convention(r)
+    f_tok = megatron_flops_per_token(model, int(r["seq_len"]),
+                                     tp=int(_f(r["tensor_parallel"]) or 1), mtp_layers=mtp,
+                                     form=form)
+    return step_time_from_tflops(tflops, f_tok, int(r["global_batch_size"]), int(r["seq_len"]),
+                                 int(r["num_gpus"]))
+
+
+#: Settings of recipes the dataset did not enrich, read from the recipe files of the release:
+#: (release, model, GPU) -> other_config text. Megatron-Bridge 25.09: the python recipes
+#: ``scripts/performance/configs/deepseek/deepseek_llm_pretrain.py`` and
+#: ``parallelism_configs.py`` @0132842 (their parallelism matches every 25.09 DeepSeek-V3 table
+#: row, unlike the 25.09 YAML): H100 1024 GPUs ``enable_deepep=True`` and
+#: ``set_moe_a2a_overlap_overrides(cfg)`` (B200 / GB200: neither).
+RECIPE_FACTS = {
+    ("NeMo container 25.09", "DeepSeek-V3", "H100"):
+        "moe_flex_dispatcher_backend=deepep; moe_a2a_overlap=True",
+}
+
+
+def recipe_facts(r: pd.Series) -> str:
+    """The :data:`RECIPE_FACTS` of a row ('' when none)."""
+    return RECIPE_FACTS.get((str(r.get("release", "")), str(r["model"]),
+                             str(r.get("gpu_type", "")).upper()), "")
+
+
+def _default_etp(r: pd.Series, tp: int) -> int:
+    """Expert tensor parallelism where the row leaves it empty: 1 for Megatron-Bridge (its MoE
+    workload presets set ``expert_tensor_parallel_size=1``), else Megatron-Core's own default
+    ``etp = tp`` (``parallel_state.initialize_model_parallel``: "if expert_tensor_parallel_size
+    is None: expert_tensor_parallel_size = tensor_model_parallel_size"; NeMo 2.0's
+    ``MegatronStrategy`` and the NeMo launcher leave it None; before MCore 0.10 the experts were
+    split by tp, the same)."""
+    return 1 if "megatron-bridge" in str(r.get("source", "")).lower() else tp
+
+
 def moe_case_from_row(r: pd.Series) -> Case:
     """One row of ``moe_runs_dev.csv`` as a :class:`~search.validate.Case`; raises SpecError
     with the reason when the row cannot be expressed."""
+    model = _model(r)
     measured = _f(r["seconds_per_iteration"])
     if measured is None:
         tps = _f(r["tokens_per_sec_per_gpu"])
-        if tps is None:
-            raise SpecError("no step time or tokens/s published (TFLOP/s only, under the "
-                            "framework's own FLOP formula)")
-        measured = int(r["global_batch_size"]) * int(r["seq_len"]) / (tps * int(r["num_gpus"]))
-    model = _model(r)
-    other = str(r.get("other_config", "")).lower()
+        if tps is not None:
+            measured = int(r["global_batch_size"]) * int(r["seq_len"]) / (
+                tps * int(r["num_gpus"]))
+        else:
+            measured = _step_from_tflops(r, model)
+    other = (str(r.get("other_config", "")) + "; " + recipe_facts(r)).lower()
     training = TrainingSpec(
         global_batch_size=int(r["global_batch_size"]), seq_len=int(r["seq_len"]),
         precision=_precision(str(r["precision"])), optimizer="adam",
@@ -133,7 +200,7 @@ def moe_case_from_row(r: pd.Series) -> Case:
     cp = int(_f(r["context_parallel"]) or 1)
     vp = int(_f(r["virtual_pipeline_stages"]) or 1)
     ep = int(_f(r["expert_parallel"]) or 1)
-    etp = int(_f(r["expert_tensor_parallel"]) or 1)
+    etp = int(_f(r["expert_tensor_parallel"]) or _default_etp(r, t))
     fsdp = bool(_f(r["fsdp"]))
     dp = gpus // (t * p * cp)
     cfg = ParallelConfig(
@@ -153,10 +220,34 @@ def moe_case_from_row(r: pd.Series) -> Case:
         cfg = resolve_config(cfg, check_model, training, cluster)
     except SpecError as err:
         if "must divide tp*cp*dp" in str(err):  # ep*etp*pp larger than the GPU count
-            raise SpecError(f"published layout is not runnable in Megatron-Core: {err}") from None
+            # Megatron-Core initialize_model_parallel: world_size % (etp*ep*pp) == 0. The row's
+            # own GA (= GBS / (MBS * dp)) fixes dp, hence pp, so the EP cell is what disagrees.
+            ga = _f(r.get("grad_accum"))
+            ga_note = ""
+            if ga and int(ga) * cfg.micro_batch_size * dp == int(r["global_batch_size"]):
+                ga_note = (f"; the row's GA {int(ga)} = GBS/(MBS*dp) confirms dp {dp} and pp {p}")
+            raise SpecError(
+                f"published layout is not runnable in Megatron-Core: {err}; ep*etp*pp = "
+                f"{ep * etp * p} > {gpus} GPUs (initialize_model_parallel needs world_size % "
+                f"(etp*ep*pp) == 0){ga_note}") from None
         raise
     return Case(str(r["row_id"]), str(r["model"]), model, training, cluster, cfg,
                 float(measured), "step", str(r.get("status", "")))
+
+
+def slowest_rank_model(model: ModelSpec, cfg: ParallelConfig) -> ModelSpec:
+    """The model whose even split paces the published uneven pipeline: Megatron puts at most
+    ``ceil(L / (pp*vp))`` layers in each of the ``pp*vp`` model chunks (Megatron-Bridge's
+    ``pipeline_model_parallel_layout`` maps, e.g. DeepSeek-V3 ``(4, 4)``: ``[E + 4 decoder]``,
+    14 x ``[4]``, ``[1 decoder + MTP + loss]``; ``account_for_embedding/loss_in_pipeline_split``
+    for 94-layer Qwen3-235B on pp 8: 12 a stage, 11 next to the embedding and the loss), and the
+    pipeline runs at the pace of a rank with full chunks. So a model of ``pp*vp*ceil(L/(pp*vp))``
+    layers split evenly has that rank's time (61 DeepSeek-V3 layers on pp 4 x vp 4: 16 a rank,
+    not 15.25). Unchanged when the layers divide."""
+    chunks = cfg.pp * cfg.vp
+    if model.num_layers % chunks == 0:
+        return model
+    return model.model_copy(update={"num_layers": chunks * -(-model.num_layers // chunks)})
 
 
 def moe_runs_report(path: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -173,8 +264,8 @@ def moe_runs_report(path: Path | None = None) -> tuple[pd.DataFrame, pd.DataFram
         except SpecError as err:
             skipped.append({"row_id": r["row_id"], "model": r["model"], "reason": str(err)})
             continue
-        res = evaluate(case.model, case.training, case.cluster,
-                       ConfigBatch.from_configs([case.config]))
+        res = evaluate(slowest_rank_model(case.model, case.config), case.training,
+                       case.cluster, ConfigBatch.from_configs([case.config]))
         c = case.config
         pred = float(res.step_time_s[0])
         rows.append({
@@ -202,7 +293,14 @@ def moe_tuned_report(path: Path | None = None, limit: int | None = None) -> pd.D
     sequence, precision) the published recipe's measured step time over the best step time a
     free search predicts (same training setup; ep, etp, tp, pp, vp, cp, micro-batch, recompute
     searched). A planner whose search is right finds a recipe within [0.90, 1.15] of the
-    measured one."""
+    measured one.
+
+    ``measured`` is the best (shortest) measured step time among the setting's rows: the
+    recipes are tuned, so the fastest published one is the reference. The ratio splits into
+    ``measured / recipe_predicted`` (the published config's own time error) times
+    ``search_gain = recipe_predicted / predicted_best`` (how much faster the search thinks it
+    can do); ``recipe_fits`` says whether the published config fits the memory model (it ran,
+    so False is a pessimistic memory prediction)."""
     from search.api import plan
 
     df = pd.read_csv(path or VALIDATION_DIR / "moe_runs_dev.csv")
@@ -225,10 +323,14 @@ def moe_tuned_report(path: Path | None = None, limit: int | None = None) -> pd.D
         r = plan(c.model, c.cluster, c.training, top=1, uneven_layers=True,
                  zero_stage=c.config.zero_stage, sequence_parallel=None)
         pred = float(r.top["step_time_s"].iloc[0]) if r.fits_any else float("nan")
+        own = evaluate(c.model, c.training, c.cluster, ConfigBatch.from_configs([c.config]))
+        recipe_s = float(own.step_time_s[0])
         rows.append({"model": key[0], "gpu": key[1], "gpus": key[2], "global_batch": key[3],
                      "seq_len": key[4], "precision": key[5], "row_id": c.row_id,
                      "measured_s": c.measured_step_s, "predicted_best_s": pred,
                      "ratio": c.measured_step_s / pred if pred == pred else float("nan"),
+                     "recipe_predicted_s": recipe_s, "recipe_fits": bool(own.fits[0]),
+                     "search_gain": recipe_s / pred if pred == pred else float("nan"),
                      "best_config": _cfg_text(r.top.iloc[0]) if r.fits_any else ""})
     out = pd.DataFrame(rows)
     if len(out):

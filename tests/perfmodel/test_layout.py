@@ -33,6 +33,26 @@ def test_even_layout_predicts_the_even_split(rc):
     assert r.hfu[1] == pytest.approx(r.hfu[0], rel=1e-12)
 
 
+@pytest.mark.parametrize("rc", ["none", "full"])
+def test_even_layout_predicts_the_even_split_moe(rc):
+    """An MoE model (Mixtral 8x7B, no dense leading layers, ep 8) written as an even layout
+    predicts the even split's memory: experts by ep*etp, states over expert-dp, MoE
+    activations, dispatch buffers, fp8 expert copies."""
+    m = load_model("mixtral-8x7b")
+    tr = load_training(None, global_batch_size=256, seq_len=4096, precision="fp8")
+    cl = load_cluster("dgx-h100", 64)
+    even = ParallelConfig(dp=16, tp=1, pp=4, ep=8, etp=1, micro_batch_size=1, zero_stage=1,
+                          recompute=rc)
+    lay = even.model_copy(update={"stage_layers": (8,) * 4})
+    b = ConfigBatch.from_configs([resolve_config(c, m, tr, cl) for c in (even, lay)])
+    r = evaluate(m, tr, cl, b)
+    assert r.memory_bytes["peak"][1] == pytest.approx(r.memory_bytes["peak"][0], rel=1e-12)
+    assert r.step_time_s[1] == pytest.approx(r.step_time_s[0], rel=1e-12)
+    # the experts are there: 32/4 layers * 8 experts * 3*4096*14336 / ep 8, bf16 weights
+    experts = 8 * 8 * 3 * 4096 * 14336 / 8
+    assert r.memory_bytes["weights"][1] > 2 * experts
+
+
 def test_block_recompute_of_every_layer_is_full_recompute():
     full = ParallelConfig(**BASE, recompute="full")
     block = full.model_copy(update={"stage_layers": (7,) * 18,

@@ -95,7 +95,8 @@ def test_a2a_priced_on_the_tier_the_group_spans():
 
 def test_overlap_switch_hides_dispatch():
     c = load_cluster("dgx-h100", gpus=64)
-    b = batch(dp=16, pp=4, ep=8, etp=1, num_microbatches=16)
+    # interleaved (Megatron-Core overlaps with pp > 1 only there: combined 1F1B)
+    b = batch(dp=16, pp=4, vp=2, schedule="interleaved", ep=8, etp=1, num_microbatches=16)
     plain = evaluate(MIX, TR, c, b)
     hidden = evaluate(MIX, TR.model_copy(update={"overlap_moe_comm": True}), c, b)
     assert plain.time_s["ep_comm"][0] > 0
@@ -118,6 +119,45 @@ def test_expert_memory_sharded_by_ep_and_expert_dp():
     o8 = memory_breakdown(MIX, TR, c, b)["optimizer"][0]
     o1 = memory_breakdown(MIX, TR, c, one)["optimizer"][0]
     assert o1 - o8 == pytest.approx(12 * (8 * n / 16 - n / 2))
+
+
+def test_stage_expert_params_by_hand():
+    # DeepSeek-V3: 61 layers, the first 3 dense, 256 experts of 3*7168*2048 = 44.04e6.
+    # pp = 16, ep = 8: rank 0 with 2 layers (both dense) holds no experts, a middle rank with 4
+    # MoE layers 4*256*44.04e6/8 = 5.64e9, and with pp = 1 all 58 MoE layers over ep.
+    from perfmodel.memory import stage_expert_params
+
+    m = load_model("deepseek-v3")
+    b = batch(dp=16, pp=16, ep=8, etp=1)
+    per_layer = 256 * 3 * 7168 * 2048
+    assert stage_expert_params(m, b, 2.0, 2.0)[0] == 0.0
+    assert stage_expert_params(m, b, 4.0, 0.0)[0] == pytest.approx(4 * per_layer / 8)
+    assert stage_expert_params(m, b, 5.0, 3.0)[0] == pytest.approx(2 * per_layer / 8)
+    one = batch(dp=256, ep=8, etp=1)
+    assert stage_expert_params(m, one, 61.0, 3.0)[0] == pytest.approx(
+        moe.expert_params_per_gpu(m, one)[0])
+    # a model whose MoE layers are every 2nd (Llama-4 Maverick style): half of a stage's layers
+    alt = m.model_copy(update={"moe_dense_layers": 0, "moe_layer_freq": 2, "num_layers": 48})
+    assert stage_expert_params(alt, b, 6.0)[0] == pytest.approx(3 * per_layer / 8)
+
+
+def test_middle_rank_holds_its_experts():
+    # DeepSeek-V3 on pp = 16 (61 layers: 2 / 4 per middle rank / 3): the peak is a middle rank,
+    # and its weights include its 4 MoE layers' experts (4*256*44.04e6/8 params, bf16), not
+    # only attention and norms.
+    m = load_model("deepseek-v3")
+    c = load_cluster("dgx-b200", gpus=256)
+    tr = load_training(global_batch_size=2048, seq_len=4096, precision="bf16")
+    b = ConfigBatch.from_arrays(dp=16, pp=16, ep=8, etp=1, num_microbatches=128,
+                                zero_stage=1)
+    mem = memory_breakdown(m, tr, c, b)
+    assert mem["peak_stage"][0] == 2
+    experts = 4 * 256 * 3 * 7168 * 2048 / 8
+    assert mem["weights"][0] > 2 * experts
+    # more ep never raises it either (the property, on the middle rank)
+    b16 = ConfigBatch.from_arrays(dp=16, pp=16, ep=16, etp=1, num_microbatches=128,
+                                  zero_stage=1)
+    assert memory_breakdown(m, tr, c, b16)["peak"][0] < mem["peak"][0]
 
 
 def test_active_parameter_flops_deepseek():
@@ -244,11 +284,87 @@ def test_unfused_elementwise_kernels_by_hand():
 
 
 def test_fp8_recipes_save_the_permuted_expert_input_in_fp8():
-    # Mixtral, b=1, s=4096, tp=1: T*k = 8192 routed rows of h = 4096; bf16: permuted input and
-    # expert output 2 bytes each, + fp32 router scores 8 * 4096 * 8 bytes
+    # Mixtral, b=1, s=4096, tp=1: T*k = 8192 routed rows of h = 4096; bf16: permuted input 2
+    # bytes per value (fp8: 1), the fp32 permuted probabilities 4 bytes per row, + fp32 router
+    # scores 8 * 4096 * 8 bytes; the expert output is not kept (probabilities applied in the
+    # experts, the combine's unpermute is a pure gather)
     b = batch(dp=16, pp=4, ep=8, etp=1)
     router = 8.0 * 4096 * 8
     bf16 = moe.moe_activation_extra_bytes(MIX, TR, b, 2.0)[0]
     fp8 = moe.moe_activation_extra_bytes(MIX, TR, b, 2.0, 1.0)[0]
-    assert bf16 == pytest.approx(8192 * 4096 * 4 + router)
-    assert fp8 == pytest.approx(8192 * 4096 * 3 + router)
+    assert bf16 == pytest.approx(8192 * (4096 * 2 + 4) + router)
+    assert fp8 == pytest.approx(8192 * (4096 * 1 + 4) + router)
+
+
+def test_host_time_per_local_expert_by_hand():
+    # DeepSeek-V3 with ep = 8 holds 256/8 = 32 routed experts per GPU: 32 * 0.114 ms exposed
+    # per MoE layer pass; ep = 64: 4 * 0.114 ms; a dense model none
+    ds = load_model("deepseek-v3")
+    b = batch(dp=64, pp=1, ep=np.array([8, 64]), etp=1)
+    assert moe.local_experts(ds, b).tolist() == [32.0, 4.0]
+    assert moe.moe_host_exposed_s(ds, b) == pytest.approx(
+        moe.MOE_HOST_SYNC_S + moe.MOE_EXPERT_HOST_S * np.array([32.0, 4.0]))
+    assert moe.MOE_EXPERT_HOST_S * 32 == pytest.approx(3.648e-3, rel=0.01)
+    assert moe.moe_host_exposed_s(load_model("llama2-7b"), batch(dp=8)).tolist() == [0.0]
+
+
+def test_host_time_per_local_expert_adds_to_each_pass(monkeypatch):
+    # made 1 s per local expert: Mixtral (every layer MoE) with ep = 2 holds 4 local experts,
+    # with ep = 8 one, so forward and backward each differ by 3 s (plus a few launches)
+    from perfmodel import compute
+
+    gpu = load_cluster("dgx-h100").gpu
+    monkeypatch.setattr(moe, "MOE_EXPERT_HOST_S", 1.0)
+    t2 = compute_times(MIX, TR, gpu, batch(dp=16, pp=4, ep=2, etp=1))
+    t8 = compute_times(MIX, TR, gpu, batch(dp=16, pp=4, ep=8, etp=1))
+    assert t2["layer_fwd_s"][0] - t8["layer_fwd_s"][0] == pytest.approx(3.0, rel=0.01)
+    assert t2["layer_bwd_s"][0] - t8["layer_bwd_s"][0] == pytest.approx(3.0, rel=0.01)
+
+
+def test_a2a_overlap_only_where_megatron_core_runs_it():
+    # Megatron-Core's combined 1F1B overlaps the dispatch / combine only with pp = 1 or an
+    # interleaved pipeline, ep > 1 and no full recomputation; elsewhere it refuses the switch,
+    # so the all-to-all stays exposed (the same as with the switch off).
+    c = load_cluster("dgx-h100", gpus=64)
+    on = TR.model_copy(update={"overlap_moe_comm": True})
+    cases = {  # (pp, vp, recompute, ep): overlap runs
+        (1, 1, "none", 8): True, (4, 2, "none", 8): True, (4, 1, "none", 8): False,
+        (1, 1, "full", 8): False, (4, 2, "full", 8): False, (1, 1, "none", 1): False,
+    }
+    for (pp, vp, rc, ep), runs in cases.items():
+        sched = "interleaved" if vp > 1 else "1f1b"
+        b = batch(dp=64 // pp, pp=pp, vp=vp, schedule=sched, recompute=rc, ep=ep, etp=1,
+                  num_microbatches=8)
+        assert bool(moe.a2a_overlap_applies(on, b)[0]) is runs
+        hidden, plain = evaluate(MIX, on, c, b), evaluate(MIX, TR, c, b)
+        if runs:
+            assert hidden.time_s["ep_comm"][0] < plain.time_s["ep_comm"][0]
+        else:
+            assert hidden.time_s["ep_comm"][0] == pytest.approx(plain.time_s["ep_comm"][0])
+    # the allgather dispatcher has no overlap
+    ag = on.model_copy(update={"moe_token_dispatcher": "allgather"})
+    assert not moe.a2a_overlap_applies(ag, batch(dp=64, ep=8, etp=1))[0]
+
+
+def test_a2a_overlap_holds_one_more_microbatch():
+    # pp = 1: forward of micro-batch i+1 runs with the backward of i, 2 in flight instead of 1
+    # (+1); interleaved pp = 4, vp = 2: one more warm-up chunk (+1/2); plain 1F1B: no overlap.
+    on = TR.model_copy(update={"overlap_moe_comm": True})
+    b = batch(dp=16, pp=1, ep=8, etp=1, num_microbatches=8)
+    assert moe.a2a_overlap_extra_inflight(on, b)[0] == 1.0
+    bi = batch(dp=16, pp=4, vp=2, schedule="interleaved", ep=8, etp=1, num_microbatches=8)
+    assert moe.a2a_overlap_extra_inflight(on, bi)[0] == 0.5
+    assert moe.a2a_overlap_extra_inflight(on, batch(dp=16, pp=4, ep=8, etp=1))[0] == 0.0
+    assert moe.a2a_overlap_extra_inflight(TR, b)[0] == 0.0
+    c = load_cluster("dgx-h100", gpus=16)
+    with_ov = memory_breakdown(MIX, on, c, b)["activations"][0]
+    without = memory_breakdown(MIX, TR, c, b)["activations"][0]
+    assert with_ov > 1.5 * without
+
+
+def test_a2a_overlap_hides_a_share_of_what_fits_under_compute():
+    # 10 ms of exchanges under 6 ms of compute: 0.6 * 6 ms hidden, 6.4 ms exposed; under 20 ms
+    # of compute 0.6 * 10 ms hidden, 4 ms exposed; never more than without the overlap
+    e = moe.a2a_overlap_exposed_s(np.array([10e-3, 10e-3, 0.0]), np.array([6e-3, 20e-3, 1.0]))
+    assert moe.MOE_A2A_OVERLAP_HIDDEN == 0.6
+    assert e == pytest.approx([6.4e-3, 4.0e-3, 0.0])

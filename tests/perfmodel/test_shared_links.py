@@ -135,30 +135,3 @@ def test_saturated_case_exists_and_link_shared_term_shows_it():
     assert r.step_time_s[0] >= busy
     total = sum(r.time_s[k][0] for k in step_mod.TIME_TERMS)
     assert total == pytest.approx(r.step_time_s[0], rel=1e-9)
-
-
-def test_eager_rope_bytes_hand_computed():
-    from perfmodel.calibration import calibration_for
-
-    cal = calibration_for(load_gpu("h200-sxm-141gb"))
-    ph = compute._Phase(cal, 1)
-    compute.eager_rope(ph, np.array([1e6]), 2.0, True, "fwd")
-    # 38 bytes per element over 9 kernels (docstring)
-    assert ph.launches[0] == 9
-    assert ph.gpu_s[0] == pytest.approx(9 * max(38e6 / 9 / cal.membw_bytes_per_s("copy"), 2e-6))
-
-
-def test_eager_gqa_repeat_only_for_grouped_heads():
-    from perfmodel.calibration import calibration_for
-
-    cal = calibration_for(load_gpu("h200-sxm-141gb"))
-    gqa = load_model("llama3.1-8b")  # 32 heads, 8 kv heads, head 128
-    ph = compute._Phase(cal, 1)
-    compute.eager_gqa_repeat(ph, gqa, np.array([4096.0]), np.array([1.0]), 2.0, "fwd")
-    full = 4096 * 32 * 128
-    assert ph.launches[0] == 2
-    assert ph.gpu_s[0] == pytest.approx(2 * 2.0 * (full + full / 4) / cal.membw_bytes_per_s("copy"))
-    mha = load_model("llama2-7b")
-    ph2 = compute._Phase(cal, 1)
-    compute.eager_gqa_repeat(ph2, mha, np.array([4096.0]), np.array([1.0]), 2.0, "fwd")
-    assert ph2.launches[0] == 0

@@ -1,9 +1,9 @@
 """Validation against the published MoE training runs (``moe_runs_dev.csv``, issue 15).
 
 Issue targets: step-time MAPE <= 10 % with every row expressible or refused for a stated true
-limit; the tuned-recipe check in >= 80 % of settings. Measured at the time of writing: MAPE
-17.1 % (52 % of rows within 10 %; leave-one-model-out 19.2 %), tuned check see docs/moe.md. The
-targets are not met; the tests below guard what is reached so that a change cannot make it
+limit; the tuned-recipe check in >= 80 % of settings. Measured at the time of writing: 94 of 100
+rows expressed, MAPE 11.5 % (56 % of rows within 10 %; leave-one-model-out 12.0 %), tuned check
+see docs/moe.md. The MAPE target is not met; the tests below guard what is reached so that a change cannot make it
 worse unnoticed, and check the refusals.
 """
 
@@ -11,11 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from search.validate_moe import moe_runs_report, moe_summary, moe_tuned_report
+from search.validate_moe import (moe_runs_report, moe_summary, moe_tuned_report,
+                                 moe_tuned_summary)
 
 #: the stated limits a row may be refused for (substrings of the reason)
 TRUE_LIMITS = (
-    "TFLOP/s only",  # no time published; TFLOP/s use each framework's own FLOP formula
+    "no step time, tokens/s or TFLOP/s",  # nothing measured published
     "hybrid Mamba2",  # Nemotron-3: Mamba2 layers are not transformer layers
     "must divide tp*cp*dp",  # the published ep*pp does not fit the GPU count (not runnable)
 )
@@ -30,7 +31,7 @@ def report():
 def test_every_moe_row_expressed_or_refused_for_a_true_limit(report):
     rows, skipped = report
     assert len(rows) + len(skipped) == 100
-    assert len(rows) >= 85
+    assert len(rows) >= 94  # TFLOP/s-only rows converted with the source's FLOP formula
     for reason in skipped["reason"]:
         assert any(k in reason for k in TRUE_LIMITS), reason
 
@@ -40,22 +41,32 @@ def test_moe_mape_does_not_regress(report):
     rows, _ = report
     s = moe_summary(rows)
     table = rows[["row_id", "config", "measured_s", "predicted_s", "error"]].to_string()
-    assert s["mape"] <= 0.18, f"MAPE {s['mape']:.1%}\n{table}"
-    assert s["within_10pct"] >= 0.50
+    # 94 rows: 11.5 % (56 % within 10 %; leave-one-model-out 12.0 %); was 16.0 % on 89 rows
+    # with the per-pass host-sync constant and a fully hiding all-to-all overlap
+    assert s["mape"] <= 0.12, f"MAPE {s['mape']:.1%}\n{table}"
+    assert s["within_10pct"] >= 0.54
+    # the all-to-all-overlapped H100 rows (DeepSeek-V3 on 1024, Qwen3-235B on 256) within 7 %
+    ov = rows.set_index("row_id").loc[["E0001", "E0002", "E0024", "E0044", "E0064"], "error"]
+    assert np.all(np.abs(ov) <= 0.07), ov
     # GPT-OSS-120B: its unfused elementwise ops (Megatron-Bridge GPTOSSProvider) modelled,
-    # MAPE 10.4 % (was 23 % too fast on average)
+    # MAPE 13.9 % (was 23 % too fast on average before them)
     oss = rows[rows["model"] == "GPT-OSS-120B"]
-    assert len(oss) == 16 and np.abs(oss["error"]).mean() <= 0.11
-    # Grok-1 (dgxc, measured iteration times): within 11 % on every row (-7 to -10.1 %)
+    assert len(oss) == 16 and np.abs(oss["error"]).mean() <= 0.145
+    # Grok-1 (dgxc, measured iteration times), etp = tp (Megatron-Core's default): bf16 rows
+    # -5 to -7 %, fp8 rows -12 to -15 %
     grok = rows[rows["model"] == "Grok-1"]
-    assert len(grok) == 12 and np.all(np.abs(grok["error"]) <= 0.11)
+    assert len(grok) == 12 and np.all(np.abs(grok["error"]) <= 0.16)
 
 
 @pytest.mark.slow
 def test_tuned_check_runs_on_two_settings():
     t = moe_tuned_report(limit=2)
     assert len(t) == 2 and np.all(np.isfinite(t["ratio"])) and (t["ratio"] > 0).all()
-    assert set(t.columns) >= {"measured_s", "predicted_best_s", "ratio", "ok", "best_config"}
+    assert set(t.columns) >= {"measured_s", "predicted_best_s", "ratio", "ok", "best_config",
+                              "recipe_predicted_s", "recipe_fits", "search_gain"}
+    # the ratio splits into the recipe's own time error and the search's gain over it
+    np.testing.assert_allclose(t["ratio"], t["measured_s"] / t["recipe_predicted_s"]
+                               * t["search_gain"])
     # what `plan validate --tuned` prints and puts in its JSON
     from rich.console import Console
 
@@ -66,6 +77,21 @@ def test_tuned_check_runs_on_two_settings():
     out = Console(record=True, width=200)
     print_moe_tuned(out, t)
     assert f"tuned-recipe check: {s['within']} of 2 settings within [0.90, 1.15]" in out.export_text()
+
+
+@pytest.mark.slow
+def test_moe_tuned_fraction_does_not_regress():
+    # target: >= 80 % of settings within [0.90, 1.15] (not met). Reached: 23 of 48 (48 %); the
+    # misses all have ratio > 1.15: the recipe's own time error (GPT-OSS on GB200/GB300, where
+    # the search picks the recipe's config) or search gains the time model predicts for layouts
+    # the recipes did not use (Grok-1: etp 1 with an in-node ep group; larger micro-batches that
+    # amortise per-micro-batch MoE costs); see docs/moe.md. ~1 min (48 searches).
+    t = moe_tuned_report()
+    s = moe_tuned_summary(t)
+    table = t[["model", "gpu", "gpus", "ratio", "recipe_predicted_s", "search_gain",
+               "best_config"]].to_string()
+    assert s["settings"] == 48
+    assert s["fraction"] >= 23 / 48 - 1e-9, f"{s}\n{table}"
 
 
 def test_plan_validate_has_the_tuned_switch():
@@ -88,3 +114,33 @@ def test_case_of_a_row_by_hand():
     assert cfg.expert_dp == 1 and c.training.precision == "fp8"
     assert c.cluster.tiers[0].domain_size == 64  # NVL72 rack used as a 64-GPU segment
     assert c.measured_step_s == pytest.approx(16.298)
+
+
+def test_slowest_rank_model_by_hand():
+    from perfmodel.config import ParallelConfig
+    from perfmodel.specs import load_model
+    from search.validate_moe import slowest_rank_model
+
+    ds = load_model("deepseek-v3")  # 61 layers
+    # pp 4 x vp 4 = 16 chunks of at most ceil(61/16) = 4 layers: 64 layers, 16 a rank
+    c = ParallelConfig(dp=64, pp=4, vp=4, ep=64, etp=1, schedule="interleaved")
+    assert slowest_rank_model(ds, c).num_layers == 64
+    # pp 16: 4 a stage (Megatron-Bridge layout [E + 4], 14 x [4], [1 + MTP + loss])
+    assert slowest_rank_model(ds, ParallelConfig(dp=16, pp=16, ep=8, etp=1)).num_layers == 64
+    q = load_model("qwen3-235b-a22b")  # 94 layers; pp 8: 12 a stage
+    assert slowest_rank_model(q, ParallelConfig(dp=8, pp=8, ep=8, etp=1)).num_layers == 96
+    assert slowest_rank_model(q, ParallelConfig(dp=64, pp=2, ep=8, etp=1)) is q  # divides
+
+
+def test_recipe_facts_and_default_etp():
+    from search.validate_moe import moe_case_from_row, recipe_facts
+    from search.validate import VALIDATION_DIR
+
+    df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
+    assert "moe_a2a_overlap=True" in recipe_facts(df.loc["E0002"])  # 25.09 H100 recipe
+    assert moe_case_from_row(df.loc["E0002"]).training.overlap_moe_comm
+    assert recipe_facts(df.loc["E0003"]) == ""  # B200: no a2a overlap in that recipe
+    # Grok-1 (NeMo launcher, ETP unset): Megatron-Core's default etp = tp = 4
+    assert moe_case_from_row(df.loc["E0205"]).config.etp == 4
+    # Megatron-Bridge rows without an ETP: its presets' etp = 1
+    assert moe_case_from_row(df.loc["E0010"]).config.etp == 1
