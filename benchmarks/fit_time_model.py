@@ -19,7 +19,8 @@ The overlap slowdown is bounded to 0.05..0.4 (Galvatron measures 0.1..0.3).
 Objective: mean squared log ratio predicted / measured over the rows each parameter acts on
 (rows with communication overlap: NeMo 24.07, DGX Cloud NeMo 24.09, Megatron-Bridge 25.09/25.11).
 Reported: the in-sample fit and leave-one-source-out cross-validation (fit on all sources but
-one, predict the held-out one). Run: ``python benchmarks/fit_time_model.py`` (a few minutes).
+one, predict the held-out one). Run: ``python benchmarks/fit_time_model.py [hopper|blackwell|mxfp8]
+[--no-cv] [--hold-out=SOURCE ...]`` (a few minutes per fit).
 """
 
 from __future__ import annotations
@@ -101,7 +102,10 @@ def report(title, names, x0, bounds, cases):
           f"({len(cases)} rows, {time.time() - t0:.0f} s)")
     srcs = sorted({s for s, _ in cases})
     cv = np.full(len(cases), np.nan)
+    held_out = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--hold-out=")]
     for s in (srcs if "--no-cv" not in sys.argv else []):
+        if held_out and s not in held_out:
+            continue
         train = [c for c in cases if c[0] != s]
         test_idx = [i for i, c in enumerate(cases) if c[0] == s]
         if not train:

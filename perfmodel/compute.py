@@ -91,8 +91,8 @@ efficiency at the same shape, against the 2x higher fp8 peak. Fitted on the dev 
 SUSTAINED_GEMM_FRACTION = {
     "volta": 1.0,
     "ampere": 1.0,
-    "hopper": 0.86,
-    "blackwell": 0.81,
+    "hopper": 0.84,
+    "blackwell": 0.83,
     "cdna3": 1.0,
     "other": 1.0,
 }
