@@ -302,7 +302,8 @@ def case_from_row(r: pd.Series) -> Case:
     if n_off:
         sw["cpu_offload_layers"] = n_off
     if "deepspeed" in zero_txt and not modern:
-        sw["zero3_gather"] = "tensor"  # DeepSpeed ZeRO-3 (2021) gathers parameter by parameter
+        # DeepSpeed ZeRO-3 (2021) gathers parameter by parameter (perfmodel.zero3_deepspeed)
+        sw["zero3_gather"] = load_framework("deepspeed-2021").zero3_gather
     training = TrainingSpec(global_batch_size=int(gb), seq_len=seq, precision=precision,
                             optimizer="adam", **sw)
     t = _opt_count(r, "tensor_parallel", 1)
