@@ -183,14 +183,21 @@ def _exhaustive_best(problem, L: int):
     pytest.param({"moe_dense_layers": 2}, 4, marks=pytest.mark.slow),
     pytest.param({"moe_dense_layers": 1, "moe_layer_freq": 2}, 4, marks=pytest.mark.slow),
     pytest.param({"moe_dense_layers": 0, "moe_layer_freq": 2}, 2, marks=pytest.mark.slow),
+    pytest.param({"moe_dense_layers": 2, "mtp_num_layers": 1}, 2, marks=pytest.mark.slow),
+    pytest.param({"moe_dense_layers": 0, "moe_layer_freq": 2, "mtp_num_layers": 1}, 2,
+                 marks=pytest.mark.slow),
 ])
 def test_dp_pick_equals_exhaustive_layouts_on_a_small_moe_space(pattern, pp):
-    """Tiny MoE on 8 H100 (pp pinned) with dense leading layers or MoE every 2nd layer: the DP's
-    best equals the best of every outer configuration x every layout priced by the full model
-    (within 1e-9; measured equal: 2 dense, pp 2 -> 5|3, ep 4, 23.22 ms; pp 4 -> 1|3|3|1, ep 2,
-    33.19 ms; 1 dense + every 2nd, pp 4: 29.44 ms; every 2nd, pp 2: 22.33 ms), and beats the
-    grid, whose Megatron layouts cannot give the stages the layer counts their layer types and
-    in-flight micro-batches call for (pp 2: 24.85 ms, pp 4: 38.37 ms)."""
+    """Tiny MoE on 8 H100 (pp pinned) with dense leading layers or MoE every 2nd layer (the
+    exact range DP, search.dp._solve_ranges), with and without a multi-token-prediction layer on
+    the last stage: the DP's best equals the best of every outer configuration x every layout
+    priced by the full model (within 1e-9; measured equal: 2 dense, pp 2 -> 5|3, ep 4,
+    23.67 ms; pp 4 -> 3|2|2|1, ep 2, 34.08 ms; 1 dense + every 2nd, pp 4: 29.73 ms (30.08 ms
+    when interleaved layers were priced as the average layer); every 2nd, pp 2: 22.63 ms; with
+    MTP, 2 dense, pp 2 -> 7|1: 30.92 ms (35.02 ms when the DP left the MTP head out of the last
+    stage); every 2nd + MTP: 30.10 ms), and beats the grid, whose Megatron layouts cannot give
+    the stages the layer counts their layer types and in-flight micro-batches call for (pp 2:
+    25.30 ms, pp 4: 39.42 ms)."""
     import search
     from search.api import make_problem
 
