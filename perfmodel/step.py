@@ -530,7 +530,8 @@ def evaluate(
         extra={**extra, "layer_s": np.asarray(layer_s, dtype=np.float64),
                "layer_fwd_s": np.asarray(layer_fwd_s, dtype=np.float64) + 0.0 * m,
                "embed_s": np.asarray(embed_s, dtype=np.float64) + 0.0 * m,
-               "logits_s": np.asarray(logits_s, dtype=np.float64) + 0.0 * m},
+               "logits_s": np.asarray(logits_s, dtype=np.float64) + 0.0 * m,
+               "head_s": np.asarray(head_s, dtype=np.float64) + 0.0 * m},
     )
 
 

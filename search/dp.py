@@ -24,7 +24,10 @@ Two solvers of the same problem:
   (one layer's time and recompute time, the fixed work of the end stages, the memory of a
   layer and of each stage's fixed part, the in-flight counts), so the whole search is a few
   array passes instead of a DP per point. A test checks it against :func:`partition_dp` and
-  both against brute force.
+  both against brute force. MoE models whose MoE layers interleave with dense ones, where a
+  stage's cost depends on which layers it holds, run :func:`range_dp` instead: the same two
+  passes over the stage costs of every unit range, batched over outer points
+  (:func:`_solve_ranges`).
 
 The searcher then evaluates, for every outer point, the even split (the grid's configuration)
 and the DP's layouts through the problem's evaluator, so its best is never worse than the
@@ -55,7 +58,8 @@ from search.pareto import Tally
 from search.result import SearchResult, finalize_batch
 from search.space import Problem, Scored, objective_score
 
-__all__ = ["DPLayout", "DPSearch", "balanced_counts", "brute_force_partition", "partition_dp"]
+__all__ = ["DPLayout", "DPSearch", "balanced_counts", "brute_force_partition", "partition_dp",
+           "range_dp"]
 
 _NONE, _SELECTIVE, _FULL = 0, 1, 2
 
@@ -351,9 +355,10 @@ def _coefficients(problem: Problem, rows: ConfigBatch, width: int) -> dict[str, 
     embedding and logits time, and each stage's memory at ``a`` and ``a + 1`` units with 0, 1
     and 2 recomputed (:func:`perfmodel.layout.stage_memory_bytes`; memory is affine in both).
 
-    MoE models: a layer beyond the ``D`` dense leading ones is MoE with the probability ``rho =
-    num_moe_layers / (L - D)`` (1 unless MoE layers interleave), so a unit costs ``rho`` MoE
-    layers and ``1 - rho`` dense ones (:func:`perfmodel.layout.layer_times_by_type`), and stage
+    MoE models: a layer beyond the ``D`` dense leading ones is MoE (``rho = num_moe_layers /
+    (L - D) = 1``; interleaved MoE layers go to the exact range DP instead,
+    :func:`_solve_ranges`), so a unit costs an MoE layer
+    (:func:`perfmodel.layout.layer_times_by_type`), and stage
     0, which holds the dense leading layers (at least ``D`` layers in its first chunk), gets
     ``D * (dense - unit layer)`` as fixed work and memory. The probes start at ``a = 1 +
     ceil(D / vp)`` units so that stage 0's MoE layers are counted where it holds them all. The
@@ -381,6 +386,8 @@ def _coefficients(problem: Problem, rows: ConfigBatch, width: int) -> dict[str, 
         keep_s = rho * lt["moe_keep"] + (1.0 - rho) * lt["dense_keep"]
         full_s = rho * lt["moe_full"] + (1.0 - rho) * lt["dense_full"]
         dense_fixed_s = D * (lt["dense_keep"] - keep_s)
+    # the last stage's logits + loss, and the MTP layers (perfmodel.mtp) of the row's mode
+    head = np.where(rows.recompute == _FULL, full["head_s"], keep["head_s"])
     out = {
         "unit_s": rows.vp * keep_s,
         "recompute_unit_s": rows.vp * np.maximum(full_s - keep_s, 0.0),
@@ -406,7 +413,7 @@ def _coefficients(problem: Problem, rows: ConfigBatch, width: int) -> dict[str, 
         m10, m20, m21, m22 = m(a, 0), m(a + 1, 0), m(a + 1, 1), m(a + 1, 2)
         saved = m21 - m22
         e = keep["embed_s"][idx, None]
-        g = keep["logits_s"][idx, None]
+        g = head[idx, None]
         dfix = np.asarray(dense_fixed_s + 0.0 * keep_s)[idx, None]
         vals = {
             "fixed_s": (np.where(stage == 0, e + dfix, 0.0)
@@ -422,9 +429,146 @@ def _coefficients(problem: Problem, rows: ConfigBatch, width: int) -> dict[str, 
     return out
 
 
+def _interleaves(model) -> bool:
+    """MoE layers that interleave with dense ones (Llama 4's every k-th layer): a stage's cost
+    then depends on where its layers are, not only on how many it holds."""
+    return model.is_moe and model.num_moe_layers < model.num_layers - model.moe_dense_layers
+
+
+def _unit_moe_prefix(model, vp: int) -> np.ndarray:
+    """``F[x]``, x = 0..U (U = L / vp units): MoE layers before per-chunk offset ``x`` summed
+    over the ``vp`` chunks, so a rank holding units ``k..i-1`` (layers ``c U + k .. c U + i - 1``
+    of every chunk c, Megatron-LM's interleaved order) holds ``F[i] - F[k]`` MoE layers
+    (:func:`perfmodel.layout.stage_moe_layers`)."""
+    mask = layout_mod.moe_layer_mask(model)
+    U = mask.size // vp
+    cum = np.concatenate([[0], np.cumsum(mask)])
+    x = np.arange(U + 1)
+    return sum(cum[c * U + x] for c in range(vp)).astype(np.float64)
+
+
+def _range_costs(problem: Problem, rows: ConfigBatch, recompute_units: np.ndarray,
+                 kk: np.ndarray, ii: np.ndarray):
+    """Time and recomputed units of every stage holding units ``kk..ii-1`` (``(K,)`` pairs) of
+    every job (rows of one pp and vp), ``(J, p, K)``, priced by the layout model's own terms:
+    the stage's dense and MoE layers at their own time (:func:`perfmodel.layout.stage_times_s`'
+    formula) and its memory (:func:`perfmodel.layout.stage_memory_bytes` with its MoE layers);
+    inf where it does not fit. Recompute: ``min(N, n)`` units, or (N < 0) the fewest that fit,
+    from the memory at 0, 1 and 2 recomputed units (memory is affine in them)."""
+    from perfmodel.step import evaluate
+
+    sp = problem.space
+    model, tr, cl = sp.model, sp.training, sp.cluster
+    kw: dict[str, Any] = {"kernels": problem.kernels}
+    if problem.calibration is not None:
+        kw["calibration"] = problem.calibration
+    J, p, vp = len(rows), int(rows.pp[0]), int(rows.vp[0])
+    F = _unit_moe_prefix(model, vp)
+    n_u = (ii - kk).astype(np.float64)[None, None, :]
+    n_m = (F[ii] - F[kk])[None, None, :]
+    stage = np.broadcast_to(np.arange(p, dtype=np.float64)[None, :, None], (J, p, kk.size))
+    cap = problem.usable_bytes
+
+    def peak(r_u):
+        return layout_mod.stage_memory_bytes(model, tr, cl, rows, stage, n_u * vp, r_u * vp,
+                                             flash_attention=tr.flash_attention,
+                                             moe_layers=n_m + 0.0 * stage)["peak"]
+
+    N = recompute_units.astype(np.float64)[:, None, None]
+    m0 = peak(np.zeros_like(stage))
+    m1, m2 = peak(np.ones_like(stage)), peak(np.full_like(stage, 2.0))
+    saved = np.maximum(m1 - m2, 1e-300)
+    r_ps = np.where(m0 <= cap, 0.0, 1.0 + np.maximum(np.ceil((m1 - cap) / saved - 1e-9), 0.0))
+    r = np.where(N < 0, r_ps, np.minimum(np.maximum(N, 0.0), n_u))
+    ok = r <= n_u
+    r = np.minimum(r, n_u)
+    fits = ok & (peak(r) <= cap)
+    lt = layout_mod.layer_times_by_type(model, tr, cl, rows, average=False, **kw)
+    dk, df, mk, mf = (lt[k][:, None, None] for k in ("dense_keep", "dense_full", "moe_keep",
+                                                        "moe_full"))
+    keep = evaluate(model, tr, cl, layout_mod.without_layout(rows, "keep"), **kw).extra
+    full = evaluate(model, tr, cl, layout_mod.without_layout(rows, "full"), **kw).extra
+    head = np.where(rows.recompute == _FULL, full["head_s"], keep["head_s"])
+    n = n_u * vp
+    frac = n_m / n
+    t = ((n - n_m) * dk + n_m * mk + r * vp * ((1.0 - frac) * (df - dk) + frac * (mf - mk))
+         + np.where(stage == 0, keep["embed_s"][:, None, None], 0.0)
+         + np.where(stage == p - 1, head[:, None, None], 0.0))
+    return np.where(fits, t, np.inf), r
+
+
+def range_dp(W: np.ndarray, R: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`partition_dp`'s two passes over precomputed stage costs, for many jobs at once:
+    ``W[j, s, k, i]`` the time of units ``k..i-1`` on stage ``s`` (inf: does not fit), ``R``
+    its recomputed units. Least bottleneck, then least total. Returns ``(counts, recomputed,
+    bottleneck_s)``, ``(J, P)``, ``(J, P)``, ``(J,)`` (inf where nothing fits)."""
+    J, P, U1, _ = W.shape
+    U = U1 - 1
+    D = np.full((J, P + 1, U + 1), np.inf)
+    D[:, 0, 0] = 0.0
+    for s in range(P):
+        for i in range(1, U + 1):
+            D[:, s + 1, i] = np.min(np.maximum(D[:, s, :i], W[:, s, :i, i]), axis=1)
+    T = D[:, P, U]
+    tol = np.where(np.isfinite(T), T * 1e-12, 0.0)
+    S = np.full((J, P + 1, U + 1), np.inf)
+    S[:, 0, 0] = 0.0
+    arg = np.zeros((J, P + 1, U + 1), dtype=np.int64)
+    for s in range(P):
+        for i in range(1, U + 1):
+            w = W[:, s, :i, i]
+            tot = np.where(w <= (T + tol)[:, None], S[:, s, :i] + w, np.inf)
+            arg[:, s + 1, i] = np.argmin(tot, axis=1)
+            S[:, s + 1, i] = np.min(tot, axis=1)
+    jr = np.arange(J)
+    cnt = np.zeros((J, P), dtype=np.int64)
+    rec = np.zeros((J, P), dtype=np.int64)
+    end = np.full(J, U)
+    for s in range(P, 0, -1):
+        start = arg[jr, s, end]
+        cnt[:, s - 1] = end - start
+        rec[:, s - 1] = R[jr, s - 1, start, end]
+        end = start
+    ok = np.isfinite(T)
+    return np.where(ok[:, None], cnt, 0), np.where(ok[:, None], rec, 0), T
+
+
+RANGE_DP_CELLS = 4_000_000
+"""Stage-cost cells (jobs x stages x unit pairs) per pass of the range DP (memory bound)."""
+
+
+def _solve_ranges(problem: Problem, rows: ConfigBatch, recompute_units: np.ndarray,
+                  job_row: np.ndarray, width: int):
+    """The exact DP over each stage's actual unit range (:func:`range_dp` on
+    :func:`_range_costs`), for MoE layers that interleave (:func:`_interleaves`)."""
+    L = problem.space.model.num_layers
+    J = job_row.size
+    cnt = np.zeros((J, width), dtype=np.int64)
+    rec = np.zeros((J, width), dtype=np.int64)
+    bott = np.full(J, np.inf)
+    pp_job, vp_job = rows.pp[job_row], rows.vp[job_row]
+    for p, vp in set(zip(pp_job.tolist(), vp_job.tolist())):
+        U = L // vp
+        kk, ii = np.triu_indices(U + 1, k=1)
+        sel = np.flatnonzero((pp_job == p) & (vp_job == vp))
+        step = max(1, RANGE_DP_CELLS // (p * kk.size))
+        for a in range(0, sel.size, step):
+            j = sel[a:a + step]
+            t, r = _range_costs(problem, rows.take(job_row[j]), recompute_units[j], kk, ii)
+            W = np.full((j.size, p, U + 1, U + 1), np.inf)
+            R = np.zeros((j.size, p, U + 1, U + 1), dtype=np.int64)
+            W[:, :, kk, ii], R[:, :, kk, ii] = t, r
+            cnt[j, :p], rec[j, :p], bott[j] = range_dp(W, R)
+    return cnt, rec, bott
+
+
 def _solve(problem: Problem, rows: ConfigBatch, coef: dict[str, np.ndarray],
            recompute_units: np.ndarray, job_row: np.ndarray):
-    """Run :func:`balanced_counts` for jobs (row, N) and return counts and recomputed units."""
+    """Run :func:`balanced_counts` for jobs (row, N) and return counts and recomputed units
+    (interleaved MoE layers: :func:`_solve_ranges`, the stage's cost by its actual layers)."""
+    if _interleaves(problem.space.model):
+        return _solve_ranges(problem, rows, recompute_units, job_row,
+                             coef["fixed_s"].shape[1])
     units = problem.space.model.num_layers // rows.vp
     cap = problem.usable_bytes  # HBM less the reserve less --memory-headroom
     J = job_row.size
@@ -645,7 +789,7 @@ def _step_lower_bound(problem: Problem, rows: ConfigBatch, other_s: np.ndarray, 
     units = (L // rows.vp).astype(np.float64)
     P = rows.pp.astype(np.float64)
     c = rows.vp * keep["layer_s"]
-    e, g = keep["embed_s"], keep["logits_s"]
+    e, g = keep["embed_s"], keep["head_s"]  # head: logits + loss and the MTP layers
     total = units * c + e + g
     if typed:  # layouts price dense and MoE layers apart: bound with the cheaper one
         lt = layout_mod.layer_times_by_type(s.model, s.training, s.cluster, rows, average=False,

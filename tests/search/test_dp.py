@@ -58,6 +58,42 @@ def test_dp_equals_brute_force(seed, L, P, N):
         assert a.counts.sum() == L and np.all(a.counts >= 1)
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), L=st.integers(1, 10), P=st.integers(1, 4),
+       N=st.one_of(st.none(), st.integers(0, 3)))
+def test_range_dp_on_stage_cost_tables_equals_partition_dp(seed, L, P, N):
+    """:func:`search.dp.range_dp` (the batched DP over precomputed stage costs ``W[s, k, i]``,
+    what interleaved MoE models use) on the tables of :func:`partition_dp`'s own stage cost:
+    the same bottleneck and total, and its counts and recompute give them back."""
+    from search.dp import _stage_cost, range_dp
+
+    P = min(P, L)
+    args = [np.asarray(a, dtype=np.float64) for a in _random_problem(seed, L, P)]
+    ref = partition_dp(*args, recompute_layers=N)
+
+    def prefix(x):
+        return np.concatenate([[0.0], np.cumsum(x)])
+
+    c, cr, sb, keep, ckpt, fs, fb, infl, once, cap = args
+    pre = (prefix(c), prefix(cr), prefix(sb), prefix(keep), prefix(keep - ckpt))
+    W = np.full((1, P, L + 1, L + 1), np.inf)
+    R = np.zeros((1, P, L + 1, L + 1), dtype=np.int64)
+    for s in range(P):
+        for i in range(1, L + 1):
+            w, r = _stage_cost(s, np.arange(i), i, P, pre, fs, fb, infl, once, cap, N)
+            W[0, s, :i, i], R[0, s, :i, i] = w, r
+    cnt, rec, T = range_dp(W, R)
+    assert (ref is None) == (not np.isfinite(T[0]))
+    if ref is not None:
+        assert T[0] == pytest.approx(ref.bottleneck_s, rel=1e-12)
+        bounds = np.concatenate([[0], np.cumsum(cnt[0])])
+        times = [W[0, s, bounds[s], bounds[s + 1]] for s in range(P)]
+        assert max(times) == pytest.approx(ref.bottleneck_s, rel=1e-12)
+        assert sum(times) == pytest.approx(ref.total_s, rel=1e-12)
+        assert cnt[0].sum() == L and np.all(cnt[0] >= 1)
+        assert all(rec[0, s] == R[0, s, bounds[s], bounds[s + 1]] for s in range(P))
+
+
 def test_dp_hand_example():
     """4 layers of 1 s (0.3 s more when recomputed), embedding 1 s on stage 0, loss 0.5 s on
     stage 1. A layer holds 1 byte of state and 1 byte of activations (0.25 when checkpointed),

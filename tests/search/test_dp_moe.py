@@ -183,14 +183,21 @@ def _exhaustive_best(problem, L: int):
     pytest.param({"moe_dense_layers": 2}, 4, marks=pytest.mark.slow),
     pytest.param({"moe_dense_layers": 1, "moe_layer_freq": 2}, 4, marks=pytest.mark.slow),
     pytest.param({"moe_dense_layers": 0, "moe_layer_freq": 2}, 2, marks=pytest.mark.slow),
+    pytest.param({"moe_dense_layers": 2, "mtp_num_layers": 1}, 2, marks=pytest.mark.slow),
+    pytest.param({"moe_dense_layers": 0, "moe_layer_freq": 2, "mtp_num_layers": 1}, 2,
+                 marks=pytest.mark.slow),
 ])
 def test_dp_pick_equals_exhaustive_layouts_on_a_small_moe_space(pattern, pp):
-    """Tiny MoE on 8 H100 (pp pinned) with dense leading layers or MoE every 2nd layer: the DP's
-    best equals the best of every outer configuration x every layout priced by the full model
-    (within 1e-9; measured equal: 2 dense, pp 2 -> 5|3, ep 4, 23.22 ms; pp 4 -> 1|3|3|1, ep 2,
-    33.19 ms; 1 dense + every 2nd, pp 4: 29.44 ms; every 2nd, pp 2: 22.33 ms), and beats the
-    grid, whose Megatron layouts cannot give the stages the layer counts their layer types and
-    in-flight micro-batches call for (pp 2: 24.85 ms, pp 4: 38.37 ms)."""
+    """Tiny MoE on 8 H100 (pp pinned) with dense leading layers or MoE every 2nd layer (the
+    exact range DP, search.dp._solve_ranges), with and without a multi-token-prediction layer on
+    the last stage: the DP's best equals the best of every outer configuration x every layout
+    priced by the full model (within 1e-9; measured equal: 2 dense, pp 2 -> 5|3, ep 4,
+    23.67 ms; pp 4 -> 3|2|2|1, ep 2, 34.08 ms; 1 dense + every 2nd, pp 4: 29.73 ms (30.08 ms
+    when interleaved layers were priced as the average layer); every 2nd, pp 2: 22.63 ms; with
+    MTP, 2 dense, pp 2 -> 7|1: 30.92 ms (35.02 ms when the DP left the MTP head out of the last
+    stage); every 2nd + MTP: 30.10 ms), and beats the grid, whose Megatron layouts cannot give
+    the stages the layer counts their layer types and in-flight micro-batches call for (pp 2:
+    25.30 ms, pp 4: 39.42 ms)."""
     import search
     from search.api import make_problem
 
@@ -242,7 +249,7 @@ def test_cli_strategy_dp_on_an_moe_preset():
 def test_deepseek_v3_256_gb200_dp_plan_agrees_with_the_default_search():
     """The issue's command with ``--strategy dp`` (DeepSeek-V3, 256 GB200, GBS 8192, seq 4096):
     exit 0 with ep and etp in the table; its best is no worse than the default search's and, for
-    the same configuration, the same prediction (measured: both dp=64 pp=4 ep=32 zb, 39.92 s)."""
+    the same configuration, the same prediction (measured: both dp=64 pp=4 ep=64 zb, 40.14 s)."""
     import json
 
     from typer.testing import CliRunner
