@@ -10,7 +10,8 @@ Models compared (time of each measured row, as the calibration timed it):
 * ``hybrid``: the tile model times the interpolated residual ``measured / tile`` (measured points
   exact, the tile model shapes between them).
 
-Per held-out hidden size (all its tokens, tp and layouts): MAPE of the time. Run:
+Per held-out hidden size (all its tokens, tp and layouts), then per held-out token count: MAPE
+of the time. Run:
 ``python benchmarks/gemm_tile_cv.py`` (about a minute).
 """
 
@@ -22,47 +23,30 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import least_squares
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perfmodel.calibration import BENCH_DISPATCH_S, LAYOUTS, _gemm_points, load_calibration
-from perfmodel.gemm_tiles import TileParams, tile_time_s
+from perfmodel.gemm_tiles import fit_tile_params, tile_time_s
 
 CAL = load_calibration("h200")
 PEAK = CAL.peak_flops_bf16
 DF = pd.read_csv(ROOT / "hardware_specs" / "calibration" / "h200" / "gemm.csv")
-X0 = np.array([np.log(20e-6), np.log(700e12), np.log(128.0), 1.0, 1.0, 0.0, 0.0])
 
 
-def params(x, layout: str) -> TileParams:
-    """Parameters: log t_fixed, log rate (fwd), log k0, logit eff_128, logit eff_64 / eff_128,
-    log rate ratio dgrad / fwd, log rate ratio wgrad / fwd (so 1 >= eff_128 >= eff_64)."""
-    r = x[1] + {"fwd": 0.0, "dgrad": x[5], "wgrad": x[6]}[layout]
-    return TileParams(t_fixed_s=float(np.exp(x[0])), rate_flops=float(np.exp(r)),
-                      k0=float(np.exp(x[2])), eff_128=float(_sig(x[3])),
-                      eff_64=float(_sig(x[3]) * _sig(x[4])))
+def fit_tile(df) -> dict:
+    """layout -> TileParams fitted on ``df``'s rows."""
+    return fit_tile_params(df["m"], df["n"], df["k"], df["layout"], df["seconds"])
 
 
-def _sig(v):
-    return 1.0 / (1.0 + np.exp(-v))
-
-
-def tile_pred(x, df) -> np.ndarray:
+def tile_pred(tiles, df) -> np.ndarray:
     out = np.empty(len(df))
     for lay in LAYOUTS:
         s = (df["layout"] == lay).to_numpy()
         g = df[s]
-        out[s] = tile_time_s(g["m"], g["n"], g["k"], params(x, lay))
+        out[s] = tile_time_s(g["m"], g["n"], g["k"], tiles[lay])
     return out
-
-
-def fit_tile(df) -> np.ndarray:
-    t = df["seconds"].to_numpy()
-    res = least_squares(lambda x: np.log(tile_pred(x, df) / t), X0, loss="soft_l1",
-                        f_scale=0.1)
-    return res.x
 
 
 def interp_pred(train, test, resid_of=None) -> np.ndarray:
@@ -86,7 +70,7 @@ def interp_pred(train, test, resid_of=None) -> np.ndarray:
             flops = 2.0 * g["m"] * g["n"] * g["k"]
             out[s] = flops / (np.clip(v, 1e-4, 0.95) * PEAK) + BENCH_DISPATCH_S
         else:
-            out[s] = v * tile_time_s(g["m"], g["n"], g["k"], params(resid_of, lay))
+            out[s] = v * tile_time_s(g["m"], g["n"], g["k"], resid_of[lay])
     return out
 
 
@@ -94,31 +78,38 @@ def mape(p, t) -> float:
     return float(np.mean(np.abs(p / t - 1.0)))
 
 
-def main() -> int:
-    x = fit_tile(DF)
-    print("tile model fitted on all rows: " + ", ".join(
-        f"{k} {v:.4g}" for k, v in params(x, "fwd").__dict__.items()),
-        f"; dgrad/fwd {np.exp(x[5]):.3f}, wgrad/fwd {np.exp(x[6]):.3f}")
-    print(f"  in-sample MAPE {mape(tile_pred(x, DF), DF['seconds'].to_numpy()):.2%}")
+def loo(col: str) -> None:
+    """Leave one value of ``col`` out: MAPE per held-out value and overall."""
     rows = []
-    for h in sorted(DF["hidden"].unique()):
-        train, test = DF[DF["hidden"] != h], DF[DF["hidden"] == h]
+    for h in sorted(DF[col].unique()):
+        train, test = DF[DF[col] != h], DF[DF[col] == h]
         t = test["seconds"].to_numpy()
         xt = fit_tile(train)
         p_i = interp_pred(train, test)
         p_t = tile_pred(xt, test)
         p_h = interp_pred(train, test, resid_of=xt)
-        rows.append({"hidden": h, "interp": mape(p_i, t), "tile": mape(p_t, t),
+        rows.append({col: h, "interp": mape(p_i, t), "tile": mape(p_t, t),
                      "hybrid": mape(p_h, t), "n": len(t),
                      "interp_bias": float(np.mean(p_i / t - 1)),
                      "hybrid_bias": float(np.mean(p_h / t - 1))})
     r = pd.DataFrame(rows)
+    print(f"leave one {col} out:")
     print(r.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    inner = r[(r.hidden > r.hidden.min()) & (r.hidden < r.hidden.max())]
+    inner = r[(r[col] > r[col].min()) & (r[col] < r[col].max())]
     for name, d in (("all", r), ("interior", inner)):
         w = d["n"] / d["n"].sum()
-        print(f"LOHO MAPE ({name}): " + ", ".join(
+        print(f"  MAPE ({name}): " + ", ".join(
             f"{c} {float((d[c] * w).sum()):.2%}" for c in ("interp", "tile", "hybrid")))
+
+
+def main() -> int:
+    x = fit_tile(DF)
+    for lay in LAYOUTS:
+        print(f"tile model fitted on all rows, {lay}: " + ", ".join(
+            f"{k} {v:.4g}" for k, v in x[lay].__dict__.items()))
+    print(f"  in-sample MAPE {mape(tile_pred(x, DF), DF['seconds'].to_numpy()):.2%}")
+    for col in ("hidden", "tokens"):
+        loo(col)
     return 0
 
 
