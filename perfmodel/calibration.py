@@ -12,7 +12,8 @@ A calibration folder holds what ``calibrate_gpu.py`` writes (``gemm.csv``, ``att
   quantity is the measured efficiency over that of a wave-quantized tile model
   (:mod:`perfmodel.gemm_tiles`, 7 parameters fitted on the same rows): measured points stay
   exact and the tile model shapes the curve between them (leave-one-hidden-size-out CV on the
-  H200 table: GEMM time MAPE 8.3 % -> 7.0 %, ``benchmarks/gemm_tile_cv.py``).
+  H200 table: GEMM time MAPE 8.3 % -> 7.0 %, ``benchmarks/gemm_tile_cv.py``). On the measured
+  part only: a transferred table (:meth:`Calibration.scaled_to`) uses the plain interpolation.
 * Flash-attention time ``t0(s) + flops / rate(s)`` per pass, fitted per measured sequence length
   (the intercept is the longest thread block, which more heads do not shorten).
 * Achieved bandwidth of the memory-bound kernels (copy, layernorm, gelu, dropout, add, softmax,
@@ -110,6 +111,10 @@ class Calibration:
     (``gemm_points`` hold log(measured / tile efficiency)); None: plain interpolation."""
     gemm_tiles_peak_flops: float = 0.0
     """Dense bf16 peak of the measured part [FLOP/s]: tile efficiencies are fractions of it."""
+    gemm_points_plain: dict | None = None
+    """The measured log efficiencies without the tile model, for GPUs the table is transferred
+    to (:meth:`scaled_to`): the tile quantization is the measured part's (its SM count and tile
+    grid), not the target's, and the transfer is validated without it."""
     _interp: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -251,8 +256,11 @@ class Calibration:
             # ceilings, the target's published MAMF over ours.
             target = gpu.mamf_tflops * 1e12 / gpu.peak_flops("bf16")
             gemm_scale = gemm_scale * target / self.large_gemm_fraction
+        plain = {} if self.gemm_points_plain is None else {
+            "gemm_points": self.gemm_points_plain, "gemm_tiles": None, "gemm_points_plain": None}
         return replace(
             self,
+            **plain,
             name=f"{self.name}->{gpu.name}",
             membw_bytes_per_s_table={k: v * r for k, v in self.membw_bytes_per_s_table.items()},
             hbm_bw_bytes_per_s=gpu.hbm_bw_bytes_per_s,
@@ -402,6 +410,7 @@ def _load_cached(path: str, gpu_json: str) -> Calibration:
         gemm_points=_gemm_points(gemm, peak, tiles),
         gemm_tiles=tiles,
         gemm_tiles_peak_flops=peak,
+        gemm_points_plain=_gemm_points(gemm, peak),
         attention_points=_attention_points(_read_csv(folder, "attention.csv"), peak),
         membw_bytes_per_s_table=_membw(_read_csv(folder, "memops.csv")),
         hbm_bw_bytes_per_s=gpu.hbm_bw_bytes_per_s,

@@ -54,3 +54,13 @@ def test_calibration_tile_fit_is_physical():
     assert 600e12 < p.rate_flops < 800e12  # MAMF of the H200: 782 TFLOP/s (env.json)
     assert p.sms == 132
     assert np.isfinite(cal.gemm_efficiency(np.array([1536.0]), 4608, 1536)).all()
+
+
+def test_transferred_table_uses_plain_interpolation():
+    # the tile quantization is the H200's (132 SMs): another GPU gets the measured curve alone
+    from perfmodel.specs import load_gpu
+
+    cal = load_calibration("h200")
+    a100 = cal.scaled_to(load_gpu("a100-sxm4-80gb"))
+    assert a100.gemm_tiles is None
+    assert a100.gemm_points is cal.gemm_points_plain
