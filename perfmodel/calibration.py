@@ -181,10 +181,16 @@ class Calibration:
         pts = np.stack(
             [np.log2(m_lookup).ravel(), np.log2(n).ravel(), np.log2(k).ravel()], axis=1
         )
-        eff = self._lookup("gemm", layout, pts).reshape(m.shape) * self.gemm_scale
-        if self.gemm_tiles is not None:
-            eff = eff * _tile_efficiency(m_lookup, n, k, self.gemm_tiles[layout],
-                                         self.gemm_tiles_peak_flops)
+        if self.gemm_tiles is None:
+            eff = self._lookup("gemm", layout, pts).reshape(m.shape) * self.gemm_scale
+        else:
+            # few distinct shapes per batch: residual and tile model once per shape
+            raw = np.stack([m_lookup.ravel(), n.ravel(), k.ravel()], axis=1)
+            u, inv = np.unique(raw, axis=0, return_inverse=True)
+            mu, nu, ku = u[:, 0], u[:, 1], u[:, 2]
+            eu = self._lookup("gemm", layout, np.log2(u)) * _tile_efficiency(
+                mu, nu, ku, self.gemm_tiles[layout], self.gemm_tiles_peak_flops)
+            eff = eu[inv.reshape(-1)].reshape(m.shape) * self.gemm_scale
         flops = 2.0 * m * n * k
         bytes_ = 2.0 * (m * k + k * n + m * n)
         roof = flops / (bytes_ / self.hbm_bw_bytes_per_s) / self.peak_flops_bf16
