@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from perfmodel.calibration import BENCH_DISPATCH_S, load_calibration
 from perfmodel.gemm_tiles import TileParams, tile_time_s, wave_utilisation
@@ -64,3 +66,14 @@ def test_transferred_table_uses_plain_interpolation():
     a100 = cal.scaled_to(load_gpu("a100-sxm4-80gb"))
     assert a100.gemm_tiles is None
     assert a100.gemm_points is cal.gemm_points_plain
+
+
+@given(st.integers(1, 20000), st.integers(1, 20000), st.integers(1, 20000),
+       st.sampled_from(["m", "n", "k"]), st.integers(1, 4096))
+@settings(max_examples=60, deadline=None)
+def test_tile_time_never_falls_when_a_dimension_grows(m, n, k, dim, extra):
+    # time = waves x per-wave work: waves and per-CTA work only grow with m, n, k
+    p = TileParams(t_fixed_s=10e-6, rate_flops=700e12, k0=37.0, eff_128=0.8, eff_64=0.6)
+    grown = {"m": m, "n": n, "k": k}
+    grown[dim] += extra
+    assert tile_time_s(grown["m"], grown["n"], grown["k"], p) >= tile_time_s(m, n, k, p) * (1 - 1e-12)
