@@ -290,8 +290,10 @@ def grouped_gemm_time_s(cal: Calibration, groups, m, n, k, layout: str, peak_flo
     """
     m, n, k = (np.asarray(x, dtype=np.float64) for x in (m, n, k))
     eff = cal.gemm_efficiency(m, n, k, layout) * ratio
-    t = np.asarray(groups, dtype=np.float64) * 2.0 * m * n * k / (peak_flops * eff)
-    return np.where(m * n * k > 0, np.maximum(t, KERNEL_MIN_S), 0.0)
+    g = np.asarray(groups, dtype=np.float64)
+    t = g * 2.0 * m * n * k / (peak_flops * eff)
+    # no local experts (a dense layer of an MoE model, perfmodel.layout.moe_variants): no kernel
+    return np.where((m * n * k > 0) & (g > 0), np.maximum(t, KERNEL_MIN_S), 0.0)
 
 
 def optimizer_params_per_gpu(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
@@ -497,7 +499,7 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
                 else:
                     ph.add(count * gemm_time_s(cal, m_, n_, k_, lay, peak, ratio), count)
 
-    host_exposed_s = moe.moe_host_exposed_s(model, batch)
+    host_exposed_s = moe.moe_host_exposed_s(model, batch, training)
 
     def moe_kernels(ph: _Phase, pass_: str) -> None:
         """Router softmax / top-k and token permute / unpermute of the MoE layers (averaged

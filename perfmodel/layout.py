@@ -43,10 +43,14 @@ from perfmodel.pipeline import inflight_microbatches
 from perfmodel.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 __all__ = [
+    "layer_times_by_type",
     "layout_memory_breakdown",
     "layout_timeline",
+    "moe_layer_mask",
+    "moe_variants",
     "stage_counts",
     "stage_memory_bytes",
+    "stage_moe_layers",
     "stage_times_s",
     "without_layout",
 ]
@@ -99,18 +103,115 @@ def stage_counts(model: ModelSpec, batch: ConfigBatch) -> tuple[np.ndarray, np.n
     return layers, np.where(s < pp[:, None], rec, 0)
 
 
-def stage_times_s(layers, recomputed, layer_keep_s, layer_full_s, embed_s, logits_s, pp):
+# --------------------------------------------------------------------------------------------
+# Mixture of experts: which layers are MoE, and the two layer types
+# --------------------------------------------------------------------------------------------
+def moe_layer_mask(model: ModelSpec) -> np.ndarray:
+    """``(L,)`` bool: which transformer layers are MoE. After ``moe_dense_layers`` dense
+    leading layers (DeepSeek ``first_k_dense_replace``), every ``moe_layer_freq``-th layer
+    (``k-1, 2k-1, ...`` of the rest, Llama 4's ``interleave_moe_layer_step``); all False for a
+    dense model. Its count is :attr:`ModelSpec.num_moe_layers`.
+
+    References
+    ----------
+    Hugging Face ``modeling_deepseek_v3.py`` (``layer_idx >= first_k_dense_replace``),
+    ``modeling_llama4.py`` (``(layer_idx + 1) % interleave_moe_layer_step == 0``);
+    Megatron-Core ``gpt_layer_specs.py`` (``moe_layer_pattern``).
+    """
+    L = model.num_layers
+    if not model.is_moe:
+        return np.zeros(L, dtype=bool)
+    i = np.arange(L)
+    d, k = model.moe_dense_layers, model.moe_layer_freq
+    return (i >= d) & ((i - d) % k == k - 1)
+
+
+def stage_moe_layers(model: ModelSpec, batch: ConfigBatch, layers) -> np.ndarray:
+    """MoE layers on each pipeline rank of a layout, ``(n, S)`` like ``layers`` (the rank's
+    layers over all its chunks). With ``vp`` chunks, chunk ``c`` of rank ``s`` is virtual
+    stage ``c*pp + s`` (Megatron-LM's interleaved order, ``--pipeline-model-parallel-layout``)
+    holding ``layers[s] / vp`` consecutive layers; the MoE layers among them are counted on
+    :func:`moe_layer_mask`."""
+    layers = np.asarray(layers, dtype=np.int64)
+    n, width = layers.shape
+    if not model.is_moe:
+        return np.zeros_like(layers)
+    mask = moe_layer_mask(model)
+    L = mask.size
+    cum = np.concatenate([[0], np.cumsum(mask)])
+    vp = batch.vp.astype(np.int64)[:, None]
+    s = np.arange(width)[None, :]
+    per_chunk = np.where(s < batch.pp[:, None], layers // vp, 0)
+    before = np.cumsum(per_chunk, axis=1) - per_chunk  # layers of the ranks before, one chunk
+    chunk_layers = per_chunk.sum(axis=1, keepdims=True)
+    out = np.zeros((n, width), dtype=np.int64)
+    for c in range(int(vp.max()) if n else 0):
+        start = np.clip(c * chunk_layers + before, 0, L)
+        end = np.clip(start + per_chunk, 0, L)
+        out += np.where(c < vp, cum[end] - cum[start], 0)
+    return out
+
+
+def moe_variants(model: ModelSpec) -> tuple[ModelSpec, ModelSpec]:
+    """``(dense, moe)``: the model with every layer dense, and with every layer MoE. Every
+    per-layer term of the cost model (:mod:`perfmodel.compute`, :mod:`perfmodel.comm_time`,
+    :mod:`perfmodel.memory`, :mod:`perfmodel.moe`) averages the two layer types by
+    :attr:`ModelSpec.moe_layer_fraction`; on these variants it gives one layer of each type,
+    the same terms, nothing re-derived."""
+    L = model.num_layers
+    dense = model.model_copy(update={"moe_dense_layers": L, "moe_layer_freq": 1})
+    moe_ = model.model_copy(update={"moe_dense_layers": 0, "moe_layer_freq": 1})
+    return dense, moe_
+
+
+def layer_times_by_type(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                        batch: ConfigBatch, *, kernels: str = "fused", calibration=None,
+                        average: bool = True) -> dict[str, np.ndarray]:
+    """One layer's forward + backward time of one micro-batch [s], by type and recompute:
+    ``keep`` / ``full`` (the model's average layer, :func:`perfmodel.step.evaluate`'s
+    ``extra["layer_s"]``) and, for an MoE model, ``dense_keep``, ``dense_full``, ``moe_keep``,
+    ``moe_full`` from the same evaluation of :func:`moe_variants` (an MoE layer's all-to-all
+    on the tier its ep group spans, grouped GEMMs, router and host terms included; a dense
+    layer's MLP and its tensor-parallel collectives). ``average=False`` leaves out the
+    average layer's."""
+    from perfmodel.step import evaluate
+
+    kw = {"kernels": kernels, "calibration": calibration}
+    keep_b, full_b = without_layout(batch, "keep"), without_layout(batch, "full")
+    out = {}
+    if average or not model.is_moe:
+        out = {"keep": evaluate(model, training, cluster, keep_b, **kw).extra["layer_s"],
+               "full": evaluate(model, training, cluster, full_b, **kw).extra["layer_s"]}
+    if model.is_moe:
+        for name, var in zip(("dense", "moe"), moe_variants(model)):
+            out[f"{name}_keep"] = evaluate(var, training, cluster, keep_b, **kw).extra["layer_s"]
+            out[f"{name}_full"] = evaluate(var, training, cluster, full_b, **kw).extra["layer_s"]
+    return out
+
+
+def stage_times_s(layers, recomputed, layer_keep_s, layer_full_s, embed_s, logits_s, pp,
+                  moe_layers=None, moe_keep_s=None, moe_full_s=None):
     """Forward + backward time of one micro-batch on each stage [s], ``(n, S)``.
 
     ``layer_keep_s`` / ``layer_full_s``: one layer without / with full recompute (per config);
     the embedding is on stage 0, the logits and loss on stage ``pp - 1``; stages beyond ``pp``
-    are 0.
+    are 0. With ``moe_layers`` (MoE layers per stage, :func:`stage_moe_layers`) the layer
+    times are the dense layer's and ``moe_keep_s`` / ``moe_full_s`` the MoE layer's; the
+    recomputed layers are of the stage's mix of the two types.
     """
     s = np.arange(layers.shape[1])[None, :]
     pp = np.asarray(pp)[:, None]
     keep = np.asarray(layer_keep_s, dtype=np.float64)[:, None]
     extra = np.asarray(layer_full_s, dtype=np.float64)[:, None] - keep
-    t = layers * keep + recomputed * extra
+    if moe_layers is None:
+        t = layers * keep + recomputed * extra
+    else:
+        n_m = np.asarray(moe_layers, dtype=np.float64)
+        m_keep = np.asarray(moe_keep_s, dtype=np.float64)[:, None]
+        m_extra = np.asarray(moe_full_s, dtype=np.float64)[:, None] - m_keep
+        frac = np.where(layers > 0, n_m / np.maximum(layers, 1), 0.0)
+        t = ((layers - n_m) * keep + n_m * m_keep
+             + recomputed * ((1.0 - frac) * extra + frac * m_extra))
     t = t + np.where(s == 0, np.asarray(embed_s)[:, None], 0.0)
     t = t + np.where(s == pp - 1, np.asarray(logits_s)[:, None], 0.0)
     return np.where(s < pp, t, 0.0)
@@ -133,9 +234,17 @@ def stage_memory_bytes(
     *,
     flash_attention: bool = True,
     dropout: bool | None = None,
+    moe_layers=None,
 ) -> dict[str, np.ndarray]:
     """Memory per GPU of pipeline stage ``stage`` holding ``layers`` transformer layers of which
     ``recomputed`` are fully recomputed (fused kernels, Megatron-LM).
+
+    MoE models: ``moe_layers`` (same shape as ``layers``) of the stage's layers are MoE
+    (:func:`stage_moe_layers` for a layout); a dense and an MoE layer then each have their own
+    parameters and activations (the same memory terms on :func:`moe_variants`), the stage holds
+    the routed experts of its MoE layers only (DeepSeek-V3's dense leading layers lighten
+    stage 0), and the dispatch buffers where it has an MoE layer. ``None``: every layer is the
+    model's average layer (its routed experts in the MoE share of the non-leading layers).
 
     ``stage``, ``layers`` and ``recomputed`` are arrays of shape ``(n, ...)`` (n = len(batch),
     any trailing axes, broadcast), so a search evaluates every stage and layer count of every
@@ -177,8 +286,17 @@ def stage_memory_bytes(
     # expert-dp). The layout counts every layer of a stage as MoE in the model's share
     # (affine in the layer count, as search/dp.py needs): DeepSeek-style dense leading layers are
     # not subtracted on stage 0, which overstates its experts by at most those layers'.
+    typed = model.is_moe and moe_layers is not None
+    if typed:  # a dense and an MoE layer, each with its own parameters
+        dense_m, moe_m = moe_variants(model)
+        n_m = np.asarray(moe_layers, dtype=f64)
+        n_d = n_l - n_m
+        sp_d, sp_m = mem.stage_params(dense_m, tp, pp), mem.stage_params(moe_m, tp, pp)
+        layer_params = n_d * sp_d["layer"] + n_m * sp_m["layer"]
     sp_ = mem.stage_params(model, tp, pp)
-    params = (n_l * sp_["layer"] + np.where(first, sp_["embedding"], 0.0)
+    if not typed:
+        layer_params = n_l * sp_["layer"]
+    params = (layer_params + np.where(first, sp_["embedding"], 0.0)
               + np.where(last, model.norm_params() + sp_["output"], 0.0))
     ep_etp = _col((c.ep * c.etp).astype(f64), nd)
     expert_dp = _col(c.expert_dp.astype(f64), nd)
@@ -186,7 +304,8 @@ def stage_memory_bytes(
     other_layers = model.num_layers - model.moe_dense_layers
     moe_share = model.num_moe_layers / other_layers if model.is_moe and other_layers else 0.0
     n_exp_layer = per_moe_layer / ep_etp  # one MoE layer's routed experts on this GPU
-    experts = n_l * moe_share * n_exp_layer
+    moe_count = n_m if typed else n_l * moe_share  # MoE layers of the stage
+    experts = moe_count * n_exp_layer
     # 2. Model states by ZeRO stage (Megatron-LM: 16-bit weights, main grads in fp32 unless
     # reduced in bf16, fp8 weights with fp8_params).
     wb, gb, ob = mem.state_bytes_per_param(precision, training.optimizer,
@@ -212,6 +331,19 @@ def stage_memory_bytes(
     moe_extra = _col(moe.moe_activation_extra_bytes(model, training, c, e,
                                                     kw["gemm_input_bytes"]), nd)
     act_keep, act_all = act_keep + moe_extra, act_all + moe_extra
+    if typed:  # each layer type's own activations; the recomputed ones of the stage's mix
+        acts = {}
+        for name, mdl in (("dense", dense_m), ("moe", moe_m)):
+            kw_t = {**kw, "ffn_hidden_size": moe.effective_ffn_size(mdl)}
+            keep_t = mem.layer_activation_bytes(s, b, h, a, recompute=np.where(
+                rc == _SELECTIVE, _SELECTIVE, 0), **kw_t)
+            all_t = mem.layer_activation_bytes(s, b, h, a, recompute=0, **kw_t)
+            extra_t = _col(moe.moe_activation_extra_bytes(mdl, training, c, e,
+                                                          kw["gemm_input_bytes"]), nd)
+            acts[name] = (keep_t + extra_t, all_t + extra_t)
+        frac = np.where(n_l > 0, n_m / np.maximum(n_l, 1.0), 0.0)
+        act_keep = (1.0 - frac) * acts["dense"][0] + frac * acts["moe"][0]
+        act_all = np.where(n_m > 0, acts["moe"][1], acts["dense"][1])
     infl = inflight_microbatches(pp, m, sched, vp, stage=stage)
     a2a_extra = _col(moe.a2a_overlap_extra_inflight(training, c), nd)
     infl = np.minimum(infl + a2a_extra, np.maximum(m, infl))
@@ -229,14 +361,21 @@ def stage_memory_bytes(
     other = other + np.where(zero >= 2, 2.0 * np.minimum(mem.BUCKET_PARAMS, params) * gb, 0.0)
     other = other + np.where((zero >= 3) & (shard > 1),
                              sp_["layer"] * (wb + gb) * mem.ZERO3_LIVE_LAYERS, 0.0)
-    other = other + mem.fp8_weight_cache_bytes(precision, n_l, sp_["gemm_layer"], zero, shard,
-                                               fp8_params)
+    if typed:
+        other = other + mem.fp8_weight_cache_bytes(precision, n_d, sp_d["gemm_layer"], zero,
+                                                   shard, fp8_params)
+        other = other + mem.fp8_weight_cache_bytes(precision, n_m, sp_m["gemm_layer"], zero,
+                                                   shard, fp8_params)
+    else:
+        other = other + mem.fp8_weight_cache_bytes(precision, n_l, sp_["gemm_layer"], zero,
+                                                   shard, fp8_params)
     if model.is_moe:  # experts' low-precision copies, ZeRO-3 live experts, dispatch buffers
-        other = other + mem.fp8_weight_cache_bytes(precision, n_l * moe_share, n_exp_layer,
+        other = other + mem.fp8_weight_cache_bytes(precision, moe_count, n_exp_layer,
                                                    zero, expert_dp, fp8_params)
         other = other + np.where((zero >= 3) & (shard > 1),
                                  n_exp_layer * (wb + gb) * mem.ZERO3_LIVE_LAYERS, 0.0)
-        other = other + _col(moe.moe_dispatch_buffer_bytes(model, training, c, e), nd)
+        dispatch = _col(moe.moe_dispatch_buffer_bytes(model, training, c, e), nd)
+        other = other + (np.where(n_m > 0, dispatch, 0.0) if typed else dispatch)
     # the optimizer step's fp32 gradient copy (16-bit buffers), live once activations are freed
     copy_b = mem.optimizer_grad_copy_bytes(precision, training.grad_reduce_in_fp32)
     copy_opt = np.where(zero >= 1, copy_b / shard, copy_b) * params
@@ -274,8 +413,10 @@ def layout_memory_breakdown(
     sub = batch.take(idx)
     layers, rec = stage_counts(model, sub)
     stage = np.broadcast_to(np.arange(layers.shape[1])[None, :], layers.shape)
+    moe_layers = stage_moe_layers(model, sub, layers) if model.is_moe else None
     st = stage_memory_bytes(model, training, cluster, sub, stage, layers, rec,
-                            flash_attention=flash_attention, dropout=dropout)
+                            flash_attention=flash_attention, dropout=dropout,
+                            moe_layers=moe_layers)
     peak = np.where(stage < sub.pp[:, None], st["peak"], -np.inf)
     k = np.argmax(peak, axis=1)
     rows = np.arange(len(idx))
@@ -307,8 +448,15 @@ def layout_timeline(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
     keep = evaluate(model, training, cluster, without_layout(b, "keep"), **kw).extra
     full = evaluate(model, training, cluster, without_layout(b, "full"), **kw).extra
     layers, rec = stage_counts(model, b)
+    moe_kw = {}
+    if model.is_moe:  # each layer type at its own time, as perfmodel.step prices a layout
+        lt = layer_times_by_type(model, training, cluster, b, average=False, **kw)
+        moe_kw = {"moe_layers": stage_moe_layers(model, b, layers),
+                  "moe_keep_s": lt["moe_keep"], "moe_full_s": lt["moe_full"]}
+        keep = {**keep, "layer_s": lt["dense_keep"]}
+        full = {**full, "layer_s": lt["dense_full"]}
     t = stage_times_s(layers, rec, keep["layer_s"], full["layer_s"], keep["embed_s"],
-                      keep["logits_s"], b.pp)[0, :config.pp]
+                      keep["logits_s"], b.pp, **moe_kw)[0, :config.pp]
     share = float(keep["layer_fwd_s"][0] / keep["layer_s"][0])
     extra = (full["layer_s"][0] - keep["layer_s"][0]) * rec[0, :config.pp]
     fwd = (t - extra) * share

@@ -72,7 +72,7 @@ the expert count [s]: the dispatcher's device-to-host copy of the per-expert tok
 :data:`MOE_EXPERT_HOST_S` on ``moe_runs_dev.csv``: the fit puts it at 0 once the per-expert
 term is there (see ``docs/moe.md``), so it is kept as a named hook at 0."""
 
-MOE_EXPERT_HOST_S = 1.14e-4
+MOE_EXPERT_HOST_S = 1.39e-4
 """Host time exposed per *local expert*, MoE layer pass (forward or backward) and micro-batch
 [s]. After the dispatcher's device-to-host sync (``tokens_per_expert`` to the host: the grouped
 GEMM's ``m_splits``) the GPU queue is empty, and Transformer Engine's ``GroupedLinear`` then does
@@ -81,7 +81,7 @@ cuBLAS GEMM per expert in ``general_grouped_gemm``, for fc1 and fc2; in the back
 wgrad) before the GPU has anything to run, so the host time per local expert adds to the
 layer's time instead of hiding behind it. ``E/ep`` local experts: DeepSeek-V3 with ep 8 has 32,
 Qwen3-235B with ep 64 has 2. Fitted, as the one MoE-specific parameter, on ``moe_runs_dev.csv``
-(94 rows, 8 models): 0.114 ms (leave-one-model-out fits 0.112-0.140 ms; docs/moe.md). Megatron-Core's
+(94 rows, 8 models): 0.139 ms with the MTP layouts of the DeepSeek-V3 rows (leave-one-model-out fits 0.124-0.141 ms; docs/moe.md). Megatron-Core's
 remedies confirm the effect: ``--moe-pad-expert-input-to-capacity`` (no sync), CUDA graphs of
 ``moe_router`` / ``moe_preprocess``, TE's device-side grouped GEMM (``m_splits`` on the GPU)."""
 
@@ -93,17 +93,22 @@ def local_experts(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
     return model.num_experts / batch.ep.astype(np.float64)
 
 
-def moe_host_exposed_s(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
+def moe_host_exposed_s(model: ModelSpec, batch: ConfigBatch,
+                       training: TrainingSpec | None = None) -> np.ndarray:
     """Host time the GPU waits for per MoE layer pass and micro-batch [s]:
-    ``MOE_HOST_SYNC_S + MOE_EXPERT_HOST_S * E/ep`` (0 for a dense model).
+    ``MOE_HOST_SYNC_S + MOE_EXPERT_HOST_S * E/ep`` (0 for a dense model, and 0 when the experts'
+    inputs are padded to capacity, ``training.moe_pad_expert_input_to_capacity``: the split
+    sizes are then fixed on the host, ``torch.full(capacity * tp * ep)``, and the dispatcher's
+    ``cuda_sync_point`` stays ``"no_sync"``, so the CPU keeps running ahead of the GPU).
 
     References
     ----------
     Megatron-Core ``token_dispatcher.py`` (``MoEAlltoAllTokenDispatcher.preprocess``:
-    ``tokens_per_expert`` copied to the host for the all-to-all splits and ``m_splits``);
+    ``tokens_per_expert`` copied to the host for the all-to-all splits and ``m_splits``; the
+    ``drop_and_pad`` branch without it);
     Transformer Engine ``pytorch/module/grouped_linear.py`` (per-expert quantise / GEMM loop).
     """
-    if not model.is_moe:
+    if not model.is_moe or (training is not None and training.moe_pad_expert_input_to_capacity):
         return np.zeros(len(batch))
     return MOE_HOST_SYNC_S + MOE_EXPERT_HOST_S * local_experts(model, batch)
 

@@ -340,6 +340,10 @@ class ModelSpec(Spec):
         "kernels (Megatron's bias_activation_fusion, bias_dropout_fusion, apply_rope_fusion); "
         "False: as separate PyTorch ops (Megatron-Bridge GPTOSSProvider: the clamped GeGLU, "
         "its biases and the learnable-sink attention leave the fusions off)")
+    mtp_num_layers: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="multi-token prediction layers on the last pipeline stage "
+        "(Megatron-Core mtp_num_layers; DeepSeek-V3 recipes: 1); their step time only "
+        "(perfmodel.mtp), not counted in the parameters")
     # Multi-head latent attention (DeepSeek-V2/V3): head_dim is the no-RoPE q/k head size.
     q_lora_rank: PosInt | None = None
     kv_lora_rank: PosInt | None = None
@@ -594,6 +598,11 @@ class TrainingSpec(Spec):
     overlap_moe_comm: bool = Field(
         default=False, description="expert-parallel all-to-all overlaps another micro-batch's "
         "compute (--overlap-moe-expert-parallel-comm, DeepSeek-V3 DualPipe-style overlap)"
+    )
+    moe_pad_expert_input_to_capacity: bool = Field(
+        default=False, description="token-dropping MoE pads every expert's input to its "
+        "capacity (--moe-pad-expert-input-to-capacity, needs the model's moe_capacity_factor): "
+        "fixed split sizes, so the dispatcher has no device-to-host sync"
     )
     fp8_params: bool = Field(
         default=False,

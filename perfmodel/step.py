@@ -367,10 +367,16 @@ def evaluate(
     # 2. per-stage time of one micro-batch (forward + backward).
     embed_s = ct["embed_fwd_s"] + ct["embed_bwd_s"]
     logits_s = ct["logits_fwd_s"] + ct["logits_bwd_s"]
+    if model.mtp_num_layers:  # DeepSeek-V3 multi-token prediction, on the last stage
+        from perfmodel.mtp import mtp_stage_s
+
+        head_s = logits_s + mtp_stage_s(model, layer_s, logits_s)
+    else:
+        head_s = logits_s
     single = pp == 1
-    t_first = np.where(single, n_first * layer_s + embed_s + logits_s,
+    t_first = np.where(single, n_first * layer_s + embed_s + head_s,
                        n_first * layer_s + embed_s)
-    t_last = np.where(single, t_first, n_last * layer_s + logits_s)
+    t_last = np.where(single, t_first, n_last * layer_s + head_s)
     t_mid = n_mid * layer_s
     if training.cpu_offload_layers and kernels == "fused":  # CPU activation offloading
         t_first, t_mid, t_last = (t + _offload_s(model, training, cluster, b, n, ct)
@@ -388,7 +394,7 @@ def evaluate(
     hflops_layout = None
     if b.stage_layers is not None and np.any(b.has_layout):
         lay = b.has_layout
-        st = _layout_stages(model, training, cluster, b, embed_s, logits_s, kernels=kernels,
+        st = _layout_stages(model, training, cluster, b, embed_s, head_s, kernels=kernels,
                             calibration=calibration)
         t_first, t_mid, t_last = (np.where(lay, st[k], x) for k, x in
                                   (("first", t_first), ("mid", t_mid), ("last", t_last)))
@@ -534,10 +540,16 @@ def _layout_stages(model, training, cluster, b, embed_s, logits_s, *, kernels, c
 
     kw = {"kernels": kernels, "calibration": calibration}
     keep_b, full_b = layout.without_layout(b, "keep"), layout.without_layout(b, "full")
-    keep_s = evaluate(model, training, cluster, keep_b, **kw).extra["layer_s"]
-    full_s = evaluate(model, training, cluster, full_b, **kw).extra["layer_s"]
     layers, rec = layout.stage_counts(model, b)
-    t = layout.stage_times_s(layers, rec, keep_s, full_s, embed_s, logits_s, b.pp)
+    if model.is_moe:  # a dense and an MoE layer each at its own time, per stage by its layers
+        lt = layout.layer_times_by_type(model, training, cluster, b, average=False, **kw)
+        t = layout.stage_times_s(layers, rec, lt["dense_keep"], lt["dense_full"], embed_s,
+                                 logits_s, b.pp, layout.stage_moe_layers(model, b, layers),
+                                 lt["moe_keep"], lt["moe_full"])
+    else:
+        keep_s = evaluate(model, training, cluster, keep_b, **kw).extra["layer_s"]
+        full_s = evaluate(model, training, cluster, full_b, **kw).extra["layer_s"]
+        t = layout.stage_times_s(layers, rec, keep_s, full_s, embed_s, logits_s, b.pp)
     pp = b.pp.astype(np.int64)
     rows = np.arange(len(b))
     total = t.sum(axis=1)

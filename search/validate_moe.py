@@ -188,11 +188,16 @@ def moe_case_from_row(r: pd.Series) -> Case:
         else:
             measured = _step_from_tflops(r, model)
     other = (str(r.get("other_config", "")) + "; " + recipe_facts(r)).lower()
+    cf = re.search(r"moe_expert_capacity_factor=([0-9.]+)", other)
+    if cf:  # token-dropping run (Grok-1: 1.0 with the expert inputs padded to capacity)
+        model = model.model_copy(update={"moe_capacity_factor": float(cf.group(1))})
     training = TrainingSpec(
         global_batch_size=int(r["global_batch_size"]), seq_len=int(r["seq_len"]),
         precision=_precision(str(r["precision"])), optimizer="adam",
         **era_switches(modern=True), overlap_moe_comm="moe_a2a_overlap=true" in other,
         moe_token_dispatcher="allgather" if "dispatcher=allgather" in other else "alltoall",
+        moe_pad_expert_input_to_capacity=bool(cf) and (
+            "moe_pad_expert_input_to_capacity=true" in other),
     )
     gpus = int(r["num_gpus"])
     t = int(_f(r["tensor_parallel"]) or 1)
@@ -250,6 +255,67 @@ def slowest_rank_model(model: ModelSpec, cfg: ParallelConfig) -> ModelSpec:
     return model.model_copy(update={"num_layers": chunks * -(-model.num_layers // chunks)})
 
 
+#: Megatron-Bridge's DeepSeek-V3 pipeline layouts, ``(pp, vp) -> decoder layers per model
+#: chunk`` (chunk ``c`` on rank ``c % pp``; the first chunk also holds the embedding, the last
+#: the MTP layers and the loss): ``recipes/deepseek/deepseek_v3.py`` ``layout_map``
+#: (``[["embedding"] + ["decoder"] * 4] + [["decoder"] * 4] * 14 + [["decoder"] + last_layer]``
+#: for (16, 1), (8, 2) and (4, 4), ``last_layer = ["mtp"] * mtp_num_layers + ["loss"]``).
+BRIDGE_DEEPSEEK_V3_CHUNKS = {
+    (4, 1): [16, 16, 16, 13],
+    (8, 1): [8] * 7 + [5],
+    (4, 2): [8] * 7 + [5],
+    (16, 1): [4] * 15 + [1],
+    (8, 2): [4] * 15 + [1],
+    (4, 4): [4] * 15 + [1],
+}
+
+
+def bridge_stage_layers(r: pd.Series, cfg: ParallelConfig) -> list[int] | None:
+    """Decoder layers per pipeline rank of the row's Megatron-Bridge DeepSeek-V3 layout (all its
+    chunks), or None where the recipe names none for the row's ``(pp, vp)`` (those rows keep
+    :func:`slowest_rank_model`, whose padding leaves the MTP layer in the missing layers' place).
+    E.g. (4, 4): ranks 0-2 hold 16 decoder layers, rank 3 holds 13 + MTP + loss."""
+    if not (str(r["model"]).lower().startswith("deepseek-v3")
+            and "megatron-bridge" in str(r.get("source", "")).lower()):
+        return None
+    chunks = BRIDGE_DEEPSEEK_V3_CHUNKS.get((cfg.pp, cfg.vp))
+    if chunks is None:
+        return None
+    ranks = [0] * cfg.pp
+    for c, n in enumerate(chunks):
+        ranks[c % cfg.pp] += n
+    return ranks
+
+
+def with_stage_layers(batch: ConfigBatch, ranks: list[int]) -> ConfigBatch:
+    """A one-config batch with a per-rank layout. Set on the batch, not the ParallelConfig: the
+    config's check wants every rank's layers a multiple of vp (its memory model splits them
+    evenly over the chunks), which Megatron-Core's ``pipeline_model_parallel_layout`` does not
+    (13 layers over 4 chunks as 4 + 4 + 4 + 1); the stage times need only the per-rank counts."""
+    import dataclasses
+
+    import numpy as np
+
+    zero = np.zeros(1, dtype=np.int64)
+    return dataclasses.replace(batch, stage_layers=np.array([ranks], dtype=np.int64),
+                               first_stage_layers=zero, last_stage_layers=zero.copy(),
+                               embedding_as_layer=np.zeros(1, dtype=bool),
+                               loss_as_layer=np.zeros(1, dtype=bool))
+
+
+def timed_model_and_batch(r: pd.Series, case: Case) -> tuple[ModelSpec, ConfigBatch]:
+    """The model and batch a row is timed with: with a known Megatron-Bridge DeepSeek-V3 layout
+    (:func:`bridge_stage_layers`) the real 61-layer model on that layout, its MTP layers as the
+    row's FLOP convention states (:func:`flop_convention`: on unless "w/o MTP"; they run on the
+    last stage, :mod:`perfmodel.mtp`); otherwise :func:`slowest_rank_model` on the even split."""
+    batch = ConfigBatch.from_configs([case.config])
+    ranks = bridge_stage_layers(r, case.config)
+    if ranks is None:
+        return slowest_rank_model(case.model, case.config), batch
+    model = case.model.model_copy(update={"mtp_num_layers": flop_convention(r)[1]})
+    return model, with_stage_layers(batch, ranks)
+
+
 def moe_runs_report(path: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Predicted vs measured step time for every expressible MoE row.
 
@@ -264,8 +330,8 @@ def moe_runs_report(path: Path | None = None) -> tuple[pd.DataFrame, pd.DataFram
         except SpecError as err:
             skipped.append({"row_id": r["row_id"], "model": r["model"], "reason": str(err)})
             continue
-        res = evaluate(slowest_rank_model(case.model, case.config), case.training,
-                       case.cluster, ConfigBatch.from_configs([case.config]))
+        model, batch = timed_model_and_batch(r, case)
+        res = evaluate(model, case.training, case.cluster, batch)
         c = case.config
         pred = float(res.step_time_s[0])
         rows.append({
