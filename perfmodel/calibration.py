@@ -105,6 +105,9 @@ class Calibration:
     (measured peak / target peak): a slower part reaches a given fraction of its peak with
     proportionally fewer rows, since launch, ramp and tail times are fixed."""
     """Largest square bf16 GEMM of the measured part over its datasheet peak (env.json)."""
+    sm_rate: float | None = None
+    """SMs x boost clock [SM GHz] of the GPU the tables are for (None when its spec lacks them):
+    the SM-side rate of the memory-bound kernels, see :meth:`scaled_to`."""
     source: str = ""
     gemm_tiles: dict | None = None
     """layout -> :class:`perfmodel.gemm_tiles.TileParams` the measured points are relative to
@@ -256,6 +259,8 @@ class Calibration:
         """This calibration applied to another GPU: same fraction of peak at the same shape,
         memory-bound bandwidths scaled by the ratio of datasheet HBM bandwidths."""
         r = gpu.hbm_bw_bytes_per_s / self.hbm_bw_bytes_per_s
+        target_sm = (gpu.sm_count * gpu.boost_clock_ghz
+                     if gpu.sm_count is not None and gpu.boost_clock_ghz is not None else None)
         if gpu.mamf_tflops is not None and self.large_gemm_fraction is not None:
             # Parts differ in how close a large GEMM gets to the datasheet peak (A100 86%,
             # H100 80%, MI300X 60%): scale the measured efficiency curve by the ratio of the
@@ -268,7 +273,10 @@ class Calibration:
             self,
             **plain,
             name=f"{self.name}->{gpu.name}",
-            membw_bytes_per_s_table={k: v * r for k, v in self.membw_bytes_per_s_table.items()},
+            membw_bytes_per_s_table=transfer_membw(self.membw_bytes_per_s_table, r,
+                                                   None if target_sm is None or self.sm_rate
+                                                   is None else target_sm / self.sm_rate),
+            sm_rate=target_sm,
             hbm_bw_bytes_per_s=gpu.hbm_bw_bytes_per_s,
             peak_flops_bf16=gpu.peak_flops("bf16"),
             gemm_m_scale=self.gemm_m_scale * self.peak_flops_bf16 / max(
@@ -278,6 +286,27 @@ class Calibration:
             source=f"{self.source}; scaled to {gpu.name} by datasheet peak and HBM bandwidth",
             _interp={},
         )
+
+
+def transfer_membw(table: dict, bw_ratio: float, sm_ratio: float | None) -> dict:
+    """Achieved bandwidths of the memory-bound kernels on another GPU [bytes/s].
+
+    A kernel's time is the longer of its HBM traffic and its work on the SMs (a roofline over
+    two resources; Williams et al. 2009). On the measured part, ``copy`` runs at the HBM
+    ceiling; a kernel slower than ``copy`` (norms, softmax, dropout's random numbers, reductions)
+    is bound by its SM-side work, which scales with SM count x clock, not with HBM bandwidth. So
+    on the target: ``min(copy * bw_ratio, bw_op * sm_ratio)``, with ``bw_ratio`` the ratio of
+    datasheet HBM bandwidths and ``sm_ratio`` that of SMs x boost clock. Without SM figures
+    (``sm_ratio`` None) every kernel keeps its fraction of HBM bandwidth: ``bw_op * bw_ratio``.
+
+    Example: H200 (132 SMs x 1.83 GHz, 4.8 TB/s) softmax 1.57 TB/s, copy 4.25 TB/s, on a V100
+    (80 SMs x 1.597 GHz, 0.9 TB/s): min(4.25 * 0.1875, 1.57 * 0.529) = min(0.80, 0.83) = 0.80
+    TB/s, where the same fraction of HBM would give 0.29 TB/s.
+    """
+    if sm_ratio is None:
+        return {k: v * bw_ratio for k, v in table.items()}
+    ceiling = table["copy"] * bw_ratio
+    return {k: min(ceiling, v * sm_ratio) for k, v in table.items()}
 
 
 def _tile_efficiency(m, n, k, p: TileParams, peak: float) -> np.ndarray:
@@ -425,6 +454,8 @@ def _load_cached(path: str, gpu_json: str) -> Calibration:
             env["matmul_bf16_8192_tflops"] * 1e12 / peak if "matmul_bf16_8192_tflops" in env
             else None
         ),
+        sm_rate=(gpu.sm_count * gpu.boost_clock_ghz
+                 if gpu.sm_count is not None and gpu.boost_clock_ghz is not None else None),
         source=f"measured on {env.get('name', gpu.name)} ({folder})",
     )
 

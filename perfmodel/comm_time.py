@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from perfmodel import collectives as coll
+from perfmodel import zero3_deepspeed
 from perfmodel.comm_volume import (
     CollectiveOp,
     cp_kv_chunk_bytes,
@@ -135,18 +136,21 @@ def comm_times(
     ops = dp_ops(model, training, batch)
     dp_grad = sum(op_time(ops[k], g_dp) for k in ops if k != "zero3_param_all_gather")
     zero3 = op_time(ops["zero3_param_all_gather"], g_dp)
-    # ZeRO-3 gathers are issued per layer (FSDP2) or per parameter tensor (DeepSpeed 2021), not
-    # as one buffer: each extra collective pays the ring's latency (n-1)*alpha once more.
-    per_layer = tensors_per_layer(model) if training.zero3_gather == "tensor" else 1
-    gathers_per_pass = model.num_layers / batch.pp * per_layer
+    # ZeRO-3 gathers are issued per layer (FSDP2): each extra collective pays the ring's
+    # latency (n-1)*alpha once more.
+    gathers_per_pass = model.num_layers / batch.pp
     ring_latency_s = coll.all_gather_time(0.0, g_dp.size, g_dp.bw_bytes_per_s, g_dp.latency_s)
     zero3 = zero3 + ops["zero3_param_all_gather"].count * np.maximum(gathers_per_pass - 1, 0) * (
         ring_latency_s
     )
     if training.zero3_gather == "tensor":
-        # ... and DeepSpeed ZeRO-3 reduce-scatters the gradients tensor by tensor too.
-        rs_count = np.where(batch.zero_stage == 3, ops["grad_reduce_scatter"].count, 0.0)
-        dp_grad = dp_grad + rs_count * np.maximum(gathers_per_pass - 1, 0) * ring_latency_s
+        # DeepSpeed ZeRO-3 of 2021: one gather and one reduce-scatter per weight matrix, on one
+        # rail (perfmodel.zero3_deepspeed)
+        ds = zero3_deepspeed.link_times_s(model, training, batch, g_dp, gathers_per_pass)
+        z3 = batch.zero_stage == 3
+        zero3 = np.where(z3, ds["gather_s"], zero3)
+        rs = op_time(ops["grad_reduce_scatter"], g_dp)
+        dp_grad = np.where(z3, dp_grad - rs + ds["reduce_scatter_s"], dp_grad)
 
     # mixture of experts: token dispatch/combine per MoE layer, expert gradients over expert-dp
     ep = moe_comm_times(model, training, cluster, batch)
@@ -213,16 +217,6 @@ def moe_comm_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpe
         "expert_zero3_gather_s": np.where(batch.expert_dp > 1,
                                           op_time(ops["zero3_param_all_gather"], g_edp), 0.0),
     }
-
-
-def tensors_per_layer(model: ModelSpec) -> int:
-    """Parameter tensors of one transformer layer: the attention's QKV and output projections
-    and the MLP's two (three when gated) matrices, their biases, and two norms (weight, plus
-    bias for LayerNorm)."""
-    linears = 4 + (1 if model.gated_mlp else 0)
-    biases = (4 if model.linear_bias else 0)
-    norms = 2 * (2 if model.norm == "layernorm" else 1)
-    return linears + biases + norms
 
 
 def dp_num_buckets(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:

@@ -108,6 +108,16 @@ class GPUSpec(Spec):
         description="maximum achievable bf16 matmul TFLOP/s, measured (the ceiling a large GEMM "
         "reaches; datasheet peaks assume boost clocks that power limits do not sustain)",
     )
+    sm_count: PosInt | None = Field(
+        default=None,
+        description="streaming multiprocessors (architecture whitepaper); with boost_clock_ghz "
+        "it sets the SM-side rate of memory-bound kernels transferred from another part's "
+        "calibration (perfmodel.calibration.Calibration.scaled_to)",
+    )
+    boost_clock_ghz: PosFloat | None = Field(
+        default=None,
+        description="the clock the datasheet's tensor peaks are stated at [GHz]",
+    )
     sustained_gemm_fraction: PosFloat | None = Field(
         default=None,
         description="GEMM throughput of a whole node training at its power limit relative to "

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfmodel import comm_time as comm_time_mod
-from perfmodel import comm_volume, compute, flops, memory, moe, overlap
+from perfmodel import comm_volume, compute, flops, memory, moe, overlap, zero3_deepspeed
 from perfmodel.config import ConfigBatch
 from perfmodel.specs import ClusterSpec, ModelSpec, TrainingSpec
 from perfmodel.topology import parallel_groups
@@ -453,6 +453,15 @@ def evaluate(
         zero3_exposed_s = np.maximum(z3_s - steady_s, 0.0)
     else:
         zero3_exposed_s = z3_s
+    if training.zero3_gather == "tensor":
+        # DeepSpeed ZeRO-3 of 2021: each sub-module's compute hides only the next weight's
+        # gather; gradient reduce-scatters wait for the next sub-module (perfmodel.zero3_deepspeed)
+        ds = zero3_deepspeed.exposed_times_s(
+            model, training, b, parallel_groups(cluster, b, ("dp_cp",))["dp_cp"],
+            ct["layer_fwd_s"], ct["layer_bwd_s"], ct["layer_recompute_s"], layers_per_stage)
+        z3 = b.zero_stage == 3
+        zero3_exposed_s = np.where(z3, ds["gather_exposed_s"], zero3_exposed_s)
+        dp_exposed_s = np.where(z3, dp_grad_s, dp_exposed_s)  # the reduce-scatters, in full
 
     # 5. optimizer step over this GPU's shard.
     optimizer_s = ct["optimizer_s"]

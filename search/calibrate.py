@@ -62,11 +62,13 @@ __all__ = [
     "cross_validate",
     "dev_cases",
     "era_of",
+    "era_transfer",
     "fit_era",
     "fit_profile",
     "group_key",
     "load_profile",
     "normalize_runs",
+    "profile_everywhere",
     "read_runs",
     "runs_to_cases",
     "write_profile",
@@ -596,6 +598,55 @@ def fit_era(era: str, path: str | Path | None = None) -> FitResult:
     groups = sorted({group_key(r) for _, r in df.iterrows() if era_of(r) == era})
     return fit_profile(sel, name=era, description=f"software era {era}",
                        fitted_on=f"{len(sel)} rows of training_runs_dev.csv: " + "; ".join(groups))
+
+
+def era_transfer(path: str | Path | None = None) -> pd.DataFrame:
+    """Calibration without a run of the cluster: per group of a shipped era that has a sibling
+    group in that era, fit the era's profile on the era's *other* groups (strict
+    leave-one-group-out) and predict every row of this group.
+
+    Returns one row per group: ``era``, ``group``, ``rows``, ``mape_before`` (uncalibrated),
+    ``mape_after`` (with the era profile fitted without the group).
+    """
+    df, cases = dev_cases(path)
+    keys = df.apply(group_key, axis=1).to_numpy()
+    eras = np.array([era_of(r) for _, r in df.iterrows()], dtype=object)
+    out = []
+    for era, _ in ERAS:
+        groups = list(dict.fromkeys(keys[eras == era]))
+        if len(groups) < 2:
+            continue
+        for g in groups:
+            train = [c for c, k, e in zip(cases, keys, eras, strict=True) if e == era and k != g]
+            test = [c for c, k in zip(cases, keys, strict=True) if k == g]
+            fit = fit_profile(train, name=f"{era}-without-group")
+            meas = np.array([c.measured_step_s for c in test])
+            before = _predict(test, EfficiencyProfile()) / meas - 1.0
+            after = _predict(test, fit.profile) / meas - 1.0
+            out.append({"era": era, "group": g, "rows": len(test),
+                        "mape_before": float(np.mean(np.abs(before))),
+                        "mape_after": float(np.mean(np.abs(after))),
+                        "abs_before": np.abs(before), "abs_after": np.abs(after)})
+    return pd.DataFrame(out)
+
+
+def profile_everywhere(profile: str | Path | EfficiencyProfile,
+                       path: str | Path | None = None) -> pd.DataFrame:
+    """One profile applied to every dev row: MAPE per era of the rows (``None``: rows of no
+    shipped era, the DeepSpeed ZeRO-3 ones) and overall (``era = "all"``), before and after."""
+    prof = load_profile(profile)
+    df, cases = dev_cases(path)
+    meas = np.array([c.measured_step_s for c in cases])
+    before = np.abs(_predict(cases, EfficiencyProfile()) / meas - 1.0)
+    after = np.abs(_predict(cases, prof) / meas - 1.0)
+    eras = np.array([str(era_of(r)) for _, r in df.iterrows()], dtype=object)
+    rows = [{"era": "all", "rows": len(cases), "mape_before": float(before.mean()),
+             "mape_after": float(after.mean())}]
+    for e in dict.fromkeys(eras):
+        m = eras == e
+        rows.append({"era": e, "rows": int(m.sum()), "mape_before": float(before[m].mean()),
+                     "mape_after": float(after[m].mean())})
+    return pd.DataFrame(rows)
 
 
 def write_profile(fit: FitResult, path: str | Path, header: str = "") -> None:

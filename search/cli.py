@@ -329,6 +329,34 @@ def term_note(name: str, value: float, row: dict[str, Any], s: dict[str, Any]) -
     return ""
 
 
+def _calibration_evidence(s: dict) -> dict | None:
+    """:func:`search.evidence.calibration_evidence` of a result's setup (None if unreadable)."""
+    from search.evidence import calibration_evidence
+
+    try:
+        return calibration_evidence(s["gpu"], s.get("framework"), s.get("precision"))
+    except (SpecError, OSError, KeyError, ValueError):
+        return None
+
+
+def _calibration_line(s: dict) -> str:
+    """The published runs the plan's kernel efficiency is calibrated on
+    (:func:`search.evidence.calibration_evidence`), one line; empty if it cannot be read."""
+    from search.evidence import calibration_evidence, evidence_line
+
+    try:
+        ev = calibration_evidence(s["gpu"], s.get("framework"), s.get("precision"))
+        source = ""
+        if not ev["groups"]:
+            from perfmodel.compute import sustained_calibration
+            from perfmodel.specs import load_cluster
+
+            source = sustained_calibration(load_cluster(s["cluster"]).gpu).source
+        return evidence_line(ev, source)
+    except (SpecError, OSError, KeyError, ValueError):
+        return ""
+
+
 def _print_best(out: Console, r: Any) -> None:
     row = r.best_row
     s = r.setup
@@ -350,6 +378,9 @@ def _print_best(out: Console, r: Any) -> None:
         "num_layers") else None
     if layout:
         out.print(layout)
+    evidence = _calibration_line(s)
+    if evidence:
+        out.print(f"  {evidence}", soft_wrap=True)
     b = r.breakdown(0)
     t = Table(title="step time (communication rows: the part overlap leaves exposed)",
               title_justify="left")
@@ -496,7 +527,7 @@ def planner(
         help="only configurations whose peak is at most this, e.g. 70GiB")] = None,
     framework: Annotated[str | None, typer.Option(
         help="the training stack you will launch (megatron-2021, megatron-2022, nemo-24.07, "
-             "nemo-24.09, bridge-25.x, deepspeed, torchtitan, or a TOML file): sets its "
+             "nemo-24.09, bridge-25.x, deepspeed, deepspeed-2021, torchtitan, or a TOML file): sets its "
              "switches and keeps the search to what it runs")] = None,
     training: Annotated[Path | None, typer.Option(
         help="training spec TOML (global_batch_size, seq_len, precision, optimizer, overlap "
@@ -595,6 +626,7 @@ def planner(
     if json_out:
         doc = result.to_json()
         doc["launch"] = {fmt: L.to_json() for fmt, L in launches.items()}
+        doc["calibrated_on"] = _calibration_evidence(result.setup)
         typer.echo(json.dumps(doc, indent=2))
         return
     for w in result.setup.get("warnings") or ():

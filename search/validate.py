@@ -94,6 +94,23 @@ def _cluster_for(gpu_type: str, gpus: int) -> ClusterSpec:
     raise SpecError(f"gpu_type {gpu_type!r} has no cluster preset")
 
 
+#: The first A100 with 80 GB (HBM2e, 2.0 TB/s) was announced in November 2020 (NVIDIA press
+#: release, SC20); until then every A100 was the 40 GB part (HBM2, 1.555 TB/s).
+A100_80GB_FIRST_YEAR = 2021
+
+
+def _dated_gpu_type(r: pd.Series) -> str:
+    """The row's GPU type, with an A100 of unstated memory read as the 40 GB part when the run's
+    software is dated before the 80 GB part existed (:data:`A100_80GB_FIRST_YEAR`)."""
+    g = str(r["gpu_type"])
+    up = g.upper()
+    if "A100" in up and "80" not in up and "40" not in up:
+        years = _years(str(r.get("software", "")))
+        if years and max(years) < A100_80GB_FIRST_YEAR:
+            return g + " (A100-SXM4-40GB: the only A100 before Nov 2020)"
+    return g
+
+
 def _years(*texts: str) -> list[int]:
     return [int(y) for t in texts for y in re.findall(r"\b(20[12]\d)\b", t)]
 
@@ -190,6 +207,17 @@ def _mbs_from_ga_column(r: pd.Series, gb: float, d: int, mbs: int) -> int:
     return mbs
 
 
+def _bridge_parenthetical(r: pd.Series) -> bool:
+    """Whether a Megatron-Bridge row is the parenthetical variant of its table cell: the FP8-MX
+    (MXFP8) run. The 25.11 tables label those FP8-MX; the 25.09 tables print no precision, but
+    their parenthetical layouts are the FP8_MX presets of the same release's performance scripts
+    (``scripts/performance/configs/llama/llama31_workload_base_configs.py``: GB200 405B FP8_MX
+    tp4 pp8 cp2 vp8, FP8_CS Megatron-FSDP tp2; ``llama3_workload_base_configs.py``: GB200 70B
+    FP8_MX tp2 pp4 vp5, FP8_CS Megatron-FSDP)."""
+    return ("megatron-bridge" in str(r.get("source", "")).lower()
+            and "parenthetical variant" in str(r.get("notes", "")).lower())
+
+
 def case_from_row(r: pd.Series) -> Case:
     """Express one row of a training-runs CSV (the columns of ``training_runs_dev.csv``);
     raises SpecError with the reason if the tool cannot express it."""
@@ -239,6 +267,8 @@ def case_from_row(r: pd.Series) -> Case:
         precision = "nvfp4"
     elif "fp8-mx" in prec_txt or "mxfp8" in prec_txt:
         precision = "mxfp8"  # Megatron-Bridge FP8-MX: MXFP8 block scaling (Blackwell)
+    elif "fp8" in prec_txt and "inferred" in prec_txt and _bridge_parenthetical(r):
+        precision = "mxfp8"  # 25.09: the FP8-MX variant of a Megatron-Bridge table cell
     elif "fp8-cs" in prec_txt or "current scaling" in prec_txt:
         precision = "fp8-cs"  # Megatron-Bridge 25.x FP8-CS (25.09 rows: inferred, see README)
     elif "block" in prec_txt and "fp8" in prec_txt:
@@ -272,7 +302,8 @@ def case_from_row(r: pd.Series) -> Case:
     if n_off:
         sw["cpu_offload_layers"] = n_off
     if "deepspeed" in zero_txt and not modern:
-        sw["zero3_gather"] = "tensor"  # DeepSpeed ZeRO-3 (2021) gathers parameter by parameter
+        # DeepSpeed ZeRO-3 (2021) gathers parameter by parameter (perfmodel.zero3_deepspeed)
+        sw["zero3_gather"] = load_framework("deepspeed-2021").zero3_gather
     training = TrainingSpec(global_batch_size=int(gb), seq_len=seq, precision=precision,
                             optimizer="adam", **sw)
     t = _opt_count(r, "tensor_parallel", 1)
@@ -323,7 +354,7 @@ def case_from_row(r: pd.Series) -> Case:
         schedule="interleaved" if vp > 1 else "1f1b",
     )
     scope = "step"
-    cluster = _cluster_for(str(r["gpu_type"]), gpus)
+    cluster = _cluster_for(_dated_gpu_type(r), gpus)
     if layer_scope:
         scope = "layer"
         training = training.model_copy(update={"global_batch_size": mbs})

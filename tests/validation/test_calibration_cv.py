@@ -12,25 +12,30 @@ import pytest
 
 from search.calibrate import cross_validate
 
-#: Groups above the 8 % per-group target, with why (the base model misses something that no
-#: cluster-wide efficiency can express) and the calibrated MAPE they must stay under.
+#: Groups above the 8 % per-group target, with why, and the calibrated MAPE they must stay
+#: under. Each is a per-model miss of the base model that no cluster-wide efficiency expresses.
+#: The three Megatron-Bridge FP8 groups hold out one row each (three rows, two to calibrate
+#: on); even fitted in-sample on all three rows with every profile parameter free, the exact
+#: fit needs values far outside the bounds (GB300: scale_up_bw 0.001 and scale_out_bw 3.0; H100:
+#: gemm_16bit 1.9-2.4 and both bandwidths 0.04-0.13), because the three runs are 92-98 %
+#: compute and move alike under every parameter (d log t / d log gemm_fp8 0.57-0.80, every
+#: bandwidth <= 0.05).
 KNOWN_OVER_8 = {
-    # ZeRO-3 rows: 174.6B at 1536 GPUs is predicted 19 % slow while 529.6B rows are 15-17 %
-    # fast: the ZeRO-3 gather model, not an efficiency (before 13.4 %, after 12.7 %).
-    "Narayanan et al. 2021 | Megatron-LM (2021) / DeepSpeed ZeRO-3 [DeepSpeed] | A100 | 16-bit":
-        0.135,
-    # the calibration rows (R0154, R0157) are predicted 5-6 % slow, the held-out Llama 3 70B
-    # (R0156) 7 % fast: opposite signs inside one cluster, a per-model miss that any uniform
-    # correction makes worse (before 6.7 %, after 10.8 %).
+    # the calibration rows (R0154 8B, R0157 405B) are predicted slow, the held-out Llama 3 70B
+    # (R0156, FSDP on 64 GPUs) fast: a uniform correction makes it worse (8.0 -> 10.7 %)
     "NVIDIA Megatron-Bridge performance summary | NeMo 25.11 / Megatron-Bridge + Megatron-Core "
     "| GB300 | fp8": 0.115,
-    # Llama 3 70B FP8 on 64 H100 is predicted 13-15 % slow in both releases while the
-    # calibration rows disagree in sign (+13 / -6 %, +10 / -3 %): a per-model miss of the base
-    # model on H100 FP8 (before 13.4 / 14.6 %, after 12.5 / 13.0 %).
+    # Llama 3 70B FP8 on 64 H100 (t4 p8 v5) is predicted 11-12 % slow in both releases while
+    # the calibration rows disagree in sign (8B slow, 405B fast): the fit stays near neutral
+    # (10.9 -> 10.3 %, 12.0 -> 10.9 %)
     "NVIDIA Megatron-Bridge performance summary | NeMo 25.11 / Megatron-Bridge + Megatron-Core "
-    "| H100 | fp8": 0.135,
+    "| H100 | fp8": 0.115,
     "NVIDIA Megatron-Bridge performance summary | NeMo 25.09 / Megatron-Bridge + Megatron-Core "
-    "| H100 | fp8": 0.14,
+    "| H100 | fp8": 0.12,
+    # Megatron-LM README 2020 on A100 (read as the 40 GB part): the calibration rows disagree
+    # in sign (R0037 1 GPU -7 %, R0044 1024 GPUs t8 +10 %) while the six held-out rows are all
+    # predicted 4-13 % fast: the fit stays near neutral (9.1 -> 9.5 %)
+    "NVIDIA/Megatron-LM README | Megatron-LM (2020) | A100 | 16-bit": 0.105,
 }
 
 
@@ -48,10 +53,9 @@ def test_cross_validated_mape_at_most_4_percent(cv):
           f"MAPE uncalibrated {before:.1%} -> calibrated on 2 rows/group {after:.1%}")
     for g in groups[groups.held_out > 0].itertuples():
         print(f"  {g.mape_before:6.1%} -> {g.mape_after:6.1%}  ({g.held_out:2d} rows)  {g.group}")
-    # target 4 %; achieved on issue 13's base model: 4.24 % uncalibrated -> 4.04 %. Most of the
-    # base model's remaining error is per row, not per group (see KNOWN_OVER_8), which two rows
-    # of a group cannot pin; the fit shrinks toward neutral when they disagree.
-    assert after <= 0.041
+    # issue 17's target: 4 % (achieved: 3.7 % uncalibrated -> 3.7 %, since the DeepSpeed
+    # ZeRO-3 rows follow perfmodel.zero3_deepspeed; before it 4.2 -> 4.0 %)
+    assert after <= 0.04
     assert after < before
 
 
