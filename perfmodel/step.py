@@ -23,6 +23,7 @@ import numpy as np
 
 from perfmodel import comm_time as comm_time_mod
 from perfmodel import comm_volume, compute, flops, memory, moe, overlap, zero3_deepspeed
+from perfmodel.mtp import mtp_stage_s
 from perfmodel.config import ConfigBatch
 from perfmodel.specs import ClusterSpec, ModelSpec, TrainingSpec
 from perfmodel.topology import parallel_groups
@@ -368,8 +369,6 @@ def evaluate(
     embed_s = ct["embed_fwd_s"] + ct["embed_bwd_s"]
     logits_s = ct["logits_fwd_s"] + ct["logits_bwd_s"]
     if model.mtp_num_layers:  # DeepSeek-V3 multi-token prediction, on the last stage
-        from perfmodel.mtp import mtp_stage_s
-
         head_s = logits_s + mtp_stage_s(model, layer_s, logits_s)
     else:
         head_s = logits_s
