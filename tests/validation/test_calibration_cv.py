@@ -13,29 +13,61 @@ import pytest
 from search.calibrate import cross_validate
 
 #: Groups above the 8 % per-group target, with why, and the calibrated MAPE they must stay
-#: under. Each is a per-model miss of the base model that no cluster-wide efficiency expresses.
-#: The three Megatron-Bridge FP8 groups hold out one row each (three rows, two to calibrate
-#: on); even fitted in-sample on all three rows with every profile parameter free, the exact
-#: fit needs values far outside the bounds (GB300: scale_up_bw 0.001 and scale_out_bw 3.0; H100:
-#: gemm_16bit 1.9-2.4 and both bandwidths 0.04-0.13), because the three runs are 92-98 %
-#: compute and move alike under every parameter (d log t / d log gemm_fp8 0.57-0.80, every
-#: bandwidth <= 0.05).
+#: under (the measured value, 3 March-style rounding up by 0.2-0.3 pt: 10.7, 10.3, 10.9, 9.5 %).
+#: Each is a per-model miss of the base model that no cluster-wide efficiency expresses. The
+#: three Megatron-Bridge FP8 groups hold out one row each (three rows, two to calibrate on);
+#: even fitted in-sample on all three rows with every profile parameter free, the exact fit needs
+#: values far outside the bounds (GB300: scale_up_bw 0.001 and scale_out_bw 3.0; H100:
+#: gemm_16bit 1.9-2.4 and both bandwidths 0.04-0.13), because the three runs are 92-98 % compute
+#: and move alike under every parameter (d log t / d log gemm_fp8 0.57-0.80, every bandwidth
+#: <= 0.05). Terms tried against them (issue 17, session 4; none shipped, numbers before any refit):
+#: see the comment of each group.
 KNOWN_OVER_8 = {
     # the calibration rows (R0154 8B, R0157 405B) are predicted slow, the held-out Llama 3 70B
-    # (R0156, FSDP on 64 GPUs) fast: a uniform correction makes it worse (8.0 -> 10.7 %)
+    # (R0156, Megatron-FSDP on 64 GPUs) fast: a uniform correction makes it worse (8.0 -> 10.7 %).
+    # R0156 is a release-specific outlier, not a base-model term: the same recipe (GB300, FP8,
+    # GBS 256, MBS 2, FSDP 64) ran at 5003 tokens/s/GPU in the 26.02 table of the same page
+    # (Megatron-Bridge docs/performance-summary-archive.md), +10.7 % over 25.11's 4520, and the
+    # base model predicts 4913 (-1.8 % from 26.02). Within 25.11, GB300 is 1.19x / 1.21x GB200
+    # on the 8B rows but 1.048x on this 70B row, with the same config on both parts: no speed-up
+    # per kernel class explains both (the 8B row is 19 % 16-bit attention / 66 % fp8 GEMM / 18 %
+    # memory-bound, the 70B 12 / 77 / 11 %, HBM equal: solving for the two rates gives a negative
+    # attention time).
     "NVIDIA Megatron-Bridge performance summary | NeMo 25.11 / Megatron-Bridge + Megatron-Core "
-    "| GB300 | fp8": 0.115,
+    "| GB300 | fp8": 0.110,
     # Llama 3 70B FP8 on 64 H100 (t4 p8 v5) is predicted 11-12 % slow in both releases while
     # the calibration rows disagree in sign (8B slow, 405B fast): the fit stays near neutral
-    # (10.9 -> 10.3 %, 12.0 -> 10.9 %)
+    # (10.9 -> 10.3 %, 12.0 -> 10.9 %). The 70B's measured step (10.23 s, 64 micro-batches) is
+    # shorter than the modelled work of its last pipeline rank alone (64 x 172.5 ms = 11.04 s:
+    # 10 layers at 15.0 ms and the bf16 output layer + loss at 23 ms), so the base model
+    # over-prices that rank's kernels by >= 6 % (>= 5 % on the 8B row too, 597 vs <= 567 ms per
+    # micro-batch), while the 1024-GPU 405B row is 2-6 % slower than modelled; the same 70B
+    # recipe ran at 1602 / 1619 / 1621 tokens/s/GPU in 25.11 / 25.09 / 26.02 (not noise).
+    # Probes: the Bridge 25.x recipes defer the output-layer weight gradient to the pipeline
+    # flush (recipes/llama/llama3_70b.py defer_embedding_wgrad_compute=True,
+    # wgrad_deferral_limit=22; llama31_405b.py the same with 50 of 64 micro-batches): ~1.4 %
+    # off the 70B and the 405B alike, no net change; TE userbuffers ring-exchange running the
+    # AG/RS GEMMs as tp chunks of m/tp rows (tile model): 405B -5.6 -> -0.3 %, but 70B 10.9 ->
+    # 12.0 %, CV 10.3 -> 9.3 % / 10.9 -> 9.2 %, dense MAPE 3.7 -> 4.4 % (NeMo 24.09 405B FP8
+    # +12-16 %); GEMM efficiency flattened over the H200 table's shape noise: 8B / 70B / 405B
+    # +9.5 / +9.3 / -5.2 % (the pattern stays).
     "NVIDIA Megatron-Bridge performance summary | NeMo 25.11 / Megatron-Bridge + Megatron-Core "
-    "| H100 | fp8": 0.115,
+    "| H100 | fp8": 0.106,
     "NVIDIA Megatron-Bridge performance summary | NeMo 25.09 / Megatron-Bridge + Megatron-Core "
-    "| H100 | fp8": 0.12,
+    "| H100 | fp8": 0.112,
     # Megatron-LM README 2020 on A100 (read as the 40 GB part): the calibration rows disagree
     # in sign (R0037 1 GPU -7 %, R0044 1024 GPUs t8 +10 %) while the six held-out rows are all
-    # predicted 4-13 % fast: the fit stays near neutral (9.1 -> 9.5 %)
-    "NVIDIA/Megatron-LM README | Megatron-LM (2020) | A100 | 16-bit": 0.105,
+    # predicted 4-13 % fast: the fit stays near neutral (9.1 -> 9.5 %). R0044's +10 % is the
+    # data-parallel term: Megatron-LM 2020's local DDP all-reduces the fp16 model gradients in
+    # fp16 (megatron/model/distributed.py allreduce_params buckets by parameter dtype;
+    # --fp32-allreduce is off by default), the base model reduces 4-byte gradients (the
+    # megatron-2021 preset's grad_reduce_in_fp32). With 2-byte gradients for these rows the
+    # group's CV is 9.5 -> 7.7 % (overall 3.69 -> 3.59 %), but its base bias goes -6.4 -> -9.6 %,
+    # past issue 13's +-7 % group bound: the current bias holds only because R0044's DP error
+    # cancels the others' compute / tensor-parallel error (R0037, one GPU, -6.8 %; t8 -13 %),
+    # which is what remains to be found (2020 FP16_Optimizer traffic, 62 instead of 34 bytes a
+    # parameter, moves the bias only to -7.7 %).
+    "NVIDIA/Megatron-LM README | Megatron-LM (2020) | A100 | 16-bit": 0.097,
 }
 
 
