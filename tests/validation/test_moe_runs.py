@@ -71,6 +71,16 @@ def test_tuned_check_runs_on_two_settings():
     # the ratio splits into the recipe's own time error and the search's gain over it
     np.testing.assert_allclose(t["ratio"], t["measured_s"] / t["recipe_predicted_s"]
                                * t["search_gain"])
+    # the gain splits over the step-time terms: recipe's seconds less the pick's, per term
+    for r in t.itertuples():
+        split = r.gain_by_term_s
+        assert set(split) >= {"compute", "ep_comm", "bubble", "dp_comm"}
+        assert sum(split.values()) == pytest.approx(r.recipe_predicted_s - r.predicted_best_s,
+                                                    rel=1e-6, abs=1e-9)
+        assert r.gain_term_s == max(split.values()) and split[r.gain_term] == r.gain_term_s
+        assert r.recipe_microbatches >= 1 and r.best_microbatches >= 1
+        assert 0 < r.best_hbm_frac <= 1.0 + 1e-12  # the pick fits the usable HBM
+        assert r.recipe_hbm_frac > 0
     # what `plan validate --tuned` prints and puts in its JSON
     from rich.console import Console
 
