@@ -565,6 +565,12 @@ class ModelSpec(Spec):
 # --------------------------------------------------------------------------------------------
 # Training setup
 # --------------------------------------------------------------------------------------------
+RecomputeModule = Literal["core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp",
+                          "shared_experts"]
+"""Sub-modules Megatron-Core's selective recomputation can repeat (``TransformerConfig.
+recompute_modules``; its ``moe`` module, the whole MoE layer with its dispatch, is not offered)."""
+
+
 class TrainingSpec(Spec):
     """Global batch in sequences, sequence length in tokens, precision and optimizer.
 
@@ -638,6 +644,13 @@ class TrainingSpec(Spec):
         "keeps an fp32 softmax) or 'fused' (Transformer Engine parallel_cross_entropy, "
         "--cross-entropy-loss-fusion --cross-entropy-fusion-impl te: gradient written into the "
         "16-bit logits in place)",
+    )
+    recompute_modules: tuple[RecomputeModule, ...] = Field(
+        default=("core_attn",),
+        description="what selective recomputation repeats in the backward (Megatron-Core "
+        "--recompute-modules; default core_attn): core_attn, layernorm (input and pre-MLP norms), "
+        "moe_act (the routed experts' activation), mla_up_proj (MLA up projections and RoPE), "
+        "mlp (the dense layers' MLP), shared_experts",
     )
     zero3_gather: Literal["layer", "tensor"] = Field(
         default="layer",
