@@ -561,6 +561,9 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         ph.mem("copy", phi * (1 + model.moe_top_k) * act_b * t_sp * h, 2)
         if not eager:  # after the dispatcher's host sync the per-expert host work is exposed
             ph.add(phi * host_exposed_s, 0)
+            # the experts' fc2 bias, scaled by the probabilities outside the grouped GEMM
+            nb, nk = moe.expert_output_bias_traffic(model, training, batch, act_b, pass_)
+            ph.mem("add", phi * nb / np.maximum(nk, 1.0), phi * nk)
 
     def attention(ph: _Phase, pass_: str) -> None:
         if training.flash_attention:
