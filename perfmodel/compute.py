@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from perfmodel import attention_kernels
 from perfmodel import eager as eager_kernels
 from perfmodel import moe
 from perfmodel.calibration import KERNEL_MIN_S, Calibration, calibration_for
@@ -569,6 +570,11 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         if training.flash_attention:
             d_attn = (model.qk_head_size + model.v_head_size) / 2  # MLA: 192 and 128
             t = cal.attention_time_s(mb * nh_gpu, s, d_attn, pass_, causal=True) / cp
+            if pass_ == "fwd" and not eager:  # one exp per score: the SFU floor (FA-4)
+                t = np.maximum(t, attention_kernels.attention_exp_floor_s(gpu, mb * nh_gpu, s)
+                               / cp)
+            # sliding-window layers visit only the key tiles of their band
+            t = t * attention_kernels.window_layer_factor(model, s)
             # FlashAttention has no fp32 kernel: fp32 attention (SDPA's memory-efficient
             # kernel) is taken at the fraction of the fp32-math peak that FA2 reaches of bf16
             # (assumption; without it fp32 attention ran at bf16 speed, MFU up to 236 %).
