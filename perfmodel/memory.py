@@ -683,6 +683,98 @@ def usable_hbm_bytes(gpu: GPUSpec, headroom: float = 0.0) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
+# Terms of memory_breakdown: model states
+# ---------------------------------------------------------------------------------------------
+def kernel_state_bytes_per_param(training: TrainingSpec, eager: bool
+                                 ) -> tuple[float, float, float, float, bool]:
+    """Bytes per parameter of (weights, gradients, optimizer states, the optimizer step's fp32
+    gradient copy) as the kernel family keeps them, and whether the weights are fp8.
+
+    * eager PyTorch: fp32 weights (autocast casts them per use) and fp32 gradients,
+      :func:`state_bytes_per_param` of ``fp32``; no gradient copy.
+    * fused (Megatron-LM): 16-bit weights, main gradients in fp32 unless reduced in bf16
+      (``grad_reduce_in_fp32``), fp32 master weights and moments; fp8 model parameters
+      (``fp8_params`` with fp8 / fp4) replace the bf16 weights by 1-byte ones; the fp32 copy of
+      a 16-bit gradient buffer is :func:`optimizer_grad_copy_bytes`.
+
+    Example: bf16 Adam, fp32 grad reduce: fused (2, 4, 12, 0, False), eager (4, 4, 8, 0, False).
+
+    References
+    ----------
+    Rajbhandari et al. 2020 (ZeRO), Sec. 3.1; Megatron-LM ``theoretical_memory_usage.py``
+    (18 bytes per parameter with fp32 main grads), ``--fp8-param-gather``.
+    """
+    if eager:
+        w, g, o = state_bytes_per_param("fp32", training.optimizer)
+        return w, g, o, 0.0, False
+    precision = training.precision
+    w, g, o = state_bytes_per_param(
+        precision, training.optimizer, fp32_main_grads=training.grad_reduce_in_fp32
+    )
+    copy_b = optimizer_grad_copy_bytes(precision, training.grad_reduce_in_fp32)
+    fp8_params = training.fp8_params and precision in ("fp8", "fp4")
+    if fp8_params:
+        w = 1.0
+    return w, g, o, copy_b, fp8_params
+
+
+def stage_dense_layers(model: ModelSpec, pp, first_chunk0_layers) -> tuple[np.ndarray, np.ndarray]:
+    """Dense (non-MoE) leading layers on the first and the last pipeline rank [layers].
+
+    Megatron-Core's ``first_k_dense_replace`` / ``moe_layer_freq`` make the model's first
+    ``moe_dense_layers`` layers dense; with ``pp > 1`` they sit on rank 0, in its first model
+    chunk (``first_chunk0_layers`` layers, :meth:`ConfigBatch.layer_counts`), the last rank has
+    none; with ``pp = 1`` the one rank holds all of them.
+
+    Example: DeepSeek-V3 (3 dense layers), pp = 8 with 8 layers on chunk 0: (3, 0); pp = 1: (3, 3).
+
+    References
+    ----------
+    Megatron-Core ``transformer/transformer_block.py`` (``get_transformer_layer_offset``),
+    ``models/gpt/gpt_layer_specs.py`` (``moe_layer_pattern``).
+    """
+    n_dense = float(model.moe_dense_layers)
+    first = np.where(pp > 1, np.minimum(n_dense, first_chunk0_layers), n_dense)
+    last = np.where(pp > 1, 0.0, n_dense)
+    return first, last
+
+
+def expert_state_bytes(expert_params, expert_dp, zero_stage, weight_bytes_per_param,
+                       grad_bytes_per_param, optimizer_bytes_per_param):
+    """Per-GPU (weights, gradients, optimizer) bytes of a rank's routed experts: ZeRO sharding
+    (:func:`zero_state_bytes`) over the expert-data-parallel group, not ``dp * cp`` (Megatron-Core
+    builds a distributed optimizer per expert-data-parallel group).
+
+    References
+    ----------
+    Megatron-Core ``distributed/distributed_data_parallel.py`` (``expert_data_parallel_group``),
+    ``optimizer/__init__.py`` (separate optimizer for expert parameters).
+    """
+    return zero_state_bytes(expert_params, expert_dp, zero_stage, weight_bytes_per_param,
+                            grad_bytes_per_param, optimizer_bytes_per_param)
+
+
+def fsdp2_zero2_sharded_weight_bytes(params, dp, cp, zero_stage, weight_bytes_per_param):
+    """Eager ZeRO-2 as FSDP2 runs it (``reshard_after_forward=False``): the sharded parameters
+    (the optimizer's) stay next to the unsharded ones the GPU computes with [bytes]:
+    ``params * weight_bytes / (dp cp)`` when ``zero_stage == 2`` and ``dp cp > 1``, else 0.
+
+    Example: 1e9 parameters, fp32, dp = 8, cp = 1: 0.5e9 bytes.
+
+    References
+    ----------
+    PyTorch ``torch/distributed/fsdp/_fully_shard`` (``reshard_after_forward``).
+    """
+    z2 = (np.asarray(zero_stage) == 2) & (dp * cp > 1)
+    return np.where(z2, params * weight_bytes_per_param / (dp * cp), 0.0)
+
+
+def _add3(x, y):
+    """Element-wise sum of two (weights, gradients, optimizer) triples."""
+    return x[0] + y[0], x[1] + y[1], x[2] + y[2]
+
+
+# ---------------------------------------------------------------------------------------------
 # The whole GPU
 # ---------------------------------------------------------------------------------------------
 def memory_breakdown(
@@ -790,39 +882,21 @@ def memory_breakdown(
     n_first, n_last = sp_["first"], sp_["last"]
     layers, layers_last = sp_["layers_first"], sp_["layers_last"]
 
-    # 2. Model states by ZeRO stage.
-    if eager:  # fp32 weights (autocast casts them per use), fp32 gradients
-        wb, gb, ob = state_bytes_per_param("fp32", training.optimizer)
-    else:  # Megatron-LM: 16-bit weights, main grads in fp32 unless reduced in bf16
-        wb, gb, ob = state_bytes_per_param(
-            precision, training.optimizer, fp32_main_grads=training.grad_reduce_in_fp32
-        )
-        copy_b = optimizer_grad_copy_bytes(precision, training.grad_reduce_in_fp32)
-        fp8_params = training.fp8_params and precision in ("fp8", "fp4")
-        if fp8_params:  # fp8 model weights (1 byte) replace the bf16 ones
-            wb = 1.0
-    w1, g1, o1 = zero_state_bytes(n_first, shard, zero, wb, gb, ob)
-    w2, g2, o2 = zero_state_bytes(n_last, shard, zero, wb, gb, ob)
-    # 2b. Routed MoE experts: split ep*etp ways, states sharded over expert-dp (Megatron-Core
-    # distributed optimizer over the expert-data-parallel group); both end stages hold them.
-    # Each rank holds its own layers' experts (stage_expert_params): the dense leading layers
-    # sit on rank 0 (its first chunk), the other ranks' layers are MoE in the model's share.
-    dense_first = np.minimum(float(model.moe_dense_layers), lc["first_chunk0"])
-    dense_first = np.where(pp > 1, dense_first, float(model.moe_dense_layers))
+    # 2. Model states by ZeRO stage: dense parts sharded over dp * cp, routed experts (split
+    # ep * etp ways, each rank its own MoE layers) over expert-dp.
+    wb, gb, ob, copy_b, fp8_params = kernel_state_bytes_per_param(training, eager)
+    dense_first, dense_last = stage_dense_layers(model, pp, lc["first_chunk0"])
     n_exp_first = stage_expert_params(model, c, layers, dense_first)
-    n_exp_last = stage_expert_params(model, c, layers_last,
-                                     np.where(pp > 1, 0.0, float(model.moe_dense_layers)))
+    n_exp_last = stage_expert_params(model, c, layers_last, dense_last)
     n_exp_mid = stage_expert_params(model, c, sp_["layers_middle"], 0.0)
     n_exp_layer = stage_expert_params(model, c, 1.0)  # one MoE layer's share
-    we, ge, oe = zero_state_bytes(n_exp_first, c.expert_dp, zero, wb, gb, ob)
-    w1, g1, o1 = w1 + we, g1 + ge, o1 + oe
-    we, ge, oe = zero_state_bytes(n_exp_last, c.expert_dp, zero, wb, gb, ob)
-    w2, g2, o2 = w2 + we, g2 + ge, o2 + oe
-    if eager:  # FSDP2 ZeRO-2 (reshard_after_forward=False) keeps the sharded parameters (the
-        # optimizer's) next to the unsharded ones it computes with
-        z2 = (zero == 2) & (dp * cp > 1)
-        w1 = w1 + np.where(z2, n_first * wb / (dp * cp), 0.0)
-        w2 = w2 + np.where(z2, n_last * wb / (dp * cp), 0.0)
+    w1, g1, o1 = _add3(zero_state_bytes(n_first, shard, zero, wb, gb, ob),
+                       expert_state_bytes(n_exp_first, c.expert_dp, zero, wb, gb, ob))
+    w2, g2, o2 = _add3(zero_state_bytes(n_last, shard, zero, wb, gb, ob),
+                       expert_state_bytes(n_exp_last, c.expert_dp, zero, wb, gb, ob))
+    if eager:
+        w1 = w1 + fsdp2_zero2_sharded_weight_bytes(n_first, dp, cp, zero, wb)
+        w2 = w2 + fsdp2_zero2_sharded_weight_bytes(n_last, dp, cp, zero, wb)
 
     # 3. Activations per layer, per in-flight micro-batch.
     kw = {
