@@ -775,6 +775,152 @@ def _add3(x, y):
 
 
 # ---------------------------------------------------------------------------------------------
+# Terms of memory_breakdown: activations
+# ---------------------------------------------------------------------------------------------
+def stage_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, seq_len,
+                                 micro_batch_size, tp, sequence_parallel, recompute, *,
+                                 eager: bool, flash_attention: bool, dropout: bool):
+    """Activation bytes of one (average) transformer layer per micro-batch and GPU, as the
+    kernel family saves them: ``(kept, full, bytes_per_value, gemm_input_bytes)``.
+
+    ``kept`` under the configuration's recompute mode, ``full`` without recompute (what the layer
+    being recomputed holds). Fused: Korthikanti et al.'s terms (:func:`layer_activation_bytes`,
+    fp8 GEMM inputs :func:`fp8_gemm_input_bytes`), less what selective recomputation of
+    ``training.recompute_modules`` frees (:func:`selective_recompute_freed_bytes`). Eager: the
+    tensors autograd saves (:func:`eager_layer_activation_bytes`). The FFN is the MoE layers'
+    effective one (:func:`perfmodel.moe.effective_ffn_size`; ``ffn_hidden_size`` when dense).
+    ``bytes_per_value``: 4 for fp32 training, else 2; ``gemm_input_bytes`` None for eager.
+
+    References
+    ----------
+    Korthikanti et al. 2022, Sec. 4 and Table 2; Megatron-Core ``recompute_modules``;
+    PyTorch autocast op lists and derivatives.yaml (eager).
+    """
+    precision = training.precision
+    h, a = float(model.hidden_size), model.num_attention_heads
+    kw = {
+        "tp": tp,
+        "sequence_parallel": sequence_parallel,
+        "ffn_hidden_size": moe.effective_ffn_size(model),  # ffn_hidden_size when dense
+        "num_kv_heads": model.kv_heads,
+        "head_dim": model.head_size,
+        "gated_mlp": model.gated_mlp,
+    }
+    s, b, rc = seq_len, micro_batch_size, recompute
+    if eager:
+        autocast = precision != "fp32"
+        rope = model.position_embedding == "rope"
+        kept, full = (eager_layer_activation_bytes(
+            s, b, h, a, recompute=mode, norm=model.norm, autocast=autocast, dropout=dropout,
+            rope=rope, **kw
+        ) for mode in (rc, 0))
+        return kept, full, (2.0 if autocast else 4.0), None
+    e = 4.0 if precision == "fp32" else 2.0
+    gi = fp8_gemm_input_bytes(precision)
+    kept, full = (layer_activation_bytes(
+        s, b, h, a, recompute=mode, flash=flash_attention, dropout=dropout,
+        bytes_per_value=e, gemm_input_bytes=gi, **kw
+    ) for mode in (rc, 0))
+    freed = selective_recompute_freed_bytes(
+        model, training.recompute_modules, s, b, tp=tp, sequence_parallel=sequence_parallel,
+        bytes_per_value=e, gemm_input_bytes=gi)
+    kept = kept - np.where(rc == _CODE_SELECTIVE, freed, 0.0)
+    return kept, full, e, gi
+
+
+def stage_inflight_microbatches(training: TrainingSpec, batch: ConfigBatch, pp, m, schedule, vp,
+                                *, eager: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Micro-batches whose activations the first and the last pipeline rank hold at their peak
+    [micro-batches]: :func:`perfmodel.pipeline.inflight_microbatches` (GPipe ``m``, 1F1B and
+    ZB-H1 ``min(p - i, m)``, interleaved Megatron's warm-up count), plus the extra micro-batch
+    (pp = 1) or chunk of the MoE all-to-all overlap's combined 1F1B
+    (:func:`perfmodel.moe.a2a_overlap_extra_inflight`, fused only; at most ``m``); eager torch
+    zero bubble: the last rank retains :func:`torch_zb_retained_microbatches` whole graphs.
+
+    References
+    ----------
+    Narayanan et al. 2021 (SC21), Sec. 2.2; Megatron-LM ``schedules.py``
+    (``combined_1f1b``); torch ``ScheduleInterleavedZeroBubble``.
+    """
+    infl_first = inflight_microbatches(pp, m, schedule, vp, stage=0)
+    infl_last = inflight_microbatches(pp, m, schedule, vp, stage=pp - 1)
+    a2a_extra = 0.0 if eager else moe.a2a_overlap_extra_inflight(training, batch)
+    infl_first = np.minimum(infl_first + a2a_extra, np.maximum(m, infl_first))
+    infl_last = np.minimum(infl_last + a2a_extra, np.maximum(m, infl_last))
+    if eager:
+        infl_last = np.where(schedule_code(schedule) == _CODE_ZB,
+                             torch_zb_retained_microbatches(pp, m), infl_last)
+    return infl_first, infl_last
+
+
+def embedding_activation_bytes(tokens, hidden_size, sp_divisor, dropout: bool, *, eager: bool):
+    """Activations the embedding keeps per micro-batch on the first rank [bytes], ``tokens`` =
+    ``s b`` on this GPU. Fused: int64 token ids (8 bytes per token) and the embedding dropout's
+    1-byte mask (``s b h / r``, sequence-sharded with sp). Eager: int64 token and position
+    indices (16 bytes per token).
+
+    Example: s b = 4096, h = 4096, r = 1, dropout: 8 * 4096 + 4096 * 4096 = 16,809,984.
+
+    References
+    ----------
+    Megatron-LM ``theoretical_memory_usage.py`` (embedding dropout mask); PyTorch ``embedding``
+    (saves the indices).
+    """
+    if eager:
+        return 8.0 * tokens * 2
+    drop = 1.0 if dropout else 0.0
+    return 8.0 * tokens + drop * tokens * hidden_size / sp_divisor
+
+
+def final_layer_activation_bytes(tokens, hidden_size, sp_divisor, bytes_per_value, *,
+                                 eager: bool):
+    """Activations of the final norm and the output layer's input per micro-batch on the last
+    rank [bytes]. Fused: the final-norm input and the output-layer input, ``2 e s b h / r``
+    (Korthikanti et al.'s ``4 s b h``). Eager: the final LayerNorm's fp32 input and stats
+    (``(4 s b h + 8 s b) / r``) and the 16-bit cast of its output, gathered over the sequence
+    with sp (``e s b h``).
+
+    Example: fused, s b = 1, h = 1, e = 2, r = 1: 4.
+
+    References
+    ----------
+    Korthikanti et al. 2022, Sec. 4.3 (output layer); Megatron-LM ``theoretical_memory_usage.py``.
+    """
+    if eager:
+        return (4.0 * tokens * hidden_size + 8.0 * tokens) / sp_divisor + (
+            bytes_per_value * tokens * hidden_size)
+    return 2 * bytes_per_value * tokens * hidden_size / sp_divisor
+
+
+def loss_buffer_bytes(training: TrainingSpec, logits, *, eager: bool):
+    """Logit buffers of the loss per micro-batch on the last rank [bytes]:
+    ``(held for the backward, transient)``, ``logits`` = ``s b V / t`` values on this GPU.
+    Fused: :func:`loss_logit_bytes` of ``training.cross_entropy``. Eager: nothing held here (the
+    loss's saved tensors are in :func:`_eager_moments`), 2 bytes per logit transient (the
+    16-bit logits being computed).
+
+    Example: fused, fp32 cross-entropy, 1e6 logits: (4e6, 2e6).
+    """
+    if eager:
+        return 0.0 * logits, 2.0 * logits
+    held_b, transient_b = loss_logit_bytes(training.cross_entropy)
+    return held_b * logits, transient_b * logits
+
+
+def stage_activation_bytes(inflight, layers, offload_layers, layer_bytes, recompute_bytes,
+                           end_bytes):
+    """Activations of one pipeline rank [bytes]: ``inflight`` micro-batches times the layers
+    kept on the GPU (:func:`perfmodel.offload.resident_activation_layers`, ``L - N + 1`` with
+    ``N`` layers offloaded to the CPU) times one layer's ``layer_bytes``, plus the layer being
+    recomputed (``recompute_bytes``), plus the embedding / loss tensors (``end_bytes``).
+
+    Example: 2 in flight, 4 layers, no offload, 10 bytes a layer, 0, 3: 83.
+    """
+    return inflight * resident_activation_layers(layers, offload_layers) * layer_bytes + (
+        recompute_bytes) + end_bytes
+
+
+# ---------------------------------------------------------------------------------------------
 # The whole GPU
 # ---------------------------------------------------------------------------------------------
 def memory_breakdown(
@@ -873,7 +1019,6 @@ def memory_breakdown(
     precision = training.precision
     if dropout is None:
         dropout = (not eager) and model.position_embedding == "learned"
-    drop = 1.0 if dropout else 0.0
 
     # 1. Parameters per GPU, with Megatron-LM's layer layout (uneven first/last stages, or the
     # embedding and the loss counted as layers: perfmodel.pipeline.stage_layer_counts).
@@ -898,102 +1043,34 @@ def memory_breakdown(
         w1 = w1 + fsdp2_zero2_sharded_weight_bytes(n_first, dp, cp, zero, wb)
         w2 = w2 + fsdp2_zero2_sharded_weight_bytes(n_last, dp, cp, zero, wb)
 
-    # 3. Activations per layer, per in-flight micro-batch.
-    kw = {
-        "tp": tp,
-        "sequence_parallel": sp,
-        "ffn_hidden_size": moe.effective_ffn_size(model),  # ffn_hidden_size when dense
-        "num_kv_heads": model.kv_heads,
-        "head_dim": model.head_size,
-        "gated_mlp": model.gated_mlp,
-    }
-    a = model.num_attention_heads
-    if eager:
-        autocast = precision != "fp32"
-        rope = model.position_embedding == "rope"
-        layer_act = eager_layer_activation_bytes(
-            s, b, h, a, recompute=rc, norm=model.norm, autocast=autocast, dropout=dropout,
-            rope=rope, **kw
-        )
-        layer_full = eager_layer_activation_bytes(
-            s, b, h, a, recompute=0, norm=model.norm, autocast=autocast, dropout=dropout,
-            rope=rope, **kw
-        )
-        e = 2.0 if autocast else 4.0
-    else:
-        e = 4.0 if precision == "fp32" else 2.0
-        kw["gemm_input_bytes"] = fp8_gemm_input_bytes(precision)
-        layer_act = layer_activation_bytes(
-            s,
-            b,
-            h,
-            a,
-            recompute=rc,
-            flash=flash_attention,
-            dropout=dropout,
-            bytes_per_value=e,
-            **kw,
-        )
-        layer_full = layer_activation_bytes(
-            s,
-            b,
-            h,
-            a,
-            recompute=0,
-            flash=flash_attention,
-            dropout=dropout,
-            bytes_per_value=e,
-            **kw,
-        )
-    if not eager:  # what selective recomputation of the training's modules does not keep
-        freed = selective_recompute_freed_bytes(
-            model, training.recompute_modules, s, b, tp=tp, sequence_parallel=sp,
-            bytes_per_value=e, gemm_input_bytes=kw["gemm_input_bytes"])
-        layer_act = layer_act - np.where(rc == _CODE_SELECTIVE, freed, 0.0)
-    # MoE: dispatched tokens, expert outputs before the combine, router scores (perfmodel.moe)
-    moe_extra = moe.moe_activation_extra_bytes(model, training, c, e,
-                                               kw.get("gemm_input_bytes"))
+    # 3. Activations: one layer (kept under the recompute mode; MoE extras: dispatched tokens,
+    # expert outputs before the combine, router scores), the layer being recomputed (fused),
+    # times the layers of a stage times the micro-batches in flight, plus embedding and loss.
+    layer_act, layer_full, e, gi = stage_layer_activation_bytes(
+        model, training, s, b, tp, sp, rc, eager=eager, flash_attention=flash_attention,
+        dropout=dropout)
+    moe_extra = moe.moe_activation_extra_bytes(model, training, c, e, gi)
     layer_act = layer_act + np.where(rc == _CODE_FULL, 0.0, moe_extra)
     layer_full = layer_full + moe_extra
-    # the layer being recomputed (fused: summed; eager: only in its own moment, see below)
     recompute_extra = np.where(rc == _CODE_FULL, 0.0 if eager else layer_full, 0.0)
-
     sched = np.asarray(c.schedule)
-    infl_first = inflight_microbatches(pp, m, sched, vp, stage=0)
-    infl_last = inflight_microbatches(pp, m, sched, vp, stage=pp - 1)
-    # the MoE all-to-all overlap's combined 1F1B holds one more micro-batch (pp = 1) or chunk
+    infl_first, infl_last = stage_inflight_microbatches(training, c, pp, m, sched, vp,
+                                                        eager=eager)
     a2a_extra = 0.0 if eager else moe.a2a_overlap_extra_inflight(training, c)
-    infl_first = np.minimum(infl_first + a2a_extra, np.maximum(m, infl_first))
-    infl_last = np.minimum(infl_last + a2a_extra, np.maximum(m, infl_last))
-    if eager:  # torch's zero bubble retains whole backward graphs until the W pass
-        infl_last = np.where(schedule_code(sched) == _CODE_ZB,
-                             torch_zb_retained_microbatches(pp, m), infl_last)
-    mb_first = np.ceil(infl_first)  # whole micro-batches with an embedding output in flight
-    mb_last = np.ceil(infl_last)
     sb = s * b
     logit = sb * v / tp  # logits per micro-batch on this GPU (vocabulary-parallel) [values]
-    if eager:
-        embed_act = 8.0 * sb * 2  # token and position indices (int64)
-        # final LayerNorm input (fp32) + stats, bf16 cast of its output (output-layer input)
-        final_act = (4.0 * sb * h + 8.0 * sb) / r + e * sb * h  # head input: gathered (sp)
-        logits_held = 0.0 * logit  # the loss's saved tensors are in the moments below
-    else:
-        embed_act = 8.0 * sb + drop * sb * h / r  # token ids (int64), embedding dropout mask
-        final_act = 2 * e * sb * h / r  # final-norm input and output-layer input: 4sbh
-        held_b, transient_b = loss_logit_bytes(training.cross_entropy)
-        logits_held = held_b * logit  # what the cross-entropy keeps for its backward
-    logits_transient = (2.0 if eager else transient_b) * logit  # 16-bit logits being computed
-    # CPU activation offloading (fused only): the stage keeps L - N + 1 layers' activations
-    n_off = 0 if eager else training.cpu_offload_layers
-    res_first = resident_activation_layers(layers, n_off)
-    res_last = resident_activation_layers(layers_last, n_off)
-    act_first = infl_first * res_first * layer_act + recompute_extra + mb_first * embed_act
-    mb_loss = mb_last if eager else loss_inflight_microbatches(sched, m, infl_last)
-    act_last = (
-        infl_last * res_last * layer_act + recompute_extra + mb_loss * (final_act + logits_held)
-    )
+    embed_act = embedding_activation_bytes(sb, h, r, dropout, eager=eager)
+    final_act = final_layer_activation_bytes(sb, h, r, e, eager=eager)
+    logits_held, logits_transient = loss_buffer_bytes(training, logit, eager=eager)
+    n_off = 0 if eager else training.cpu_offload_layers  # CPU activation offloading (fused)
+    mb_loss = np.ceil(infl_last) if eager else loss_inflight_microbatches(sched, m, infl_last)
+    loss_act = mb_loss * (final_act + logits_held)
+    act_first = stage_activation_bytes(infl_first, layers, n_off, layer_act, recompute_extra,
+                                       np.ceil(infl_first) * embed_act)
+    act_last = stage_activation_bytes(infl_last, layers_last, n_off, layer_act, recompute_extra,
+                                      loss_act)
     single = pp == 1
-    act_first = np.where(single, act_first + mb_loss * (final_act + logits_held), act_first)
+    act_first = np.where(single, act_first + loss_act, act_first)
     act_last = np.where(single, act_first, act_last)
 
     # 4. Other buffers.
@@ -1098,7 +1175,7 @@ def memory_breakdown(
         # gradient (Q, K and V gradients scattered into it, two fused-size tensors live).
         # torch runs stage 0's whole backward at its W step, so the first stage keeps none.
         f_cols = float(model.ffn_hidden_size) * (2.0 if model.gated_mlp else 1.0)
-        qkv_cols = (a + 2.0 * model.kv_heads) * model.head_size
+        qkv_cols = (model.num_attention_heads + 2.0 * model.kv_heads) * model.head_size
         e_gemm = 2.0 if precision != "fp32" else 4.0
         dy_layer = e_gemm * sb * ((qkv_cols + f_cols) / tp + 2.0 * h)
         # torch keeps the gradient at every node where a weight's path leaves the input's
