@@ -921,6 +921,145 @@ def stage_activation_bytes(inflight, layers, offload_layers, layer_bytes, recomp
 
 
 # ---------------------------------------------------------------------------------------------
+# Terms of memory_breakdown: other buffers
+# ---------------------------------------------------------------------------------------------
+def library_workspace_bytes(gpu: GPUSpec, like) -> np.ndarray:
+    """cuBLAS workspaces from the caching allocator [bytes]: :data:`LIBRARY_WORKSPACE_BYTES` on a
+    GPU, 0 for a CPU process (:func:`is_gpu`), shaped like ``like``.
+
+    References
+    ----------
+    PyTorch ``aten/src/ATen/cuda/CublasHandlePool.cpp`` (32 MiB per handle and stream on sm90).
+    """
+    return (LIBRARY_WORKSPACE_BYTES if is_gpu(gpu) else 0.0) + 0.0 * like
+
+
+def gradient_bucket_bytes(params, zero_stage, shard, grad_bytes_per_param, *, eager: bool
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """Gradient buffers outside the gradients themselves [bytes], and where a persistent
+    gradient buffer replaces the gradients (bool mask).
+
+    * Fused (Megatron-LM): ZeRO-2/3 reduce-scatter two buckets of :data:`BUCKET_PARAMS`
+      (``--ddp-bucket-size``; at most the stage's ``params``); ZeRO-0/1 reduce in the contiguous
+      main-grad buffer itself, counted as the gradients: 0. Mask: none.
+    * Eager: torch DDP copies every gradient into its buckets (``gradient_as_bucket_view=False``):
+      ``params`` gradients; FSDP2 ZeRO-2 with units of :data:`BUCKET_PARAMS` reduce-scatters one
+      unit's unsharded gradients while the next's are produced (two units, at most the stage);
+      ZeRO-3's unsharded gradients are in the live units (:func:`zero3_gathered_bytes`): 0;
+      ZeRO-1 (Megatron's distributed optimizer) accumulates into one persistent contiguous
+      ``main_grad`` buffer, live the whole step, which replaces the gradients (mask).
+
+    Example: fused, ZeRO-2, 1e9 parameters, 4-byte gradients: 2 * 40e6 * 4 = 3.2e8.
+
+    References
+    ----------
+    Megatron-LM ``distributed/param_and_grad_buffer.py`` (buckets), ``--ddp-bucket-size``;
+    PyTorch ``DistributedDataParallel`` (``bucket_cap_mb``, ``gradient_as_bucket_view``), FSDP2.
+    """
+    z = np.asarray(zero_stage)
+    bucket = np.where(z >= 2, 2.0 * np.minimum(BUCKET_PARAMS, params) * grad_bytes_per_param, 0.0)
+    replaces = np.zeros(np.shape(bucket), dtype=bool)
+    if eager:
+        bucket = np.where((z == 0) & (shard > 1), params * grad_bytes_per_param, bucket)
+        bucket = np.where(
+            (z == 2) & (shard > 1), np.minimum(2.0 * BUCKET_PARAMS, params) * grad_bytes_per_param,
+            bucket
+        )
+        bucket = np.where((z >= 3) & (shard > 1), 0.0, bucket)
+        replaces = (z == 1) & (shard > 1)
+        bucket = np.where(replaces, params * grad_bytes_per_param, bucket)
+    return bucket, replaces
+
+
+def zero3_gathered_bytes(stage: dict, expert_params_per_layer, vp, zero_stage, shard,
+                         state_bytes_per_param, *, eager: bool) -> tuple[np.ndarray, np.ndarray]:
+    """ZeRO-3's all-gathered weights and their unsharded gradients on the first and the last
+    rank [bytes]; ``state_bytes_per_param`` = weight + gradient bytes per parameter, ``stage``
+    :func:`stage_params`' dict. 0 unless ZeRO-3 with ``shard > 1``.
+
+    * Fused (DeepSpeed / FSDP prefetch one module ahead): :data:`ZERO3_LIVE_LAYERS` layers
+      (dense part and one MoE layer's experts), the same on both ranks.
+    * Eager: FSDP units of :data:`BUCKET_PARAMS`, two live, at most the model chunk (each
+      interleaved chunk is a module of its own; the first chunk holds the embedding, the last
+      the output layer).
+
+    Example: fused, 1e8 parameters a layer, no experts, 2 + 4 bytes: 2 * 1e8 * 6 = 1.2e9.
+
+    References
+    ----------
+    Rajbhandari et al. 2020 (ZeRO), Sec. 5.3; DeepSpeed ``stage3_prefetch_bucket_size``;
+    PyTorch FSDP2 ``fully_shard`` (one unit prefetched).
+    """
+    on = (np.asarray(zero_stage) >= 3) & (shard > 1)
+    if not eager:
+        z3 = np.where(on, (stage["layer"] + expert_params_per_layer) * state_bytes_per_param
+                      * ZERO3_LIVE_LAYERS, 0.0)
+        return z3, z3
+    out = []
+    for params, layers in ((stage["first"], stage["layers_first"]),
+                           (stage["last"], stage["layers_last"])):
+        other_chunks = (vp - 1) / vp * layers * stage["layer"]
+        out.append(np.where(on, np.minimum(2.0 * BUCKET_PARAMS, params - other_chunks)
+                            * state_bytes_per_param, 0.0))
+    return out[0], out[1]
+
+
+def stage_fp8_weight_cache_bytes(precision: str, layers, gemm_params_per_layer, expert_params,
+                                 expert_params_per_layer, zero_stage, shard, expert_dp,
+                                 fp8_params: bool):
+    """Transformer Engine's cached low-precision weights of one rank [bytes]: the dense GEMMs'
+    (:func:`fp8_weight_cache_bytes`) and the routed experts' (sharded over expert-dp under
+    ZeRO-3). Fused kernels only.
+
+    References
+    ----------
+    Transformer Engine ``pytorch/module/base.py`` (fp8 weight workspaces); Megatron-LM
+    ``TELinear`` / ``TEGroupedLinear`` (``is_first_microbatch``).
+    """
+    return fp8_weight_cache_bytes(precision, layers, gemm_params_per_layer, zero_stage, shard,
+                                  fp8_params) + _fp8_expert_bytes(
+        precision, expert_params, expert_params_per_layer, zero_stage, expert_dp, fp8_params)
+
+
+def eager_pipeline_receive_bytes(tokens, hidden_size, sp_divisor, pp, m, vp, inflight_first,
+                                 inflight_last) -> tuple[np.ndarray, np.ndarray]:
+    """torch.distributed.pipelining's preallocated receive buffers on the first and the last
+    rank [bytes]: one per micro-batch and local stage for the step (activations forward, their
+    gradients backward; the fp32 residual stream, ``4 s b h / r``), less the in-flight ones,
+    which are the stage inputs counted in the activations. 0 with ``pp = 1``. Megatron-LM
+    allocates them per transfer instead (fused: none).
+
+    Example: pp = 2, vp = 1, m = 4, 1 in flight on the first rank: (4 + 0) * 4 s b h.
+
+    References
+    ----------
+    PyTorch ``torch/distributed/pipelining/stage.py`` (``_prepare_forward_infra``,
+    ``_prepare_backward_infra``: one buffer per chunk).
+    """
+    p2p = 4.0 * tokens * hidden_size / sp_divisor
+    grad_first, fwd_first = m * vp, np.maximum(m - inflight_first / vp, 0.0) * (vp - 1)
+    grad_last, fwd_last = m * (vp - 1), np.maximum(m * vp - inflight_last, 0.0)
+    return (np.where(pp > 1, (grad_first + fwd_first) * p2p, 0.0),
+            np.where(pp > 1, (grad_last + fwd_last) * p2p, 0.0))
+
+
+def eager_pipeline_held_output_bytes(precision: str, pp, m, logits):
+    """The earlier micro-batches' outputs (the logits) torch's pipeline schedule keeps on the
+    last rank until the step ends [bytes]: ``(m - 1)`` times 2 bytes per logit (4 in fp32);
+    0 with ``pp = 1``.
+
+    Example: m = 4, bf16, 1e6 logits: 6e6.
+
+    References
+    ----------
+    PyTorch ``torch/distributed/pipelining`` (``PipelineStage.output_chunks``, merged and
+    returned by ``step``).
+    """
+    held_logit = 2.0 if precision != "fp32" else 4.0
+    return np.where(pp > 1, (m - 1.0) * held_logit * logits, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
 # The whole GPU
 # ---------------------------------------------------------------------------------------------
 def memory_breakdown(
@@ -1073,69 +1212,30 @@ def memory_breakdown(
     act_first = np.where(single, act_first + loss_act, act_first)
     act_last = np.where(single, act_first, act_last)
 
-    # 4. Other buffers.
+    # 4. Other buffers: workspaces, gradient buckets, ZeRO-3 gathers, fp8 weight caches, MoE
+    # dispatch buffers (perfmodel.moe), eager torch pipelining's receive buffers and outputs.
     gpu_part = is_gpu(cluster.gpu)
-    base_other = (LIBRARY_WORKSPACE_BYTES if gpu_part else 0.0) + 0.0 * tp
-    bucket = np.where(zero >= 2, 2.0 * np.minimum(BUCKET_PARAMS, n_first) * gb, 0.0)
-    if eager:  # torch DDP copies every gradient into its buckets (gradient_as_bucket_view=False)
-        bucket = np.where((zero == 0) & (shard > 1), n_first * gb, bucket)
-        # FSDP2 with units of BUCKET_PARAMS reduce-scatters one unit's unsharded gradients
-        # while the next unit's are produced: two buckets, but never more than the stage
-        # (a small model is one unit). ZeRO-3: those unsharded gradients are already in the
-        # live units (``zero3`` below)
-        bucket = np.where(
-            (zero == 2) & (shard > 1), np.minimum(2.0 * BUCKET_PARAMS, n_first) * gb, bucket
-        )
-        bucket = np.where((zero >= 3) & (shard > 1), 0.0, bucket)
-        # ZeRO-1 (Megatron's distributed optimizer): gradients accumulate into one persistent
-        # contiguous buffer (``main_grad``), live at every moment of the step, not created by
-        # the backward; it replaces the gradients
-        z1 = (zero == 1) & (shard > 1)
-        bucket = np.where(z1, n_first * gb, bucket)
-        g1, g2 = np.where(z1, 0.0, g1), np.where(z1, 0.0, g2)
-    z3_layer = (sp_["layer"] + n_exp_layer) * (wb + gb) * ZERO3_LIVE_LAYERS
-    zero3_last = None
-    if eager:  # FSDP units of BUCKET_PARAMS (harness, DeepSpeed): two live, at most the model
-        # chunk (each interleaved chunk is a module of its own, sharded and gathered alone; the
-        # first chunk holds the embedding, the last the output layer)
-        other_chunks = (vp - 1) / vp * layers * sp_["layer"]
-        z3_layer = np.minimum(2.0 * BUCKET_PARAMS, n_first - other_chunks) * (wb + gb)
-        other_last = (vp - 1) / vp * layers_last * sp_["layer"]
-        z3_last = np.minimum(2.0 * BUCKET_PARAMS, n_last - other_last) * (wb + gb)
-        zero3_last = np.where((zero >= 3) & (shard > 1), z3_last, 0.0)
-    zero3 = np.where((zero >= 3) & (shard > 1), z3_layer, 0.0)
+    bucket, grads_in_buffer = gradient_bucket_bytes(n_first, zero, shard, gb, eager=eager)
+    g1, g2 = np.where(grads_in_buffer, 0.0, g1), np.where(grads_in_buffer, 0.0, g2)
+    zero3, zero3_last = zero3_gathered_bytes(sp_, n_exp_layer, vp, zero, shard, wb + gb,
+                                             eager=eager)
     fp8_first = fp8_cache_last = 0.0
     if not eager:
-        fp8_first = fp8_weight_cache_bytes(precision, layers, sp_["gemm_layer"], zero, shard,
-                                           fp8_params)
-        fp8_cache_last = fp8_weight_cache_bytes(precision, layers_last, sp_["gemm_layer"], zero,
-                                                shard, fp8_params)
-        # routed experts' low-precision copies, sharded over expert-dp under ZeRO-3
-        fp8_first = fp8_first + _fp8_expert_bytes(precision, n_exp_first, n_exp_layer, zero,
-                                                  c.expert_dp, fp8_params)
-        fp8_cache_last = fp8_cache_last + _fp8_expert_bytes(precision, n_exp_last, n_exp_layer,
-                                                            zero, c.expert_dp, fp8_params)
-    dispatch = moe.moe_dispatch_buffer_bytes(model, training, c, e)  # MoE all-to-all buffers
-    other_first = base_other + bucket + zero3 + fp8_first + dispatch
-    other_last = base_other + bucket + zero3 + fp8_cache_last + dispatch
-    if zero3_last is not None:
-        other_last = other_last - zero3 + zero3_last
+        fp8_first = stage_fp8_weight_cache_bytes(precision, layers, sp_["gemm_layer"], n_exp_first,
+                                                 n_exp_layer, zero, shard, c.expert_dp, fp8_params)
+        fp8_cache_last = stage_fp8_weight_cache_bytes(precision, layers_last, sp_["gemm_layer"],
+                                                      n_exp_last, n_exp_layer, zero, shard,
+                                                      c.expert_dp, fp8_params)
+    dispatch = moe.moe_dispatch_buffer_bytes(model, training, c, e)
+    base_other = library_workspace_bytes(cluster.gpu, tp) + bucket
+    other_first = base_other + zero3 + fp8_first + dispatch
+    other_last = base_other + zero3_last + fp8_cache_last + dispatch
     if eager:
-        # torch.distributed.pipelining preallocates one receive buffer per micro-batch and
-        # local stage for the step (activations forward, their gradients backward; fp32
-        # residual stream, sequence-sharded with sp); the in-flight micro-batches' activation
-        # buffers are the stage inputs already counted in the activations. Megatron-LM allocates
-        # them per transfer instead.
-        p2p = 4.0 * sb * h / r
-        grad_first, fwd_first = m * vp, np.maximum(m - infl_first / vp, 0.0) * (vp - 1)
-        grad_last, fwd_last = m * (vp - 1), np.maximum(m * vp - infl_last, 0.0)
-        other_first = other_first + np.where(pp > 1, (grad_first + fwd_first) * p2p, 0.0)
-        other_last = other_last + np.where(pp > 1, (grad_last + fwd_last) * p2p, 0.0)
-        # the last stage's schedule keeps every micro-batch's output (the logits) until the
-        # step ends (``PipelineStage.output_chunks``, merged and returned by ``step``): the
-        # earlier micro-batches' are live next to the last one's moments
-        held_logit = 2.0 if precision != "fp32" else 4.0
-        other_last = other_last + np.where(pp > 1, (m - 1.0) * held_logit * logit, 0.0)
+        p2p_first, p2p_last = eager_pipeline_receive_bytes(sb, h, r, pp, m, vp, infl_first,
+                                                           infl_last)
+        other_first = other_first + p2p_first
+        other_last = other_last + p2p_last
+        other_last = other_last + eager_pipeline_held_output_bytes(precision, pp, m, logit)
 
     if not eager:
         total_first = w1 + g1 + o1 + act_first + other_first
@@ -1150,10 +1250,9 @@ def memory_breakdown(
         act_mid = ((inflight_microbatches(pp, m, sched, vp, stage=1) + a2a_extra)
                    * resident_activation_layers(layers_mid, n_off) * layer_act)
         act_mid = act_mid + recompute_extra
-        other_mid = base_other + bucket + zero3 + fp8_weight_cache_bytes(
-            precision, layers_mid, sp_["gemm_layer"], zero, shard, fp8_params) + (
-            _fp8_expert_bytes(precision, n_exp_mid, n_exp_layer, zero, c.expert_dp,
-                              fp8_params)) + dispatch
+        other_mid = base_other + zero3 + stage_fp8_weight_cache_bytes(
+            precision, layers_mid, sp_["gemm_layer"], n_exp_mid, n_exp_layer, zero, shard,
+            c.expert_dp, fp8_params) + dispatch
         total_mid = np.where(pp > 2, wm + gm + om + act_mid + other_mid, 0.0)
         first_peak = total_first >= total_last
         pick = lambda x1, x2: np.where(first_peak, x1, x2)
