@@ -1060,6 +1060,120 @@ def eager_pipeline_held_output_bytes(precision: str, pp, m, logits):
 
 
 # ---------------------------------------------------------------------------------------------
+# Terms of memory_breakdown: the peak
+# ---------------------------------------------------------------------------------------------
+def fused_peak_stage(first, last, middle, pp, last_transient_bytes):
+    """Fused kernels hold every term for the whole step, so a GPU's peak is the plain sum on the
+    rank that needs most: ``first``, ``last``, ``middle`` are that rank's (weights, gradients,
+    optimizer, activations, other) [bytes] for rank 0, the last rank and a middle rank (rank 1,
+    which in an uneven layout with lighter end stages holds more layers; it counts with
+    ``pp > 2``); ``last_transient_bytes`` (one micro-batch's 16-bit logits being computed,
+    :func:`loss_buffer_bytes`) are the last rank's activations too.
+
+    Returns the peak rank's five terms and ``peak_stage`` (0 first, 1 last, 2 middle; ties go to
+    the first, then the last rank).
+
+    Example: totals 10 (first), 12 (last), 11 (middle), pp = 4: the last rank, stage 1.
+    """
+    w2, g2, o2, act_last, other_last = last
+    total_first = sum(first)
+    total_last = w2 + g2 + o2 + act_last + other_last + last_transient_bytes
+    last = (w2, g2, o2, act_last + last_transient_bytes, other_last)
+    total_mid = np.where(pp > 2, sum(middle), 0.0)
+    first_peak = total_first >= total_last
+    terms = [np.where(first_peak, x1, x2) for x1, x2 in zip(first, last)]
+    mid_peak = total_mid > np.maximum(total_first, total_last)
+    terms = [np.where(mid_peak, xm, x) for xm, x in zip(middle, terms)]
+    return (*terms, np.where(mid_peak, 2, np.where(first_peak, 0, 1)))
+
+
+def eager_zero_bubble_gradient_bytes(model: ModelSpec, precision: str, tokens, tp, sp_divisor, pp,
+                                     m, schedule, layers_last, logits) -> np.ndarray:
+    """Output gradients the last rank keeps under torch's zero bubble (ZB-H1) split backward
+    [bytes], 0 for other schedules.
+
+    The input-gradient pass (B) keeps, for the deferred weight-gradient pass (W), the output
+    gradient dY of every GEMM of the stage next to its input X: QKV and fc1 column-parallel
+    (sequence-gathered, split by t), the row-parallel o and fc2 outputs before their reduction
+    (full h, partial sums); and the gradient at every node where a weight's path leaves the
+    input's (``get_param_groups`` intermediates): the two norms (fp32 under autocast,
+    sequence-sharded with sp) and, on the last stage, the final norm and the output layer (one
+    value per logit). It keeps them for every micro-batch whose B ran and whose W has not
+    (:func:`torch_zb_retained_microbatches`), each retained graph with the loss's saved fp32
+    logits and log-softmax (8 bytes per logit; the one being computed is in the moments), plus
+    the B pass's working set on the fused QKV gradient (two fused-size tensors live). torch runs
+    stage 0's whole backward at its W step, so the first rank keeps none.
+
+    References
+    ----------
+    Qi et al. 2024 (Zero Bubble Pipeline Parallelism), Sec. 2; torch
+    ``torch/distributed/pipelining/_backward.py`` (``stage_backward_input``,
+    ``get_param_groups``); Megatron-LM ``WeightGradStore``.
+    """
+    h = float(model.hidden_size)
+    f_cols = float(model.ffn_hidden_size) * (2.0 if model.gated_mlp else 1.0)
+    qkv_cols = (model.num_attention_heads + 2.0 * model.kv_heads) * model.head_size
+    e_gemm = 2.0 if precision != "fp32" else 4.0
+    dy_layer = e_gemm * tokens * ((qkv_cols + f_cols) / tp + 2.0 * h)
+    dy_norm = 4.0 * tokens * h / sp_divisor
+    dy_layer = dy_layer + 2.0 * dy_norm
+    n_zb = torch_zb_retained_microbatches(pp, m)
+    return np.where(
+        schedule_code(schedule) == _CODE_ZB,
+        n_zb * (layers_last * dy_layer + dy_norm + e_gemm * logits)
+        + 2.0 * e_gemm * tokens * qkv_cols / tp + (n_zb - 1.0) * 8.0 * logits,
+        0.0,
+    )
+
+
+def eager_accumulating_gradients(schedule, m, inflight_first, inflight_last):
+    """Whether the first and the last rank hold earlier micro-batches' gradients next to later
+    micro-batches' activations (bool masks): once a micro-batch's backward has run, its
+    gradients (ZeRO-2/3: their reduce-scattered shards) stay, so with more micro-batches than in
+    flight (at least one) on a schedule other than GPipe.
+
+    Example: 1F1B, m = 8, 2 in flight: True; GPipe: False.
+    """
+    code = schedule_code(schedule)
+    return ((code != 0) & (m > np.maximum(inflight_first, 1.0)),
+            (code != 0) & (m > np.maximum(inflight_last, 1.0)))
+
+
+def optimizer_grad_copy_excess_bytes(copy_bytes_per_param, zero_stage, shard, params,
+                                     activation_bytes):
+    """What the optimizer step's fp32 gradient copy (:func:`optimizer_grad_copy_bytes`; sharded
+    over ``shard`` ranks under ZeRO >= 1) adds to the peak [bytes]: it lives when the
+    activations are freed, so only its excess over them, ``max(copy - activations, 0)``.
+
+    Example: 4 bytes, ZeRO-1, shard 8, 8e9 parameters, 1e9 activation bytes: 3e9.
+
+    References
+    ----------
+    Megatron-LM ``optimizer/distrib_optimizer.py`` (``_copy_model_grads_to_main_grads``).
+    """
+    copy_opt = np.where(np.asarray(zero_stage) >= 1, copy_bytes_per_param / shard,
+                        copy_bytes_per_param) * params
+    return np.maximum(copy_opt - activation_bytes, 0.0)
+
+
+def allocator_allowance_bytes(gpu: GPUSpec, churn_bytes):
+    """Allocator fragmentation allowance [bytes]: :data:`ALLOCATOR_ALLOWANCE_FRACTION` of what is
+    allocated and freed during the step (``churn_bytes``), 0 for a CPU process. Megatron-LM
+    allocates weights, gradients and optimizer states once, in contiguous buffers
+    (``_ParamAndGradBuffer``, the distributed optimizer's shards), so only activations and
+    buffers churn; eager PyTorch allocates every tensor on its own (churn = all allocated).
+
+    Example: H100, 10 GiB churn: 0.3 GiB.
+
+    References
+    ----------
+    PyTorch ``c10/cuda/CUDACachingAllocator.cpp``; calibration/h200 e2e runs
+    (``max_memory_reserved / max_memory_allocated`` 1.01-1.19).
+    """
+    return (ALLOCATOR_ALLOWANCE_FRACTION if is_gpu(gpu) else 0.0) * churn_bytes
+
+
+# ---------------------------------------------------------------------------------------------
 # The whole GPU
 # ---------------------------------------------------------------------------------------------
 def memory_breakdown(
@@ -1214,7 +1328,6 @@ def memory_breakdown(
 
     # 4. Other buffers: workspaces, gradient buckets, ZeRO-3 gathers, fp8 weight caches, MoE
     # dispatch buffers (perfmodel.moe), eager torch pipelining's receive buffers and outputs.
-    gpu_part = is_gpu(cluster.gpu)
     bucket, grads_in_buffer = gradient_bucket_bytes(n_first, zero, shard, gb, eager=eager)
     g1, g2 = np.where(grads_in_buffer, 0.0, g1), np.where(grads_in_buffer, 0.0, g2)
     zero3, zero3_last = zero3_gathered_bytes(sp_, n_exp_layer, vp, zero, shard, wb + gb,
@@ -1237,62 +1350,24 @@ def memory_breakdown(
         other_last = other_last + p2p_last
         other_last = other_last + eager_pipeline_held_output_bytes(precision, pp, m, logit)
 
+    # 5. The peak: fused kernels hold everything at once (the rank needing most: first, last or
+    # a middle rank); eager PyTorch peaks at the largest moment of the step (_eager_moments).
     if not eager:
-        total_first = w1 + g1 + o1 + act_first + other_first
-        total_last = w2 + g2 + o2 + act_last + other_last + logits_transient
-        act_last = act_last + logits_transient
-        # a middle rank (rank 1) holds more layers than rank 0 in an uneven layout with lighter
-        # end stages; it has one in-flight micro-batch fewer (1F1B) and no embedding
-        layers_mid = sp_["layers_middle"]
-        wm, gm, om = zero_state_bytes(sp_["middle"], shard, zero, wb, gb, ob)
-        we, ge, oe = zero_state_bytes(n_exp_mid, c.expert_dp, zero, wb, gb, ob)
-        wm, gm, om = wm + we, gm + ge, om + oe  # the middle rank's experts
-        act_mid = ((inflight_microbatches(pp, m, sched, vp, stage=1) + a2a_extra)
-                   * resident_activation_layers(layers_mid, n_off) * layer_act)
-        act_mid = act_mid + recompute_extra
+        mid = _add3(zero_state_bytes(sp_["middle"], shard, zero, wb, gb, ob),
+                    expert_state_bytes(n_exp_mid, c.expert_dp, zero, wb, gb, ob))
+        infl_mid = inflight_microbatches(pp, m, sched, vp, stage=1) + a2a_extra
+        act_mid = stage_activation_bytes(infl_mid, sp_["layers_middle"], n_off, layer_act,
+                                         recompute_extra, 0.0)
         other_mid = base_other + zero3 + stage_fp8_weight_cache_bytes(
-            precision, layers_mid, sp_["gemm_layer"], n_exp_mid, n_exp_layer, zero, shard,
-            c.expert_dp, fp8_params) + dispatch
-        total_mid = np.where(pp > 2, wm + gm + om + act_mid + other_mid, 0.0)
-        first_peak = total_first >= total_last
-        pick = lambda x1, x2: np.where(first_peak, x1, x2)
-        weights, grads, opt = pick(w1, w2), pick(g1, g2), pick(o1, o2)
-        acts, other = pick(act_first, act_last), pick(other_first, other_last)
-        peak_stage = np.where(first_peak, 0, 1)
-        mid_peak = total_mid > np.maximum(total_first, total_last)
-        pick = lambda xm, x: np.where(mid_peak, xm, x)
-        weights, grads, opt = pick(wm, weights), pick(gm, grads), pick(om, opt)
-        acts, other = pick(act_mid, acts), pick(other_mid, other)
-        peak_stage = np.where(mid_peak, 2, peak_stage)
+            precision, sp_["layers_middle"], sp_["gemm_layer"], n_exp_mid, n_exp_layer, zero,
+            shard, c.expert_dp, fp8_params) + dispatch
+        weights, grads, opt, acts, other, peak_stage = fused_peak_stage(
+            (w1, g1, o1, act_first, other_first), (w2, g2, o2, act_last, other_last),
+            (*mid, act_mid, other_mid), pp, logits_transient)
+        peak_params = np.where(peak_stage == 1, n_last,
+                               np.where(peak_stage == 2, sp_["middle"], n_first))
+        opt = opt + optimizer_grad_copy_excess_bytes(copy_b, zero, shard, peak_params, acts)
     else:
-        # zero bubble (ZB-H1) split backward, stages after the first: the input-gradient pass
-        # (B) keeps, for the deferred weight-gradient pass (W), the output gradient dY of every
-        # GEMM of the stage next to its input X (Qi et al. 2024, Sec. 2; torch
-        # ``stage_backward_input`` / Megatron's ``WeightGradStore``): QKV and fc1 column-parallel
-        # (sequence-gathered, split by t), the row-parallel o and fc2 outputs before their
-        # reduction (full h, partial sums). Plus the B pass's working set on the fused QKV
-        # gradient (Q, K and V gradients scattered into it, two fused-size tensors live).
-        # torch runs stage 0's whole backward at its W step, so the first stage keeps none.
-        f_cols = float(model.ffn_hidden_size) * (2.0 if model.gated_mlp else 1.0)
-        qkv_cols = (model.num_attention_heads + 2.0 * model.kv_heads) * model.head_size
-        e_gemm = 2.0 if precision != "fp32" else 4.0
-        dy_layer = e_gemm * sb * ((qkv_cols + f_cols) / tp + 2.0 * h)
-        # torch keeps the gradient at every node where a weight's path leaves the input's
-        # (``get_param_groups`` intermediates): the GEMMs above, the two norms (fp32 under
-        # autocast, sequence-sharded with sp) and, on the last stage, the final norm and the
-        # output layer (its output gradient: one value per logit)
-        dy_norm = 4.0 * sb * h / r
-        dy_layer = dy_layer + 2.0 * dy_norm
-        # torch keeps the output gradients of every micro-batch whose B ran and whose W has
-        # not (p on the last stage), and each retained graph keeps the loss's saved fp32
-        # logits and log-softmax (8 bytes per logit; the one being computed is in the moments)
-        n_zb = torch_zb_retained_microbatches(pp, m)
-        zb_last = np.where(
-            schedule_code(sched) == _CODE_ZB,
-            n_zb * (layers_last * dy_layer + dy_norm + e_gemm * logit)
-            + 2.0 * e_gemm * sb * qkv_cols / tp + (n_zb - 1.0) * 8.0 * logit,
-            0.0,
-        )
         weights, grads, opt, acts, other, peak_stage = _eager_moments(
             model,
             sp_,
@@ -1306,26 +1381,12 @@ def memory_breakdown(
             (w1, g1, o1, act_first, other_first),
             (w2, g2, o2, act_last, other_last),
             autocast=precision != "fp32",
-            zb_last=zb_last,
-            accumulating=(
-                (schedule_code(sched) != 0) & (m > np.maximum(infl_first, 1.0)),
-                (schedule_code(sched) != 0) & (m > np.maximum(infl_last, 1.0)),
-            ),
+            zb_last=eager_zero_bubble_gradient_bytes(model, precision, sb, tp, r, pp, m, sched,
+                                                     layers_last, logit),
+            accumulating=eager_accumulating_gradients(sched, m, infl_first, infl_last),
         )
-
-    if not eager:
-        # the optimizer step's fp32 gradient copy (16-bit buffers) lives when the activations
-        # are freed: it raises the peak only where it exceeds them
-        copy_opt = np.where(zero >= 1, copy_b / shard, copy_b) * np.where(
-            peak_stage == 1, n_last, np.where(peak_stage == 2, sp_["middle"], n_first))
-        opt = opt + np.maximum(copy_opt - acts, 0.0)
     allocated = weights + grads + opt + acts + other
-    # Megatron-LM allocates weights, gradients and optimizer states once, in contiguous buffers
-    # (``_ParamAndGradBuffer``, the distributed optimizer's shards): only what is allocated and
-    # freed during the step (activations, buffers) fragments. Eager PyTorch allocates every
-    # tensor on its own, so there the allowance applies to all of it.
-    churn = allocated if eager else acts + other
-    allowance = (ALLOCATOR_ALLOWANCE_FRACTION if gpu_part else 0.0) * churn
+    allowance = allocator_allowance_bytes(cluster.gpu, allocated if eager else acts + other)
     peak = allocated + allowance
     return {
         "weights": weights,
