@@ -769,9 +769,21 @@ def fsdp2_zero2_sharded_weight_bytes(params, dp, cp, zero_stage, weight_bytes_pe
     return np.where(z2, params * weight_bytes_per_param / (dp * cp), 0.0)
 
 
-def _add3(x, y):
-    """Element-wise sum of two (weights, gradients, optimizer) triples."""
-    return x[0] + y[0], x[1] + y[1], x[2] + y[2]
+def rank_state_bytes(params, expert_params, shard, expert_dp, zero_stage,
+                     weight_bytes_per_param, grad_bytes_per_param, optimizer_bytes_per_param):
+    """(weights, gradients, optimizer) bytes of one pipeline rank on one GPU: its dense
+    parameters sharded over the ``shard = dp * cp`` ranks that hold the same ones
+    (:func:`zero_state_bytes`; Megatron-LM shards the distributed optimizer over the
+    data-parallel group including context parallelism) plus its routed experts over expert-dp
+    (:func:`expert_state_bytes`).
+
+    Example: 1e9 + 0 parameters, bf16 Adam (2, 2, 12), ZeRO-1 over 8: (2e9, 2e9, 1.5e9).
+    """
+    dense = zero_state_bytes(params, shard, zero_stage, weight_bytes_per_param,
+                             grad_bytes_per_param, optimizer_bytes_per_param)
+    experts = expert_state_bytes(expert_params, expert_dp, zero_stage, weight_bytes_per_param,
+                                 grad_bytes_per_param, optimizer_bytes_per_param)
+    return dense[0] + experts[0], dense[1] + experts[1], dense[2] + experts[2]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -826,6 +838,22 @@ def stage_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, seq_l
         bytes_per_value=e, gemm_input_bytes=gi)
     kept = kept - np.where(rc == _CODE_SELECTIVE, freed, 0.0)
     return kept, full, e, gi
+
+
+def moe_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch,
+                               recompute, bytes_per_value, gemm_input_bytes):
+    """What a MoE layer adds to one (average) layer's activations per micro-batch [bytes]:
+    ``(kept, full)``. The dispatched tokens, the expert outputs before the combine and the
+    router scores (:func:`perfmodel.moe.moe_activation_extra_bytes`), kept unless the layer is
+    fully recomputed; 0 for a dense model.
+
+    References
+    ----------
+    Megatron-Core ``transformer/moe/token_dispatcher.py``, ``moe_layer.py``.
+    """
+    extra = moe.moe_activation_extra_bytes(model, training, batch, bytes_per_value,
+                                           gemm_input_bytes)
+    return np.where(np.asarray(recompute) == _CODE_FULL, 0.0, extra), extra
 
 
 def stage_inflight_microbatches(training: TrainingSpec, batch: ConfigBatch, pp, m, schedule, vp,
@@ -920,6 +948,17 @@ def stage_activation_bytes(inflight, layers, offload_layers, layer_bytes, recomp
         recompute_bytes) + end_bytes
 
 
+def single_stage_activation_bytes(first_bytes, last_bytes, loss_bytes, pp):
+    """Activations of the first and the last rank with the loss's on the first rank when it is
+    the only one (``pp = 1``: one rank holds the embedding, every layer and the loss) [bytes].
+
+    Example: first 10, last 20, loss 3, pp = 1: (13, 13); pp = 2: (10, 20).
+    """
+    single = np.asarray(pp) == 1
+    first = np.where(single, first_bytes + loss_bytes, first_bytes)
+    return first, np.where(single, first, last_bytes)
+
+
 # ---------------------------------------------------------------------------------------------
 # Terms of memory_breakdown: other buffers
 # ---------------------------------------------------------------------------------------------
@@ -1004,7 +1043,7 @@ def zero3_gathered_bytes(stage: dict, expert_params_per_layer, vp, zero_stage, s
     return out[0], out[1]
 
 
-def stage_fp8_weight_cache_bytes(precision: str, layers, gemm_params_per_layer, expert_params,
+def stage_fp8_weight_cache_bytes(precision: str, layers, expert_params, gemm_params_per_layer,
                                  expert_params_per_layer, zero_stage, shard, expert_dp,
                                  fp8_params: bool):
     """Transformer Engine's cached low-precision weights of one rank [bytes]: the dense GEMMs'
@@ -1257,18 +1296,16 @@ def memory_breakdown(
                                        flash_attention=flash_attention, dropout=dropout,
                                        headroom=headroom)
     c = batch
-    f64 = np.float64
-    tp, pp, vp, cp = (np.asarray(x, dtype=f64) for x in (c.tp, c.pp, c.vp, c.cp))
-    dp = np.asarray(c.dp, dtype=f64)
-    zero = np.asarray(c.zero_stage)
-    b = np.asarray(c.micro_batch_size, dtype=f64)
-    m = np.asarray(c.num_microbatches, dtype=f64)
-    rc = np.asarray(c.recompute)
+    tp, pp, vp, cp, dp, mbs, m = (np.asarray(x, dtype=np.float64) for x in (
+        c.tp, c.pp, c.vp, c.cp, c.dp, c.micro_batch_size, c.num_microbatches))
+    zero, rc, sched = np.asarray(c.zero_stage), np.asarray(c.recompute), np.asarray(c.schedule)
     sp = np.asarray(c.sequence_parallel, dtype=bool)
-    r = np.where(sp, tp, 1.0)
+    sp_div = np.where(sp, tp, 1.0)  # divisor of the sequence-sharded parts
     shard = dp * cp  # ranks sharing one copy of the stage's parameters
-    s = training.seq_len / cp  # tokens per sequence on this GPU
-    h, v = float(model.hidden_size), float(model.vocab_size)
+    seq = training.seq_len / cp  # tokens per sequence on this GPU
+    tokens = seq * mbs  # tokens per micro-batch on this GPU
+    logits = tokens * float(model.vocab_size) / tp  # per micro-batch (vocab-parallel) [values]
+    h = float(model.hidden_size)
     precision = training.precision
     if dropout is None:
         dropout = (not eager) and model.position_embedding == "learned"
@@ -1276,118 +1313,103 @@ def memory_breakdown(
     # 1. Parameters per GPU, with Megatron-LM's layer layout (uneven first/last stages, or the
     # embedding and the loss counted as layers: perfmodel.pipeline.stage_layer_counts).
     lc = c.layer_counts(model.num_layers)
-    sp_ = stage_params(model, tp, pp, lc["first"], lc["last"], lc["middle"])
-    n_first, n_last = sp_["first"], sp_["last"]
-    layers, layers_last = sp_["layers_first"], sp_["layers_last"]
-
-    # 2. Model states by ZeRO stage: dense parts sharded over dp * cp, routed experts (split
-    # ep * etp ways, each rank its own MoE layers) over expert-dp.
-    wb, gb, ob, copy_b, fp8_params = kernel_state_bytes_per_param(training, eager)
+    stage = stage_params(model, tp, pp, lc["first"], lc["last"], lc["middle"])
+    params_first, params_last, params_mid = stage["first"], stage["last"], stage["middle"]
+    layers_first, layers_last, layers_mid = (
+        stage["layers_first"], stage["layers_last"], stage["layers_middle"])
     dense_first, dense_last = stage_dense_layers(model, pp, lc["first_chunk0"])
-    n_exp_first = stage_expert_params(model, c, layers, dense_first)
-    n_exp_last = stage_expert_params(model, c, layers_last, dense_last)
-    n_exp_mid = stage_expert_params(model, c, sp_["layers_middle"], 0.0)
-    n_exp_layer = stage_expert_params(model, c, 1.0)  # one MoE layer's share
-    w1, g1, o1 = _add3(zero_state_bytes(n_first, shard, zero, wb, gb, ob),
-                       expert_state_bytes(n_exp_first, c.expert_dp, zero, wb, gb, ob))
-    w2, g2, o2 = _add3(zero_state_bytes(n_last, shard, zero, wb, gb, ob),
-                       expert_state_bytes(n_exp_last, c.expert_dp, zero, wb, gb, ob))
-    if eager:
-        w1 = w1 + fsdp2_zero2_sharded_weight_bytes(n_first, dp, cp, zero, wb)
-        w2 = w2 + fsdp2_zero2_sharded_weight_bytes(n_last, dp, cp, zero, wb)
+    experts_first = stage_expert_params(model, c, layers_first, dense_first)
+    experts_last = stage_expert_params(model, c, layers_last, dense_last)
+    experts_mid = stage_expert_params(model, c, layers_mid, 0.0)
+    experts_layer = stage_expert_params(model, c, 1.0)  # one MoE layer's share
 
-    # 3. Activations: one layer (kept under the recompute mode; MoE extras: dispatched tokens,
-    # expert outputs before the combine, router scores), the layer being recomputed (fused),
-    # times the layers of a stage times the micro-batches in flight, plus embedding and loss.
-    layer_act, layer_full, e, gi = stage_layer_activation_bytes(
-        model, training, s, b, tp, sp, rc, eager=eager, flash_attention=flash_attention,
+    # 2. Model states by ZeRO stage [bytes per parameter -> bytes].
+    w_bpp, g_bpp, o_bpp, copy_bpp, fp8_params = kernel_state_bytes_per_param(training, eager)
+    state = (shard, c.expert_dp, zero, w_bpp, g_bpp, o_bpp)
+    w1, g1, o1 = rank_state_bytes(params_first, experts_first, *state)
+    w2, g2, o2 = rank_state_bytes(params_last, experts_last, *state)
+    if eager:
+        w1 = w1 + fsdp2_zero2_sharded_weight_bytes(params_first, dp, cp, zero, w_bpp)
+        w2 = w2 + fsdp2_zero2_sharded_weight_bytes(params_last, dp, cp, zero, w_bpp)
+
+    # 3. Activations: one layer (kept under the recompute mode, plus MoE extras), the layer
+    # being recomputed (fused), times the layers of a stage kept on the GPU times the
+    # micro-batches in flight, plus the embedding's and the loss's tensors.
+    layer_bytes, layer_full_bytes, e, gi = stage_layer_activation_bytes(
+        model, training, seq, mbs, tp, sp, rc, eager=eager, flash_attention=flash_attention,
         dropout=dropout)
-    moe_extra = moe.moe_activation_extra_bytes(model, training, c, e, gi)
-    layer_act = layer_act + np.where(rc == _CODE_FULL, 0.0, moe_extra)
-    layer_full = layer_full + moe_extra
-    recompute_extra = np.where(rc == _CODE_FULL, 0.0 if eager else layer_full, 0.0)
-    sched = np.asarray(c.schedule)
+    moe_kept_bytes, moe_full_bytes = moe_layer_activation_bytes(model, training, c, rc, e, gi)
+    layer_bytes = layer_bytes + moe_kept_bytes
+    layer_full_bytes = layer_full_bytes + moe_full_bytes
+    recompute_bytes = np.where(rc == _CODE_FULL, 0.0 if eager else layer_full_bytes, 0.0)
     infl_first, infl_last = stage_inflight_microbatches(training, c, pp, m, sched, vp,
                                                         eager=eager)
-    a2a_extra = 0.0 if eager else moe.a2a_overlap_extra_inflight(training, c)
-    sb = s * b
-    logit = sb * v / tp  # logits per micro-batch on this GPU (vocabulary-parallel) [values]
-    embed_act = embedding_activation_bytes(sb, h, r, dropout, eager=eager)
-    final_act = final_layer_activation_bytes(sb, h, r, e, eager=eager)
-    logits_held, logits_transient = loss_buffer_bytes(training, logit, eager=eager)
-    n_off = 0 if eager else training.cpu_offload_layers  # CPU activation offloading (fused)
+    embed_bytes = embedding_activation_bytes(tokens, h, sp_div, dropout, eager=eager)
+    final_bytes = final_layer_activation_bytes(tokens, h, sp_div, e, eager=eager)
+    logits_held_bytes, logits_transient_bytes = loss_buffer_bytes(training, logits, eager=eager)
+    n_offload = 0 if eager else training.cpu_offload_layers  # CPU activation offloading
     mb_loss = np.ceil(infl_last) if eager else loss_inflight_microbatches(sched, m, infl_last)
-    loss_act = mb_loss * (final_act + logits_held)
-    act_first = stage_activation_bytes(infl_first, layers, n_off, layer_act, recompute_extra,
-                                       np.ceil(infl_first) * embed_act)
-    act_last = stage_activation_bytes(infl_last, layers_last, n_off, layer_act, recompute_extra,
-                                      loss_act)
-    single = pp == 1
-    act_first = np.where(single, act_first + loss_act, act_first)
-    act_last = np.where(single, act_first, act_last)
+    loss_bytes = mb_loss * (final_bytes + logits_held_bytes)
+    act_first, act_last = single_stage_activation_bytes(
+        stage_activation_bytes(infl_first, layers_first, n_offload, layer_bytes, recompute_bytes,
+                               np.ceil(infl_first) * embed_bytes),
+        stage_activation_bytes(infl_last, layers_last, n_offload, layer_bytes, recompute_bytes,
+                               loss_bytes),
+        loss_bytes, pp)
 
     # 4. Other buffers: workspaces, gradient buckets, ZeRO-3 gathers, fp8 weight caches, MoE
     # dispatch buffers (perfmodel.moe), eager torch pipelining's receive buffers and outputs.
-    bucket, grads_in_buffer = gradient_bucket_bytes(n_first, zero, shard, gb, eager=eager)
+    bucket_bytes, grads_in_buffer = gradient_bucket_bytes(params_first, zero, shard, g_bpp,
+                                                          eager=eager)
     g1, g2 = np.where(grads_in_buffer, 0.0, g1), np.where(grads_in_buffer, 0.0, g2)
-    zero3, zero3_last = zero3_gathered_bytes(sp_, n_exp_layer, vp, zero, shard, wb + gb,
-                                             eager=eager)
-    fp8_first = fp8_cache_last = 0.0
-    if not eager:
-        fp8_first = stage_fp8_weight_cache_bytes(precision, layers, sp_["gemm_layer"], n_exp_first,
-                                                 n_exp_layer, zero, shard, c.expert_dp, fp8_params)
-        fp8_cache_last = stage_fp8_weight_cache_bytes(precision, layers_last, sp_["gemm_layer"],
-                                                      n_exp_last, n_exp_layer, zero, shard,
-                                                      c.expert_dp, fp8_params)
-    dispatch = moe.moe_dispatch_buffer_bytes(model, training, c, e)
-    base_other = library_workspace_bytes(cluster.gpu, tp) + bucket
-    other_first = base_other + zero3 + fp8_first + dispatch
-    other_last = base_other + zero3_last + fp8_cache_last + dispatch
+    zero3_first, zero3_last = zero3_gathered_bytes(stage, experts_layer, vp, zero, shard,
+                                                   w_bpp + g_bpp, eager=eager)
+    fp8 = (stage["gemm_layer"], experts_layer, zero, shard, c.expert_dp, fp8_params)
+    fp8_first = 0.0 if eager else stage_fp8_weight_cache_bytes(precision, layers_first,
+                                                                experts_first, *fp8)
+    fp8_last = 0.0 if eager else stage_fp8_weight_cache_bytes(precision, layers_last,
+                                                               experts_last, *fp8)
+    dispatch_bytes = moe.moe_dispatch_buffer_bytes(model, training, c, e)
+    base_other = library_workspace_bytes(cluster.gpu, tp) + bucket_bytes
+    other_first = base_other + zero3_first + fp8_first + dispatch_bytes
+    other_last = base_other + zero3_last + fp8_last + dispatch_bytes
     if eager:
-        p2p_first, p2p_last = eager_pipeline_receive_bytes(sb, h, r, pp, m, vp, infl_first,
-                                                           infl_last)
+        p2p_first, p2p_last = eager_pipeline_receive_bytes(tokens, h, sp_div, pp, m, vp,
+                                                           infl_first, infl_last)
         other_first = other_first + p2p_first
         other_last = other_last + p2p_last
-        other_last = other_last + eager_pipeline_held_output_bytes(precision, pp, m, logit)
+        other_last = other_last + eager_pipeline_held_output_bytes(precision, pp, m, logits)
 
     # 5. The peak: fused kernels hold everything at once (the rank needing most: first, last or
     # a middle rank); eager PyTorch peaks at the largest moment of the step (_eager_moments).
+    first = (w1, g1, o1, act_first, other_first)
+    last = (w2, g2, o2, act_last, other_last)
     if not eager:
-        mid = _add3(zero_state_bytes(sp_["middle"], shard, zero, wb, gb, ob),
-                    expert_state_bytes(n_exp_mid, c.expert_dp, zero, wb, gb, ob))
-        infl_mid = inflight_microbatches(pp, m, sched, vp, stage=1) + a2a_extra
-        act_mid = stage_activation_bytes(infl_mid, sp_["layers_middle"], n_off, layer_act,
-                                         recompute_extra, 0.0)
-        other_mid = base_other + zero3 + stage_fp8_weight_cache_bytes(
-            precision, sp_["layers_middle"], sp_["gemm_layer"], n_exp_mid, n_exp_layer, zero,
-            shard, c.expert_dp, fp8_params) + dispatch
-        weights, grads, opt, acts, other, peak_stage = fused_peak_stage(
-            (w1, g1, o1, act_first, other_first), (w2, g2, o2, act_last, other_last),
-            (*mid, act_mid, other_mid), pp, logits_transient)
-        peak_params = np.where(peak_stage == 1, n_last,
-                               np.where(peak_stage == 2, sp_["middle"], n_first))
-        opt = opt + optimizer_grad_copy_excess_bytes(copy_b, zero, shard, peak_params, acts)
-    else:
-        weights, grads, opt, acts, other, peak_stage = _eager_moments(
-            model,
-            sp_,
-            rc,
-            pp,
-            tp,
-            logit,
-            (layers, layers_last),
-            layer_full,
-            gb,
-            (w1, g1, o1, act_first, other_first),
-            (w2, g2, o2, act_last, other_last),
-            autocast=precision != "fp32",
-            zb_last=eager_zero_bubble_gradient_bytes(model, precision, sb, tp, r, pp, m, sched,
-                                                     layers_last, logit),
-            accumulating=eager_accumulating_gradients(sched, m, infl_first, infl_last),
+        infl_mid = inflight_microbatches(pp, m, sched, vp, stage=1) + (
+            moe.a2a_overlap_extra_inflight(training, c))
+        middle = (
+            *rank_state_bytes(params_mid, experts_mid, *state),
+            stage_activation_bytes(infl_mid, layers_mid, n_offload, layer_bytes,
+                                   recompute_bytes, 0.0),
+            base_other + zero3_first + stage_fp8_weight_cache_bytes(
+                precision, layers_mid, experts_mid, *fp8) + dispatch_bytes,
         )
+        weights, grads, opt, acts, other, peak_stage = fused_peak_stage(
+            first, last, middle, pp, logits_transient_bytes)
+        peak_params = np.where(peak_stage == 1, params_last,
+                               np.where(peak_stage == 2, params_mid, params_first))
+        opt = opt + optimizer_grad_copy_excess_bytes(copy_bpp, zero, shard, peak_params, acts)
+    else:
+        zb_last = eager_zero_bubble_gradient_bytes(model, precision, tokens, tp, sp_div, pp, m,
+                                                   sched, layers_last, logits)
+        weights, grads, opt, acts, other, peak_stage = _eager_moments(
+            model, stage, rc, pp, tp, logits, (layers_first, layers_last), layer_full_bytes,
+            g_bpp, first, last, autocast=precision != "fp32", zb_last=zb_last,
+            accumulating=eager_accumulating_gradients(sched, m, infl_first, infl_last))
     allocated = weights + grads + opt + acts + other
     allowance = allocator_allowance_bytes(cluster.gpu, allocated if eager else acts + other)
     peak = allocated + allowance
+    usable = usable_hbm_bytes(cluster.gpu, headroom)
     return {
         "weights": weights,
         "gradients": grads,
@@ -1398,8 +1420,8 @@ def memory_breakdown(
         "peak_allocated": allocated,
         "allocator_allowance": allowance,
         "peak_stage": peak_stage,
-        "usable": np.full(np.shape(peak), usable_hbm_bytes(cluster.gpu, headroom)),
-        "fits": peak <= usable_hbm_bytes(cluster.gpu, headroom),
+        "usable": np.full(np.shape(peak), usable),
+        "fits": peak <= usable,
     }
 
 
