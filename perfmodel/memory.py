@@ -41,17 +41,41 @@ __all__ = [
     "LIBRARY_WORKSPACE_BYTES",
     "NON_ALLOCATOR_RESERVE_BYTES",
     "ZERO3_LIVE_LAYERS",
+    "allocator_allowance_bytes",
+    "eager_accumulating_gradients",
     "eager_layer_activation_bytes",
+    "eager_pipeline_held_output_bytes",
+    "eager_pipeline_receive_bytes",
+    "eager_zero_bubble_gradient_bytes",
+    "embedding_activation_bytes",
+    "expert_state_bytes",
+    "final_layer_activation_bytes",
+    "fsdp2_zero2_sharded_weight_bytes",
+    "fused_peak_stage",
+    "gradient_bucket_bytes",
     "is_gpu",
+    "kernel_state_bytes_per_param",
     "layer_activation_bytes",
+    "library_workspace_bytes",
+    "loss_buffer_bytes",
     "max_micro_batch_size",
     "memory_breakdown",
     "model_state_bytes",
+    "moe_layer_activation_bytes",
+    "optimizer_grad_copy_excess_bytes",
+    "rank_state_bytes",
     "selective_recompute_freed_bytes",
+    "single_stage_activation_bytes",
+    "stage_activation_bytes",
+    "stage_dense_layers",
     "stage_expert_params",
+    "stage_fp8_weight_cache_bytes",
+    "stage_inflight_microbatches",
+    "stage_layer_activation_bytes",
     "stage_params",
     "state_bytes_per_param",
     "usable_hbm_bytes",
+    "zero3_gathered_bytes",
     "zero_state_bytes",
 ]
 
@@ -1228,25 +1252,41 @@ def memory_breakdown(
 ) -> dict[str, np.ndarray]:
     """Peak memory per GPU, on the pipeline stage that needs most, and whether it fits.
 
-    Terms, in this order:
+    Terms, in this order, each a named function:
 
-    1. Parameters per GPU on the first and last stage (:func:`stage_params`).
-    2. Model states by ZeRO stage (:func:`zero_state_bytes`), sharded over the ``dp * cp`` ranks
-       that hold the same parameters (Megatron-LM shards the distributed optimizer over the
-       data-parallel group including context parallelism).
-    3. Activations: one layer (:func:`layer_activation_bytes` or, eager,
-       :func:`eager_layer_activation_bytes`) times the layers of a stage times the micro-batches
-       in flight (:func:`perfmodel.pipeline.inflight_microbatches`: GPipe ``m``, 1F1B and ZB-H1
-       ``min(p - i, m)``, interleaved Megatron's warm-up count, whose stage-0 value is ``p`` times
+    1. Parameters per GPU on the first, last and a middle stage (:func:`stage_params`), and each
+       rank's routed experts (:func:`stage_dense_layers`, :func:`stage_expert_params`).
+    2. Model states by ZeRO stage (:func:`kernel_state_bytes_per_param`,
+       :func:`rank_state_bytes`: :func:`zero_state_bytes` over the ``dp * cp`` ranks that hold
+       the same parameters, as Megatron-LM shards the distributed optimizer over the
+       data-parallel group including context parallelism; :func:`expert_state_bytes` over
+       expert-dp; eager FSDP2 ZeRO-2 :func:`fsdp2_zero2_sharded_weight_bytes`).
+    3. Activations: one layer (:func:`stage_layer_activation_bytes`: Korthikanti's
+       :func:`layer_activation_bytes` less :func:`selective_recompute_freed_bytes` or, eager,
+       :func:`eager_layer_activation_bytes`; MoE :func:`moe_layer_activation_bytes`) times the
+       layers of a stage times the micro-batches in flight (:func:`stage_activation_bytes`,
+       :func:`stage_inflight_microbatches`: GPipe ``m``, 1F1B and ZB-H1 ``min(p - i, m)``,
+       interleaved Megatron's warm-up count, whose stage-0 value is ``p`` times
        ``1 + (p-1)/(p v)``). Full recompute adds one layer's whole activations (the layer being
-       recomputed). Plus the embedding (token ids, dropout mask) per in-flight micro-batch on
-       the first stage, and the final norm, output-layer input and fp32 logits per in-flight
-       micro-batch on the last stage, with one micro-batch's 16-bit logits in flight.
-    4. Other: cuBLAS workspaces, gradient buckets (ZeRO-2/3: two buckets of
-       :data:`BUCKET_PARAMS`; eager DDP: a bucket copy of every gradient), ZeRO-3 all-gathered
-       weights and gradients of :data:`ZERO3_LIVE_LAYERS` layers, Transformer Engine's cached fp8
-       weights and their transposes (fp8/fp4: 2 bytes per GEMM weight), and the allocator
-       allowance (:data:`ALLOCATOR_ALLOWANCE_FRACTION` of everything else).
+       recomputed). Plus the embedding (:func:`embedding_activation_bytes`: token ids, dropout
+       mask) per in-flight micro-batch on the first stage, and the final norm, output-layer
+       input (:func:`final_layer_activation_bytes`) and the loss's logits
+       (:func:`loss_buffer_bytes`, :func:`loss_inflight_microbatches`) on the last stage, with
+       one micro-batch's 16-bit logits in flight (:func:`single_stage_activation_bytes` with
+       ``pp = 1``).
+    4. Other: cuBLAS workspaces (:func:`library_workspace_bytes`), gradient buckets
+       (:func:`gradient_bucket_bytes`: ZeRO-2/3 two buckets of :data:`BUCKET_PARAMS`; eager DDP
+       a bucket copy of every gradient), ZeRO-3 all-gathered weights and gradients of
+       :data:`ZERO3_LIVE_LAYERS` layers (:func:`zero3_gathered_bytes`), Transformer Engine's
+       cached fp8 weights and their transposes (:func:`stage_fp8_weight_cache_bytes`: fp8/fp4
+       2 bytes per GEMM weight), MoE dispatch buffers
+       (:func:`perfmodel.moe.moe_dispatch_buffer_bytes`), eager torch pipelining's buffers
+       (:func:`eager_pipeline_receive_bytes`, :func:`eager_pipeline_held_output_bytes`).
+    5. The peak (:func:`fused_peak_stage`; eager :func:`_eager_moments` with
+       :func:`eager_zero_bubble_gradient_bytes` and :func:`eager_accumulating_gradients`), the
+       optimizer step's gradient copy (:func:`optimizer_grad_copy_excess_bytes`) and the
+       allocator allowance (:func:`allocator_allowance_bytes`,
+       :data:`ALLOCATOR_ALLOWANCE_FRACTION` of what churns).
 
     Fused kernels hold all of this at once. Eager PyTorch creates the gradients during the
     backward and keeps bf16 autocast copies of the GEMM weights while they are saved, so its
