@@ -39,6 +39,7 @@ import numpy as np
 
 from perfmodel import eager as eager_kernels
 from perfmodel import moe
+from perfmodel import moe_dispatch
 from perfmodel.calibration import KERNEL_MIN_S, Calibration, calibration_for
 from perfmodel.config import ConfigBatch
 from perfmodel.specs import GPUSpec, ModelSpec, TrainingSpec
@@ -324,6 +325,10 @@ class _Phase:
         self.cal = cal
         self.gpu_s = np.zeros(n)
         self.launches = np.zeros(n)
+        # host time after a device-to-host sync: the GPU queue is empty, so it adds in series
+        self.serial_s = np.zeros(n)
+        # host time with no sync before it: it joins the launching thread's side of the max
+        self.host_s = np.zeros(n)
 
     def mem(self, op: str, nbytes, count=1) -> None:
         """``count`` memory-bound kernels of kind ``op`` moving ``nbytes`` each."""
@@ -342,11 +347,12 @@ class _Phase:
         self.launches = self.launches + launches
 
     def cpu_s(self, cpu_per_launch_s: float, cpu_extra_s=0.0) -> np.ndarray:
-        return self.launches * cpu_per_launch_s + cpu_extra_s
+        return self.launches * cpu_per_launch_s + self.host_s + cpu_extra_s
 
     def time_s(self, cpu_per_launch_s: float, cpu_extra_s=0.0) -> np.ndarray:
-        """The slower of the device and the launching thread, see :func:`_overlap_s`."""
-        return _overlap_s(self.gpu_s, self.cpu_s(cpu_per_launch_s, cpu_extra_s))
+        """The slower of the device and the launching thread, see :func:`_overlap_s`, plus the
+        host time exposed after a sync (``serial_s``)."""
+        return _overlap_s(self.gpu_s, self.cpu_s(cpu_per_launch_s, cpu_extra_s)) + self.serial_s
 
 
 
@@ -532,9 +538,14 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         phi = model.moe_layer_fraction
         t_sp = T / tp
         ph.mem("softmax", phi * 2 * 4.0 * t_sp * model.num_experts, 2 if pass_ == "bwd" else 1)
-        ph.mem("copy", phi * (1 + model.moe_top_k) * act_b * t_sp * h, 2)
-        if not eager:  # after the dispatcher's host sync the per-expert host work is exposed
-            ph.add(phi * host_exposed_s, 0)
+        n_perm = moe_dispatch.permute_copy_kernels(training)
+        ph.mem("copy", phi * (1 + model.moe_top_k) * act_b * t_sp * h * 2 / n_perm, n_perm)
+        if eager:
+            return
+        if moe_dispatch.dispatch_syncs(model, training):
+            ph.serial_s = ph.serial_s + phi * host_exposed_s  # GPU idle after the D2H sync
+        else:  # no sync: the per-expert host work runs ahead of the GPU
+            ph.host_s = ph.host_s + phi * host_exposed_s
 
     def attention(ph: _Phase, pass_: str) -> None:
         if training.flash_attention:
@@ -589,12 +600,16 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     fwd = _Phase(cal, n)
     layer_forward(fwd)
     moe_kernels(fwd, "fwd")
+    if not eager:  # CUDA graphs replay the parts of cuda_graph_scope as one launch each
+        fwd.add(0.0, -moe_dispatch.graph_saved_launches(model, training, "fwd", lowp))
 
     # ---- layer backward
     bwd = _Phase(cal, n)
     gemm_phase(bwd, ("dgrad", "wgrad"))
     attention(bwd, "bwd")
     moe_kernels(bwd, "bwd")
+    if not eager:
+        bwd.add(0.0, -moe_dispatch.graph_saved_launches(model, training, "bwd", lowp))
     if eager:
         bwd.terms(eager_kernels.layer_terms(model, T, Tn, tp, f_gpu, gemms[0][2], s, act_b,
                                             res_b, w_b, autocast, "bwd"))
@@ -636,9 +651,10 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     # The recompute of a layer runs right before its backward: CPU and GPU overlap across both,
     # so the pair is composed together and the recompute is what it adds to the backward.
     full_s = _overlap_s(rec_full.gpu_s + bwd.gpu_s,
-                        rec_full.cpu_s(cpu_f, ckpt) + bwd.cpu_s(cpu_b)) - layer_bwd_s
+                        rec_full.cpu_s(cpu_f, ckpt) + bwd.cpu_s(cpu_b)) + (
+        rec_full.serial_s + bwd.serial_s) - layer_bwd_s
     sel_s = _overlap_s(rec_sel.gpu_s + bwd.gpu_s,
-                       rec_sel.cpu_s(cpu_f) + bwd.cpu_s(cpu_b)) - layer_bwd_s
+                       rec_sel.cpu_s(cpu_f) + bwd.cpu_s(cpu_b)) + bwd.serial_s - layer_bwd_s
     layer_recompute_s = np.where(
         rc == _RECOMPUTE_FULL, full_s, np.where(rc == _RECOMPUTE_SELECTIVE, sel_s, 0.0)
     )

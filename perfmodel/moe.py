@@ -38,6 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from perfmodel import collectives as coll
+from perfmodel import moe_dispatch
 from perfmodel.config import ConfigBatch
 from perfmodel.specs import ModelSpec, TrainingSpec
 from perfmodel.topology import GroupPlacement
@@ -72,7 +73,7 @@ the expert count [s]: the dispatcher's device-to-host copy of the per-expert tok
 :data:`MOE_EXPERT_HOST_S` on ``moe_runs_dev.csv``: the fit puts it at 0 once the per-expert
 term is there (see ``docs/moe.md``), so it is kept as a named hook at 0."""
 
-MOE_EXPERT_HOST_S = 1.39e-4
+MOE_EXPERT_HOST_S = 1.2e-4
 """Host time exposed per *local expert*, MoE layer pass (forward or backward) and micro-batch
 [s]. After the dispatcher's device-to-host sync (``tokens_per_expert`` to the host: the grouped
 GEMM's ``m_splits``) the GPU queue is empty, and Transformer Engine's ``GroupedLinear`` then does
@@ -110,7 +111,8 @@ def moe_host_exposed_s(model: ModelSpec, batch: ConfigBatch,
     """
     if not model.is_moe or (training is not None and training.moe_pad_expert_input_to_capacity):
         return np.zeros(len(batch))
-    return MOE_HOST_SYNC_S + MOE_EXPERT_HOST_S * local_experts(model, batch)
+    router_s = 0.0 if training is None else moe_dispatch.router_host_s(training)
+    return MOE_HOST_SYNC_S + router_s + MOE_EXPERT_HOST_S * local_experts(model, batch)
 
 
 def tokens_per_gpu(training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:
@@ -314,7 +316,7 @@ def dispatch_time_per_layer(model: ModelSpec, training: TrainingSpec, batch: Con
 # --------------------------------------------------------------------------------------------
 def a2a_overlap_applies(training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:
     """Whether ``--overlap-moe-expert-parallel-comm`` runs for each configuration: the switch
-    is on (``training.overlap_moe_comm``), ep > 1, the alltoall dispatcher, no full
+    is on (``training.overlap_moe_comm``), ep > 1, the alltoall or flex dispatcher, no full
     recomputation, and with pp > 1 an interleaved schedule (vp > 1). Megatron-Core refuses the
     others (``TransformerConfig.__post_init__``: "virtual_pipeline_model_parallel_size must be
     specified when pipeline_model_parallel_size > 1", "disable full recomputation when enabling
@@ -329,7 +331,7 @@ def a2a_overlap_applies(training: TrainingSpec, batch: ConfigBatch) -> np.ndarra
     ``pipeline_parallel/combined_1f1b.py``, ``pipeline_parallel/schedules.py``.
     """
     n = len(batch)
-    if not training.overlap_moe_comm or training.moe_token_dispatcher != "alltoall":
+    if not training.overlap_moe_comm or training.moe_token_dispatcher not in ("alltoall", "flex"):
         return np.zeros(n, dtype=bool)
     full = np.asarray(batch.recompute) == 2  # perfmodel.config.RECOMPUTE: none, selective, full
     return (batch.ep > 1) & ~full & ((batch.pp == 1) | (batch.vp > 1))

@@ -165,6 +165,44 @@ def recipe_facts(r: pd.Series) -> str:
                              str(r.get("gpu_type", "")).upper()), "")
 
 
+_GRAPH_PARTS = ("attn", "moe_router", "moe_preprocess")
+
+
+def dispatch_switches(r: pd.Series, other: str) -> dict:
+    """The dispatcher switches a row names (:mod:`perfmodel.moe_dispatch`), from its
+    ``other_config`` (lower-cased, with :data:`RECIPE_FACTS`) and its release:
+
+    * ``moe_token_dispatcher``: ``flex`` where a flex backend is named
+      (``moe_flex_dispatcher_backend=hybridep|deepep``, "dispatcher=flex / HybridEP"),
+      ``allgather`` where named, else ``alltoall``; ``moe_flex_backend`` the backend named;
+    * ``cuda_graph_scope``: the parts of ``cuda_graph_scope=[...]`` / "cuda_graphs=TE partial
+      CUDA graphs: ..." that the model prices (``attn``, ``moe_router``, ``moe_preprocess``;
+      ``mamba`` is refused with its model); none where the row says none or names none;
+    * ``moe_router_fusion``: on for Megatron-Bridge (its performance recipes set
+      ``moe_router_fusion = True``: ``set_qwen3_common_configs``,
+      ``set_deepseek_v3_common_configs``) and for the Megatron-LM GB200 study's later stages,
+      off for its baseline ("Router fusion" is the study's second step) and for the releases
+      before Transformer Engine's fused router (MCore v0.8 / v0.9, dgxc 2024-25, NeMo 2.0
+      25.02-25.07).
+    """
+    flex = "moe_flex_dispatcher_backend=" in other or "dispatcher=flex" in other
+    dispatcher = "flex" if flex else ("allgather" if "dispatcher=allgather" in other
+                                      else "alltoall")
+    backend = "hybridep" if "hybridep" in other else "deepep"
+    scope: tuple[str, ...] = ()
+    m = re.search(r"cuda_graph_scope=\[([^\]]*)\]", other)
+    m = m or re.search(r"cuda_graphs=te partial cuda graphs:([^;]*)", other)
+    if m:
+        named = re.findall(r"[a-z_]+", m.group(1))
+        scope = tuple(p for p in _GRAPH_PARTS if p in named)
+    source = str(r.get("source", "")).lower()
+    notes = str(r.get("notes", "")).lower()
+    fusion = "megatron-bridge" in source or (
+        "optimizing deepseek-v3" in source and "stage: baseline" not in notes)
+    return {"moe_token_dispatcher": dispatcher, "moe_flex_backend": backend,
+            "cuda_graph_scope": scope, "moe_router_fusion": fusion}
+
+
 def _default_etp(r: pd.Series, tp: int) -> int:
     """Expert tensor parallelism where the row leaves it empty: 1 for Megatron-Bridge (its MoE
     workload presets set ``expert_tensor_parallel_size=1``), else Megatron-Core's own default
@@ -189,15 +227,14 @@ def moe_case_from_row(r: pd.Series) -> Case:
             measured = _step_from_tflops(r, model)
     other = (str(r.get("other_config", "")) + "; " + recipe_facts(r)).lower()
     cf = re.search(r"moe_expert_capacity_factor=([0-9.]+)", other)
+    pad = bool(cf) and "moe_pad_expert_input_to_capacity=true" in other
     if cf:  # token-dropping run (Grok-1: 1.0 with the expert inputs padded to capacity)
         model = model.model_copy(update={"moe_capacity_factor": float(cf.group(1))})
     training = TrainingSpec(
         global_batch_size=int(r["global_batch_size"]), seq_len=int(r["seq_len"]),
         precision=_precision(str(r["precision"])), optimizer="adam",
         **era_switches(modern=True), overlap_moe_comm="moe_a2a_overlap=true" in other,
-        moe_token_dispatcher="allgather" if "dispatcher=allgather" in other else "alltoall",
-        moe_pad_expert_input_to_capacity=bool(cf) and (
-            "moe_pad_expert_input_to_capacity=true" in other),
+        moe_pad_expert_input_to_capacity=pad, **dispatch_switches(r, other),
     )
     gpus = int(r["num_gpus"])
     t = int(_f(r["tensor_parallel"]) or 1)
