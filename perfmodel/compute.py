@@ -327,8 +327,6 @@ class _Phase:
         self.launches = np.zeros(n)
         # host time after a device-to-host sync: the GPU queue is empty, so it adds in series
         self.serial_s = np.zeros(n)
-        # host time with no sync before it: it joins the launching thread's side of the max
-        self.host_s = np.zeros(n)
 
     def mem(self, op: str, nbytes, count=1) -> None:
         """``count`` memory-bound kernels of kind ``op`` moving ``nbytes`` each."""
@@ -347,7 +345,7 @@ class _Phase:
         self.launches = self.launches + launches
 
     def cpu_s(self, cpu_per_launch_s: float, cpu_extra_s=0.0) -> np.ndarray:
-        return self.launches * cpu_per_launch_s + self.host_s + cpu_extra_s
+        return self.launches * cpu_per_launch_s + cpu_extra_s
 
     def time_s(self, cpu_per_launch_s: float, cpu_extra_s=0.0) -> np.ndarray:
         """The slower of the device and the launching thread, see :func:`_overlap_s`, plus the
@@ -542,10 +540,9 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         ph.mem("copy", phi * (1 + model.moe_top_k) * act_b * t_sp * h * 2 / n_perm, n_perm)
         if eager:
             return
-        if moe_dispatch.dispatch_syncs(model, training):
-            ph.serial_s = ph.serial_s + phi * host_exposed_s  # GPU idle after the D2H sync
-        else:  # no sync: the per-expert host work runs ahead of the GPU
-            ph.host_s = ph.host_s + phi * host_exposed_s
+        # after the dispatcher's device-to-host sync the GPU queue is empty: the host work
+        # that follows adds in series (0 without a sync: moe_dispatch.dispatch_syncs)
+        ph.serial_s = ph.serial_s + phi * host_exposed_s
 
     def attention(ph: _Phase, pass_: str) -> None:
         if training.flash_attention:

@@ -100,7 +100,10 @@ def moe_host_exposed_s(model: ModelSpec, batch: ConfigBatch,
     ``MOE_HOST_SYNC_S + MOE_EXPERT_HOST_S * E/ep`` (0 for a dense model, and 0 when the experts'
     inputs are padded to capacity, ``training.moe_pad_expert_input_to_capacity``: the split
     sizes are then fixed on the host, ``torch.full(capacity * tp * ep)``, and the dispatcher's
-    ``cuda_sync_point`` stays ``"no_sync"``, so the CPU keeps running ahead of the GPU).
+    ``cuda_sync_point`` stays ``"no_sync"``, so the CPU keeps running ahead of the GPU:
+    :func:`perfmodel.moe_dispatch.dispatch_syncs`). With ``training`` the router and preprocess
+    host time joins (:func:`perfmodel.moe_dispatch.router_host_s`: fewer kernels with the flex
+    dispatcher, one launch under a ``moe_router`` CUDA graph).
 
     References
     ----------
@@ -109,7 +112,8 @@ def moe_host_exposed_s(model: ModelSpec, batch: ConfigBatch,
     ``drop_and_pad`` branch without it);
     Transformer Engine ``pytorch/module/grouped_linear.py`` (per-expert quantise / GEMM loop).
     """
-    if not model.is_moe or (training is not None and training.moe_pad_expert_input_to_capacity):
+    if not model.is_moe or (training is not None
+                            and not moe_dispatch.dispatch_syncs(model, training)):
         return np.zeros(len(batch))
     router_s = 0.0 if training is None else moe_dispatch.router_host_s(training)
     return MOE_HOST_SYNC_S + router_s + MOE_EXPERT_HOST_S * local_experts(model, batch)
