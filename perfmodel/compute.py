@@ -542,7 +542,8 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
             return
         # after the dispatcher's device-to-host sync the GPU queue is empty: the host work
         # that follows adds in series (0 without a sync: moe_dispatch.dispatch_syncs)
-        ph.serial_s = ph.serial_s + phi * host_exposed_s
+        ph.serial_s = ph.serial_s + phi * (
+            host_exposed_s + moe_dispatch.static_host_s(model, training, pass_, lowp))
 
     def attention(ph: _Phase, pass_: str) -> None:
         if training.flash_attention:

@@ -80,11 +80,14 @@ GEMM's ``m_splits``) the GPU queue is empty, and Transformer Engine's ``GroupedL
 its per-expert host work (split of the input, per-expert fp8 quantisers and workspaces, one
 cuBLAS GEMM per expert in ``general_grouped_gemm``, for fc1 and fc2; in the backward dgrad and
 wgrad) before the GPU has anything to run, so the host time per local expert adds to the
-layer's time instead of hiding behind it. ``E/ep`` local experts: DeepSeek-V3 with ep 8 has 32,
-Qwen3-235B with ep 64 has 2. Fitted, as the one MoE-specific parameter, on ``moe_runs_dev.csv``
-(94 rows, 8 models): 0.139 ms with the MTP layouts of the DeepSeek-V3 rows (leave-one-model-out fits 0.124-0.141 ms; docs/moe.md). Megatron-Core's
-remedies confirm the effect: ``--moe-pad-expert-input-to-capacity`` (no sync), CUDA graphs of
-``moe_router`` / ``moe_preprocess``, TE's device-side grouped GEMM (``m_splits`` on the GPU)."""
+layer's time in series (``compute._Phase.serial_s``: after the max of device and launch time,
+not inside it). ``E/ep`` local experts: DeepSeek-V3 with ep 8 has 32, Qwen3-235B with ep 64 has
+2. Fitted, as the one MoE-specific time parameter, on ``moe_runs_dev.csv`` (94 rows, 8 models)
+together with the dispatcher switches each row names (:mod:`perfmodel.moe_dispatch`): 0.12 ms
+(leave-one-model-out folds 0.11-0.12 ms; docs/moe.md; 0.139 ms before the switches, when the
+router / preprocess host time was inside it). Megatron-Core's remedies confirm the effect:
+``--moe-pad-expert-input-to-capacity`` (no sync), CUDA graphs of ``moe_router`` /
+``moe_preprocess``, TE's device-side grouped GEMM (``m_splits`` on the GPU)."""
 
 
 def local_experts(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
@@ -101,9 +104,9 @@ def moe_host_exposed_s(model: ModelSpec, batch: ConfigBatch,
     inputs are padded to capacity, ``training.moe_pad_expert_input_to_capacity``: the split
     sizes are then fixed on the host, ``torch.full(capacity * tp * ep)``, and the dispatcher's
     ``cuda_sync_point`` stays ``"no_sync"``, so the CPU keeps running ahead of the GPU:
-    :func:`perfmodel.moe_dispatch.dispatch_syncs`). With ``training`` the router and preprocess
-    host time joins (:func:`perfmodel.moe_dispatch.router_host_s`: fewer kernels with the flex
-    dispatcher, one launch under a ``moe_router`` CUDA graph).
+    :func:`perfmodel.moe_dispatch.dispatch_syncs`). The host time of the layer's static parts
+    (router, preprocess, attention, shared experts; what CUDA graphs remove) is
+    :func:`perfmodel.moe_dispatch.static_host_s`.
 
     References
     ----------
@@ -115,8 +118,7 @@ def moe_host_exposed_s(model: ModelSpec, batch: ConfigBatch,
     if not model.is_moe or (training is not None
                             and not moe_dispatch.dispatch_syncs(model, training)):
         return np.zeros(len(batch))
-    router_s = 0.0 if training is None else moe_dispatch.router_host_s(training)
-    return MOE_HOST_SYNC_S + router_s + MOE_EXPERT_HOST_S * local_experts(model, batch)
+    return MOE_HOST_SYNC_S + MOE_EXPERT_HOST_S * local_experts(model, batch)
 
 
 def tokens_per_gpu(training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:

@@ -96,6 +96,24 @@ def test_host_after_sync_adds_in_series(monkeypatch):
         assert t1[k][0] - t0[k][0] == pytest.approx(16e-3, rel=1e-6)
 
 
+def test_static_host_time_by_hand(monkeypatch):
+    # shipped: the router / preprocess only (31 x 6.9 us); with the study's 60 us per TE kernel:
+    # Qwen3-30B fp8 forward, no graphs: 8 attention kernels x 60 us + 0.2139 ms = 0.6939 ms;
+    # DeepSeek-V3 (MLA, one shared expert) fp8 forward: (12 + 5) x 60 us + 0.2139 = 1.2339 ms;
+    # all three graphs: one router launch, 6.9 us; padded to capacity (no sync): 0
+    assert md.static_host_s(QWEN, TR, "fwd", True) == pytest.approx(2.139e-4)
+    monkeypatch.setattr(md, "TE_KERNEL_HOST_S", 6e-5)
+    assert md.static_host_s(QWEN, TR, "fwd", True) == pytest.approx(6.939e-4)
+    assert md.shared_expert_kernels(DS, "fwd", True) == 5
+    assert md.shared_expert_kernels(QWEN, "fwd", True) == 0
+    assert md.static_host_s(DS, TR, "fwd", True) == pytest.approx(1.2339e-3)
+    g = TR.model_copy(update={"cuda_graph_scope": ("attn", "moe_router", "moe_preprocess")})
+    assert md.static_host_s(DS, g, "fwd", True) == pytest.approx(6.9e-6)
+    pad = TR.model_copy(update={"moe_pad_expert_input_to_capacity": True})
+    assert md.static_host_s(DS.model_copy(update={"moe_capacity_factor": 1.0}), pad, "fwd",
+                            True) == 0.0
+
+
 def test_graph_scope_checked():
     with pytest.raises((SpecError, ValueError), match="moe_preprocess"):
         TrainingSpec(cuda_graph_scope=("moe_preprocess",))
