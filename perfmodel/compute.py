@@ -325,8 +325,6 @@ class _Phase:
         self.cal = cal
         self.gpu_s = np.zeros(n)
         self.launches = np.zeros(n)
-        # host time after a device-to-host sync: the GPU queue is empty, so it adds in series
-        self.serial_s = np.zeros(n)
 
     def mem(self, op: str, nbytes, count=1) -> None:
         """``count`` memory-bound kernels of kind ``op`` moving ``nbytes`` each."""
@@ -348,9 +346,8 @@ class _Phase:
         return self.launches * cpu_per_launch_s + cpu_extra_s
 
     def time_s(self, cpu_per_launch_s: float, cpu_extra_s=0.0) -> np.ndarray:
-        """The slower of the device and the launching thread, see :func:`_overlap_s`, plus the
-        host time exposed after a sync (``serial_s``)."""
-        return _overlap_s(self.gpu_s, self.cpu_s(cpu_per_launch_s, cpu_extra_s)) + self.serial_s
+        """The slower of the device and the launching thread, see :func:`_overlap_s`."""
+        return _overlap_s(self.gpu_s, self.cpu_s(cpu_per_launch_s, cpu_extra_s))
 
 
 
@@ -540,10 +537,11 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         ph.mem("copy", phi * (1 + model.moe_top_k) * act_b * t_sp * h * 2 / n_perm, n_perm)
         if eager:
             return
-        # after the dispatcher's device-to-host sync the GPU queue is empty: the host work
-        # that follows adds in series (0 without a sync: moe_dispatch.dispatch_syncs)
-        ph.serial_s = ph.serial_s + phi * (
-            host_exposed_s + moe_dispatch.static_host_s(model, training, pass_, lowp))
+        # after the dispatcher's device-to-host sync the GPU waits for the host work that
+        # follows it (per local expert) and for the router / preprocess launches before it
+        # (0 without a sync: moe_dispatch.dispatch_syncs)
+        ph.add(phi * (host_exposed_s + moe_dispatch.static_host_s(model, training, pass_, lowp)),
+               0)
 
     def attention(ph: _Phase, pass_: str) -> None:
         if training.flash_attention:
@@ -649,10 +647,9 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     # The recompute of a layer runs right before its backward: CPU and GPU overlap across both,
     # so the pair is composed together and the recompute is what it adds to the backward.
     full_s = _overlap_s(rec_full.gpu_s + bwd.gpu_s,
-                        rec_full.cpu_s(cpu_f, ckpt) + bwd.cpu_s(cpu_b)) + (
-        rec_full.serial_s + bwd.serial_s) - layer_bwd_s
+                        rec_full.cpu_s(cpu_f, ckpt) + bwd.cpu_s(cpu_b)) - layer_bwd_s
     sel_s = _overlap_s(rec_sel.gpu_s + bwd.gpu_s,
-                       rec_sel.cpu_s(cpu_f) + bwd.cpu_s(cpu_b)) + bwd.serial_s - layer_bwd_s
+                       rec_sel.cpu_s(cpu_f) + bwd.cpu_s(cpu_b)) - layer_bwd_s
     layer_recompute_s = np.where(
         rc == _RECOMPUTE_FULL, full_s, np.where(rc == _RECOMPUTE_SELECTIVE, sel_s, 0.0)
     )

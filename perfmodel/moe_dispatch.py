@@ -140,10 +140,11 @@ as :data:`MOE_ROUTER_KERNEL_HOST_S`, 1054 layer passes a step on the slowest ran
 * "CUDA Graphs capture shared expert": 797.67 -> 829.93 TFLOP/s, 0.377 ms a pass for the shared
   expert's 6 kernels (fp8: 5 forward, 7 backward): 63 us.
 
-Applied to the dev rows at 60 us it helps the 61 rows whose switches are stated (MAPE 10.2 ->
-10.0 %) but the rows whose recipe is unknown (25.09, NeMo 2.0 docs) get 2-20 % too slow, and
-the whole set goes from 11.3 to 11.6 % (leave-one-model-out 11.3 -> 11.6 %; fitted it goes to
-2 us with no cross-validated gain): one study on one model and CPU does not carry to the rest,
+Applied to the dev rows at 60 us (per-expert host time refitted) it helps the 61 rows whose
+switches are stated (MAPE 11.0 -> 10.7 %) but the rows whose recipe is unknown (25.09, NeMo 2.0
+docs) get up to 20 % too slow, and the whole set goes from 11.1 to 11.5 % (leave-one-model-out
+11.1 -> 11.6 %; fitted per fold it stays at 0 in 7 of 8 folds): one study on one model and CPU
+does not carry to the rest,
 so the term is left at 0 and ``attn`` graphs change only the launch count
 (:func:`graph_saved_launches`). Set it to 6e-5 to reproduce the study's CUDA-graph step."""
 

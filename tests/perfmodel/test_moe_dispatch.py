@@ -84,16 +84,17 @@ def test_switches_never_slow_the_layer_down():
     assert uf["layer_fwd_s"][0] - base["layer_fwd_s"][0] == pytest.approx(41 * 6.9e-6, rel=0.01)
 
 
-def test_host_after_sync_adds_in_series(monkeypatch):
-    # the per-expert host time after the sync adds to the layer in full, even where the launch
-    # side is the slower one: 16 local experts (Qwen3-30B, ep 8) x 1 ms per pass = 16 ms
+def test_host_after_sync_adds_to_the_device_side(monkeypatch):
+    # the per-expert host time after the sync keeps the GPU idle: 16 local experts (Qwen3-30B,
+    # ep 8) x 1 ms a pass adds to the device side, 16 ms, less what the launch side had already
+    # added to the pass through the smooth max (perfmodel.compute._overlap_s)
     gpu = load_cluster("dgx-b200").gpu
     monkeypatch.setattr(moe, "MOE_EXPERT_HOST_S", 0.0)
     t0 = compute_times(QWEN, TR, gpu, _batch())
     monkeypatch.setattr(moe, "MOE_EXPERT_HOST_S", 1e-3)
     t1 = compute_times(QWEN, TR, gpu, _batch())
     for k in ("layer_fwd_s", "layer_bwd_s"):
-        assert t1[k][0] - t0[k][0] == pytest.approx(16e-3, rel=1e-6)
+        assert 0.85 * 16e-3 < t1[k][0] - t0[k][0] <= 16e-3 + 1e-12
 
 
 def test_static_host_time_by_hand(monkeypatch):
