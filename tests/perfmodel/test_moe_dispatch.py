@@ -1,9 +1,11 @@
 """The MoE dispatcher switches (perfmodel/moe_dispatch.py): hand-computed counts and times."""
 
-import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from perfmodel import moe, moe_dispatch as md
+from perfmodel import moe
+from perfmodel import moe_dispatch as md
 from perfmodel.compute import compute_times
 from perfmodel.config import ConfigBatch, ParallelConfig
 from perfmodel.specs import SpecError, TrainingSpec, load_cluster, load_model, load_training
@@ -122,3 +124,32 @@ def test_graph_scope_checked():
         TrainingSpec(cuda_graph_scope=("moe",))
     assert TrainingSpec(cuda_graph_scope=("attn", "moe_router")).cuda_graph_scope == (
         "attn", "moe_router")
+
+
+_GPU = load_cluster("dgx-b200").gpu
+
+
+@settings(max_examples=25, deadline=None)
+@given(scope=st.sets(st.sampled_from(["attn", "moe_router"])),
+       extra=st.sampled_from(["attn", "moe_router"]),
+       flex=st.booleans(), fusion=st.booleans(), ep=st.sampled_from([1, 2, 4, 8]),
+       mb=st.sampled_from([1, 4]))
+def test_more_graphs_or_flex_never_slower(scope, extra, flex, fusion, ep, mb):
+    # graphing one more part, or the flex dispatcher in place of alltoall, only removes host
+    # work and launches: the layer's forward and backward never get slower
+    def tr(parts, dispatcher):
+        parts = set(parts)
+        if "moe_router" in parts:
+            parts.add("moe_preprocess")
+        order = [p for p in ("attn", "moe_router", "moe_preprocess") if p in parts]
+        return TR.model_copy(update={"cuda_graph_scope": tuple(order),
+                                     "moe_token_dispatcher": dispatcher,
+                                     "moe_router_fusion": fusion})
+    b = _batch(ep=ep, mb=mb)
+    disp = "flex" if flex else "alltoall"
+    base = compute_times(QWEN, tr(scope, disp), _GPU, b)
+    more = compute_times(QWEN, tr(scope | {extra}, disp), _GPU, b)
+    fl = compute_times(QWEN, tr(scope, "flex"), _GPU, b)
+    for k in ("layer_fwd_s", "layer_bwd_s"):
+        assert more[k][0] <= base[k][0] + 1e-12
+        assert fl[k][0] <= base[k][0] + 1e-12
