@@ -39,3 +39,31 @@ def test_pad_flag_only_when_the_plan_pads():
     assert "--moe-pad-expert-input-to-capacity" not in drop
     pad = TrainingSpec(moe_pad_expert_input_to_capacity=True)
     assert "--moe-pad-expert-input-to-capacity" in megatron_moe_args(CFG, capped, pad)
+
+
+def test_result_setup_carries_the_switches_to_the_emitter():
+    # a plan under a framework that sets the dispatcher switches records them in its setup,
+    # and the launch config rebuilt from that setup prints them (search.emit.training_from_setup)
+    from search.emit import training_from_setup
+
+    t = TrainingSpec(moe_token_dispatcher="flex", moe_flex_backend="hybridep",
+                     cuda_graph_scope=("attn", "moe_router", "moe_preprocess"),
+                     overlap_moe_comm=True)
+    setup = {"global_batch_size": t.global_batch_size, "seq_len": t.seq_len,
+             "training_switches": {k: getattr(t, k) for k in (
+                 "moe_token_dispatcher", "moe_flex_backend", "moe_router_fusion",
+                 "cuda_graph_scope", "overlap_moe_comm")}}
+    back = training_from_setup(setup)
+    assert (back.moe_token_dispatcher, back.moe_flex_backend, back.cuda_graph_scope,
+            back.overlap_moe_comm) == ("flex", "hybridep", ("attn", "moe_router",
+                                                            "moe_preprocess"), True)
+
+
+def test_plan_records_the_framework_switches():
+    from search.api import plan
+
+    r = plan("qwen3-30b-a3b", "dgx-b200", gpus=8, global_batch_size=64, seq_len=4096,
+             framework="bridge-26.02", top=1, tp=1, pp=1, ep=8)
+    sw = r.setup["training_switches"]
+    assert sw["moe_token_dispatcher"] == "flex" and sw["moe_flex_backend"] == "hybridep"
+    assert tuple(sw["cuda_graph_scope"]) == ("attn", "moe_router", "moe_preprocess")
