@@ -462,7 +462,7 @@ def moe_tuned_report(path: Path | None = None, limit: int | None = None) -> pd.D
     cases = []
     for _, r in df.iterrows():
         try:
-            cases.append(moe_case_from_row(r))
+            cases.append(moe_case_from_row(r, df))
         except SpecError:
             continue
     best: dict[tuple, Case] = {}
