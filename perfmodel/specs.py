@@ -964,6 +964,8 @@ def _hf_moe_fields(data: dict[str, Any]) -> dict[str, Any]:
             out["moe_router_bias"] = True
     window = data.get("sliding_window")
     types = data.get("layer_types") or []
+    if data.get("use_sliding_window") is False:  # Qwen2/Qwen3 configs name one and disable it
+        window = None
     if isinstance(window, int) and window > 0 and (not types or "sliding_attention" in types):
         out["attention_window"] = int(window)
         n_full = sum(t == "full_attention" for t in types)
