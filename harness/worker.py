@@ -508,7 +508,153 @@ def sum_tied_grads(stage_mods: list[TinyGPT], emb_group, spec: ModelSpec) -> Non
 # ------------------------------------------------------------------------------------------------
 # The rank's main
 # ------------------------------------------------------------------------------------------------
+def _mesh_and_groups(spec: ModelSpec, dp: int, tp: int, pp: int, vp: int, sched_name: str):
+    """Step 1: the ``(pp, dp, tp)`` mesh, this rank's coordinates and local stages, the
+    tied-embedding group (first and last stage's ranks) and the process-group -> dimension map
+    that the communication meter labels its records with."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    rank = dist.get_rank()
+    mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+    coords = {d: mesh[d].get_local_rank() for d in ("pp", "dp", "tp")}
+    dim_of_group = {mesh[d].get_group().group_name: d for d in ("pp", "dp", "tp")}
+    dim_of_group.setdefault(dist.group.WORLD.group_name, "world")
+    ids, n_stages = stage_ids(sched_name, pp, vp, coords["pp"])
+    emb_group = None
+    if spec.tied_embeddings and pp > 1:  # first stage's rank and last stage's rank
+        last_owner = (n_stages - 1) % pp
+        for d in range(dp):
+            for r in range(tp):
+                ranks = sorted({r + tp * (d + dp * 0), r + tp * (d + dp * last_owner)})
+                g = dist.new_group(ranks)
+                if rank in ranks:
+                    emb_group = g
+                    dim_of_group[g.group_name] = "pp"
+    return mesh, coords, ids, n_stages, emb_group, dim_of_group
+
+
+def _local_batch(spec: ModelSpec, gb: int, seq: int, dp: int, dp_rank: int, seed: int):
+    """Step 2: one fixed global batch (the same for every config), this dp rank's rows."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    data = torch.randint(0, spec.vocab_size, (gb, seq + 1), generator=gen)
+    rows = gb // dp
+    x = data[dp_rank * rows : (dp_rank + 1) * rows, :-1].contiguous()
+    y = data[dp_rank * rows : (dp_rank + 1) * rows, 1:].contiguous()
+    return x, y
+
+
+def _parallel_stages(spec: ModelSpec, par: dict, ids: list[int], n_stages: int, mesh, impl: str,
+                     seed: int):
+    """Steps 2-5: build the full model from the seed, cut this rank's stages, set recompute,
+    apply tensor parallel and wrap data parallel. Returns the wrapped modules, the raw ones
+    and, per stage, the names of the sequence-parallel (replicated over tp) parameters."""
+    full = build_model(spec, seed=seed)
+    mods, raw, sp_names = [], [], []
+    for s in ids:
+        m = make_stage(full, s, n_stages)
+        set_recompute(m, par.get("recompute", "none"))
+        names = []
+        if par["tp"] > 1:
+            names = apply_tp(m, mesh["tp"], bool(par.get("sequence_parallel")))
+        raw.append(m)
+        sp_names.append(set(names))
+        mods.append(apply_dp(m, impl, mesh["dp"]))
+    del full
+    gc.collect()
+    return mods, raw, sp_names
+
+
+def _optimizer(impl: str, params: list, raw: list, spec: ModelSpec, dp_group, hz: dict,
+               keep_grads: list):
+    """AdamW in the data-parallel implementation's form: the flat ZeRO-0/1 one, torch's
+    ``ZeroRedundancyOptimizer``, or plain AdamW (DDP / FSDP parameters)."""
+    opt_kwargs = {"lr": hz.get("lr", 3e-3), "betas": (0.9, 0.95), "weight_decay": 0.0,
+                  "foreach": False}
+    if impl.startswith("flat"):
+        tied = [p for p in tied_pairs(raw) if p is not None] if spec.tied_embeddings else []
+        return FlatDP(params, int(impl[-1]), dp_group, opt_kwargs, keep_grads=keep_grads + tied)
+    if impl == "zero1-torch":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW,
+                                       process_group=dp_group, **opt_kwargs)
+    return torch.optim.AdamW(params, **opt_kwargs)
+
+
+def _pipeline_schedule(sched_name: str, mods: list, ids: list[int], n_stages: int, pp_group,
+                       impl: str, opt, nmb: int, loss_fn):
+    """Step 6: one ``PipelineStage`` per local stage and the named schedule."""
+    from torch.distributed import pipelining as P
+
+    stage_cls = _ShardedGradStage if impl.startswith("fsdp") else _main_grad_stage_class()
+    stages = [stage_cls(m, s, n_stages, torch.device("cpu"), group=pp_group)
+              for m, s in zip(mods, ids)]
+    if isinstance(opt, FlatDP) and opt.zero == 1:
+        for st in stages:  # zero bubble: weight gradients into the main-grad buffer
+            st.after_weight_backward = opt.absorb_grads
+    if sched_name == "gpipe":
+        return P.ScheduleGPipe(stages[0], n_microbatches=nmb, loss_fn=loss_fn)
+    if sched_name == "1f1b":
+        return P.Schedule1F1B(stages[0], n_microbatches=nmb, loss_fn=loss_fn)
+    if sched_name == "interleaved":
+        return P.ScheduleInterleaved1F1B(stages, n_microbatches=nmb, loss_fn=loss_fn)
+    return P.ScheduleInterleavedZeroBubble(stages, n_microbatches=nmb, loss_fn=loss_fn)
+
+
+def _no_pipeline_step(m, impl: str, x, y, nmb: int, loss_fn, losses: list) -> None:
+    """Gradient accumulation over ``nmb`` micro-batches without a pipeline: the gradient
+    sync only on the last one (DDP ``no_sync``), FSDP reduce-scatters every micro-batch."""
+    for i, (xm, ym) in enumerate(zip(x.chunk(nmb), y.chunk(nmb))):
+        last = i == nmb - 1
+        if impl.startswith("fsdp"):  # ZeRO-2/3: reduce-scatter every micro-batch
+            m.set_requires_gradient_sync(True)
+            m.set_reshard_after_backward(impl == "fsdp-zero3" or last)
+        ctx = m.no_sync() if impl in ("ddp", "zero1-torch") and not last else _null()
+        with ctx:
+            loss = loss_fn(m(xm), ym)
+            (loss / nmb).backward()
+        losses.append(loss.detach())
+
+
+def _inject_fault(inject: dict, rank: int, step: int) -> None:
+    """The launcher's fault test: fail or hang the named rank at the named step."""
+    if inject.get("rank") == rank and step == inject.get("step", 0):
+        if inject.get("kind") == "hang":
+            time.sleep(3600)
+        raise RuntimeError(f"injected failure on rank {rank} at step {step}")
+
+
+def _measured_steps(train_step, mem: PeakMemMeter, warmup: int, timed: int, t: dict):
+    """Warm-up steps instrumented (memory on every one, communication on the last one), then
+    timed steps uninstrumented with a barrier before and after each."""
+    losses_per_step: list[float | None] = []
+    comm = CommMeter()
+    peaks: list[int] = []
+    for step in range(warmup):
+        with mem:
+            mem.reset_peak()
+            if step == warmup - 1:
+                with comm:
+                    losses_per_step.append(train_step(step))
+            else:
+                losses_per_step.append(train_step(step))
+            peaks.append(mem.peak_bytes)
+        if step == 0:
+            t["first_step_s"] = time.perf_counter() - T_START
+    steady_bytes = mem.cur_bytes
+    step_s = []
+    for step in range(warmup, warmup + timed):
+        dist.barrier()
+        t0 = time.perf_counter()
+        losses_per_step.append(train_step(step))
+        dist.barrier()
+        step_s.append(time.perf_counter() - t0)
+    return losses_per_step, comm, peaks, steady_bytes, step_s
+
+
 def run(job: dict, out_dir: Path) -> dict:
+    """One rank's whole job, as the module docstring's recipe: mesh, data, stages, optimizer,
+    schedule, then the instrumented and timed steps; returns the rank's report."""
     par = job["parallel"]
     hz = job.get("harness", {})
     spec = ModelSpec.model_validate(job["model"])
@@ -522,50 +668,14 @@ def run(job: dict, out_dir: Path) -> dict:
     sched_name = par.get("schedule", "1f1b")
     nmb = par["num_microbatches"]
     impl = dp_implementation(par, dp_impl)
-    inject = hz.get("inject") or {}
+    seed = hz.get("seed", 0)
     t = {"imported_s": T_IMPORTED - T_START}
 
-    # 1. mesh and the process-group -> dimension map
-    from torch.distributed.device_mesh import init_device_mesh
-
-    mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
-    pp_rank, dp_rank, tp_rank = (mesh[d].get_local_rank() for d in ("pp", "dp", "tp"))
-    dim_of_group = {mesh[d].get_group().group_name: d for d in ("pp", "dp", "tp")}
-    dim_of_group.setdefault(dist.group.WORLD.group_name, "world")
-    ids, n_stages = stage_ids(sched_name, pp, vp, pp_rank)
-    emb_group = None
-    if spec.tied_embeddings and pp > 1:  # first stage's rank and last stage's rank
-        last_owner = (n_stages - 1) % pp
-        for d in range(dp):
-            for r in range(tp):
-                ranks = sorted({r + tp * (d + dp * 0), r + tp * (d + dp * last_owner)})
-                g = dist.new_group(ranks)
-                if rank in ranks:
-                    emb_group = g
-                    dim_of_group[g.group_name] = "pp"
+    mesh, coords, ids, n_stages, emb_group, dim_of_group = _mesh_and_groups(
+        spec, dp, tp, pp, vp, sched_name)
     t["mesh_s"] = time.perf_counter() - T_START
-
-    # 2. data: one fixed global batch (same for every config), this dp rank's rows
-    gen = torch.Generator().manual_seed(hz.get("seed", 0) + 1)
-    data = torch.randint(0, spec.vocab_size, (gb, seq + 1), generator=gen)
-    rows = gb // dp
-    x = data[dp_rank * rows : (dp_rank + 1) * rows, :-1].contiguous()
-    y = data[dp_rank * rows : (dp_rank + 1) * rows, 1:].contiguous()
-
-    # 3-6. build, parallelize, wrap (memory meter active from here on)
-    full = build_model(spec, seed=hz.get("seed", 0))
-    mods, raw, sp_names = [], [], []
-    for s in ids:
-        m = make_stage(full, s, n_stages)
-        set_recompute(m, par.get("recompute", "none"))
-        names = []
-        if tp > 1:
-            names = apply_tp(m, mesh["tp"], bool(par.get("sequence_parallel")))
-        raw.append(m)
-        sp_names.append(set(names))
-        mods.append(apply_dp(m, impl, mesh["dp"]))
-    del full
-    gc.collect()
+    x, y = _local_batch(spec, gb, seq, dp, coords["dp"], seed)
+    mods, raw, sp_names = _parallel_stages(spec, par, ids, n_stages, mesh, impl, seed)
     t["parallelized_s"] = time.perf_counter() - T_START
     params = [p for m in raw for p in m.parameters()]
     sp_params = [p for m, ns in zip(raw, sp_names) for n, p in m.named_parameters() if n in ns]
@@ -574,27 +684,7 @@ def run(job: dict, out_dir: Path) -> dict:
     mem = PeakMemMeter()
     mem.track(x, y, params, [b for m in raw for b in m.buffers()])
     with mem:
-        opt_kwargs = {
-            "lr": hz.get("lr", 3e-3),
-            "betas": (0.9, 0.95),
-            "weight_decay": 0.0,
-            "foreach": False,
-        }
-        if impl.startswith("flat"):
-            tied = [p for p in tied_pairs(raw) if p is not None] if spec.tied_embeddings else []
-            opt = FlatDP(params, int(impl[-1]), mesh["dp"].get_group(), opt_kwargs,
-                         keep_grads=sp_params + tied)  # fmt: skip
-        elif impl == "zero1-torch":
-            from torch.distributed.optim import ZeroRedundancyOptimizer
-
-            opt = ZeroRedundancyOptimizer(
-                params,
-                optimizer_class=torch.optim.AdamW,
-                process_group=mesh["dp"].get_group(),
-                **opt_kwargs,
-            )
-        else:
-            opt = torch.optim.AdamW(params, **opt_kwargs)
+        opt = _optimizer(impl, params, raw, spec, mesh["dp"].get_group(), hz, sp_params)
         param_bytes = sum(_local(p).numel() * _local(p).element_size() for p in params)
 
     tp_group = mesh["tp"].get_group()
@@ -606,48 +696,19 @@ def run(job: dict, out_dir: Path) -> dict:
 
     sched = None
     if pp > 1:
-        from torch.distributed import pipelining as P
-
-        stage_cls = _ShardedGradStage if impl.startswith("fsdp") else _main_grad_stage_class()
-        stages = [
-            stage_cls(m, s, n_stages, torch.device("cpu"), group=mesh["pp"].get_group())
-            for m, s in zip(mods, ids)
-        ]
-        if isinstance(opt, FlatDP) and opt.zero == 1:
-            for st in stages:  # zero bubble: weight gradients into the main-grad buffer
-                st.after_weight_backward = opt.absorb_grads
-        if sched_name == "gpipe":
-            sched = P.ScheduleGPipe(stages[0], n_microbatches=nmb, loss_fn=ce)
-        elif sched_name == "1f1b":
-            sched = P.Schedule1F1B(stages[0], n_microbatches=nmb, loss_fn=ce)
-        elif sched_name == "interleaved":
-            sched = P.ScheduleInterleaved1F1B(stages, n_microbatches=nmb, loss_fn=ce)
-        else:
-            sched = P.ScheduleInterleavedZeroBubble(stages, n_microbatches=nmb, loss_fn=ce)
+        sched = _pipeline_schedule(sched_name, mods, ids, n_stages, mesh["pp"].get_group(),
+                                   impl, opt, nmb, ce)
     t["built_s"] = time.perf_counter() - T_START
 
     def train_step(step: int) -> float | None:
-        if inject.get("rank") == rank and step == inject.get("step", 0):
-            if inject.get("kind") == "hang":
-                time.sleep(3600)
-            raise RuntimeError(f"injected failure on rank {rank} at step {step}")
+        _inject_fault(hz.get("inject") or {}, rank, step)
         losses: list = []
         if sched is not None:
             args = (x,) if 0 in ids else ()
             kw = {"target": y, "losses": losses} if n_stages - 1 in ids else {}
             sched.step(*args, **kw)
         else:
-            m = mods[0]
-            for i, (xm, ym) in enumerate(zip(x.chunk(nmb), y.chunk(nmb))):
-                last = i == nmb - 1
-                if impl.startswith("fsdp"):  # ZeRO-2/3: reduce-scatter every micro-batch
-                    m.set_requires_gradient_sync(True)
-                    m.set_reshard_after_backward(impl == "fsdp-zero3" or last)
-                ctx = m.no_sync() if impl in ("ddp", "zero1-torch") and not last else _null()
-                with ctx:
-                    loss = ce(m(xm), ym)
-                    (loss / nmb).backward()
-                losses.append(loss.detach())
+            _no_pipeline_step(mods[0], impl, x, y, nmb, ce, losses)
         sum_tied_grads(raw, emb_group, spec)
         if sp_params:
             allreduce_sequence_parallel_grads(sp_params, tp_group)
@@ -656,40 +717,18 @@ def run(job: dict, out_dir: Path) -> dict:
             opt.zero_grad()
         else:
             opt.zero_grad(set_to_none=True)
-        if losses and tp_rank == 0:
+        if losses and coords["tp"] == 0:
             return float(torch.stack([torch.as_tensor(v).detach().float() for v in losses]).mean())
         return None
 
     warmup, timed = int(hz.get("warmup_steps", 2)), int(hz.get("timed_steps", 3))
-    losses_per_step: list[float | None] = []
-    comm = CommMeter()
-    peaks: list[int] = []
-    # warm-up steps, instrumented: memory on every one, communication on the last one
-    for step in range(warmup):
-        with mem:
-            mem.reset_peak()
-            if step == warmup - 1:
-                with comm:
-                    losses_per_step.append(train_step(step))
-            else:
-                losses_per_step.append(train_step(step))
-            peaks.append(mem.peak_bytes)
-        if step == 0:
-            t["first_step_s"] = time.perf_counter() - T_START
-    steady_bytes = mem.cur_bytes
-    # timed steps, uninstrumented, barrier before and after each
-    step_s = []
-    for step in range(warmup, warmup + timed):
-        dist.barrier()
-        t0 = time.perf_counter()
-        losses_per_step.append(train_step(step))
-        dist.barrier()
-        step_s.append(time.perf_counter() - t0)
+    losses_per_step, comm, peaks, steady_bytes, step_s = _measured_steps(
+        train_step, mem, warmup, timed, t)
     t["done_s"] = time.perf_counter() - T_START
     return {
         "rank": rank,
         "world": world,
-        "coords": {"pp": pp_rank, "dp": dp_rank, "tp": tp_rank},
+        "coords": coords,
         "stages": ids,
         "num_stages": n_stages,
         "dp_impl": impl,
