@@ -54,6 +54,7 @@ __all__ = [
     "all_to_all_tiered_time",
     "dispatch_ops_per_layer",
     "effective_ffn_size",
+    "expert_output_bias_traffic",
     "expert_params_per_gpu",
     "expert_rows_per_gpu",
     "local_experts",
@@ -143,6 +144,39 @@ def expert_rows_per_gpu(model: ModelSpec, training: TrainingSpec, batch: ConfigB
     ep, etp = batch.ep.astype(np.float64), batch.etp.astype(np.float64)
     return ep * etp * routed_tokens_per_gpu(model, training, batch) / model.num_experts * (
         model.load_imbalance)
+
+
+def expert_output_bias_traffic(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch,
+                               bytes_per_value: float, pass_: str
+                               ) -> tuple[np.ndarray, np.ndarray]:
+    """HBM bytes and kernels of the routed experts' output bias per MoE layer and micro-batch
+    (``(bytes, kernels)``; zero without linear biases). Megatron-Core's ``TEGroupedMLP`` builds
+    ``linear_fc2`` with ``skip_bias_add=True`` and adds the bias scaled by the routing
+    probability outside the grouped GEMM, as PyTorch ops per local expert
+    (``_apply_bias``: ``torch.cat([t + b * p for ...])``): forward, per output value of the
+    ``etp*T*k*imb`` rows x ``h``, ``b*p`` written (1 value), ``t + bp`` read 2 and written 1, the
+    ``cat`` read and written 1 each: 5 values, ``2*E/ep + 1`` kernels; backward, ``g*p`` and
+    ``g*b`` each written and reduced (2 x 3 values: the bias and probability gradients) and the
+    split's gradient concatenated (2): 8 values, ``4*E/ep + 1`` kernels. Example: GPT-OSS-120B,
+    ep 64 (2 local experts), T*k = 16384 * 4 rows, h 2880, bf16: forward 65536 * 2880 * 5 * 2 =
+    1.89 GB in 5 kernels.
+
+    References
+    ----------
+    Megatron-Core ``transformer/moe/experts.py`` (``TEGroupedMLP.__init__``: ``linear_fc2``
+    with ``bias=add_bias_linear, skip_bias_add=True``; ``TEGroupedMLP._apply_bias``, called
+    after ``linear_fc2`` in ``forward``); the fc1 bias is added inside Transformer Engine's
+    ``GroupedLinear`` (``skip_bias_add=False``).
+    """
+    n = len(batch)
+    if not model.is_moe or not model.linear_bias:
+        return np.zeros(n), np.zeros(n)
+    rows = batch.etp * routed_tokens_per_gpu(model, training, batch) * model.load_imbalance
+    elems = rows * model.hidden_size
+    e_local = local_experts(model, batch)
+    if pass_ == "fwd":
+        return 5.0 * bytes_per_value * elems, 2.0 * e_local + 1.0
+    return 8.0 * bytes_per_value * elems, 4.0 * e_local + 1.0
 
 
 def expert_params_per_gpu(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:

@@ -350,6 +350,13 @@ class ModelSpec(Spec):
         "kernels (Megatron's bias_activation_fusion, bias_dropout_fusion, apply_rope_fusion); "
         "False: as separate PyTorch ops (Megatron-Bridge GPTOSSProvider: the clamped GeGLU, "
         "its biases and the learnable-sink attention leave the fusions off)")
+    attention_window: PosInt | None = Field(
+        default=None, description="left window [tokens] of the sliding-window attention layers "
+        "(Megatron-Core window_size[0]; GPT-OSS 128); None: full causal attention")
+    window_attn_skip_freq: PosInt | None = Field(
+        default=None, description="every n-th layer keeps full attention, the others use the "
+        "window (Megatron-Core window_attn_skip_freq; GPT-OSS 2: alternating); None: all "
+        "layers windowed when attention_window is set")
     mtp_num_layers: Annotated[int, Field(ge=0)] = Field(
         default=0, description="multi-token prediction layers on the last pipeline stage "
         "(Megatron-Core mtp_num_layers; DeepSeek-V3 recipes: 1); their step time only "
@@ -440,6 +447,16 @@ class ModelSpec(Spec):
         return self.moe_capacity_factor or 1.0
 
     # ---- attention geometry -------------------------------------------------------------
+    @property
+    def window_layer_fraction(self) -> float:
+        """Share of the layers whose attention is windowed: 0 without a window, ``1 - 1/n``
+        with ``window_attn_skip_freq`` n (Megatron-Core ``is_layer_window_attention``: layer
+        numbers divisible by n keep full attention), else 1."""
+        if self.attention_window is None:
+            return 0.0
+        n = self.window_attn_skip_freq
+        return 1.0 if n is None else 1.0 - (self.num_layers // n) / self.num_layers
+
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank is not None
@@ -565,6 +582,12 @@ class ModelSpec(Spec):
 # --------------------------------------------------------------------------------------------
 # Training setup
 # --------------------------------------------------------------------------------------------
+RecomputeModule = Literal["core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp",
+                          "shared_experts"]
+"""Sub-modules Megatron-Core's selective recomputation can repeat (``TransformerConfig.
+recompute_modules``; its ``moe`` module, the whole MoE layer with its dispatch, is not offered)."""
+
+
 class TrainingSpec(Spec):
     """Global batch in sequences, sequence length in tokens, precision and optimizer.
 
@@ -653,6 +676,13 @@ class TrainingSpec(Spec):
         "keeps an fp32 softmax) or 'fused' (Transformer Engine parallel_cross_entropy, "
         "--cross-entropy-loss-fusion --cross-entropy-fusion-impl te: gradient written into the "
         "16-bit logits in place)",
+    )
+    recompute_modules: tuple[RecomputeModule, ...] = Field(
+        default=("core_attn",),
+        description="what selective recomputation repeats in the backward (Megatron-Core "
+        "--recompute-modules; default core_attn): core_attn, layernorm (input and pre-MLP norms), "
+        "moe_act (the routed experts' activation), mla_up_proj (MLA up projections and RoPE), "
+        "mlp (the dense layers' MLP), shared_experts",
     )
     zero3_gather: Literal["layer", "tensor"] = Field(
         default="layer",
@@ -957,6 +987,15 @@ def _hf_moe_fields(data: dict[str, Any]) -> dict[str, Any]:
             out["moe_layer_freq"] = freq
         if mt == "gpt_oss":
             out["moe_router_bias"] = True
+    window = data.get("sliding_window")
+    types = data.get("layer_types") or []
+    if data.get("use_sliding_window") is False:  # Qwen2/Qwen3 configs name one and disable it
+        window = None
+    if isinstance(window, int) and window > 0 and (not types or "sliding_attention" in types):
+        out["attention_window"] = int(window)
+        n_full = sum(t == "full_attention" for t in types)
+        if n_full:  # HF layer_types: every n-th layer full (GPT-OSS: sliding, full, ...)
+            out["window_attn_skip_freq"] = max(1, round(len(types) / n_full))
     if data.get("kv_lora_rank"):
         out["kv_lora_rank"] = int(data["kv_lora_rank"])
         if data.get("q_lora_rank"):

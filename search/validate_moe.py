@@ -113,6 +113,23 @@ def _recompute(text: str) -> str:
     return "none"
 
 
+_MODULE_NAMES = {"core_attn": "core_attn", "layernorm": "layernorm", "moe_act": "moe_act",
+                 "mla_up_proj": "mla_up_proj", "mla up_proj": "mla_up_proj", "mlp": "mlp",
+                 "shared_experts": "shared_experts"}
+
+
+def recompute_modules(text: str) -> tuple[str, ...]:
+    """The selective-recompute modules a row names (``"selective: layernorm+moe_act"`` ->
+    ``("layernorm", "moe_act")``; Megatron-Core's ``recompute_modules``), Megatron-Core's
+    default ``("core_attn",)`` when it names none. Order as in Megatron-Core's list."""
+    t = text.lower()
+    if not t.startswith("selective"):
+        return ("core_attn",)
+    named = {v for k, v in _MODULE_NAMES.items() if re.search(rf"(?<![a-z_]){k}(?![a-z_])", t)}
+    order = ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp", "shared_experts")
+    return tuple(m for m in order if m in named) or ("core_attn",)
+
+
 def flop_convention(r: pd.Series) -> tuple[str, int]:
     """The FLOP formula a row's TFLOP/s was counted with: ``(form, mtp_layers)`` of
     :func:`perfmodel.framework_flops.megatron_flops_per_token`.
@@ -287,6 +304,7 @@ def moe_case_from_row(r: pd.Series, siblings: pd.DataFrame | None = None) -> Cas
         precision=_precision(str(r["precision"])), optimizer="adam",
         **era_switches(modern=True), overlap_moe_comm="moe_a2a_overlap=true" in other,
         moe_pad_expert_input_to_capacity=pad, **dispatch_switches(r, other),
+        recompute_modules=recompute_modules(str(r["activation_recompute"])),
     )
     gpus = int(r["num_gpus"])
     t = int(_f(r["tensor_parallel"]) or 1)
