@@ -47,6 +47,7 @@ __all__ = [
     "max_micro_batch_size",
     "memory_breakdown",
     "model_state_bytes",
+    "selective_recompute_freed_bytes",
     "stage_expert_params",
     "stage_params",
     "state_bytes_per_param",
@@ -288,6 +289,79 @@ def layer_activation_bytes(
     none = norm_inputs + attention + mlp
     full = e * sb * h / r  # layer input only
     return np.where(rc == _CODE_FULL, full, none)
+
+
+def selective_recompute_freed_bytes(
+    model: ModelSpec,
+    recompute_modules,
+    seq_len,
+    micro_batch_size,
+    *,
+    tp=1,
+    sequence_parallel=False,
+    bytes_per_value: float = 2.0,
+    gemm_input_bytes: float | None = None,
+) -> np.ndarray:
+    """Activation bytes per layer (the average layer, as :func:`layer_activation_bytes` counts
+    them) that Megatron-Core's selective recomputation of ``recompute_modules`` does not keep
+    for the backward, per micro-batch and GPU. Megatron-Core wraps each module in
+    ``tensor_parallel.CheckpointWithoutOutput``: the module's output is freed once the next op
+    has consumed it (``discard_output_and_register_recompute``) and recomputed before that op's
+    backward, so exactly the saved copies of that output go:
+
+    * ``layernorm``: the norm outputs Megatron keeps as separate tensors: the MoE layers'
+      pre-MLP norm (a ``TENorm`` of its own, whose output the router and the dispatcher read:
+      the ``fc1 input`` term, ``phi * gi * s b h / r``) and, for MLA, the input norm (its output
+      feeds two down projections: the ``QKV input`` term). A dense layer's norms are fused into
+      Transformer Engine's ``LayerNormLinear`` (no separate output to free): 0.
+    * ``moe_act``: the routed experts' activation output, the fc2 input
+      (``phi * k * imb * f_expert`` values per token over tp) in 16-bit training. Under fp8 / fp4
+      ``GroupedLinear`` saves its own quantised copy of that input, which the checkpoint does
+      not free: 0.
+    * ``mla_up_proj``: the MLA up projections' outputs after RoPE, the Q, K and V that flash
+      attention saves (the ``Q`` and ``K, V`` terms, ``e * s b (a + 2 g) d / t``).
+    * ``core_attn`` (with flash attention the attention core saves only its inputs and the
+      log-sum-exp, counted already; the scores of unfused attention are dropped by
+      :func:`layer_activation_bytes` itself), ``mlp``, ``shared_experts``: 0 here.
+
+    Parameters
+    ----------
+    model : the model (MoE and MLA shape)
+    recompute_modules : names (``TrainingSpec.recompute_modules``)
+    seq_len : tokens of a sequence on this GPU (s / cp); micro_batch_size : b
+    tp, sequence_parallel : as in :func:`layer_activation_bytes`
+    bytes_per_value, gemm_input_bytes : as in :func:`layer_activation_bytes` (``gi``)
+
+    References
+    ----------
+    Megatron-Core ``transformer/transformer_config.py`` (``recompute_modules``),
+    ``transformer/transformer_layer.py`` (``recompute_input_layernorm`` /
+    ``recompute_pre_mlp_layernorm``), ``transformer/moe/experts.py`` (``activation_checkpoint``
+    around the weighted SwiGLU), ``transformer/multi_latent_attention.py``
+    (``recompute_up_proj``: ``qkv_up_checkpoint``), ``tensor_parallel/random.py``
+    (``CheckpointWithoutOutput``); ``gpt_layer_specs.py`` (MoE layers' ``pre_mlp_layernorm`` a
+    ``TENorm``, dense layers' fused into ``TELayerNormColumnParallelLinear``).
+    """
+    t = np.asarray(tp, dtype=np.float64)
+    r = np.where(np.asarray(sequence_parallel, dtype=bool), t, 1.0)
+    sb = np.asarray(seq_len, dtype=np.float64) * np.asarray(micro_batch_size, dtype=np.float64)
+    e = float(bytes_per_value)
+    gi = e if gemm_input_bytes is None else float(gemm_input_bytes)
+    h = float(model.hidden_size)
+    phi = model.moe_layer_fraction if model.is_moe else 0.0
+    mods = set(recompute_modules)
+    freed = 0.0 * sb * t
+    if "layernorm" in mods:
+        freed = freed + phi * gi * sb * h / r  # MoE layers' pre-MLP norm output
+        if model.is_mla:
+            freed = freed + gi * sb * h / r  # MLA's separate input norm output
+    if "moe_act" in mods and gi == e:
+        f_routed = model.moe_top_k * model.load_imbalance * model.expert_ffn_size
+        freed = freed + phi * e * sb * f_routed / t
+    if "mla_up_proj" in mods and model.is_mla:
+        a, g, d = model.num_attention_heads, model.kv_heads, model.head_size
+        freed = freed + e * sb * (a + 2.0 * g) * d / t
+    return freed
 
 
 def eager_layer_activation_bytes(
@@ -797,6 +871,11 @@ def memory_breakdown(
             bytes_per_value=e,
             **kw,
         )
+    if not eager:  # what selective recomputation of the training's modules does not keep
+        freed = selective_recompute_freed_bytes(
+            model, training.recompute_modules, s, b, tp=tp, sequence_parallel=sp,
+            bytes_per_value=e, gemm_input_bytes=kw["gemm_input_bytes"])
+        layer_act = layer_act - np.where(rc == _CODE_SELECTIVE, freed, 0.0)
     # MoE: dispatched tokens, expert outputs before the combine, router scores (perfmodel.moe)
     moe_extra = moe.moe_activation_extra_bytes(model, training, c, e,
                                                kw.get("gemm_input_bytes"))

@@ -473,7 +473,15 @@ def moe_tuned_report(path: Path | None = None, limit: int | None = None) -> pd.D
     ``measured / recipe_predicted`` (the published config's own time error) times
     ``search_gain = recipe_predicted / predicted_best`` (how much faster the search thinks it
     can do); ``recipe_fits`` says whether the published config fits the memory model (it ran,
-    so False is a pessimistic memory prediction)."""
+    so False is a pessimistic memory prediction).
+
+    Where the search's gain comes from: ``gain_by_term_s`` is, per term of the step time
+    (:data:`perfmodel.step.TIME_TERMS`), the recipe's predicted seconds less the pick's (they
+    sum to ``recipe_predicted_s - predicted_best_s``); ``gain_term`` / ``gain_term_s`` name the
+    largest. ``recipe_microbatches`` / ``best_microbatches`` show whether the pick amortises
+    per-micro-batch costs (the dispatcher's host sync, the all-to-all latency) over fewer, larger
+    micro-batches; ``recipe_hbm_frac`` / ``best_hbm_frac`` are the predicted peaks over the
+    usable HBM (a pick near 1.0 lives on the memory model's accuracy)."""
     from search.api import plan
 
     df = pd.read_csv(path or VALIDATION_DIR / "moe_runs_dev.csv")
@@ -504,11 +512,31 @@ def moe_tuned_report(path: Path | None = None, limit: int | None = None) -> pd.D
                      "ratio": c.measured_step_s / pred if pred == pred else float("nan"),
                      "recipe_predicted_s": recipe_s, "recipe_fits": bool(own.fits[0]),
                      "search_gain": recipe_s / pred if pred == pred else float("nan"),
-                     "best_config": _cfg_text(r.top.iloc[0]) if r.fits_any else ""})
+                     "best_config": _cfg_text(r.top.iloc[0]) if r.fits_any else "",
+                     **_gain_split(own, c.config, r)})
     out = pd.DataFrame(rows)
     if len(out):
         out["ok"] = (out["ratio"] >= 0.90) & (out["ratio"] <= 1.15)
     return out
+
+
+def _gain_split(own, recipe: ParallelConfig, result) -> dict:
+    """The tuned check's attribution columns (see :func:`moe_tuned_report`): the recipe's
+    evaluation ``own`` against the search's pick (``result.top``'s first row)."""
+    from perfmodel.step import TIME_TERMS
+
+    usable = float(result.usable_bytes) or float("nan")
+    out = {"recipe_microbatches": int(recipe.num_microbatches),
+           "recipe_hbm_frac": float(own.memory_bytes["peak"][0]) / usable}
+    if not result.fits_any:
+        return {**out, "best_microbatches": 0, "best_hbm_frac": float("nan"),
+                "gain_by_term_s": {}, "gain_term": "", "gain_term_s": float("nan")}
+    best = result.top.iloc[0]
+    split = {k: float(own.time_s[k][0]) - float(best[f"{k}_time_s"]) for k in TIME_TERMS}
+    term = max(split, key=split.get)
+    return {**out, "best_microbatches": int(best["num_microbatches"]),
+            "best_hbm_frac": float(best["peak_memory_bytes"]) / usable,
+            "gain_by_term_s": split, "gain_term": term, "gain_term_s": split[term]}
 
 
 def moe_tuned_summary(tuned: pd.DataFrame) -> dict:
@@ -525,13 +553,16 @@ def print_moe_tuned(out, tuned: pd.DataFrame) -> None:
 
     t = Table(title="MoE tuned recipes: best published over the search's best", title_justify="left")
     for col in ("model", "GPU", "GPUs", "batch", "precision", "measured", "search best",
-                "ratio", "search's config"):
+                "ratio", "search's config", "gain mostly from"):
         t.add_column(col, justify="left" if col in ("model", "GPU", "precision",
-                                                    "search's config") else "right")
+                                                    "search's config", "gain mostly from")
+                     else "right")
     for r in tuned.itertuples():
+        src = (f"{r.gain_term} {r.gain_term_s:.3g} s (m {r.recipe_microbatches} -> "
+               f"{r.best_microbatches})" if r.gain_term else "")
         t.add_row(r.model, r.gpu, str(r.gpus), str(r.global_batch), r.precision,
                   f"{r.measured_s:.4g} s", f"{r.predicted_best_s:.4g} s", f"{r.ratio:.2f}",
-                  r.best_config)
+                  r.best_config, src)
     out.print(t)
     s = moe_tuned_summary(tuned)
     out.print(f"tuned-recipe check: {s['within']} of {s['settings']} settings within "
