@@ -39,7 +39,7 @@ import numpy as np
 
 from perfmodel import attention_kernels
 from perfmodel import eager as eager_kernels
-from perfmodel import moe
+from perfmodel import moe, moe_dispatch
 from perfmodel.calibration import KERNEL_MIN_S, Calibration, calibration_for
 from perfmodel.config import ConfigBatch
 from perfmodel.specs import GPUSpec, ModelSpec, TrainingSpec
@@ -559,12 +559,18 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         phi = model.moe_layer_fraction
         t_sp = T / tp
         ph.mem("softmax", phi * 2 * 4.0 * t_sp * model.num_experts, 2 if pass_ == "bwd" else 1)
-        ph.mem("copy", phi * (1 + model.moe_top_k) * act_b * t_sp * h, 2)
-        if not eager:  # after the dispatcher's host sync the per-expert host work is exposed
-            ph.add(phi * host_exposed_s, 0)
-            # the experts' fc2 bias, scaled by the probabilities outside the grouped GEMM
-            nb, nk = moe.expert_output_bias_traffic(model, training, batch, act_b, pass_)
-            ph.mem("add", phi * nb / np.maximum(nk, 1.0), phi * nk)
+        n_perm = moe_dispatch.permute_copy_kernels(training)
+        ph.mem("copy", phi * (1 + model.moe_top_k) * act_b * t_sp * h * 2 / n_perm, n_perm)
+        if eager:
+            return
+        # after the dispatcher's device-to-host sync the GPU waits for the host work that
+        # follows it (per local expert) and for the router / preprocess launches before it
+        # (0 without a sync: moe_dispatch.dispatch_syncs)
+        ph.add(phi * (host_exposed_s + moe_dispatch.static_host_s(model, training, pass_, lowp)),
+               0)
+        # the experts' fc2 bias, scaled by the probabilities outside the grouped GEMM
+        nb, nk = moe.expert_output_bias_traffic(model, training, batch, act_b, pass_)
+        ph.mem("add", phi * nb / np.maximum(nk, 1.0), phi * nk)
 
     def attention(ph: _Phase, pass_: str) -> None:
         if training.flash_attention:
@@ -654,12 +660,16 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     fwd = _Phase(cal, n)
     layer_forward(fwd)
     moe_kernels(fwd, "fwd")
+    if not eager:  # CUDA graphs replay the parts of cuda_graph_scope as one launch each
+        fwd.add(0.0, -moe_dispatch.graph_saved_launches(model, training, "fwd", lowp))
 
     # ---- layer backward
     bwd = _Phase(cal, n)
     gemm_phase(bwd, ("dgrad", "wgrad"))
     attention(bwd, "bwd")
     moe_kernels(bwd, "bwd")
+    if not eager:
+        bwd.add(0.0, -moe_dispatch.graph_saved_launches(model, training, "bwd", lowp))
     if eager:
         bwd.terms(eager_kernels.layer_terms(model, T, Tn, tp, f_gpu, gemms[0][2], s, act_b,
                                             res_b, w_b, autocast, "bwd"))

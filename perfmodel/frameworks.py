@@ -55,6 +55,15 @@ class FrameworkSpec(Spec):
     cross_entropy: Literal["fp32", "fused"] = Field(
         default="fp32", description="the loss kernel: 'fused' = Transformer Engine's in-place "
         "parallel_cross_entropy (Megatron-Bridge performance recipes)")
+    moe_token_dispatcher: Literal["alltoall", "allgather", "flex"] | None = Field(
+        default=None, description="MoE token dispatcher the stack's recipes use (None: the "
+        "TrainingSpec's)")
+    moe_flex_backend: Literal["deepep", "hybridep"] | None = None
+    moe_router_fusion: bool | None = Field(
+        default=None, description="fused router kernels (--moe-router-fusion; Transformer "
+        "Engine 2.5+, Megatron-Core 0.14+)")
+    cuda_graph_scope: tuple[Literal["attn", "moe_router", "moe_preprocess"], ...] | None = Field(
+        default=None, description="Transformer Engine partial CUDA graphs the recipes enable")
     # capabilities: what a search may choose for this stack
     zero_stages: tuple[Literal[0, 1, 2, 3], ...] = Field(min_length=1)
     max_zero_stage_with_pp: Literal[0, 1, 2, 3] = Field(
@@ -71,10 +80,16 @@ class FrameworkSpec(Spec):
 
     def training_switches(self) -> dict[str, Any]:
         """The TrainingSpec fields this stack fixes."""
-        return {k: getattr(self, k) for k in ("overlap_grad_reduce", "overlap_tp_comm",
-                                               "overlap_p2p_comm", "flash_attention",
-                                               "zero3_gather", "grad_reduce_in_fp32",
-                                               "fp8_params", "cross_entropy")}
+        out = {k: getattr(self, k) for k in ("overlap_grad_reduce", "overlap_tp_comm",
+                                              "overlap_p2p_comm", "flash_attention",
+                                              "zero3_gather", "grad_reduce_in_fp32",
+                                              "fp8_params", "cross_entropy")}
+        # MoE dispatcher switches (perfmodel.moe_dispatch), where the preset states them
+        for k in ("moe_token_dispatcher", "moe_flex_backend", "moe_router_fusion",
+                  "cuda_graph_scope"):
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
+        return out
 
     def describe(self) -> str:
         """One line for the report header."""

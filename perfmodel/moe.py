@@ -38,6 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from perfmodel import collectives as coll
+from perfmodel import moe_dispatch
 from perfmodel.config import ConfigBatch
 from perfmodel.specs import ModelSpec, TrainingSpec
 from perfmodel.topology import GroupPlacement
@@ -73,18 +74,22 @@ the expert count [s]: the dispatcher's device-to-host copy of the per-expert tok
 :data:`MOE_EXPERT_HOST_S` on ``moe_runs_dev.csv``: the fit puts it at 0 once the per-expert
 term is there (see ``docs/moe.md``), so it is kept as a named hook at 0."""
 
-MOE_EXPERT_HOST_S = 1.39e-4
+MOE_EXPERT_HOST_S = 1.3e-4
 """Host time exposed per *local expert*, MoE layer pass (forward or backward) and micro-batch
 [s]. After the dispatcher's device-to-host sync (``tokens_per_expert`` to the host: the grouped
 GEMM's ``m_splits``) the GPU queue is empty, and Transformer Engine's ``GroupedLinear`` then does
 its per-expert host work (split of the input, per-expert fp8 quantisers and workspaces, one
 cuBLAS GEMM per expert in ``general_grouped_gemm``, for fc1 and fc2; in the backward dgrad and
 wgrad) before the GPU has anything to run, so the host time per local expert adds to the
-layer's time instead of hiding behind it. ``E/ep`` local experts: DeepSeek-V3 with ep 8 has 32,
-Qwen3-235B with ep 64 has 2. Fitted, as the one MoE-specific parameter, on ``moe_runs_dev.csv``
-(94 rows, 8 models): 0.139 ms with the MTP layouts of the DeepSeek-V3 rows (leave-one-model-out fits 0.124-0.141 ms; docs/moe.md). Megatron-Core's
-remedies confirm the effect: ``--moe-pad-expert-input-to-capacity`` (no sync), CUDA graphs of
-``moe_router`` / ``moe_preprocess``, TE's device-side grouped GEMM (``m_splits`` on the GPU)."""
+layer's device time (``compute`` adds it to the phase's GPU side; adding it after the max of
+device and launch time instead fits worse: 11.3 against 11.1 % MAPE, leave-one-model-out 11.5
+against 11.3 %). ``E/ep`` local experts: DeepSeek-V3 with ep 8 has 32, Qwen3-235B with ep 64 has
+2. Fitted, as the one MoE-specific time parameter, on ``moe_runs_dev.csv`` (94 rows, 8 models)
+together with the dispatcher switches each row names (:mod:`perfmodel.moe_dispatch`): 0.13 ms
+(leave-one-model-out folds 0.125-0.135 ms; docs/moe.md; 0.139 ms before the switches, when the
+router / preprocess host time was inside it). Megatron-Core's remedies confirm the effect:
+``--moe-pad-expert-input-to-capacity`` (no sync), CUDA graphs of ``moe_router`` /
+``moe_preprocess``, TE's device-side grouped GEMM (``m_splits`` on the GPU)."""
 
 
 def local_experts(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
@@ -100,7 +105,10 @@ def moe_host_exposed_s(model: ModelSpec, batch: ConfigBatch,
     ``MOE_HOST_SYNC_S + MOE_EXPERT_HOST_S * E/ep`` (0 for a dense model, and 0 when the experts'
     inputs are padded to capacity, ``training.moe_pad_expert_input_to_capacity``: the split
     sizes are then fixed on the host, ``torch.full(capacity * tp * ep)``, and the dispatcher's
-    ``cuda_sync_point`` stays ``"no_sync"``, so the CPU keeps running ahead of the GPU).
+    ``cuda_sync_point`` stays ``"no_sync"``, so the CPU keeps running ahead of the GPU:
+    :func:`perfmodel.moe_dispatch.dispatch_syncs`). The host time of the layer's static parts
+    (router, preprocess, attention, shared experts; what CUDA graphs remove) is
+    :func:`perfmodel.moe_dispatch.static_host_s`.
 
     References
     ----------
@@ -109,7 +117,8 @@ def moe_host_exposed_s(model: ModelSpec, batch: ConfigBatch,
     ``drop_and_pad`` branch without it);
     Transformer Engine ``pytorch/module/grouped_linear.py`` (per-expert quantise / GEMM loop).
     """
-    if not model.is_moe or (training is not None and training.moe_pad_expert_input_to_capacity):
+    if not model.is_moe or (training is not None
+                            and not moe_dispatch.dispatch_syncs(model, training)):
         return np.zeros(len(batch))
     return MOE_HOST_SYNC_S + MOE_EXPERT_HOST_S * local_experts(model, batch)
 
@@ -348,7 +357,7 @@ def dispatch_time_per_layer(model: ModelSpec, training: TrainingSpec, batch: Con
 # --------------------------------------------------------------------------------------------
 def a2a_overlap_applies(training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:
     """Whether ``--overlap-moe-expert-parallel-comm`` runs for each configuration: the switch
-    is on (``training.overlap_moe_comm``), ep > 1, the alltoall dispatcher, no full
+    is on (``training.overlap_moe_comm``), ep > 1, the alltoall or flex dispatcher, no full
     recomputation, and with pp > 1 an interleaved schedule (vp > 1). Megatron-Core refuses the
     others (``TransformerConfig.__post_init__``: "virtual_pipeline_model_parallel_size must be
     specified when pipeline_model_parallel_size > 1", "disable full recomputation when enabling
@@ -363,7 +372,7 @@ def a2a_overlap_applies(training: TrainingSpec, batch: ConfigBatch) -> np.ndarra
     ``pipeline_parallel/combined_1f1b.py``, ``pipeline_parallel/schedules.py``.
     """
     n = len(batch)
-    if not training.overlap_moe_comm or training.moe_token_dispatcher != "alltoall":
+    if not training.overlap_moe_comm or training.moe_token_dispatcher not in ("alltoall", "flex"):
         return np.zeros(n, dtype=bool)
     full = np.asarray(batch.recompute) == 2  # perfmodel.config.RECOMPUTE: none, selective, full
     return (batch.ep > 1) & ~full & ((batch.pp == 1) | (batch.vp > 1))

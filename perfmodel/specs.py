@@ -625,8 +625,23 @@ class TrainingSpec(Spec):
         default=True, description="pipeline sends/receives overlap compute (--overlap-p2p-comm)"
     )
     flash_attention: bool = Field(default=True, description="no s^2 attention scores are stored")
-    moe_token_dispatcher: Literal["alltoall", "allgather"] = Field(
-        default="alltoall", description="MoE token dispatcher (--moe-token-dispatcher-type)"
+    moe_token_dispatcher: Literal["alltoall", "allgather", "flex"] = Field(
+        default="alltoall", description="MoE token dispatcher (--moe-token-dispatcher-type): "
+        "'flex' = DeepEP / HybridEP fused permute + all-to-all (perfmodel.moe_dispatch)"
+    )
+    moe_flex_backend: Literal["deepep", "hybridep"] = Field(
+        default="deepep", description="backend of the flex dispatcher "
+        "(--moe-flex-dispatcher-backend); used only with moe_token_dispatcher = 'flex'"
+    )
+    moe_router_fusion: bool = Field(
+        default=True, description="Transformer Engine's fused router kernels "
+        "(--moe-router-fusion; Megatron-Bridge performance recipes set it): 31 router + "
+        "preprocess kernels a pass instead of 72 (perfmodel.moe_dispatch)"
+    )
+    cuda_graph_scope: tuple[Literal["attn", "moe_router", "moe_preprocess"], ...] = Field(
+        default=(), description="parts replayed as Transformer Engine partial CUDA graphs "
+        "(--cuda-graph-impl transformer_engine --cuda-graph-scope ...): their kernels cost one "
+        "host launch (perfmodel.moe_dispatch.graph_saved_launches); () = no CUDA graphs"
     )
     overlap_moe_comm: bool = Field(
         default=False, description="expert-parallel all-to-all overlaps another micro-batch's "
@@ -693,6 +708,16 @@ class TrainingSpec(Spec):
         elif prec in ("fp32", "bf16", "fp16"):
             data["low_precision_recipe"] = None
         return data
+
+    @model_validator(mode="after")
+    def _check_graph_scope(self) -> TrainingSpec:
+        scope = self.cuda_graph_scope
+        if "moe_preprocess" in scope and "moe_router" not in scope:
+            raise ValueError(f"cuda_graph_scope {scope!r}: 'moe_preprocess' needs 'moe_router' "
+                             "(Megatron-Core TransformerConfig)")
+        if len(set(scope)) != len(scope):
+            raise ValueError(f"cuda_graph_scope {scope!r}: a part is named twice")
+        return self
 
     @model_validator(mode="after")
     def _check_recipe(self) -> TrainingSpec:
@@ -964,6 +989,8 @@ def _hf_moe_fields(data: dict[str, Any]) -> dict[str, Any]:
             out["moe_router_bias"] = True
     window = data.get("sliding_window")
     types = data.get("layer_types") or []
+    if data.get("use_sliding_window") is False:  # Qwen2/Qwen3 configs name one and disable it
+        window = None
     if isinstance(window, int) and window > 0 and (not types or "sliding_attention" in types):
         out["attention_window"] = int(window)
         n_full = sum(t == "full_attention" for t in types)

@@ -45,6 +45,9 @@ def test_gpt_oss_windows_every_other_layer():
     assert (m.attention_window, m.window_attn_skip_freq) == (128, 2)
     # Mixtral-style configs with sliding_window null import without a window
     assert model_from_hf_config({**hf, "sliding_window": None}, name="x").attention_window is None
+    # Qwen2 / Qwen3 configs carry a sliding_window with use_sliding_window false
+    off = model_from_hf_config({**hf, "use_sliding_window": False}, name="y")
+    assert off.attention_window is None
 
 
 def test_exp_per_mma_flop_and_floor_by_hand():
