@@ -37,8 +37,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from perfmodel import attention_kernels
 from perfmodel import eager as eager_kernels
-from perfmodel import moe
+from perfmodel import moe, moe_dispatch
 from perfmodel.calibration import KERNEL_MIN_S, Calibration, calibration_for
 from perfmodel.config import ConfigBatch
 from perfmodel.specs import GPUSpec, ModelSpec, TrainingSpec
@@ -60,6 +61,7 @@ __all__ = [
     "gemm_time_s",
     "grouped_gemm_time_s",
     "layer_gemms",
+    "mlp_activation_share",
     "optimizer_bytes_per_param",
     "optimizer_params_per_gpu",
     "quantise_bytes",
@@ -444,6 +446,31 @@ def unfused_activation_kernels(model: ModelSpec, pass_: str) -> tuple[int, float
     return (n_k, vals) if pass_ == "fwd" else (2 * n_k, 2.0 * vals)
 
 
+def mlp_activation_share(model: ModelSpec, module: str) -> float:
+    """Fraction of the average layer's MLP activation work (:func:`perfmodel.moe.effective_ffn_size`
+    columns per token) that one selectively recomputed MLP sub-module repeats: ``moe_act`` the
+    routed experts' ``phi * k * imb * f_expert``, ``shared_experts`` the shared experts'
+    ``phi * f_shared``, ``mlp`` the dense layers' ``(1 - phi) * f`` (all of it for a dense
+    model), each over the effective size. Example: DeepSeek-V3 (3 of 61 layers dense, f 18432,
+    8 x 2048 routed, 2048 shared): effective f = 3/61*18432 + 58/61*(16384 + 2048) = 18432, so
+    ``moe_act`` 0.845, ``shared_experts`` 0.106, ``mlp`` 0.049.
+
+    References
+    ----------
+    Megatron-Core ``transformer/transformer_config.py`` (``recompute_modules``: "moe_act":
+    recompute the MoE MLP activation function; "mlp": the dense MLP submodule;
+    "shared_experts": the shared experts in the MoE layer).
+    """
+    f_eff = moe.effective_ffn_size(model)
+    if not model.is_moe:
+        return 1.0 if module == "mlp" else 0.0
+    phi = model.moe_layer_fraction
+    part = {"moe_act": phi * model.moe_top_k * model.load_imbalance * model.expert_ffn_size,
+            "shared_experts": phi * model.shared_ffn_size,
+            "mlp": (1.0 - phi) * model.ffn_hidden_size}[module]
+    return part / f_eff
+
+
 def compute_times(
     model: ModelSpec,
     training: TrainingSpec,
@@ -575,14 +602,28 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         phi = model.moe_layer_fraction
         t_sp = T / tp
         ph.mem("softmax", phi * 2 * 4.0 * t_sp * model.num_experts, 2 if pass_ == "bwd" else 1)
-        ph.mem("copy", phi * (1 + model.moe_top_k) * act_b * t_sp * h, 2)
-        if not eager:  # after the dispatcher's host sync the per-expert host work is exposed
-            ph.add(phi * host_exposed_s, 0)
+        n_perm = moe_dispatch.permute_copy_kernels(training)
+        ph.mem("copy", phi * (1 + model.moe_top_k) * act_b * t_sp * h * 2 / n_perm, n_perm)
+        if eager:
+            return
+        # after the dispatcher's device-to-host sync the GPU waits for the host work that
+        # follows it (per local expert) and for the router / preprocess launches before it
+        # (0 without a sync: moe_dispatch.dispatch_syncs)
+        ph.add(phi * (host_exposed_s + moe_dispatch.static_host_s(model, training, pass_, lowp)),
+               0)
+        # the experts' fc2 bias, scaled by the probabilities outside the grouped GEMM
+        nb, nk = moe.expert_output_bias_traffic(model, training, batch, act_b, pass_)
+        ph.mem("add", phi * nb / np.maximum(nk, 1.0), phi * nk)
 
     def attention(ph: _Phase, pass_: str) -> None:
         if training.flash_attention:
             d_attn = (model.qk_head_size + model.v_head_size) / 2  # MLA: 192 and 128
             t = cal.attention_time_s(mb * nh_gpu, s, d_attn, pass_, causal=True) / cp
+            if pass_ == "fwd" and not eager:  # one exp per score: the SFU floor (FA-4)
+                t = np.maximum(t, attention_kernels.attention_exp_floor_s(gpu, mb * nh_gpu, s)
+                               / cp)
+            # sliding-window layers visit only the key tiles of their band
+            t = t * attention_kernels.window_layer_factor(model, s)
             # FlashAttention has no fp32 kernel: fp32 attention (SDPA's memory-efficient
             # kernel) is taken at the fraction of the fp32-math peak that FA2 reaches of bf16
             # (assumption; without it fp32 attention ran at bf16 speed, MFU up to 236 %).
@@ -605,6 +646,36 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         else:
             ph.mem("dropout", (2 * act_b + 1) * scores)
             ph.mem("softmax", 3 * act_b * scores)
+
+    def selective_module_forward(ph: _Phase, module: str) -> None:
+        """Forward work one module of selective recomputation repeats before the backward
+        (Megatron-Core ``recompute_modules``): ``core_attn`` the attention core; ``layernorm``
+        the two norms; ``moe_act`` / ``mlp`` / ``shared_experts`` their share of the MLP
+        activation (:func:`mlp_activation_share`), ``mlp`` and ``shared_experts`` also their
+        GEMMs (normal checkpointing reruns the submodule); ``mla_up_proj`` the MLA q / kv up
+        projections and the RoPE applied to their outputs. References: Megatron-Core
+        ``transformer/transformer_config.py`` (``recompute_modules``), ``transformer_layer.py``
+        and ``moe/experts.py`` (``CheckpointWithoutOutput`` around the norms and activation)."""
+        if module == "core_attn":
+            attention(ph, "fwd")
+        elif module == "layernorm":
+            ph.mem("layernorm", 2 * act_b * Tn * h, 2)
+        elif module in ("moe_act", "mlp", "shared_experts"):
+            share = mlp_activation_share(model, module)
+            if share <= 0:
+                return
+            if model.fused_elementwise:
+                ph.mem("gelu", share * (act_cols + f_gpu) * act_b * T)
+            else:
+                n_k, vals = unfused_activation_kernels(model, "fwd")
+                ph.mem("gelu", share * vals / n_k * f_gpu * act_b * T, n_k)
+            names = {"mlp": ("fc1", "fc2"), "shared_experts": ("shared_fc1", "shared_fc2"),
+                     "moe_act": ()}[module]
+            gemm_phase(ph, ("fwd",), skip=tuple(g[0] for g in gemms if g[0] not in names))
+        elif module == "mla_up_proj" and model.is_mla:
+            gemm_phase(ph, ("fwd",), skip=tuple(g[0] for g in gemms
+                                                if g[0] not in ("q_up", "kv_up")))
+            ph.mem("copy", 2 * act_b * T * (nh_gpu + 1) * model.qk_rope_head_dim)
 
     # ---- layer forward
     def layer_forward(ph: _Phase, early_stop: bool = False) -> None:
@@ -632,12 +703,16 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     fwd = _Phase(cal, n)
     layer_forward(fwd)
     moe_kernels(fwd, "fwd")
+    if not eager:  # CUDA graphs replay the parts of cuda_graph_scope as one launch each
+        fwd.add(0.0, -moe_dispatch.graph_saved_launches(model, training, "fwd", lowp))
 
     # ---- layer backward
     bwd = _Phase(cal, n)
     gemm_phase(bwd, ("dgrad", "wgrad"))
     attention(bwd, "bwd")
     moe_kernels(bwd, "bwd")
+    if not eager:
+        bwd.add(0.0, -moe_dispatch.graph_saved_launches(model, training, "bwd", lowp))
     if eager:
         bwd.terms(eager_kernels.layer_terms(model, T, Tn, tp, f_gpu, gemms[0][2], s, act_b,
                                             res_b, w_b, autocast, "bwd"))
@@ -664,7 +739,8 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     layer_forward(rec_full, early_stop=eager)
     moe_kernels(rec_full, "fwd")
     rec_sel = _Phase(cal, n)
-    attention(rec_sel, "fwd")
+    for module in training.recompute_modules:
+        selective_module_forward(rec_sel, module)
 
     # Host dispatch cost per kernel: the part's own figure when its spec gives one (e.g. the
     # `local` CPU cluster calibrated by the harness), else the constants fitted on the H200.

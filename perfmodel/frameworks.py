@@ -59,6 +59,15 @@ class FrameworkSpec(Spec):
     cross_entropy: Literal["fp32", "fused"] = Field(
         default="fp32", description="the loss kernel: 'fused' = Transformer Engine's in-place "
         "parallel_cross_entropy (Megatron-Bridge performance recipes)")
+    moe_token_dispatcher: Literal["alltoall", "allgather", "flex"] | None = Field(
+        default=None, description="MoE token dispatcher the stack's recipes use (None: the "
+        "TrainingSpec's)")
+    moe_flex_backend: Literal["deepep", "hybridep"] | None = None
+    moe_router_fusion: bool | None = Field(
+        default=None, description="fused router kernels (--moe-router-fusion; Transformer "
+        "Engine 2.5+, Megatron-Core 0.14+)")
+    cuda_graph_scope: tuple[Literal["attn", "moe_router", "moe_preprocess"], ...] | None = Field(
+        default=None, description="Transformer Engine partial CUDA graphs the recipes enable")
     # capabilities: what a search may choose for this stack
     zero_stages: tuple[Literal[0, 1, 2, 3], ...] = Field(min_length=1)
     max_zero_stage_with_pp: Literal[0, 1, 2, 3] = Field(
@@ -82,6 +91,11 @@ class FrameworkSpec(Spec):
                                               "fp8_params", "cross_entropy")}
         if precision == "fp16" and self.fp16_grads_in_fp16:
             out["grad_reduce_in_fp32"] = False
+        # MoE dispatcher switches (perfmodel.moe_dispatch), where the preset states them
+        for k in ("moe_token_dispatcher", "moe_flex_backend", "moe_router_fusion",
+                  "cuda_graph_scope"):
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
         return out
 
     def describe(self) -> str:

@@ -327,6 +327,13 @@ def stage_memory_bytes(
                                                                           _SELECTIVE, 0), **kw)
     act_ckpt = mem.layer_activation_bytes(s, b, h, a, recompute=_FULL, **kw)
     act_all = mem.layer_activation_bytes(s, b, h, a, recompute=0, **kw)
+
+    def freed(mdl):  # what selective recomputation of the training's modules does not keep
+        return np.where(rc == _SELECTIVE, mem.selective_recompute_freed_bytes(
+            mdl, training.recompute_modules, s, b, tp=tp, sequence_parallel=sp,
+            bytes_per_value=e, gemm_input_bytes=kw["gemm_input_bytes"]), 0.0)
+
+    act_keep = act_keep - freed(model)
     # MoE: dispatched tokens, expert outputs, router scores (0 for a dense model)
     moe_extra = _col(moe.moe_activation_extra_bytes(model, training, c, e,
                                                     kw["gemm_input_bytes"]), nd)
@@ -336,7 +343,7 @@ def stage_memory_bytes(
         for name, mdl in (("dense", dense_m), ("moe", moe_m)):
             kw_t = {**kw, "ffn_hidden_size": moe.effective_ffn_size(mdl)}
             keep_t = mem.layer_activation_bytes(s, b, h, a, recompute=np.where(
-                rc == _SELECTIVE, _SELECTIVE, 0), **kw_t)
+                rc == _SELECTIVE, _SELECTIVE, 0), **kw_t) - freed(mdl)
             all_t = mem.layer_activation_bytes(s, b, h, a, recompute=0, **kw_t)
             extra_t = _col(moe.moe_activation_extra_bytes(mdl, training, c, e,
                                                           kw["gemm_input_bytes"]), nd)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from perfmodel import collectives as coll
+from perfmodel import moe_dispatch
 from perfmodel.config import ConfigBatch
 from perfmodel.specs import ModelSpec, TrainingSpec
 from perfmodel.topology import GroupPlacement
@@ -53,6 +54,7 @@ __all__ = [
     "all_to_all_tiered_time",
     "dispatch_ops_per_layer",
     "effective_ffn_size",
+    "expert_output_bias_traffic",
     "expert_params_per_gpu",
     "expert_rows_per_gpu",
     "local_experts",
@@ -72,18 +74,22 @@ the expert count [s]: the dispatcher's device-to-host copy of the per-expert tok
 :data:`MOE_EXPERT_HOST_S` on ``moe_runs_dev.csv``: the fit puts it at 0 once the per-expert
 term is there (see ``docs/moe.md``), so it is kept as a named hook at 0."""
 
-MOE_EXPERT_HOST_S = 1.39e-4
+MOE_EXPERT_HOST_S = 1.3e-4
 """Host time exposed per *local expert*, MoE layer pass (forward or backward) and micro-batch
 [s]. After the dispatcher's device-to-host sync (``tokens_per_expert`` to the host: the grouped
 GEMM's ``m_splits``) the GPU queue is empty, and Transformer Engine's ``GroupedLinear`` then does
 its per-expert host work (split of the input, per-expert fp8 quantisers and workspaces, one
 cuBLAS GEMM per expert in ``general_grouped_gemm``, for fc1 and fc2; in the backward dgrad and
 wgrad) before the GPU has anything to run, so the host time per local expert adds to the
-layer's time instead of hiding behind it. ``E/ep`` local experts: DeepSeek-V3 with ep 8 has 32,
-Qwen3-235B with ep 64 has 2. Fitted, as the one MoE-specific parameter, on ``moe_runs_dev.csv``
-(94 rows, 8 models): 0.139 ms with the MTP layouts of the DeepSeek-V3 rows (leave-one-model-out fits 0.124-0.141 ms; docs/moe.md). Megatron-Core's
-remedies confirm the effect: ``--moe-pad-expert-input-to-capacity`` (no sync), CUDA graphs of
-``moe_router`` / ``moe_preprocess``, TE's device-side grouped GEMM (``m_splits`` on the GPU)."""
+layer's device time (``compute`` adds it to the phase's GPU side; adding it after the max of
+device and launch time instead fits worse: 11.3 against 11.1 % MAPE, leave-one-model-out 11.5
+against 11.3 %). ``E/ep`` local experts: DeepSeek-V3 with ep 8 has 32, Qwen3-235B with ep 64 has
+2. Fitted, as the one MoE-specific time parameter, on ``moe_runs_dev.csv`` (94 rows, 8 models)
+together with the dispatcher switches each row names (:mod:`perfmodel.moe_dispatch`): 0.13 ms
+(leave-one-model-out folds 0.125-0.135 ms; docs/moe.md; 0.139 ms before the switches, when the
+router / preprocess host time was inside it). Megatron-Core's remedies confirm the effect:
+``--moe-pad-expert-input-to-capacity`` (no sync), CUDA graphs of ``moe_router`` /
+``moe_preprocess``, TE's device-side grouped GEMM (``m_splits`` on the GPU)."""
 
 
 def local_experts(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
@@ -99,7 +105,10 @@ def moe_host_exposed_s(model: ModelSpec, batch: ConfigBatch,
     ``MOE_HOST_SYNC_S + MOE_EXPERT_HOST_S * E/ep`` (0 for a dense model, and 0 when the experts'
     inputs are padded to capacity, ``training.moe_pad_expert_input_to_capacity``: the split
     sizes are then fixed on the host, ``torch.full(capacity * tp * ep)``, and the dispatcher's
-    ``cuda_sync_point`` stays ``"no_sync"``, so the CPU keeps running ahead of the GPU).
+    ``cuda_sync_point`` stays ``"no_sync"``, so the CPU keeps running ahead of the GPU:
+    :func:`perfmodel.moe_dispatch.dispatch_syncs`). The host time of the layer's static parts
+    (router, preprocess, attention, shared experts; what CUDA graphs remove) is
+    :func:`perfmodel.moe_dispatch.static_host_s`.
 
     References
     ----------
@@ -108,7 +117,8 @@ def moe_host_exposed_s(model: ModelSpec, batch: ConfigBatch,
     ``drop_and_pad`` branch without it);
     Transformer Engine ``pytorch/module/grouped_linear.py`` (per-expert quantise / GEMM loop).
     """
-    if not model.is_moe or (training is not None and training.moe_pad_expert_input_to_capacity):
+    if not model.is_moe or (training is not None
+                            and not moe_dispatch.dispatch_syncs(model, training)):
         return np.zeros(len(batch))
     return MOE_HOST_SYNC_S + MOE_EXPERT_HOST_S * local_experts(model, batch)
 
@@ -134,6 +144,39 @@ def expert_rows_per_gpu(model: ModelSpec, training: TrainingSpec, batch: ConfigB
     ep, etp = batch.ep.astype(np.float64), batch.etp.astype(np.float64)
     return ep * etp * routed_tokens_per_gpu(model, training, batch) / model.num_experts * (
         model.load_imbalance)
+
+
+def expert_output_bias_traffic(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch,
+                               bytes_per_value: float, pass_: str
+                               ) -> tuple[np.ndarray, np.ndarray]:
+    """HBM bytes and kernels of the routed experts' output bias per MoE layer and micro-batch
+    (``(bytes, kernels)``; zero without linear biases). Megatron-Core's ``TEGroupedMLP`` builds
+    ``linear_fc2`` with ``skip_bias_add=True`` and adds the bias scaled by the routing
+    probability outside the grouped GEMM, as PyTorch ops per local expert
+    (``_apply_bias``: ``torch.cat([t + b * p for ...])``): forward, per output value of the
+    ``etp*T*k*imb`` rows x ``h``, ``b*p`` written (1 value), ``t + bp`` read 2 and written 1, the
+    ``cat`` read and written 1 each: 5 values, ``2*E/ep + 1`` kernels; backward, ``g*p`` and
+    ``g*b`` each written and reduced (2 x 3 values: the bias and probability gradients) and the
+    split's gradient concatenated (2): 8 values, ``4*E/ep + 1`` kernels. Example: GPT-OSS-120B,
+    ep 64 (2 local experts), T*k = 16384 * 4 rows, h 2880, bf16: forward 65536 * 2880 * 5 * 2 =
+    1.89 GB in 5 kernels.
+
+    References
+    ----------
+    Megatron-Core ``transformer/moe/experts.py`` (``TEGroupedMLP.__init__``: ``linear_fc2``
+    with ``bias=add_bias_linear, skip_bias_add=True``; ``TEGroupedMLP._apply_bias``, called
+    after ``linear_fc2`` in ``forward``); the fc1 bias is added inside Transformer Engine's
+    ``GroupedLinear`` (``skip_bias_add=False``).
+    """
+    n = len(batch)
+    if not model.is_moe or not model.linear_bias:
+        return np.zeros(n), np.zeros(n)
+    rows = batch.etp * routed_tokens_per_gpu(model, training, batch) * model.load_imbalance
+    elems = rows * model.hidden_size
+    e_local = local_experts(model, batch)
+    if pass_ == "fwd":
+        return 5.0 * bytes_per_value * elems, 2.0 * e_local + 1.0
+    return 8.0 * bytes_per_value * elems, 4.0 * e_local + 1.0
 
 
 def expert_params_per_gpu(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
@@ -314,7 +357,7 @@ def dispatch_time_per_layer(model: ModelSpec, training: TrainingSpec, batch: Con
 # --------------------------------------------------------------------------------------------
 def a2a_overlap_applies(training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:
     """Whether ``--overlap-moe-expert-parallel-comm`` runs for each configuration: the switch
-    is on (``training.overlap_moe_comm``), ep > 1, the alltoall dispatcher, no full
+    is on (``training.overlap_moe_comm``), ep > 1, the alltoall or flex dispatcher, no full
     recomputation, and with pp > 1 an interleaved schedule (vp > 1). Megatron-Core refuses the
     others (``TransformerConfig.__post_init__``: "virtual_pipeline_model_parallel_size must be
     specified when pipeline_model_parallel_size > 1", "disable full recomputation when enabling
@@ -329,7 +372,7 @@ def a2a_overlap_applies(training: TrainingSpec, batch: ConfigBatch) -> np.ndarra
     ``pipeline_parallel/combined_1f1b.py``, ``pipeline_parallel/schedules.py``.
     """
     n = len(batch)
-    if not training.overlap_moe_comm or training.moe_token_dispatcher != "alltoall":
+    if not training.overlap_moe_comm or training.moe_token_dispatcher not in ("alltoall", "flex"):
         return np.zeros(n, dtype=bool)
     full = np.asarray(batch.recompute) == 2  # perfmodel.config.RECOMPUTE: none, selective, full
     return (batch.ep > 1) & ~full & ((batch.pp == 1) | (batch.vp > 1))

@@ -355,6 +355,13 @@ class ModelSpec(Spec):
         "kernels (Megatron's bias_activation_fusion, bias_dropout_fusion, apply_rope_fusion); "
         "False: as separate PyTorch ops (Megatron-Bridge GPTOSSProvider: the clamped GeGLU, "
         "its biases and the learnable-sink attention leave the fusions off)")
+    attention_window: PosInt | None = Field(
+        default=None, description="left window [tokens] of the sliding-window attention layers "
+        "(Megatron-Core window_size[0]; GPT-OSS 128); None: full causal attention")
+    window_attn_skip_freq: PosInt | None = Field(
+        default=None, description="every n-th layer keeps full attention, the others use the "
+        "window (Megatron-Core window_attn_skip_freq; GPT-OSS 2: alternating); None: all "
+        "layers windowed when attention_window is set")
     mtp_num_layers: Annotated[int, Field(ge=0)] = Field(
         default=0, description="multi-token prediction layers on the last pipeline stage "
         "(Megatron-Core mtp_num_layers; DeepSeek-V3 recipes: 1); their step time only "
@@ -445,6 +452,16 @@ class ModelSpec(Spec):
         return self.moe_capacity_factor or 1.0
 
     # ---- attention geometry -------------------------------------------------------------
+    @property
+    def window_layer_fraction(self) -> float:
+        """Share of the layers whose attention is windowed: 0 without a window, ``1 - 1/n``
+        with ``window_attn_skip_freq`` n (Megatron-Core ``is_layer_window_attention``: layer
+        numbers divisible by n keep full attention), else 1."""
+        if self.attention_window is None:
+            return 0.0
+        n = self.window_attn_skip_freq
+        return 1.0 if n is None else 1.0 - (self.num_layers // n) / self.num_layers
+
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank is not None
@@ -570,6 +587,12 @@ class ModelSpec(Spec):
 # --------------------------------------------------------------------------------------------
 # Training setup
 # --------------------------------------------------------------------------------------------
+RecomputeModule = Literal["core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp",
+                          "shared_experts"]
+"""Sub-modules Megatron-Core's selective recomputation can repeat (``TransformerConfig.
+recompute_modules``; its ``moe`` module, the whole MoE layer with its dispatch, is not offered)."""
+
+
 class TrainingSpec(Spec):
     """Global batch in sequences, sequence length in tokens, precision and optimizer.
 
@@ -607,8 +630,23 @@ class TrainingSpec(Spec):
         default=True, description="pipeline sends/receives overlap compute (--overlap-p2p-comm)"
     )
     flash_attention: bool = Field(default=True, description="no s^2 attention scores are stored")
-    moe_token_dispatcher: Literal["alltoall", "allgather"] = Field(
-        default="alltoall", description="MoE token dispatcher (--moe-token-dispatcher-type)"
+    moe_token_dispatcher: Literal["alltoall", "allgather", "flex"] = Field(
+        default="alltoall", description="MoE token dispatcher (--moe-token-dispatcher-type): "
+        "'flex' = DeepEP / HybridEP fused permute + all-to-all (perfmodel.moe_dispatch)"
+    )
+    moe_flex_backend: Literal["deepep", "hybridep"] = Field(
+        default="deepep", description="backend of the flex dispatcher "
+        "(--moe-flex-dispatcher-backend); used only with moe_token_dispatcher = 'flex'"
+    )
+    moe_router_fusion: bool = Field(
+        default=True, description="Transformer Engine's fused router kernels "
+        "(--moe-router-fusion; Megatron-Bridge performance recipes set it): 31 router + "
+        "preprocess kernels a pass instead of 72 (perfmodel.moe_dispatch)"
+    )
+    cuda_graph_scope: tuple[Literal["attn", "moe_router", "moe_preprocess"], ...] = Field(
+        default=(), description="parts replayed as Transformer Engine partial CUDA graphs "
+        "(--cuda-graph-impl transformer_engine --cuda-graph-scope ...): their kernels cost one "
+        "host launch (perfmodel.moe_dispatch.graph_saved_launches); () = no CUDA graphs"
     )
     overlap_moe_comm: bool = Field(
         default=False, description="expert-parallel all-to-all overlaps another micro-batch's "
@@ -650,6 +688,13 @@ class TrainingSpec(Spec):
         "--cross-entropy-loss-fusion --cross-entropy-fusion-impl te: gradient written into the "
         "16-bit logits in place)",
     )
+    recompute_modules: tuple[RecomputeModule, ...] = Field(
+        default=("core_attn",),
+        description="what selective recomputation repeats in the backward (Megatron-Core "
+        "--recompute-modules; default core_attn): core_attn, layernorm (input and pre-MLP norms), "
+        "moe_act (the routed experts' activation), mla_up_proj (MLA up projections and RoPE), "
+        "mlp (the dense layers' MLP), shared_experts",
+    )
     zero3_gather: Literal["layer", "tensor"] = Field(
         default="layer",
         description="ZeRO-3 all-gather granularity: one per layer (PyTorch FSDP2, Megatron-FSDP) "
@@ -674,6 +719,16 @@ class TrainingSpec(Spec):
         elif prec in ("fp32", "bf16", "fp16"):
             data["low_precision_recipe"] = None
         return data
+
+    @model_validator(mode="after")
+    def _check_graph_scope(self) -> TrainingSpec:
+        scope = self.cuda_graph_scope
+        if "moe_preprocess" in scope and "moe_router" not in scope:
+            raise ValueError(f"cuda_graph_scope {scope!r}: 'moe_preprocess' needs 'moe_router' "
+                             "(Megatron-Core TransformerConfig)")
+        if len(set(scope)) != len(scope):
+            raise ValueError(f"cuda_graph_scope {scope!r}: a part is named twice")
+        return self
 
     @model_validator(mode="after")
     def _check_recipe(self) -> TrainingSpec:
@@ -943,6 +998,15 @@ def _hf_moe_fields(data: dict[str, Any]) -> dict[str, Any]:
             out["moe_layer_freq"] = freq
         if mt == "gpt_oss":
             out["moe_router_bias"] = True
+    window = data.get("sliding_window")
+    types = data.get("layer_types") or []
+    if data.get("use_sliding_window") is False:  # Qwen2/Qwen3 configs name one and disable it
+        window = None
+    if isinstance(window, int) and window > 0 and (not types or "sliding_attention" in types):
+        out["attention_window"] = int(window)
+        n_full = sum(t == "full_attention" for t in types)
+        if n_full:  # HF layer_types: every n-th layer full (GPT-OSS: sliding, full, ...)
+            out["window_attn_skip_freq"] = max(1, round(len(types) / n_full))
     if data.get("kv_lora_rank"):
         out["kv_lora_rank"] = int(data["kv_lora_rank"])
         if data.get("q_lora_rank"):

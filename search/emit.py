@@ -316,7 +316,8 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
         a += ["--recompute-granularity full", "--recompute-method uniform",
               "--recompute-num-layers 1"]
     elif c.recompute == "selective":
-        a += ["--recompute-granularity selective", "--recompute-modules core_attn"]
+        mods = " ".join(getattr(training, "recompute_modules", ("core_attn",)))
+        a += ["--recompute-granularity selective", f"--recompute-modules {mods}"]
     if getattr(training, "cross_entropy", "fp32") == "fused":  # TE's in-place loss kernel
         a += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl te"]
     n_off = getattr(training, "cpu_offload_layers", 0)
@@ -404,7 +405,8 @@ def _bridge_sections(config: ParallelConfig, model: ModelSpec, training: Trainin
         mdl.update(recompute_granularity="full", recompute_method="uniform",
                    recompute_num_layers=1)
     elif c.recompute == "selective":
-        mdl.update(recompute_granularity="selective", recompute_modules=["core_attn"])
+        mdl.update(recompute_granularity="selective",
+                   recompute_modules=list(getattr(training, "recompute_modules", ("core_attn",))))
     else:
         mdl["recompute_granularity"] = None
     if c.pp > 1:

@@ -64,11 +64,13 @@ def megatron_moe_args(config: ParallelConfig, model: ModelSpec, training: Traini
         "--moe-grouped-gemm",
         f"--moe-router-dtype {model.moe_router_dtype}",
     ]
+    args += _dispatch_switch_args(training)
     if model.shared_ffn_size:
         args.append(f"--moe-shared-expert-intermediate-size {model.shared_ffn_size}")
     if model.moe_capacity_factor is not None:
-        args += [f"--moe-expert-capacity-factor {model.moe_capacity_factor}",
-                 "--moe-pad-expert-input-to-capacity"]
+        args.append(f"--moe-expert-capacity-factor {model.moe_capacity_factor}")
+        if training.moe_pad_expert_input_to_capacity:
+            args.append("--moe-pad-expert-input-to-capacity")
     if _a2a_overlap_runs(training, c):
         args.append("--overlap-moe-expert-parallel-comm")
     return args
@@ -85,7 +87,13 @@ def megatron_bridge_moe_fields(config: ParallelConfig, model: ModelSpec,
         "moe_ffn_hidden_size": model.expert_ffn_size,
         "expert_model_parallel_size": c.ep, "expert_tensor_parallel_size": c.expert_tp,
         "moe_token_dispatcher_type": training.moe_token_dispatcher, "moe_grouped_gemm": True,
+        "moe_router_fusion": training.moe_router_fusion,
     }
+    if training.moe_token_dispatcher == "flex":
+        out["moe_flex_dispatcher_backend"] = training.moe_flex_backend
+    if training.cuda_graph_scope:
+        out["cuda_graph_impl"] = "transformer_engine"
+        out["cuda_graph_scope"] = list(training.cuda_graph_scope)
     if model.shared_ffn_size:
         out["moe_shared_expert_intermediate_size"] = model.shared_ffn_size
     return out
@@ -112,6 +120,20 @@ def torchtitan_moe_lines(config: ParallelConfig, model: ModelSpec) -> list[str]:
         return []
     return [f"expert_parallel_degree = {config.ep}",
             f"expert_tensor_parallel_degree = {config.expert_tp}"]
+
+
+def _dispatch_switch_args(training: TrainingSpec) -> list[str]:
+    """Megatron-LM flags of the dispatcher switches the plan assumes
+    (:mod:`perfmodel.moe_dispatch`): the flex backend, router fusion, partial CUDA graphs."""
+    args: list[str] = []
+    if training.moe_token_dispatcher == "flex":
+        args.append(f"--moe-flex-dispatcher-backend {training.moe_flex_backend}")
+    if training.moe_router_fusion:
+        args.append("--moe-router-fusion")
+    if training.cuda_graph_scope:
+        args += ["--cuda-graph-impl transformer_engine",
+                 "--cuda-graph-scope " + " ".join(training.cuda_graph_scope)]
+    return args
 
 
 def _a2a_overlap_runs(training: TrainingSpec, c: ParallelConfig) -> bool:

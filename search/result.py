@@ -406,7 +406,9 @@ def finalize_batch(
             "training_switches": {k: getattr(space.training, k) for k in (
                 "overlap_grad_reduce", "overlap_tp_comm", "overlap_p2p_comm",
                 "flash_attention", "zero3_gather", "grad_reduce_in_fp32", "fp8_params",
-                "cross_entropy", "cpu_offload_layers")},
+                "cross_entropy", "cpu_offload_layers", "overlap_moe_comm",
+                "moe_token_dispatcher", "moe_flex_backend", "moe_router_fusion",
+                "cuda_graph_scope", "moe_pad_expert_input_to_capacity")},
         },
         extra=dict(extra or {}),
     )

@@ -9,8 +9,11 @@ documented facts of its framework, nothing fitted per row:
   Mamba2/attention models (Nemotron-3) are refused: the tool models transformer layers only.
 * **software**: Megatron-Core of 2024-2026: distributed optimizer (ZeRO-1; FSDP rows ZeRO-3),
   overlapped data-parallel, tensor-parallel and pipeline communication, flash attention,
-  sequence parallelism with tp > 1, the alltoall dispatcher (DeepEP / HybridEP ``flex`` move the
-  same bytes) with the all-to-all overlapped only where the row says ``moe_a2a_overlap=True``;
+  sequence parallelism with tp > 1, the dispatcher switches the row names
+  (:func:`dispatch_switches`: alltoall or flex DeepEP / HybridEP, router fusion, partial CUDA
+  graphs; a Bridge row without a matched preset takes its sibling recipe's,
+  :func:`sibling_recipe_switches`), the all-to-all overlapped only where the row says
+  ``moe_a2a_overlap=True``;
   dropless, force-balanced routing (the benchmark footnotes), so load imbalance 1.
 * **config**: where the row leaves etp empty, 1 for Megatron-Bridge (its MoE recipes set
   ``expert_tensor_parallel_size=1``) and Megatron-Core's default etp = tp for the others; layers that do not divide into ``pp*vp`` chunks are split
@@ -110,6 +113,23 @@ def _recompute(text: str) -> str:
     return "none"
 
 
+_MODULE_NAMES = {"core_attn": "core_attn", "layernorm": "layernorm", "moe_act": "moe_act",
+                 "mla_up_proj": "mla_up_proj", "mla up_proj": "mla_up_proj", "mlp": "mlp",
+                 "shared_experts": "shared_experts"}
+
+
+def recompute_modules(text: str) -> tuple[str, ...]:
+    """The selective-recompute modules a row names (``"selective: layernorm+moe_act"`` ->
+    ``("layernorm", "moe_act")``; Megatron-Core's ``recompute_modules``), Megatron-Core's
+    default ``("core_attn",)`` when it names none. Order as in Megatron-Core's list."""
+    t = text.lower()
+    if not t.startswith("selective"):
+        return ("core_attn",)
+    named = {v for k, v in _MODULE_NAMES.items() if re.search(rf"(?<![a-z_]){k}(?![a-z_])", t)}
+    order = ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp", "shared_experts")
+    return tuple(m for m in order if m in named) or ("core_attn",)
+
+
 def flop_convention(r: pd.Series) -> tuple[str, int]:
     """The FLOP formula a row's TFLOP/s was counted with: ``(form, mtp_layers)`` of
     :func:`perfmodel.framework_flops.megatron_flops_per_token`.
@@ -165,6 +185,90 @@ def recipe_facts(r: pd.Series) -> str:
                              str(r.get("gpu_type", "")).upper()), "")
 
 
+#: Megatron-Bridge releases with workload presets, in order (the dataset matched presets from
+#: 25.11 on; 25.09's YAML disagrees with its table, so 25.09 rows are not inferred).
+_PRESET_RELEASES = ("NeMo container 25.11", "NeMo container 26.02", "NeMo container 26.02.01")
+_SWITCH_KEYS = ("moe_flex_dispatcher_backend=", "cuda_graph_impl=", "cuda_graph_scope=")
+
+
+def _preset_matched(r: pd.Series) -> bool:
+    cs = str(r.get("config_source", ""))
+    return "workload_base_configs" in cs and "::" in cs
+
+
+def _switch_text(other: str) -> str:
+    """The dispatcher / CUDA-graph items of an ``other_config`` ('' when none)."""
+    return "; ".join(p.strip() for p in other.split(";")
+                     if p.strip().startswith(_SWITCH_KEYS))
+
+
+def sibling_recipe_switches(r: pd.Series, df: pd.DataFrame) -> str:
+    """Dispatcher and CUDA-graph settings for a Megatron-Bridge row (25.11 on) whose own preset
+    did not match (the dataset leaves its ``other_config`` empty: "no preset ... matched"):
+    those of the matched preset of the same model and GPU in the same release, else in the
+    nearest release with one (Megatron-Bridge keeps one workload preset per model, GPU and
+    precision, whose scale variants share these settings). '' when there is none; matched
+    rows keep their own (an empty ``other_config`` there means the preset sets none).
+
+    Example: 25.11 DeepSeek-V3 on 256 GB200 without a match (E0018) takes E0020's
+    ``moe_flex_dispatcher_backend=hybridep; cuda_graph_impl=transformer_engine;
+    cuda_graph_scope=['moe_router', 'moe_preprocess']``."""
+    rel = str(r.get("release", ""))
+    if rel not in _PRESET_RELEASES or _preset_matched(r) or "megatron-bridge" not in str(
+            r.get("source", "")).lower():
+        return ""
+    same = df[(df["model"] == r["model"]) & (df["gpu_type"] == r["gpu_type"])
+              & df.apply(_preset_matched, axis=1)]
+    if not len(same):
+        return ""
+    i = _PRESET_RELEASES.index(rel)
+    dist = same["release"].map(lambda x: abs(_PRESET_RELEASES.index(x) - i)
+                               if x in _PRESET_RELEASES else 99)
+    best = same[dist == dist.min()]
+    if dist.min() == 99:
+        return ""
+    texts = {_switch_text(str(o) if isinstance(o, str) else "") for o in best["other_config"]}
+    return texts.pop() if len(texts) == 1 else ""  # siblings that disagree: none inferred
+
+
+_GRAPH_PARTS = ("attn", "moe_router", "moe_preprocess")
+
+
+def dispatch_switches(r: pd.Series, other: str) -> dict:
+    """The dispatcher switches a row names (:mod:`perfmodel.moe_dispatch`), from its
+    ``other_config`` (lower-cased, with :data:`RECIPE_FACTS`) and its release:
+
+    * ``moe_token_dispatcher``: ``flex`` where a flex backend is named
+      (``moe_flex_dispatcher_backend=hybridep|deepep``, "dispatcher=flex / HybridEP"),
+      ``allgather`` where named, else ``alltoall``; ``moe_flex_backend`` the backend named;
+    * ``cuda_graph_scope``: the parts of ``cuda_graph_scope=[...]`` / "cuda_graphs=TE partial
+      CUDA graphs: ..." that the model prices (``attn``, ``moe_router``, ``moe_preprocess``;
+      ``mamba`` is refused with its model); none where the row says none or names none;
+    * ``moe_router_fusion``: on for Megatron-Bridge (its performance recipes set
+      ``moe_router_fusion = True``: ``set_qwen3_common_configs``,
+      ``set_deepseek_v3_common_configs``) and for the Megatron-LM GB200 study's later stages,
+      off for its baseline ("Router fusion" is the study's second step) and for the releases
+      before Transformer Engine's fused router (MCore v0.8 / v0.9, dgxc 2024-25, NeMo 2.0
+      25.02-25.07).
+    """
+    flex = "moe_flex_dispatcher_backend=" in other or "dispatcher=flex" in other
+    dispatcher = "flex" if flex else ("allgather" if "dispatcher=allgather" in other
+                                      else "alltoall")
+    backend = "hybridep" if "hybridep" in other else "deepep"
+    scope: tuple[str, ...] = ()
+    m = re.search(r"cuda_graph_scope=\[([^\]]*)\]", other)
+    m = m or re.search(r"cuda_graphs=te partial cuda graphs:([^;]*)", other)
+    if m:
+        named = re.findall(r"[a-z_]+", m.group(1))
+        scope = tuple(p for p in _GRAPH_PARTS if p in named)
+    source = str(r.get("source", "")).lower()
+    notes = str(r.get("notes", "")).lower()
+    fusion = "megatron-bridge" in source or (
+        "optimizing deepseek-v3" in source and "stage: baseline" not in notes)
+    return {"moe_token_dispatcher": dispatcher, "moe_flex_backend": backend,
+            "cuda_graph_scope": scope, "moe_router_fusion": fusion}
+
+
 def _default_etp(r: pd.Series, tp: int) -> int:
     """Expert tensor parallelism where the row leaves it empty: 1 for Megatron-Bridge (its MoE
     workload presets set ``expert_tensor_parallel_size=1``), else Megatron-Core's own default
@@ -175,9 +279,10 @@ def _default_etp(r: pd.Series, tp: int) -> int:
     return 1 if "megatron-bridge" in str(r.get("source", "")).lower() else tp
 
 
-def moe_case_from_row(r: pd.Series) -> Case:
+def moe_case_from_row(r: pd.Series, siblings: pd.DataFrame | None = None) -> Case:
     """One row of ``moe_runs_dev.csv`` as a :class:`~search.validate.Case`; raises SpecError
-    with the reason when the row cannot be expressed."""
+    with the reason when the row cannot be expressed. ``siblings``: the whole table, to infer
+    an unmatched row's dispatcher switches (:func:`sibling_recipe_switches`)."""
     model = _model(r)
     measured = _f(r["seconds_per_iteration"])
     if measured is None:
@@ -188,16 +293,18 @@ def moe_case_from_row(r: pd.Series) -> Case:
         else:
             measured = _step_from_tflops(r, model)
     other = (str(r.get("other_config", "")) + "; " + recipe_facts(r)).lower()
+    if siblings is not None:
+        other += "; " + sibling_recipe_switches(r, siblings).lower()
     cf = re.search(r"moe_expert_capacity_factor=([0-9.]+)", other)
+    pad = bool(cf) and "moe_pad_expert_input_to_capacity=true" in other
     if cf:  # token-dropping run (Grok-1: 1.0 with the expert inputs padded to capacity)
         model = model.model_copy(update={"moe_capacity_factor": float(cf.group(1))})
     training = TrainingSpec(
         global_batch_size=int(r["global_batch_size"]), seq_len=int(r["seq_len"]),
         precision=_precision(str(r["precision"])), optimizer="adam",
         **era_switches(modern=True), overlap_moe_comm="moe_a2a_overlap=true" in other,
-        moe_token_dispatcher="allgather" if "dispatcher=allgather" in other else "alltoall",
-        moe_pad_expert_input_to_capacity=bool(cf) and (
-            "moe_pad_expert_input_to_capacity=true" in other),
+        moe_pad_expert_input_to_capacity=pad, **dispatch_switches(r, other),
+        recompute_modules=recompute_modules(str(r["activation_recompute"])),
     )
     gpus = int(r["num_gpus"])
     t = int(_f(r["tensor_parallel"]) or 1)
@@ -326,7 +433,7 @@ def moe_runs_report(path: Path | None = None) -> tuple[pd.DataFrame, pd.DataFram
     rows, skipped = [], []
     for _, r in df.iterrows():
         try:
-            case = moe_case_from_row(r)
+            case = moe_case_from_row(r, df)
         except SpecError as err:
             skipped.append({"row_id": r["row_id"], "model": r["model"], "reason": str(err)})
             continue
@@ -366,14 +473,22 @@ def moe_tuned_report(path: Path | None = None, limit: int | None = None) -> pd.D
     ``measured / recipe_predicted`` (the published config's own time error) times
     ``search_gain = recipe_predicted / predicted_best`` (how much faster the search thinks it
     can do); ``recipe_fits`` says whether the published config fits the memory model (it ran,
-    so False is a pessimistic memory prediction)."""
+    so False is a pessimistic memory prediction).
+
+    Where the search's gain comes from: ``gain_by_term_s`` is, per term of the step time
+    (:data:`perfmodel.step.TIME_TERMS`), the recipe's predicted seconds less the pick's (they
+    sum to ``recipe_predicted_s - predicted_best_s``); ``gain_term`` / ``gain_term_s`` name the
+    largest. ``recipe_microbatches`` / ``best_microbatches`` show whether the pick amortises
+    per-micro-batch costs (the dispatcher's host sync, the all-to-all latency) over fewer, larger
+    micro-batches; ``recipe_hbm_frac`` / ``best_hbm_frac`` are the predicted peaks over the
+    usable HBM (a pick near 1.0 lives on the memory model's accuracy)."""
     from search.api import plan
 
     df = pd.read_csv(path or VALIDATION_DIR / "moe_runs_dev.csv")
     cases = []
     for _, r in df.iterrows():
         try:
-            cases.append(moe_case_from_row(r))
+            cases.append(moe_case_from_row(r, df))
         except SpecError:
             continue
     best: dict[tuple, Case] = {}
@@ -397,11 +512,31 @@ def moe_tuned_report(path: Path | None = None, limit: int | None = None) -> pd.D
                      "ratio": c.measured_step_s / pred if pred == pred else float("nan"),
                      "recipe_predicted_s": recipe_s, "recipe_fits": bool(own.fits[0]),
                      "search_gain": recipe_s / pred if pred == pred else float("nan"),
-                     "best_config": _cfg_text(r.top.iloc[0]) if r.fits_any else ""})
+                     "best_config": _cfg_text(r.top.iloc[0]) if r.fits_any else "",
+                     **_gain_split(own, c.config, r)})
     out = pd.DataFrame(rows)
     if len(out):
         out["ok"] = (out["ratio"] >= 0.90) & (out["ratio"] <= 1.15)
     return out
+
+
+def _gain_split(own, recipe: ParallelConfig, result) -> dict:
+    """The tuned check's attribution columns (see :func:`moe_tuned_report`): the recipe's
+    evaluation ``own`` against the search's pick (``result.top``'s first row)."""
+    from perfmodel.step import TIME_TERMS
+
+    usable = float(result.usable_bytes) or float("nan")
+    out = {"recipe_microbatches": int(recipe.num_microbatches),
+           "recipe_hbm_frac": float(own.memory_bytes["peak"][0]) / usable}
+    if not result.fits_any:
+        return {**out, "best_microbatches": 0, "best_hbm_frac": float("nan"),
+                "gain_by_term_s": {}, "gain_term": "", "gain_term_s": float("nan")}
+    best = result.top.iloc[0]
+    split = {k: float(own.time_s[k][0]) - float(best[f"{k}_time_s"]) for k in TIME_TERMS}
+    term = max(split, key=split.get)
+    return {**out, "best_microbatches": int(best["num_microbatches"]),
+            "best_hbm_frac": float(best["peak_memory_bytes"]) / usable,
+            "gain_by_term_s": split, "gain_term": term, "gain_term_s": split[term]}
 
 
 def moe_tuned_summary(tuned: pd.DataFrame) -> dict:
@@ -418,13 +553,16 @@ def print_moe_tuned(out, tuned: pd.DataFrame) -> None:
 
     t = Table(title="MoE tuned recipes: best published over the search's best", title_justify="left")
     for col in ("model", "GPU", "GPUs", "batch", "precision", "measured", "search best",
-                "ratio", "search's config"):
+                "ratio", "search's config", "gain mostly from"):
         t.add_column(col, justify="left" if col in ("model", "GPU", "precision",
-                                                    "search's config") else "right")
+                                                    "search's config", "gain mostly from")
+                     else "right")
     for r in tuned.itertuples():
+        src = (f"{r.gain_term} {r.gain_term_s:.3g} s (m {r.recipe_microbatches} -> "
+               f"{r.best_microbatches})" if r.gain_term else "")
         t.add_row(r.model, r.gpu, str(r.gpus), str(r.global_batch), r.precision,
                   f"{r.measured_s:.4g} s", f"{r.predicted_best_s:.4g} s", f"{r.ratio:.2f}",
-                  r.best_config)
+                  r.best_config, src)
     out.print(t)
     s = moe_tuned_summary(tuned)
     out.print(f"tuned-recipe check: {s['within']} of {s['settings']} settings within "

@@ -2,7 +2,7 @@
 
 Issue targets: step-time MAPE <= 10 % with every row expressible or refused for a stated true
 limit; the tuned-recipe check in >= 80 % of settings. Measured at the time of writing: 94 of 100
-rows expressed, MAPE 11.6 % (52 % of rows within 10 %; leave-one-model-out 11.8 %), tuned check
+rows expressed, MAPE 11.2 % (57 % of rows within 10 %; leave-one-model-out 11.3 %), tuned check
 see docs/moe.md. The MAPE target is not met; the tests below guard what is reached so that a change cannot make it
 worse unnoticed, and check the refusals.
 """
@@ -41,21 +41,27 @@ def test_moe_mape_does_not_regress(report):
     rows, _ = report
     s = moe_summary(rows)
     table = rows[["row_id", "config", "measured_s", "predicted_s", "error"]].to_string()
-    # 94 rows: 11.6 % (52 % within 10 %; leave-one-model-out 11.8 %); was 16.0 % on 89 rows
-    # with the per-pass host-sync constant and a fully hiding all-to-all overlap
-    assert s["mape"] <= 0.12, f"MAPE {s['mape']:.1%}\n{table}"
-    assert s["within_10pct"] >= 0.50
+    # 94 rows: 11.2 % (57 % within 10 %; leave-one-model-out 11.3 %) with the dispatcher
+    # switches each row names (perfmodel.moe_dispatch), the rows' selective-recompute modules,
+    # the experts' output bias, the exponential floor and GPT-OSS's sliding-window layers (10.8 %
+    # without the window, which makes the too-fast GPT-OSS rows faster); 11.5 % (52 %) before;
+    # 16.0 % on 89 rows with the per-pass host-sync constant and a fully hiding all-to-all overlap
+    assert s["mape"] <= 0.113, f"MAPE {s['mape']:.1%}\n{table}"
+    assert s["within_10pct"] >= 0.56
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
-    # stage: 9.9 % (the p16 rows were +14 to +29 % timed at a padded 64-layer even split)
+    # stage: 10.0 % (9.8 % with every selective row recomputing the attention core instead of
+    # the recipes' mla_up_proj; the p16 rows were +14 to +29 % timed at a padded 64-layer split)
     ds = rows[rows["model"] == "DeepSeek-V3"]
-    assert len(ds) == 22 and np.abs(ds["error"]).mean() <= 0.105
+    assert len(ds) == 22 and np.abs(ds["error"]).mean() <= 0.101
     # the all-to-all-overlapped H100 rows (DeepSeek-V3 on 1024, Qwen3-235B on 256) within 7 %
     ov = rows.set_index("row_id").loc[["E0001", "E0002", "E0024", "E0044", "E0064"], "error"]
     assert np.all(np.abs(ov) <= 0.07), ov
-    # GPT-OSS-120B: its unfused elementwise ops (Megatron-Bridge GPTOSSProvider) modelled,
-    # MAPE 13.9 % (was 23 % too fast on average before them)
+    # GPT-OSS-120B: unfused elementwise ops, the recipes' layernorm + moe_act recompute, the
+    # experts' fc2 bias outside the grouped GEMM, the exp-bound forward at head dim 64 on
+    # Blackwell and the 128-token window on every other layer: MAPE 13.0 % (13.6 % before the
+    # session-4 terms, 11.0 % without the window; 23 % too fast before the unfused ops)
     oss = rows[rows["model"] == "GPT-OSS-120B"]
-    assert len(oss) == 16 and np.abs(oss["error"]).mean() <= 0.145
+    assert len(oss) == 16 and np.abs(oss["error"]).mean() <= 0.131
     # Grok-1 (dgxc, measured iteration times), etp = tp (Megatron-Core's default), experts
     # padded to capacity (no host sync): bf16 rows -6 to -8 %, fp8 rows -14 to -17 %
     grok = rows[rows["model"] == "Grok-1"]
@@ -71,6 +77,16 @@ def test_tuned_check_runs_on_two_settings():
     # the ratio splits into the recipe's own time error and the search's gain over it
     np.testing.assert_allclose(t["ratio"], t["measured_s"] / t["recipe_predicted_s"]
                                * t["search_gain"])
+    # the gain splits over the step-time terms: recipe's seconds less the pick's, per term
+    for r in t.itertuples():
+        split = r.gain_by_term_s
+        assert set(split) >= {"compute", "ep_comm", "bubble", "dp_comm"}
+        assert sum(split.values()) == pytest.approx(r.recipe_predicted_s - r.predicted_best_s,
+                                                    rel=1e-6, abs=1e-9)
+        assert r.gain_term_s == max(split.values()) and split[r.gain_term] == r.gain_term_s
+        assert r.recipe_microbatches >= 1 and r.best_microbatches >= 1
+        assert 0 < r.best_hbm_frac <= 1.0 + 1e-12  # the pick fits the usable HBM
+        assert r.recipe_hbm_frac > 0
     # what `plan validate --tuned` prints and puts in its JSON
     from rich.console import Console
 
@@ -97,8 +113,14 @@ def test_moe_tuned_fraction_does_not_regress():
     assert s["settings"] == 48
     # 22 since issue 13's s3-groups base-model changes (SM-side roofline of memory-bound kernels,
     # Hopper sustained GEMM 0.86 -> 0.84, Blackwell overlap slowdown 0.05): one setting moved
-    # out of the band; not investigated (reported to the MoE owners)
+    # out of the band; not investigated (reported to the MoE owners). Session 4: 23 with the
+    # selective-recompute memory (s4-pick) and s4-models; 22 merged with s4-switches at 7903844
+    # (DeepSeek-V3 B300 picks the recipe's mla_up_proj recompute, 1.139 -> 1.161), so 22 stays
     assert s["fraction"] >= 22 / 48 - 1e-9, f"{s}\n{table}"
+    # where the gain comes from: the split sums to the recipe's time less the pick's
+    split = t["gain_by_term_s"].map(lambda d: sum(d.values()))
+    np.testing.assert_allclose(split, t["recipe_predicted_s"] - t["predicted_best_s"],
+                               rtol=1e-6, atol=1e-9)
 
 
 def test_plan_validate_has_the_tuned_switch():
@@ -190,3 +212,38 @@ def test_grok_rows_pad_experts_to_capacity():
     c2 = moe_case_from_row(df.loc["E0061"])  # Megatron-Bridge: dropless
     assert not c2.training.moe_pad_expert_input_to_capacity
     assert c2.model.moe_capacity_factor is None
+
+
+def test_rows_name_their_dispatcher_switches():
+    """The switches a row states reach its TrainingSpec (search.validate_moe.dispatch_switches):
+    the Megatron-LM GB200 study's baseline (NCCL alltoall, no graphs, router unfused) and final
+    recipe (HybridEP, graphs of attn / router / preprocess), a Bridge GB200 row, a Bridge B200
+    alltoall row with router graphs, a dgxc Grok-1 row padded to capacity."""
+    from search.validate import VALIDATION_DIR
+    from search.validate_moe import moe_case_from_row
+
+    df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
+    t = {rid: moe_case_from_row(df.loc[rid]).training
+         for rid in ("E0249", "E0250", "E0042", "E0031", "E0205", "E0064")}
+    assert (t["E0249"].moe_token_dispatcher, t["E0249"].cuda_graph_scope,
+            t["E0249"].moe_router_fusion) == ("alltoall", (), False)
+    assert (t["E0250"].moe_token_dispatcher, t["E0250"].moe_flex_backend,
+            t["E0250"].cuda_graph_scope, t["E0250"].moe_router_fusion) == (
+        "flex", "hybridep", ("attn", "moe_router", "moe_preprocess"), True)
+    assert (t["E0042"].moe_token_dispatcher, t["E0042"].moe_flex_backend) == ("flex", "hybridep")
+    assert (t["E0031"].moe_token_dispatcher, t["E0031"].cuda_graph_scope) == (
+        "alltoall", ("moe_router", "moe_preprocess"))
+    assert t["E0205"].moe_pad_expert_input_to_capacity and not t["E0205"].moe_router_fusion
+    assert (t["E0064"].moe_token_dispatcher, t["E0064"].moe_flex_backend,
+            t["E0064"].overlap_moe_comm) == ("flex", "deepep", True)
+
+
+@pytest.mark.slow
+def test_switches_separate_the_gb200_study_pair(report):
+    """E0249 (baseline) and E0250 (final) share the parallel config; the switches the model
+    prices (router fusion, flex, partial CUDA graphs) make the baseline slower. Most of the
+    measured 2x is the study's software steps that are not switches (TE kernel fusions, CPU-side
+    binding, PDL), so the baseline stays far too fast (about -43 %)."""
+    rows, _ = report
+    p = rows.set_index("row_id")["predicted_s"]
+    assert p["E0249"] > p["E0250"]
