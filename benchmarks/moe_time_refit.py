@@ -21,6 +21,7 @@ import pandas as pd
 from scipy.optimize import minimize
 
 from perfmodel import calibration, moe, moe_dispatch
+from perfmodel.specs import SpecError
 from perfmodel.step import evaluate
 from search import validate_moe as vm
 from search.validate import VALIDATION_DIR
@@ -57,7 +58,7 @@ def cases() -> list[tuple]:
     for _, r in df.iterrows():
         try:
             case = vm.moe_case_from_row(r, df)
-        except Exception:  # refused rows (SpecError)
+        except SpecError:  # refused rows (stated limits)
             continue
         model, batch = vm.timed_model_and_batch(r, case)
         out.append((case.label, model, case.training, case.cluster, batch, case.measured_step_s))
@@ -98,7 +99,7 @@ def main(argv: list[str]) -> None:
     e1 = errors(cs, x_all)
     print(f"in-sample fit {x_all}  MAPE {np.abs(e1).mean():.4f} "
           f"within10 {(np.abs(e1) <= 0.1).mean():.3f}")
-    lomo_ship, lomo_fit = np.zeros(len(cs)), np.zeros(len(cs))
+    lomo_fit = np.zeros(len(cs))
     for lab in sorted(set(labels)):
         held = labels == lab
         train = [c for c, h in zip(cs, held) if not h]
