@@ -41,17 +41,41 @@ __all__ = [
     "LIBRARY_WORKSPACE_BYTES",
     "NON_ALLOCATOR_RESERVE_BYTES",
     "ZERO3_LIVE_LAYERS",
+    "allocator_allowance_bytes",
+    "eager_accumulating_gradients",
     "eager_layer_activation_bytes",
+    "eager_pipeline_held_output_bytes",
+    "eager_pipeline_receive_bytes",
+    "eager_zero_bubble_gradient_bytes",
+    "embedding_activation_bytes",
+    "expert_state_bytes",
+    "final_layer_activation_bytes",
+    "fsdp2_zero2_sharded_weight_bytes",
+    "fused_peak_stage",
+    "gradient_bucket_bytes",
     "is_gpu",
+    "kernel_state_bytes_per_param",
     "layer_activation_bytes",
+    "library_workspace_bytes",
+    "loss_buffer_bytes",
     "max_micro_batch_size",
     "memory_breakdown",
     "model_state_bytes",
+    "moe_layer_activation_bytes",
+    "optimizer_grad_copy_excess_bytes",
+    "rank_state_bytes",
     "selective_recompute_freed_bytes",
+    "single_stage_activation_bytes",
+    "stage_activation_bytes",
+    "stage_dense_layers",
     "stage_expert_params",
+    "stage_fp8_weight_cache_bytes",
+    "stage_inflight_microbatches",
+    "stage_layer_activation_bytes",
     "stage_params",
     "state_bytes_per_param",
     "usable_hbm_bytes",
+    "zero3_gathered_bytes",
     "zero_state_bytes",
 ]
 
@@ -683,6 +707,536 @@ def usable_hbm_bytes(gpu: GPUSpec, headroom: float = 0.0) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
+# Terms of memory_breakdown: model states
+# ---------------------------------------------------------------------------------------------
+def kernel_state_bytes_per_param(training: TrainingSpec, eager: bool
+                                 ) -> tuple[float, float, float, float, bool]:
+    """Bytes per parameter of (weights, gradients, optimizer states, the optimizer step's fp32
+    gradient copy) as the kernel family keeps them, and whether the weights are fp8.
+
+    * eager PyTorch: fp32 weights (autocast casts them per use) and fp32 gradients,
+      :func:`state_bytes_per_param` of ``fp32``; no gradient copy.
+    * fused (Megatron-LM): 16-bit weights, main gradients in fp32 unless reduced in bf16
+      (``grad_reduce_in_fp32``), fp32 master weights and moments; fp8 model parameters
+      (``fp8_params`` with fp8 / fp4) replace the bf16 weights by 1-byte ones; the fp32 copy of
+      a 16-bit gradient buffer is :func:`optimizer_grad_copy_bytes`.
+
+    Example: bf16 Adam, fp32 grad reduce: fused (2, 4, 12, 0, False), eager (4, 4, 8, 0, False).
+
+    References
+    ----------
+    Rajbhandari et al. 2020 (ZeRO), Sec. 3.1; Megatron-LM ``theoretical_memory_usage.py``
+    (18 bytes per parameter with fp32 main grads), ``--fp8-param-gather``.
+    """
+    if eager:
+        w, g, o = state_bytes_per_param("fp32", training.optimizer)
+        return w, g, o, 0.0, False
+    precision = training.precision
+    w, g, o = state_bytes_per_param(
+        precision, training.optimizer, fp32_main_grads=training.grad_reduce_in_fp32
+    )
+    copy_b = optimizer_grad_copy_bytes(precision, training.grad_reduce_in_fp32)
+    fp8_params = training.fp8_params and precision in ("fp8", "fp4")
+    if fp8_params:
+        w = 1.0
+    return w, g, o, copy_b, fp8_params
+
+
+def stage_dense_layers(model: ModelSpec, pp, first_chunk0_layers) -> tuple[np.ndarray, np.ndarray]:
+    """Dense (non-MoE) leading layers on the first and the last pipeline rank [layers].
+
+    Megatron-Core's ``first_k_dense_replace`` / ``moe_layer_freq`` make the model's first
+    ``moe_dense_layers`` layers dense; with ``pp > 1`` they sit on rank 0, in its first model
+    chunk (``first_chunk0_layers`` layers, :meth:`ConfigBatch.layer_counts`), the last rank has
+    none; with ``pp = 1`` the one rank holds all of them.
+
+    Example: DeepSeek-V3 (3 dense layers), pp = 8 with 8 layers on chunk 0: (3, 0); pp = 1: (3, 3).
+
+    References
+    ----------
+    Megatron-Core ``transformer/transformer_block.py`` (``get_transformer_layer_offset``),
+    ``models/gpt/gpt_layer_specs.py`` (``moe_layer_pattern``).
+    """
+    n_dense = float(model.moe_dense_layers)
+    first = np.where(pp > 1, np.minimum(n_dense, first_chunk0_layers), n_dense)
+    last = np.where(pp > 1, 0.0, n_dense)
+    return first, last
+
+
+def expert_state_bytes(expert_params, expert_dp, zero_stage, weight_bytes_per_param,
+                       grad_bytes_per_param, optimizer_bytes_per_param):
+    """Per-GPU (weights, gradients, optimizer) bytes of a rank's routed experts: ZeRO sharding
+    (:func:`zero_state_bytes`) over the expert-data-parallel group, not ``dp * cp`` (Megatron-Core
+    builds a distributed optimizer per expert-data-parallel group).
+
+    References
+    ----------
+    Megatron-Core ``distributed/distributed_data_parallel.py`` (``expert_data_parallel_group``),
+    ``optimizer/__init__.py`` (separate optimizer for expert parameters).
+    """
+    return zero_state_bytes(expert_params, expert_dp, zero_stage, weight_bytes_per_param,
+                            grad_bytes_per_param, optimizer_bytes_per_param)
+
+
+def fsdp2_zero2_sharded_weight_bytes(params, dp, cp, zero_stage, weight_bytes_per_param):
+    """Eager ZeRO-2 as FSDP2 runs it (``reshard_after_forward=False``): the sharded parameters
+    (the optimizer's) stay next to the unsharded ones the GPU computes with [bytes]:
+    ``params * weight_bytes / (dp cp)`` when ``zero_stage == 2`` and ``dp cp > 1``, else 0.
+
+    Example: 1e9 parameters, fp32, dp = 8, cp = 1: 0.5e9 bytes.
+
+    References
+    ----------
+    PyTorch ``torch/distributed/fsdp/_fully_shard`` (``reshard_after_forward``).
+    """
+    z2 = (np.asarray(zero_stage) == 2) & (dp * cp > 1)
+    return np.where(z2, params * weight_bytes_per_param / (dp * cp), 0.0)
+
+
+def rank_state_bytes(params, expert_params, shard, expert_dp, zero_stage,
+                     weight_bytes_per_param, grad_bytes_per_param, optimizer_bytes_per_param):
+    """(weights, gradients, optimizer) bytes of one pipeline rank on one GPU: its dense
+    parameters sharded over the ``shard = dp * cp`` ranks that hold the same ones
+    (:func:`zero_state_bytes`; Megatron-LM shards the distributed optimizer over the
+    data-parallel group including context parallelism) plus its routed experts over expert-dp
+    (:func:`expert_state_bytes`).
+
+    Example: 1e9 + 0 parameters, bf16 Adam (2, 2, 12), ZeRO-1 over 8: (2e9, 2e9, 1.5e9).
+    """
+    dense = zero_state_bytes(params, shard, zero_stage, weight_bytes_per_param,
+                             grad_bytes_per_param, optimizer_bytes_per_param)
+    experts = expert_state_bytes(expert_params, expert_dp, zero_stage, weight_bytes_per_param,
+                                 grad_bytes_per_param, optimizer_bytes_per_param)
+    return dense[0] + experts[0], dense[1] + experts[1], dense[2] + experts[2]
+
+
+# ---------------------------------------------------------------------------------------------
+# Terms of memory_breakdown: activations
+# ---------------------------------------------------------------------------------------------
+def stage_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, seq_len,
+                                 micro_batch_size, tp, sequence_parallel, recompute, *,
+                                 eager: bool, flash_attention: bool, dropout: bool):
+    """Activation bytes of one (average) transformer layer per micro-batch and GPU, as the
+    kernel family saves them: ``(kept, full, bytes_per_value, gemm_input_bytes)``.
+
+    ``kept`` under the configuration's recompute mode, ``full`` without recompute (what the layer
+    being recomputed holds). Fused: Korthikanti et al.'s terms (:func:`layer_activation_bytes`,
+    fp8 GEMM inputs :func:`fp8_gemm_input_bytes`), less what selective recomputation of
+    ``training.recompute_modules`` frees (:func:`selective_recompute_freed_bytes`). Eager: the
+    tensors autograd saves (:func:`eager_layer_activation_bytes`). The FFN is the MoE layers'
+    effective one (:func:`perfmodel.moe.effective_ffn_size`; ``ffn_hidden_size`` when dense).
+    ``bytes_per_value``: 4 for fp32 training, else 2; ``gemm_input_bytes`` None for eager.
+
+    References
+    ----------
+    Korthikanti et al. 2022, Sec. 4 and Table 2; Megatron-Core ``recompute_modules``;
+    PyTorch autocast op lists and derivatives.yaml (eager).
+    """
+    precision = training.precision
+    h, a = float(model.hidden_size), model.num_attention_heads
+    kw = {
+        "tp": tp,
+        "sequence_parallel": sequence_parallel,
+        "ffn_hidden_size": moe.effective_ffn_size(model),  # ffn_hidden_size when dense
+        "num_kv_heads": model.kv_heads,
+        "head_dim": model.head_size,
+        "gated_mlp": model.gated_mlp,
+    }
+    s, b, rc = seq_len, micro_batch_size, recompute
+    if eager:
+        autocast = precision != "fp32"
+        rope = model.position_embedding == "rope"
+        kept, full = (eager_layer_activation_bytes(
+            s, b, h, a, recompute=mode, norm=model.norm, autocast=autocast, dropout=dropout,
+            rope=rope, **kw
+        ) for mode in (rc, 0))
+        return kept, full, (2.0 if autocast else 4.0), None
+    e = 4.0 if precision == "fp32" else 2.0
+    gi = fp8_gemm_input_bytes(precision)
+    kept, full = (layer_activation_bytes(
+        s, b, h, a, recompute=mode, flash=flash_attention, dropout=dropout,
+        bytes_per_value=e, gemm_input_bytes=gi, **kw
+    ) for mode in (rc, 0))
+    freed = selective_recompute_freed_bytes(
+        model, training.recompute_modules, s, b, tp=tp, sequence_parallel=sequence_parallel,
+        bytes_per_value=e, gemm_input_bytes=gi)
+    kept = kept - np.where(rc == _CODE_SELECTIVE, freed, 0.0)
+    return kept, full, e, gi
+
+
+def moe_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch,
+                               recompute, bytes_per_value, gemm_input_bytes):
+    """What a MoE layer adds to one (average) layer's activations per micro-batch [bytes]:
+    ``(kept, full)``. The dispatched tokens, the expert outputs before the combine and the
+    router scores (:func:`perfmodel.moe.moe_activation_extra_bytes`), kept unless the layer is
+    fully recomputed; 0 for a dense model.
+
+    References
+    ----------
+    Megatron-Core ``transformer/moe/token_dispatcher.py``, ``moe_layer.py``.
+    """
+    extra = moe.moe_activation_extra_bytes(model, training, batch, bytes_per_value,
+                                           gemm_input_bytes)
+    return np.where(np.asarray(recompute) == _CODE_FULL, 0.0, extra), extra
+
+
+def stage_inflight_microbatches(training: TrainingSpec, batch: ConfigBatch, pp, m, schedule, vp,
+                                *, eager: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Micro-batches whose activations the first and the last pipeline rank hold at their peak
+    [micro-batches]: :func:`perfmodel.pipeline.inflight_microbatches` (GPipe ``m``, 1F1B and
+    ZB-H1 ``min(p - i, m)``, interleaved Megatron's warm-up count), plus the extra micro-batch
+    (pp = 1) or chunk of the MoE all-to-all overlap's combined 1F1B
+    (:func:`perfmodel.moe.a2a_overlap_extra_inflight`, fused only; at most ``m``); eager torch
+    zero bubble: the last rank retains :func:`torch_zb_retained_microbatches` whole graphs.
+
+    References
+    ----------
+    Narayanan et al. 2021 (SC21), Sec. 2.2; Megatron-LM ``schedules.py``
+    (``combined_1f1b``); torch ``ScheduleInterleavedZeroBubble``.
+    """
+    infl_first = inflight_microbatches(pp, m, schedule, vp, stage=0)
+    infl_last = inflight_microbatches(pp, m, schedule, vp, stage=pp - 1)
+    a2a_extra = 0.0 if eager else moe.a2a_overlap_extra_inflight(training, batch)
+    infl_first = np.minimum(infl_first + a2a_extra, np.maximum(m, infl_first))
+    infl_last = np.minimum(infl_last + a2a_extra, np.maximum(m, infl_last))
+    if eager:
+        infl_last = np.where(schedule_code(schedule) == _CODE_ZB,
+                             torch_zb_retained_microbatches(pp, m), infl_last)
+    return infl_first, infl_last
+
+
+def embedding_activation_bytes(tokens, hidden_size, sp_divisor, dropout: bool, *, eager: bool):
+    """Activations the embedding keeps per micro-batch on the first rank [bytes], ``tokens`` =
+    ``s b`` on this GPU. Fused: int64 token ids (8 bytes per token) and the embedding dropout's
+    1-byte mask (``s b h / r``, sequence-sharded with sp). Eager: int64 token and position
+    indices (16 bytes per token).
+
+    Example: s b = 4096, h = 4096, r = 1, dropout: 8 * 4096 + 4096 * 4096 = 16,809,984.
+
+    References
+    ----------
+    Megatron-LM ``theoretical_memory_usage.py`` (embedding dropout mask); PyTorch ``embedding``
+    (saves the indices).
+    """
+    if eager:
+        return 8.0 * tokens * 2
+    drop = 1.0 if dropout else 0.0
+    return 8.0 * tokens + drop * tokens * hidden_size / sp_divisor
+
+
+def final_layer_activation_bytes(tokens, hidden_size, sp_divisor, bytes_per_value, *,
+                                 eager: bool):
+    """Activations of the final norm and the output layer's input per micro-batch on the last
+    rank [bytes]. Fused: the final-norm input and the output-layer input, ``2 e s b h / r``
+    (Korthikanti et al.'s ``4 s b h``). Eager: the final LayerNorm's fp32 input and stats
+    (``(4 s b h + 8 s b) / r``) and the 16-bit cast of its output, gathered over the sequence
+    with sp (``e s b h``).
+
+    Example: fused, s b = 1, h = 1, e = 2, r = 1: 4.
+
+    References
+    ----------
+    Korthikanti et al. 2022, Sec. 4.3 (output layer); Megatron-LM ``theoretical_memory_usage.py``.
+    """
+    if eager:
+        return (4.0 * tokens * hidden_size + 8.0 * tokens) / sp_divisor + (
+            bytes_per_value * tokens * hidden_size)
+    return 2 * bytes_per_value * tokens * hidden_size / sp_divisor
+
+
+def loss_buffer_bytes(training: TrainingSpec, logits, *, eager: bool):
+    """Logit buffers of the loss per micro-batch on the last rank [bytes]:
+    ``(held for the backward, transient)``, ``logits`` = ``s b V / t`` values on this GPU.
+    Fused: :func:`loss_logit_bytes` of ``training.cross_entropy``. Eager: nothing held here (the
+    loss's saved tensors are in :func:`_eager_moments`), 2 bytes per logit transient (the
+    16-bit logits being computed).
+
+    Example: fused, fp32 cross-entropy, 1e6 logits: (4e6, 2e6).
+    """
+    if eager:
+        return 0.0 * logits, 2.0 * logits
+    held_b, transient_b = loss_logit_bytes(training.cross_entropy)
+    return held_b * logits, transient_b * logits
+
+
+def stage_activation_bytes(inflight, layers, offload_layers, layer_bytes, recompute_bytes,
+                           end_bytes):
+    """Activations of one pipeline rank [bytes]: ``inflight`` micro-batches times the layers
+    kept on the GPU (:func:`perfmodel.offload.resident_activation_layers`, ``L - N + 1`` with
+    ``N`` layers offloaded to the CPU) times one layer's ``layer_bytes``, plus the layer being
+    recomputed (``recompute_bytes``), plus the embedding / loss tensors (``end_bytes``).
+
+    Example: 2 in flight, 4 layers, no offload, 10 bytes a layer, 0, 3: 83.
+    """
+    return inflight * resident_activation_layers(layers, offload_layers) * layer_bytes + (
+        recompute_bytes) + end_bytes
+
+
+def single_stage_activation_bytes(first_bytes, last_bytes, loss_bytes, pp):
+    """Activations of the first and the last rank with the loss's on the first rank when it is
+    the only one (``pp = 1``: one rank holds the embedding, every layer and the loss) [bytes].
+
+    Example: first 10, last 20, loss 3, pp = 1: (13, 13); pp = 2: (10, 20).
+    """
+    single = np.asarray(pp) == 1
+    first = np.where(single, first_bytes + loss_bytes, first_bytes)
+    return first, np.where(single, first, last_bytes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Terms of memory_breakdown: other buffers
+# ---------------------------------------------------------------------------------------------
+def library_workspace_bytes(gpu: GPUSpec, like) -> np.ndarray:
+    """cuBLAS workspaces from the caching allocator [bytes]: :data:`LIBRARY_WORKSPACE_BYTES` on a
+    GPU, 0 for a CPU process (:func:`is_gpu`), shaped like ``like``.
+
+    References
+    ----------
+    PyTorch ``aten/src/ATen/cuda/CublasHandlePool.cpp`` (32 MiB per handle and stream on sm90).
+    """
+    return (LIBRARY_WORKSPACE_BYTES if is_gpu(gpu) else 0.0) + 0.0 * like
+
+
+def gradient_bucket_bytes(params, zero_stage, shard, grad_bytes_per_param, *, eager: bool
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """Gradient buffers outside the gradients themselves [bytes], and where a persistent
+    gradient buffer replaces the gradients (bool mask).
+
+    * Fused (Megatron-LM): ZeRO-2/3 reduce-scatter two buckets of :data:`BUCKET_PARAMS`
+      (``--ddp-bucket-size``; at most the stage's ``params``); ZeRO-0/1 reduce in the contiguous
+      main-grad buffer itself, counted as the gradients: 0. Mask: none.
+    * Eager: torch DDP copies every gradient into its buckets (``gradient_as_bucket_view=False``):
+      ``params`` gradients; FSDP2 ZeRO-2 with units of :data:`BUCKET_PARAMS` reduce-scatters one
+      unit's unsharded gradients while the next's are produced (two units, at most the stage);
+      ZeRO-3's unsharded gradients are in the live units (:func:`zero3_gathered_bytes`): 0;
+      ZeRO-1 (Megatron's distributed optimizer) accumulates into one persistent contiguous
+      ``main_grad`` buffer, live the whole step, which replaces the gradients (mask).
+
+    Example: fused, ZeRO-2, 1e9 parameters, 4-byte gradients: 2 * 40e6 * 4 = 3.2e8.
+
+    References
+    ----------
+    Megatron-LM ``distributed/param_and_grad_buffer.py`` (buckets), ``--ddp-bucket-size``;
+    PyTorch ``DistributedDataParallel`` (``bucket_cap_mb``, ``gradient_as_bucket_view``), FSDP2.
+    """
+    z = np.asarray(zero_stage)
+    bucket = np.where(z >= 2, 2.0 * np.minimum(BUCKET_PARAMS, params) * grad_bytes_per_param, 0.0)
+    replaces = np.zeros(np.shape(bucket), dtype=bool)
+    if eager:
+        bucket = np.where((z == 0) & (shard > 1), params * grad_bytes_per_param, bucket)
+        bucket = np.where(
+            (z == 2) & (shard > 1), np.minimum(2.0 * BUCKET_PARAMS, params) * grad_bytes_per_param,
+            bucket
+        )
+        bucket = np.where((z >= 3) & (shard > 1), 0.0, bucket)
+        replaces = (z == 1) & (shard > 1)
+        bucket = np.where(replaces, params * grad_bytes_per_param, bucket)
+    return bucket, replaces
+
+
+def zero3_gathered_bytes(stage: dict, expert_params_per_layer, vp, zero_stage, shard,
+                         state_bytes_per_param, *, eager: bool) -> tuple[np.ndarray, np.ndarray]:
+    """ZeRO-3's all-gathered weights and their unsharded gradients on the first and the last
+    rank [bytes]; ``state_bytes_per_param`` = weight + gradient bytes per parameter, ``stage``
+    :func:`stage_params`' dict. 0 unless ZeRO-3 with ``shard > 1``.
+
+    * Fused (DeepSpeed / FSDP prefetch one module ahead): :data:`ZERO3_LIVE_LAYERS` layers
+      (dense part and one MoE layer's experts), the same on both ranks.
+    * Eager: FSDP units of :data:`BUCKET_PARAMS`, two live, at most the model chunk (each
+      interleaved chunk is a module of its own; the first chunk holds the embedding, the last
+      the output layer).
+
+    Example: fused, 1e8 parameters a layer, no experts, 2 + 4 bytes: 2 * 1e8 * 6 = 1.2e9.
+
+    References
+    ----------
+    Rajbhandari et al. 2020 (ZeRO), Sec. 5.3; DeepSpeed ``stage3_prefetch_bucket_size``;
+    PyTorch FSDP2 ``fully_shard`` (one unit prefetched).
+    """
+    on = (np.asarray(zero_stage) >= 3) & (shard > 1)
+    if not eager:
+        z3 = np.where(on, (stage["layer"] + expert_params_per_layer) * state_bytes_per_param
+                      * ZERO3_LIVE_LAYERS, 0.0)
+        return z3, z3
+    out = []
+    for params, layers in ((stage["first"], stage["layers_first"]),
+                           (stage["last"], stage["layers_last"])):
+        other_chunks = (vp - 1) / vp * layers * stage["layer"]
+        out.append(np.where(on, np.minimum(2.0 * BUCKET_PARAMS, params - other_chunks)
+                            * state_bytes_per_param, 0.0))
+    return out[0], out[1]
+
+
+def stage_fp8_weight_cache_bytes(precision: str, layers, expert_params, gemm_params_per_layer,
+                                 expert_params_per_layer, zero_stage, shard, expert_dp,
+                                 fp8_params: bool):
+    """Transformer Engine's cached low-precision weights of one rank [bytes]: the dense GEMMs'
+    (:func:`fp8_weight_cache_bytes`) and the routed experts' (sharded over expert-dp under
+    ZeRO-3). Fused kernels only.
+
+    References
+    ----------
+    Transformer Engine ``pytorch/module/base.py`` (fp8 weight workspaces); Megatron-LM
+    ``TELinear`` / ``TEGroupedLinear`` (``is_first_microbatch``).
+    """
+    return fp8_weight_cache_bytes(precision, layers, gemm_params_per_layer, zero_stage, shard,
+                                  fp8_params) + _fp8_expert_bytes(
+        precision, expert_params, expert_params_per_layer, zero_stage, expert_dp, fp8_params)
+
+
+def eager_pipeline_receive_bytes(tokens, hidden_size, sp_divisor, pp, m, vp, inflight_first,
+                                 inflight_last) -> tuple[np.ndarray, np.ndarray]:
+    """torch.distributed.pipelining's preallocated receive buffers on the first and the last
+    rank [bytes]: one per micro-batch and local stage for the step (activations forward, their
+    gradients backward; the fp32 residual stream, ``4 s b h / r``), less the in-flight ones,
+    which are the stage inputs counted in the activations. 0 with ``pp = 1``. Megatron-LM
+    allocates them per transfer instead (fused: none).
+
+    Example: pp = 2, vp = 1, m = 4, 1 in flight on the first rank: (4 + 0) * 4 s b h.
+
+    References
+    ----------
+    PyTorch ``torch/distributed/pipelining/stage.py`` (``_prepare_forward_infra``,
+    ``_prepare_backward_infra``: one buffer per chunk).
+    """
+    p2p = 4.0 * tokens * hidden_size / sp_divisor
+    grad_first, fwd_first = m * vp, np.maximum(m - inflight_first / vp, 0.0) * (vp - 1)
+    grad_last, fwd_last = m * (vp - 1), np.maximum(m * vp - inflight_last, 0.0)
+    return (np.where(pp > 1, (grad_first + fwd_first) * p2p, 0.0),
+            np.where(pp > 1, (grad_last + fwd_last) * p2p, 0.0))
+
+
+def eager_pipeline_held_output_bytes(precision: str, pp, m, logits):
+    """The earlier micro-batches' outputs (the logits) torch's pipeline schedule keeps on the
+    last rank until the step ends [bytes]: ``(m - 1)`` times 2 bytes per logit (4 in fp32);
+    0 with ``pp = 1``.
+
+    Example: m = 4, bf16, 1e6 logits: 6e6.
+
+    References
+    ----------
+    PyTorch ``torch/distributed/pipelining`` (``PipelineStage.output_chunks``, merged and
+    returned by ``step``).
+    """
+    held_logit = 2.0 if precision != "fp32" else 4.0
+    return np.where(pp > 1, (m - 1.0) * held_logit * logits, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Terms of memory_breakdown: the peak
+# ---------------------------------------------------------------------------------------------
+def fused_peak_stage(first, last, middle, pp, last_transient_bytes):
+    """Fused kernels hold every term for the whole step, so a GPU's peak is the plain sum on the
+    rank that needs most: ``first``, ``last``, ``middle`` are that rank's (weights, gradients,
+    optimizer, activations, other) [bytes] for rank 0, the last rank and a middle rank (rank 1,
+    which in an uneven layout with lighter end stages holds more layers; it counts with
+    ``pp > 2``); ``last_transient_bytes`` (one micro-batch's 16-bit logits being computed,
+    :func:`loss_buffer_bytes`) are the last rank's activations too.
+
+    Returns the peak rank's five terms and ``peak_stage`` (0 first, 1 last, 2 middle; ties go to
+    the first, then the last rank).
+
+    Example: totals 10 (first), 12 (last), 11 (middle), pp = 4: the last rank, stage 1.
+    """
+    w2, g2, o2, act_last, other_last = last
+    total_first = sum(first)
+    total_last = w2 + g2 + o2 + act_last + other_last + last_transient_bytes
+    last = (w2, g2, o2, act_last + last_transient_bytes, other_last)
+    total_mid = np.where(pp > 2, sum(middle), 0.0)
+    first_peak = total_first >= total_last
+    terms = [np.where(first_peak, x1, x2) for x1, x2 in zip(first, last)]
+    mid_peak = total_mid > np.maximum(total_first, total_last)
+    terms = [np.where(mid_peak, xm, x) for xm, x in zip(middle, terms)]
+    return (*terms, np.where(mid_peak, 2, np.where(first_peak, 0, 1)))
+
+
+def eager_zero_bubble_gradient_bytes(model: ModelSpec, precision: str, tokens, tp, sp_divisor, pp,
+                                     m, schedule, layers_last, logits) -> np.ndarray:
+    """Output gradients the last rank keeps under torch's zero bubble (ZB-H1) split backward
+    [bytes], 0 for other schedules.
+
+    The input-gradient pass (B) keeps, for the deferred weight-gradient pass (W), the output
+    gradient dY of every GEMM of the stage next to its input X: QKV and fc1 column-parallel
+    (sequence-gathered, split by t), the row-parallel o and fc2 outputs before their reduction
+    (full h, partial sums); and the gradient at every node where a weight's path leaves the
+    input's (``get_param_groups`` intermediates): the two norms (fp32 under autocast,
+    sequence-sharded with sp) and, on the last stage, the final norm and the output layer (one
+    value per logit). It keeps them for every micro-batch whose B ran and whose W has not
+    (:func:`torch_zb_retained_microbatches`), each retained graph with the loss's saved fp32
+    logits and log-softmax (8 bytes per logit; the one being computed is in the moments), plus
+    the B pass's working set on the fused QKV gradient (two fused-size tensors live). torch runs
+    stage 0's whole backward at its W step, so the first rank keeps none.
+
+    References
+    ----------
+    Qi et al. 2024 (Zero Bubble Pipeline Parallelism), Sec. 2; torch
+    ``torch/distributed/pipelining/_backward.py`` (``stage_backward_input``,
+    ``get_param_groups``); Megatron-LM ``WeightGradStore``.
+    """
+    h = float(model.hidden_size)
+    f_cols = float(model.ffn_hidden_size) * (2.0 if model.gated_mlp else 1.0)
+    qkv_cols = (model.num_attention_heads + 2.0 * model.kv_heads) * model.head_size
+    e_gemm = 2.0 if precision != "fp32" else 4.0
+    dy_layer = e_gemm * tokens * ((qkv_cols + f_cols) / tp + 2.0 * h)
+    dy_norm = 4.0 * tokens * h / sp_divisor
+    dy_layer = dy_layer + 2.0 * dy_norm
+    n_zb = torch_zb_retained_microbatches(pp, m)
+    return np.where(
+        schedule_code(schedule) == _CODE_ZB,
+        n_zb * (layers_last * dy_layer + dy_norm + e_gemm * logits)
+        + 2.0 * e_gemm * tokens * qkv_cols / tp + (n_zb - 1.0) * 8.0 * logits,
+        0.0,
+    )
+
+
+def eager_accumulating_gradients(schedule, m, inflight_first, inflight_last):
+    """Whether the first and the last rank hold earlier micro-batches' gradients next to later
+    micro-batches' activations (bool masks): once a micro-batch's backward has run, its
+    gradients (ZeRO-2/3: their reduce-scattered shards) stay, so with more micro-batches than in
+    flight (at least one) on a schedule other than GPipe.
+
+    Example: 1F1B, m = 8, 2 in flight: True; GPipe: False.
+    """
+    code = schedule_code(schedule)
+    return ((code != 0) & (m > np.maximum(inflight_first, 1.0)),
+            (code != 0) & (m > np.maximum(inflight_last, 1.0)))
+
+
+def optimizer_grad_copy_excess_bytes(copy_bytes_per_param, zero_stage, shard, params,
+                                     activation_bytes):
+    """What the optimizer step's fp32 gradient copy (:func:`optimizer_grad_copy_bytes`; sharded
+    over ``shard`` ranks under ZeRO >= 1) adds to the peak [bytes]: it lives when the
+    activations are freed, so only its excess over them, ``max(copy - activations, 0)``.
+
+    Example: 4 bytes, ZeRO-1, shard 8, 8e9 parameters, 1e9 activation bytes: 3e9.
+
+    References
+    ----------
+    Megatron-LM ``optimizer/distrib_optimizer.py`` (``_copy_model_grads_to_main_grads``).
+    """
+    copy_opt = np.where(np.asarray(zero_stage) >= 1, copy_bytes_per_param / shard,
+                        copy_bytes_per_param) * params
+    return np.maximum(copy_opt - activation_bytes, 0.0)
+
+
+def allocator_allowance_bytes(gpu: GPUSpec, churn_bytes):
+    """Allocator fragmentation allowance [bytes]: :data:`ALLOCATOR_ALLOWANCE_FRACTION` of what is
+    allocated and freed during the step (``churn_bytes``), 0 for a CPU process. Megatron-LM
+    allocates weights, gradients and optimizer states once, in contiguous buffers
+    (``_ParamAndGradBuffer``, the distributed optimizer's shards), so only activations and
+    buffers churn; eager PyTorch allocates every tensor on its own (churn = all allocated).
+
+    Example: H100, 10 GiB churn: 0.3 GiB.
+
+    References
+    ----------
+    PyTorch ``c10/cuda/CUDACachingAllocator.cpp``; calibration/h200 e2e runs
+    (``max_memory_reserved / max_memory_allocated`` 1.01-1.19).
+    """
+    return (ALLOCATOR_ALLOWANCE_FRACTION if is_gpu(gpu) else 0.0) * churn_bytes
+
+
+# ---------------------------------------------------------------------------------------------
 # The whole GPU
 # ---------------------------------------------------------------------------------------------
 def memory_breakdown(
@@ -698,25 +1252,41 @@ def memory_breakdown(
 ) -> dict[str, np.ndarray]:
     """Peak memory per GPU, on the pipeline stage that needs most, and whether it fits.
 
-    Terms, in this order:
+    Terms, in this order, each a named function:
 
-    1. Parameters per GPU on the first and last stage (:func:`stage_params`).
-    2. Model states by ZeRO stage (:func:`zero_state_bytes`), sharded over the ``dp * cp`` ranks
-       that hold the same parameters (Megatron-LM shards the distributed optimizer over the
-       data-parallel group including context parallelism).
-    3. Activations: one layer (:func:`layer_activation_bytes` or, eager,
-       :func:`eager_layer_activation_bytes`) times the layers of a stage times the micro-batches
-       in flight (:func:`perfmodel.pipeline.inflight_microbatches`: GPipe ``m``, 1F1B and ZB-H1
-       ``min(p - i, m)``, interleaved Megatron's warm-up count, whose stage-0 value is ``p`` times
+    1. Parameters per GPU on the first, last and a middle stage (:func:`stage_params`), and each
+       rank's routed experts (:func:`stage_dense_layers`, :func:`stage_expert_params`).
+    2. Model states by ZeRO stage (:func:`kernel_state_bytes_per_param`,
+       :func:`rank_state_bytes`: :func:`zero_state_bytes` over the ``dp * cp`` ranks that hold
+       the same parameters, as Megatron-LM shards the distributed optimizer over the
+       data-parallel group including context parallelism; :func:`expert_state_bytes` over
+       expert-dp; eager FSDP2 ZeRO-2 :func:`fsdp2_zero2_sharded_weight_bytes`).
+    3. Activations: one layer (:func:`stage_layer_activation_bytes`: Korthikanti's
+       :func:`layer_activation_bytes` less :func:`selective_recompute_freed_bytes` or, eager,
+       :func:`eager_layer_activation_bytes`; MoE :func:`moe_layer_activation_bytes`) times the
+       layers of a stage times the micro-batches in flight (:func:`stage_activation_bytes`,
+       :func:`stage_inflight_microbatches`: GPipe ``m``, 1F1B and ZB-H1 ``min(p - i, m)``,
+       interleaved Megatron's warm-up count, whose stage-0 value is ``p`` times
        ``1 + (p-1)/(p v)``). Full recompute adds one layer's whole activations (the layer being
-       recomputed). Plus the embedding (token ids, dropout mask) per in-flight micro-batch on
-       the first stage, and the final norm, output-layer input and fp32 logits per in-flight
-       micro-batch on the last stage, with one micro-batch's 16-bit logits in flight.
-    4. Other: cuBLAS workspaces, gradient buckets (ZeRO-2/3: two buckets of
-       :data:`BUCKET_PARAMS`; eager DDP: a bucket copy of every gradient), ZeRO-3 all-gathered
-       weights and gradients of :data:`ZERO3_LIVE_LAYERS` layers, Transformer Engine's cached fp8
-       weights and their transposes (fp8/fp4: 2 bytes per GEMM weight), and the allocator
-       allowance (:data:`ALLOCATOR_ALLOWANCE_FRACTION` of everything else).
+       recomputed). Plus the embedding (:func:`embedding_activation_bytes`: token ids, dropout
+       mask) per in-flight micro-batch on the first stage, and the final norm, output-layer
+       input (:func:`final_layer_activation_bytes`) and the loss's logits
+       (:func:`loss_buffer_bytes`, :func:`loss_inflight_microbatches`) on the last stage, with
+       one micro-batch's 16-bit logits in flight (:func:`single_stage_activation_bytes` with
+       ``pp = 1``).
+    4. Other: cuBLAS workspaces (:func:`library_workspace_bytes`), gradient buckets
+       (:func:`gradient_bucket_bytes`: ZeRO-2/3 two buckets of :data:`BUCKET_PARAMS`; eager DDP
+       a bucket copy of every gradient), ZeRO-3 all-gathered weights and gradients of
+       :data:`ZERO3_LIVE_LAYERS` layers (:func:`zero3_gathered_bytes`), Transformer Engine's
+       cached fp8 weights and their transposes (:func:`stage_fp8_weight_cache_bytes`: fp8/fp4
+       2 bytes per GEMM weight), MoE dispatch buffers
+       (:func:`perfmodel.moe.moe_dispatch_buffer_bytes`), eager torch pipelining's buffers
+       (:func:`eager_pipeline_receive_bytes`, :func:`eager_pipeline_held_output_bytes`).
+    5. The peak (:func:`fused_peak_stage`; eager :func:`_eager_moments` with
+       :func:`eager_zero_bubble_gradient_bytes` and :func:`eager_accumulating_gradients`), the
+       optimizer step's gradient copy (:func:`optimizer_grad_copy_excess_bytes`) and the
+       allocator allowance (:func:`allocator_allowance_bytes`,
+       :data:`ALLOCATOR_ALLOWANCE_FRACTION` of what churns).
 
     Fused kernels hold all of this at once. Eager PyTorch creates the gradients during the
     backward and keeps bf16 autocast copies of the GEMM weights while they are saved, so its
@@ -766,317 +1336,120 @@ def memory_breakdown(
                                        flash_attention=flash_attention, dropout=dropout,
                                        headroom=headroom)
     c = batch
-    f64 = np.float64
-    tp, pp, vp, cp = (np.asarray(x, dtype=f64) for x in (c.tp, c.pp, c.vp, c.cp))
-    dp = np.asarray(c.dp, dtype=f64)
-    zero = np.asarray(c.zero_stage)
-    b = np.asarray(c.micro_batch_size, dtype=f64)
-    m = np.asarray(c.num_microbatches, dtype=f64)
-    rc = np.asarray(c.recompute)
+    tp, pp, vp, cp, dp, mbs, m = (np.asarray(x, dtype=np.float64) for x in (
+        c.tp, c.pp, c.vp, c.cp, c.dp, c.micro_batch_size, c.num_microbatches))
+    zero, rc, sched = np.asarray(c.zero_stage), np.asarray(c.recompute), np.asarray(c.schedule)
     sp = np.asarray(c.sequence_parallel, dtype=bool)
-    r = np.where(sp, tp, 1.0)
+    sp_div = np.where(sp, tp, 1.0)  # divisor of the sequence-sharded parts
     shard = dp * cp  # ranks sharing one copy of the stage's parameters
-    s = training.seq_len / cp  # tokens per sequence on this GPU
-    h, v = float(model.hidden_size), float(model.vocab_size)
+    seq = training.seq_len / cp  # tokens per sequence on this GPU
+    tokens = seq * mbs  # tokens per micro-batch on this GPU
+    logits = tokens * float(model.vocab_size) / tp  # per micro-batch (vocab-parallel) [values]
+    h = float(model.hidden_size)
     precision = training.precision
     if dropout is None:
         dropout = (not eager) and model.position_embedding == "learned"
-    drop = 1.0 if dropout else 0.0
 
     # 1. Parameters per GPU, with Megatron-LM's layer layout (uneven first/last stages, or the
     # embedding and the loss counted as layers: perfmodel.pipeline.stage_layer_counts).
     lc = c.layer_counts(model.num_layers)
-    sp_ = stage_params(model, tp, pp, lc["first"], lc["last"], lc["middle"])
-    n_first, n_last = sp_["first"], sp_["last"]
-    layers, layers_last = sp_["layers_first"], sp_["layers_last"]
+    stage = stage_params(model, tp, pp, lc["first"], lc["last"], lc["middle"])
+    params_first, params_last, params_mid = stage["first"], stage["last"], stage["middle"]
+    layers_first, layers_last, layers_mid = (
+        stage["layers_first"], stage["layers_last"], stage["layers_middle"])
+    dense_first, dense_last = stage_dense_layers(model, pp, lc["first_chunk0"])
+    experts_first = stage_expert_params(model, c, layers_first, dense_first)
+    experts_last = stage_expert_params(model, c, layers_last, dense_last)
+    experts_mid = stage_expert_params(model, c, layers_mid, 0.0)
+    experts_layer = stage_expert_params(model, c, 1.0)  # one MoE layer's share
 
-    # 2. Model states by ZeRO stage.
-    if eager:  # fp32 weights (autocast casts them per use), fp32 gradients
-        wb, gb, ob = state_bytes_per_param("fp32", training.optimizer)
-    else:  # Megatron-LM: 16-bit weights, main grads in fp32 unless reduced in bf16
-        wb, gb, ob = state_bytes_per_param(
-            precision, training.optimizer, fp32_main_grads=training.grad_reduce_in_fp32
-        )
-        copy_b = optimizer_grad_copy_bytes(precision, training.grad_reduce_in_fp32)
-        fp8_params = training.fp8_params and precision in ("fp8", "fp4")
-        if fp8_params:  # fp8 model weights (1 byte) replace the bf16 ones
-            wb = 1.0
-    w1, g1, o1 = zero_state_bytes(n_first, shard, zero, wb, gb, ob)
-    w2, g2, o2 = zero_state_bytes(n_last, shard, zero, wb, gb, ob)
-    # 2b. Routed MoE experts: split ep*etp ways, states sharded over expert-dp (Megatron-Core
-    # distributed optimizer over the expert-data-parallel group); both end stages hold them.
-    # Each rank holds its own layers' experts (stage_expert_params): the dense leading layers
-    # sit on rank 0 (its first chunk), the other ranks' layers are MoE in the model's share.
-    dense_first = np.minimum(float(model.moe_dense_layers), lc["first_chunk0"])
-    dense_first = np.where(pp > 1, dense_first, float(model.moe_dense_layers))
-    n_exp_first = stage_expert_params(model, c, layers, dense_first)
-    n_exp_last = stage_expert_params(model, c, layers_last,
-                                     np.where(pp > 1, 0.0, float(model.moe_dense_layers)))
-    n_exp_mid = stage_expert_params(model, c, sp_["layers_middle"], 0.0)
-    n_exp_layer = stage_expert_params(model, c, 1.0)  # one MoE layer's share
-    we, ge, oe = zero_state_bytes(n_exp_first, c.expert_dp, zero, wb, gb, ob)
-    w1, g1, o1 = w1 + we, g1 + ge, o1 + oe
-    we, ge, oe = zero_state_bytes(n_exp_last, c.expert_dp, zero, wb, gb, ob)
-    w2, g2, o2 = w2 + we, g2 + ge, o2 + oe
-    if eager:  # FSDP2 ZeRO-2 (reshard_after_forward=False) keeps the sharded parameters (the
-        # optimizer's) next to the unsharded ones it computes with
-        z2 = (zero == 2) & (dp * cp > 1)
-        w1 = w1 + np.where(z2, n_first * wb / (dp * cp), 0.0)
-        w2 = w2 + np.where(z2, n_last * wb / (dp * cp), 0.0)
-
-    # 3. Activations per layer, per in-flight micro-batch.
-    kw = {
-        "tp": tp,
-        "sequence_parallel": sp,
-        "ffn_hidden_size": moe.effective_ffn_size(model),  # ffn_hidden_size when dense
-        "num_kv_heads": model.kv_heads,
-        "head_dim": model.head_size,
-        "gated_mlp": model.gated_mlp,
-    }
-    a = model.num_attention_heads
+    # 2. Model states by ZeRO stage [bytes per parameter -> bytes].
+    w_bpp, g_bpp, o_bpp, copy_bpp, fp8_params = kernel_state_bytes_per_param(training, eager)
+    state = (shard, c.expert_dp, zero, w_bpp, g_bpp, o_bpp)
+    w1, g1, o1 = rank_state_bytes(params_first, experts_first, *state)
+    w2, g2, o2 = rank_state_bytes(params_last, experts_last, *state)
     if eager:
-        autocast = precision != "fp32"
-        rope = model.position_embedding == "rope"
-        layer_act = eager_layer_activation_bytes(
-            s, b, h, a, recompute=rc, norm=model.norm, autocast=autocast, dropout=dropout,
-            rope=rope, **kw
-        )
-        layer_full = eager_layer_activation_bytes(
-            s, b, h, a, recompute=0, norm=model.norm, autocast=autocast, dropout=dropout,
-            rope=rope, **kw
-        )
-        e = 2.0 if autocast else 4.0
-    else:
-        e = 4.0 if precision == "fp32" else 2.0
-        kw["gemm_input_bytes"] = fp8_gemm_input_bytes(precision)
-        layer_act = layer_activation_bytes(
-            s,
-            b,
-            h,
-            a,
-            recompute=rc,
-            flash=flash_attention,
-            dropout=dropout,
-            bytes_per_value=e,
-            **kw,
-        )
-        layer_full = layer_activation_bytes(
-            s,
-            b,
-            h,
-            a,
-            recompute=0,
-            flash=flash_attention,
-            dropout=dropout,
-            bytes_per_value=e,
-            **kw,
-        )
-    if not eager:  # what selective recomputation of the training's modules does not keep
-        freed = selective_recompute_freed_bytes(
-            model, training.recompute_modules, s, b, tp=tp, sequence_parallel=sp,
-            bytes_per_value=e, gemm_input_bytes=kw["gemm_input_bytes"])
-        layer_act = layer_act - np.where(rc == _CODE_SELECTIVE, freed, 0.0)
-    # MoE: dispatched tokens, expert outputs before the combine, router scores (perfmodel.moe)
-    moe_extra = moe.moe_activation_extra_bytes(model, training, c, e,
-                                               kw.get("gemm_input_bytes"))
-    layer_act = layer_act + np.where(rc == _CODE_FULL, 0.0, moe_extra)
-    layer_full = layer_full + moe_extra
-    # the layer being recomputed (fused: summed; eager: only in its own moment, see below)
-    recompute_extra = np.where(rc == _CODE_FULL, 0.0 if eager else layer_full, 0.0)
+        w1 = w1 + fsdp2_zero2_sharded_weight_bytes(params_first, dp, cp, zero, w_bpp)
+        w2 = w2 + fsdp2_zero2_sharded_weight_bytes(params_last, dp, cp, zero, w_bpp)
 
-    sched = np.asarray(c.schedule)
-    infl_first = inflight_microbatches(pp, m, sched, vp, stage=0)
-    infl_last = inflight_microbatches(pp, m, sched, vp, stage=pp - 1)
-    # the MoE all-to-all overlap's combined 1F1B holds one more micro-batch (pp = 1) or chunk
-    a2a_extra = 0.0 if eager else moe.a2a_overlap_extra_inflight(training, c)
-    infl_first = np.minimum(infl_first + a2a_extra, np.maximum(m, infl_first))
-    infl_last = np.minimum(infl_last + a2a_extra, np.maximum(m, infl_last))
-    if eager:  # torch's zero bubble retains whole backward graphs until the W pass
-        infl_last = np.where(schedule_code(sched) == _CODE_ZB,
-                             torch_zb_retained_microbatches(pp, m), infl_last)
-    mb_first = np.ceil(infl_first)  # whole micro-batches with an embedding output in flight
-    mb_last = np.ceil(infl_last)
-    sb = s * b
-    logit = sb * v / tp  # logits per micro-batch on this GPU (vocabulary-parallel) [values]
+    # 3. Activations: one layer (kept under the recompute mode, plus MoE extras), the layer
+    # being recomputed (fused), times the layers of a stage kept on the GPU times the
+    # micro-batches in flight, plus the embedding's and the loss's tensors.
+    layer_bytes, layer_full_bytes, e, gi = stage_layer_activation_bytes(
+        model, training, seq, mbs, tp, sp, rc, eager=eager, flash_attention=flash_attention,
+        dropout=dropout)
+    moe_kept_bytes, moe_full_bytes = moe_layer_activation_bytes(model, training, c, rc, e, gi)
+    layer_bytes = layer_bytes + moe_kept_bytes
+    layer_full_bytes = layer_full_bytes + moe_full_bytes
+    recompute_bytes = np.where(rc == _CODE_FULL, 0.0 if eager else layer_full_bytes, 0.0)
+    infl_first, infl_last = stage_inflight_microbatches(training, c, pp, m, sched, vp,
+                                                        eager=eager)
+    embed_bytes = embedding_activation_bytes(tokens, h, sp_div, dropout, eager=eager)
+    final_bytes = final_layer_activation_bytes(tokens, h, sp_div, e, eager=eager)
+    logits_held_bytes, logits_transient_bytes = loss_buffer_bytes(training, logits, eager=eager)
+    n_offload = 0 if eager else training.cpu_offload_layers  # CPU activation offloading
+    mb_loss = np.ceil(infl_last) if eager else loss_inflight_microbatches(sched, m, infl_last)
+    loss_bytes = mb_loss * (final_bytes + logits_held_bytes)
+    act_first, act_last = single_stage_activation_bytes(
+        stage_activation_bytes(infl_first, layers_first, n_offload, layer_bytes, recompute_bytes,
+                               np.ceil(infl_first) * embed_bytes),
+        stage_activation_bytes(infl_last, layers_last, n_offload, layer_bytes, recompute_bytes,
+                               loss_bytes),
+        loss_bytes, pp)
+
+    # 4. Other buffers: workspaces, gradient buckets, ZeRO-3 gathers, fp8 weight caches, MoE
+    # dispatch buffers (perfmodel.moe), eager torch pipelining's receive buffers and outputs.
+    bucket_bytes, grads_in_buffer = gradient_bucket_bytes(params_first, zero, shard, g_bpp,
+                                                          eager=eager)
+    g1, g2 = np.where(grads_in_buffer, 0.0, g1), np.where(grads_in_buffer, 0.0, g2)
+    zero3_first, zero3_last = zero3_gathered_bytes(stage, experts_layer, vp, zero, shard,
+                                                   w_bpp + g_bpp, eager=eager)
+    fp8 = (stage["gemm_layer"], experts_layer, zero, shard, c.expert_dp, fp8_params)
+    fp8_first = 0.0 if eager else stage_fp8_weight_cache_bytes(precision, layers_first,
+                                                                experts_first, *fp8)
+    fp8_last = 0.0 if eager else stage_fp8_weight_cache_bytes(precision, layers_last,
+                                                               experts_last, *fp8)
+    dispatch_bytes = moe.moe_dispatch_buffer_bytes(model, training, c, e)
+    base_other = library_workspace_bytes(cluster.gpu, tp) + bucket_bytes
+    other_first = base_other + zero3_first + fp8_first + dispatch_bytes
+    other_last = base_other + zero3_last + fp8_last + dispatch_bytes
     if eager:
-        embed_act = 8.0 * sb * 2  # token and position indices (int64)
-        # final LayerNorm input (fp32) + stats, bf16 cast of its output (output-layer input)
-        final_act = (4.0 * sb * h + 8.0 * sb) / r + e * sb * h  # head input: gathered (sp)
-        logits_held = 0.0 * logit  # the loss's saved tensors are in the moments below
-    else:
-        embed_act = 8.0 * sb + drop * sb * h / r  # token ids (int64), embedding dropout mask
-        final_act = 2 * e * sb * h / r  # final-norm input and output-layer input: 4sbh
-        held_b, transient_b = loss_logit_bytes(training.cross_entropy)
-        logits_held = held_b * logit  # what the cross-entropy keeps for its backward
-    logits_transient = (2.0 if eager else transient_b) * logit  # 16-bit logits being computed
-    # CPU activation offloading (fused only): the stage keeps L - N + 1 layers' activations
-    n_off = 0 if eager else training.cpu_offload_layers
-    res_first = resident_activation_layers(layers, n_off)
-    res_last = resident_activation_layers(layers_last, n_off)
-    act_first = infl_first * res_first * layer_act + recompute_extra + mb_first * embed_act
-    mb_loss = mb_last if eager else loss_inflight_microbatches(sched, m, infl_last)
-    act_last = (
-        infl_last * res_last * layer_act + recompute_extra + mb_loss * (final_act + logits_held)
-    )
-    single = pp == 1
-    act_first = np.where(single, act_first + mb_loss * (final_act + logits_held), act_first)
-    act_last = np.where(single, act_first, act_last)
+        p2p_first, p2p_last = eager_pipeline_receive_bytes(tokens, h, sp_div, pp, m, vp,
+                                                           infl_first, infl_last)
+        other_first = other_first + p2p_first
+        other_last = other_last + p2p_last
+        other_last = other_last + eager_pipeline_held_output_bytes(precision, pp, m, logits)
 
-    # 4. Other buffers.
-    gpu_part = is_gpu(cluster.gpu)
-    base_other = (LIBRARY_WORKSPACE_BYTES if gpu_part else 0.0) + 0.0 * tp
-    bucket = np.where(zero >= 2, 2.0 * np.minimum(BUCKET_PARAMS, n_first) * gb, 0.0)
-    if eager:  # torch DDP copies every gradient into its buckets (gradient_as_bucket_view=False)
-        bucket = np.where((zero == 0) & (shard > 1), n_first * gb, bucket)
-        # FSDP2 with units of BUCKET_PARAMS reduce-scatters one unit's unsharded gradients
-        # while the next unit's are produced: two buckets, but never more than the stage
-        # (a small model is one unit). ZeRO-3: those unsharded gradients are already in the
-        # live units (``zero3`` below)
-        bucket = np.where(
-            (zero == 2) & (shard > 1), np.minimum(2.0 * BUCKET_PARAMS, n_first) * gb, bucket
-        )
-        bucket = np.where((zero >= 3) & (shard > 1), 0.0, bucket)
-        # ZeRO-1 (Megatron's distributed optimizer): gradients accumulate into one persistent
-        # contiguous buffer (``main_grad``), live at every moment of the step, not created by
-        # the backward; it replaces the gradients
-        z1 = (zero == 1) & (shard > 1)
-        bucket = np.where(z1, n_first * gb, bucket)
-        g1, g2 = np.where(z1, 0.0, g1), np.where(z1, 0.0, g2)
-    z3_layer = (sp_["layer"] + n_exp_layer) * (wb + gb) * ZERO3_LIVE_LAYERS
-    zero3_last = None
-    if eager:  # FSDP units of BUCKET_PARAMS (harness, DeepSpeed): two live, at most the model
-        # chunk (each interleaved chunk is a module of its own, sharded and gathered alone; the
-        # first chunk holds the embedding, the last the output layer)
-        other_chunks = (vp - 1) / vp * layers * sp_["layer"]
-        z3_layer = np.minimum(2.0 * BUCKET_PARAMS, n_first - other_chunks) * (wb + gb)
-        other_last = (vp - 1) / vp * layers_last * sp_["layer"]
-        z3_last = np.minimum(2.0 * BUCKET_PARAMS, n_last - other_last) * (wb + gb)
-        zero3_last = np.where((zero >= 3) & (shard > 1), z3_last, 0.0)
-    zero3 = np.where((zero >= 3) & (shard > 1), z3_layer, 0.0)
-    fp8_first = fp8_cache_last = 0.0
+    # 5. The peak: fused kernels hold everything at once (the rank needing most: first, last or
+    # a middle rank); eager PyTorch peaks at the largest moment of the step (_eager_moments).
+    first = (w1, g1, o1, act_first, other_first)
+    last = (w2, g2, o2, act_last, other_last)
     if not eager:
-        fp8_first = fp8_weight_cache_bytes(precision, layers, sp_["gemm_layer"], zero, shard,
-                                           fp8_params)
-        fp8_cache_last = fp8_weight_cache_bytes(precision, layers_last, sp_["gemm_layer"], zero,
-                                                shard, fp8_params)
-        # routed experts' low-precision copies, sharded over expert-dp under ZeRO-3
-        fp8_first = fp8_first + _fp8_expert_bytes(precision, n_exp_first, n_exp_layer, zero,
-                                                  c.expert_dp, fp8_params)
-        fp8_cache_last = fp8_cache_last + _fp8_expert_bytes(precision, n_exp_last, n_exp_layer,
-                                                            zero, c.expert_dp, fp8_params)
-    dispatch = moe.moe_dispatch_buffer_bytes(model, training, c, e)  # MoE all-to-all buffers
-    other_first = base_other + bucket + zero3 + fp8_first + dispatch
-    other_last = base_other + bucket + zero3 + fp8_cache_last + dispatch
-    if zero3_last is not None:
-        other_last = other_last - zero3 + zero3_last
-    if eager:
-        # torch.distributed.pipelining preallocates one receive buffer per micro-batch and
-        # local stage for the step (activations forward, their gradients backward; fp32
-        # residual stream, sequence-sharded with sp); the in-flight micro-batches' activation
-        # buffers are the stage inputs already counted in the activations. Megatron-LM allocates
-        # them per transfer instead.
-        p2p = 4.0 * sb * h / r
-        grad_first, fwd_first = m * vp, np.maximum(m - infl_first / vp, 0.0) * (vp - 1)
-        grad_last, fwd_last = m * (vp - 1), np.maximum(m * vp - infl_last, 0.0)
-        other_first = other_first + np.where(pp > 1, (grad_first + fwd_first) * p2p, 0.0)
-        other_last = other_last + np.where(pp > 1, (grad_last + fwd_last) * p2p, 0.0)
-        # the last stage's schedule keeps every micro-batch's output (the logits) until the
-        # step ends (``PipelineStage.output_chunks``, merged and returned by ``step``): the
-        # earlier micro-batches' are live next to the last one's moments
-        held_logit = 2.0 if precision != "fp32" else 4.0
-        other_last = other_last + np.where(pp > 1, (m - 1.0) * held_logit * logit, 0.0)
-
-    if not eager:
-        total_first = w1 + g1 + o1 + act_first + other_first
-        total_last = w2 + g2 + o2 + act_last + other_last + logits_transient
-        act_last = act_last + logits_transient
-        # a middle rank (rank 1) holds more layers than rank 0 in an uneven layout with lighter
-        # end stages; it has one in-flight micro-batch fewer (1F1B) and no embedding
-        layers_mid = sp_["layers_middle"]
-        wm, gm, om = zero_state_bytes(sp_["middle"], shard, zero, wb, gb, ob)
-        we, ge, oe = zero_state_bytes(n_exp_mid, c.expert_dp, zero, wb, gb, ob)
-        wm, gm, om = wm + we, gm + ge, om + oe  # the middle rank's experts
-        act_mid = ((inflight_microbatches(pp, m, sched, vp, stage=1) + a2a_extra)
-                   * resident_activation_layers(layers_mid, n_off) * layer_act)
-        act_mid = act_mid + recompute_extra
-        other_mid = base_other + bucket + zero3 + fp8_weight_cache_bytes(
-            precision, layers_mid, sp_["gemm_layer"], zero, shard, fp8_params) + (
-            _fp8_expert_bytes(precision, n_exp_mid, n_exp_layer, zero, c.expert_dp,
-                              fp8_params)) + dispatch
-        total_mid = np.where(pp > 2, wm + gm + om + act_mid + other_mid, 0.0)
-        first_peak = total_first >= total_last
-        pick = lambda x1, x2: np.where(first_peak, x1, x2)
-        weights, grads, opt = pick(w1, w2), pick(g1, g2), pick(o1, o2)
-        acts, other = pick(act_first, act_last), pick(other_first, other_last)
-        peak_stage = np.where(first_peak, 0, 1)
-        mid_peak = total_mid > np.maximum(total_first, total_last)
-        pick = lambda xm, x: np.where(mid_peak, xm, x)
-        weights, grads, opt = pick(wm, weights), pick(gm, grads), pick(om, opt)
-        acts, other = pick(act_mid, acts), pick(other_mid, other)
-        peak_stage = np.where(mid_peak, 2, peak_stage)
-    else:
-        # zero bubble (ZB-H1) split backward, stages after the first: the input-gradient pass
-        # (B) keeps, for the deferred weight-gradient pass (W), the output gradient dY of every
-        # GEMM of the stage next to its input X (Qi et al. 2024, Sec. 2; torch
-        # ``stage_backward_input`` / Megatron's ``WeightGradStore``): QKV and fc1 column-parallel
-        # (sequence-gathered, split by t), the row-parallel o and fc2 outputs before their
-        # reduction (full h, partial sums). Plus the B pass's working set on the fused QKV
-        # gradient (Q, K and V gradients scattered into it, two fused-size tensors live).
-        # torch runs stage 0's whole backward at its W step, so the first stage keeps none.
-        f_cols = float(model.ffn_hidden_size) * (2.0 if model.gated_mlp else 1.0)
-        qkv_cols = (a + 2.0 * model.kv_heads) * model.head_size
-        e_gemm = 2.0 if precision != "fp32" else 4.0
-        dy_layer = e_gemm * sb * ((qkv_cols + f_cols) / tp + 2.0 * h)
-        # torch keeps the gradient at every node where a weight's path leaves the input's
-        # (``get_param_groups`` intermediates): the GEMMs above, the two norms (fp32 under
-        # autocast, sequence-sharded with sp) and, on the last stage, the final norm and the
-        # output layer (its output gradient: one value per logit)
-        dy_norm = 4.0 * sb * h / r
-        dy_layer = dy_layer + 2.0 * dy_norm
-        # torch keeps the output gradients of every micro-batch whose B ran and whose W has
-        # not (p on the last stage), and each retained graph keeps the loss's saved fp32
-        # logits and log-softmax (8 bytes per logit; the one being computed is in the moments)
-        n_zb = torch_zb_retained_microbatches(pp, m)
-        zb_last = np.where(
-            schedule_code(sched) == _CODE_ZB,
-            n_zb * (layers_last * dy_layer + dy_norm + e_gemm * logit)
-            + 2.0 * e_gemm * sb * qkv_cols / tp + (n_zb - 1.0) * 8.0 * logit,
-            0.0,
+        infl_mid = inflight_microbatches(pp, m, sched, vp, stage=1) + (
+            moe.a2a_overlap_extra_inflight(training, c))
+        middle = (
+            *rank_state_bytes(params_mid, experts_mid, *state),
+            stage_activation_bytes(infl_mid, layers_mid, n_offload, layer_bytes,
+                                   recompute_bytes, 0.0),
+            base_other + zero3_first + stage_fp8_weight_cache_bytes(
+                precision, layers_mid, experts_mid, *fp8) + dispatch_bytes,
         )
+        weights, grads, opt, acts, other, peak_stage = fused_peak_stage(
+            first, last, middle, pp, logits_transient_bytes)
+        peak_params = np.where(peak_stage == 1, params_last,
+                               np.where(peak_stage == 2, params_mid, params_first))
+        opt = opt + optimizer_grad_copy_excess_bytes(copy_bpp, zero, shard, peak_params, acts)
+    else:
+        zb_last = eager_zero_bubble_gradient_bytes(model, precision, tokens, tp, sp_div, pp, m,
+                                                   sched, layers_last, logits)
         weights, grads, opt, acts, other, peak_stage = _eager_moments(
-            model,
-            sp_,
-            rc,
-            pp,
-            tp,
-            logit,
-            (layers, layers_last),
-            layer_full,
-            gb,
-            (w1, g1, o1, act_first, other_first),
-            (w2, g2, o2, act_last, other_last),
-            autocast=precision != "fp32",
-            zb_last=zb_last,
-            accumulating=(
-                (schedule_code(sched) != 0) & (m > np.maximum(infl_first, 1.0)),
-                (schedule_code(sched) != 0) & (m > np.maximum(infl_last, 1.0)),
-            ),
-        )
-
-    if not eager:
-        # the optimizer step's fp32 gradient copy (16-bit buffers) lives when the activations
-        # are freed: it raises the peak only where it exceeds them
-        copy_opt = np.where(zero >= 1, copy_b / shard, copy_b) * np.where(
-            peak_stage == 1, n_last, np.where(peak_stage == 2, sp_["middle"], n_first))
-        opt = opt + np.maximum(copy_opt - acts, 0.0)
+            model, stage, rc, pp, tp, logits, (layers_first, layers_last), layer_full_bytes,
+            g_bpp, first, last, autocast=precision != "fp32", zb_last=zb_last,
+            accumulating=eager_accumulating_gradients(sched, m, infl_first, infl_last))
     allocated = weights + grads + opt + acts + other
-    # Megatron-LM allocates weights, gradients and optimizer states once, in contiguous buffers
-    # (``_ParamAndGradBuffer``, the distributed optimizer's shards): only what is allocated and
-    # freed during the step (activations, buffers) fragments. Eager PyTorch allocates every
-    # tensor on its own, so there the allowance applies to all of it.
-    churn = allocated if eager else acts + other
-    allowance = (ALLOCATOR_ALLOWANCE_FRACTION if gpu_part else 0.0) * churn
+    allowance = allocator_allowance_bytes(cluster.gpu, allocated if eager else acts + other)
     peak = allocated + allowance
+    usable = usable_hbm_bytes(cluster.gpu, headroom)
     return {
         "weights": weights,
         "gradients": grads,
@@ -1087,8 +1460,8 @@ def memory_breakdown(
         "peak_allocated": allocated,
         "allocator_allowance": allowance,
         "peak_stage": peak_stage,
-        "usable": np.full(np.shape(peak), usable_hbm_bytes(cluster.gpu, headroom)),
-        "fits": peak <= usable_hbm_bytes(cluster.gpu, headroom),
+        "usable": np.full(np.shape(peak), usable),
+        "fits": peak <= usable,
     }
 
 
