@@ -1,0 +1,111 @@
+"""Hand-computed numbers for each named term of :func:`perfmodel.step.evaluate` and of
+:func:`perfmodel.compute._compute_times` (one per function; fast, no search)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from perfmodel import step
+
+
+def a(*x):
+    return np.array(x, dtype=np.float64)
+
+
+def test_tp_exposed_s_blocking_and_overlapped():
+    # blocking: all 2 ms exposed, no slowdown
+    tp, slow = step.tp_exposed_s(a(2e-3), a(10e-3), False, 0.2)
+    assert tp[0] == 2e-3 and slow[0] == 0.0
+    # overlapped: window 5 ms hides all but the 10 % chunk (0.2 ms); hidden 1.8 ms slows the
+    # GEMMs by 0.2 * min(1.8, 5) = 0.36 ms
+    tp, slow = step.tp_exposed_s(a(2e-3, 8e-3), a(10e-3, 10e-3), True, 0.2)
+    assert tp == pytest.approx(a(0.2e-3, 3e-3), rel=1e-12)  # 8 - 5 = 3 ms > 0.8 ms
+    assert slow == pytest.approx(a(0.36e-3, 0.2 * 5e-3), rel=1e-12)
+
+
+def test_cp_exposed_s():
+    assert step.cp_exposed_s(np.array([1, 2]), a(1.0, 1.0), a(2.0, 2.0)).tolist() == [0.0, 3.0]
+
+
+def test_ep_exposed_s_without_overlap():
+    model = SimpleNamespace(moe_layer_fraction=0.75)
+    training = SimpleNamespace(overlap_moe_comm=False)
+    out = step.ep_exposed_s(model, training, None, a(1.0), a(3.0), a(10.0))
+    assert out[0] == 3.0  # 0.75 * (1 + 3)
+
+
+def test_head_stage_s_without_mtp():
+    out = step.head_stage_s(SimpleNamespace(mtp_num_layers=0), a(5.0), a(2.0))
+    assert out[0] == 2.0
+
+
+def test_stage_times_s():
+    # pp 1: one stage with 4 layers of 1 s + embed 0.5 + head 2; pp 4: 1/2/3 layers
+    f, mid, last = step.stage_times_s(a(4, 1), a(0, 2), a(4, 3), a(1.0, 1.0), a(0.5, 0.5),
+                                      a(2.0, 2.0), a(1, 4))
+    assert f.tolist() == [6.5, 1.5] and mid.tolist() == [0.0, 2.0] and last.tolist() == [6.5, 5.0]
+
+
+def test_backward_fractions():
+    # forward 1, backward (with recompute) 3 of which 2 GEMM backward: F = 1/4, W = 0.5*2/4
+    fwd, w = step.backward_fractions(a(1.0), a(3.0), a(2.0))
+    assert fwd[0] == 0.25 and w[0] == 0.25
+
+
+def test_slowest_stage_s():
+    t, n = step.slowest_stage_s(a(3.0, 1.0, 1.0), a(2.0, 4.0, 1.0), a(1.0, 1.0, 5.0),
+                                a(10, 10, 10), a(20, 20, 20), a(30, 30, 30))
+    assert t.tolist() == [3.0, 4.0, 5.0] and n.tolist() == [10, 20, 30]
+
+
+def test_stage_comm_shares():
+    # 4 layers of 1 ms TP, 0.5 ms CP, 0.25 ms EP, 0.1 ms overlap slowdown, stage 20 ms
+    with np.errstate(divide="ignore", invalid="ignore"):  # the empty stage divides by 0
+        s = step.stage_comm_shares(a(4.0, 4.0), a(20e-3, 0.0), a(1e-3, 1e-3),
+                                   a(0.5e-3, 0.5e-3), a(0.25e-3, 0.25e-3), a(0.1e-3, 0.1e-3))
+    assert s["comm"][0] == pytest.approx(0.35, rel=1e-12)
+    assert s["tp"][0] == pytest.approx(0.2, rel=1e-12)
+    assert s["cp"][0] == pytest.approx(0.1, rel=1e-12)
+    assert s["ep"][0] == pytest.approx(0.05, rel=1e-12)
+    assert s["tp_overlap"][0] == pytest.approx(0.02, rel=1e-12)
+    assert all(v[1] == 0.0 for v in s.values())  # empty stage
+
+
+def test_pp_sends_per_microbatch():
+    out = step.pp_sends_per_microbatch(np.array([step._SCHED_1F1B, step._SCHED_INTERLEAVED]),
+                                       a(3.0, 3.0))
+    assert out.tolist() == [2.0, 6.0]
+
+
+def test_exposed_p2p_s():
+    # pp 4, m 8, 2 sends of 1 ms: overlapped (4-1)*2 = 6 ms, blocking (8+3)*2 = 22 ms
+    assert step.exposed_p2p_s(True, a(4.0), a(8.0), a(2.0), a(1e-3))[0] == pytest.approx(6e-3)
+    assert step.exposed_p2p_s(False, a(4.0), a(8.0), a(2.0), a(1e-3))[0] == pytest.approx(22e-3)
+
+
+def test_dp_grad_and_zero3_link_s():
+    b = SimpleNamespace(dp=np.array([1, 4]), zero_stage=np.array([3, 1]))
+    comm = {"dp_grad_s": a(2.0, 2.0), "expert_dp_grad_s": a(0.5, 0.5),
+            "zero3_gather_s": a(1.0, 1.0), "expert_zero3_gather_s": a(0.25, 0.25)}
+    assert step.dp_grad_link_s(b, comm).tolist() == [0.5, 2.5]
+    assert step.zero3_gather_link_s(b, comm).tolist() == [1.25, 0.0]
+
+
+def test_exposed_zero3_gather_s():
+    assert step.exposed_zero3_gather_s(True, a(3.0, 1.0), a(2.0, 2.0)).tolist() == [1.0, 0.0]
+    assert step.exposed_zero3_gather_s(False, a(3.0), a(2.0)).tolist() == [3.0]
+
+
+def test_time_breakdown_s_adds_up():
+    shares = {"comm": a(0.3), "tp": a(0.2), "cp": a(0.06), "ep": a(0.04),
+              "tp_overlap": a(0.1)}
+    t = step.time_breakdown_s(a(12.0), a(10.0), shares, a(0.5), a(0.25), a(0.125), a(1.0),
+                              a(0.0625), a(0.03125))
+    assert tuple(t) == step.TIME_TERMS
+    assert t["compute"][0] == pytest.approx(6.0) and t["bubble"][0] == 2.0
+    assert t["overlap_slowdown"][0] == pytest.approx(1.0625)
+    assert sum(v[0] for v in t.values()) == pytest.approx(12 + 0.5 + 0.25 + 0.125 + 1
+                                                          + 0.0625 + 0.03125, rel=1e-12)
