@@ -51,14 +51,18 @@ __all__ = [
     "CPU_FWD_LAUNCH_S",
     "LOW_PRECISION_GEMM_RATIO",
     "LOW_PRECISION_RECIPES",
+    "MAIN_GRAD_COPY_BYTES_PER_PARAM",
     "OPTIMIZER_BYTES_PER_PARAM",
+    "PER_TENSOR_OVERFLOW_CHECK_BYTES_PER_PARAM",
     "SUSTAINED_GEMM_FRACTION",
+    "UNSCALE_BYTES_PER_PARAM",
     "LowPrecisionRecipe",
     "compute_times",
     "gemm_time_s",
     "grouped_gemm_time_s",
     "layer_gemms",
     "mlp_activation_share",
+    "optimizer_bytes_per_param",
     "optimizer_params_per_gpu",
     "quantise_bytes",
     "recipe_of",
@@ -207,6 +211,45 @@ OPTIMIZER_BYTES_PER_PARAM = {
     ("adamw", "fused"): 34,
     ("sgd", "fused"): 26,
 }
+
+MAIN_GRAD_COPY_BYTES_PER_PARAM = 6.0
+"""16-bit gradients copied into the optimizer's fp32 main gradients before the step (read 2,
+write 4 bytes): Megatron-LM ``_copy_model_grads_to_main_grads`` (megatron/core/optimizer/
+optimizer.py; 2020: ``FP16_Optimizer._model_grads_to_master_grads``, megatron/fp16/fp16.py).
+Only when the gradient buffer is 16-bit (``grad_reduce_in_fp32`` off); with an fp32 main-grad
+buffer the weight-gradient GEMMs accumulate into it directly."""
+
+UNSCALE_BYTES_PER_PARAM = 8.0
+"""fp16 loss scaling: the fp32 main gradients read and written once to divide by the loss scale
+and check for inf/nan (Megatron-LM ``_unscale_main_grads_and_check_for_nan``; 2020:
+``FP16_Optimizer._downscale_master``). bf16 and fp8 recipes do not scale the loss."""
+
+PER_TENSOR_OVERFLOW_CHECK_BYTES_PER_PARAM = 10.0
+"""Megatron-LM 2020's apex-style dynamic loss scaler checks each fp16 gradient with
+``float(x.float().sum())`` (megatron/fp16/loss_scaler.py ``_has_inf_or_nan``): a cast that reads
+2 and writes 4 bytes, then a sum that reads the 4 again."""
+
+
+def optimizer_bytes_per_param(training: TrainingSpec, kernels: str = "fused") -> float:
+    """HBM bytes the optimizer step moves per parameter of this GPU's shard:
+    :data:`OPTIMIZER_BYTES_PER_PARAM` plus, with fused (framework) kernels, the copy of 16-bit
+    gradients into fp32 main gradients, fp16's unscale and Megatron-LM 2020's per-tensor
+    overflow check.
+
+    Example: Megatron-LM 2020 fp16 Adam (fp16 gradients, per-tensor check):
+    34 + 6 + 8 + 10 = 58 bytes; a bf16 NeMo recipe with a bf16 gradient buffer: 34 + 6 = 40.
+    """
+    b = float(OPTIMIZER_BYTES_PER_PARAM[(training.optimizer, kernels)])
+    if kernels != "fused" or training.precision == "fp32":
+        return b
+    if not training.grad_reduce_in_fp32:
+        b += MAIN_GRAD_COPY_BYTES_PER_PARAM
+    if training.precision == "fp16":
+        b += UNSCALE_BYTES_PER_PARAM
+        if training.fp16_overflow_check == "per-tensor":
+            b += PER_TENSOR_OVERFLOW_CHECK_BYTES_PER_PARAM
+    return b
+
 
 _RECOMPUTE_SELECTIVE, _RECOMPUTE_FULL = 1, 2
 
@@ -479,7 +522,7 @@ def _optimizer_s(model, training, gpu, batch, kernels, calibration) -> np.ndarra
     bandwidth [s]."""
     cal = calibration_for(gpu, calibration)
     params = optimizer_params_per_gpu(model, batch)
-    opt_bytes = OPTIMIZER_BYTES_PER_PARAM[(training.optimizer, kernels)] * params
+    opt_bytes = optimizer_bytes_per_param(training, kernels) * params
     t = opt_bytes / cal.membw_bytes_per_s("adamw")
     recipe = recipe_of(training)
     if recipe is not None and kernels == "fused":

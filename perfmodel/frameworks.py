@@ -50,6 +50,10 @@ class FrameworkSpec(Spec):
     grad_reduce_in_fp32: bool = Field(
         default=True, description="fp32 main-grad buffer and reduction (Megatron-LM's bf16 "
         "default); NeMo's performance recipes reduce in bf16")
+    fp16_grads_in_fp16: bool = Field(
+        default=False, description="fp16 training keeps 16-bit gradients and reduces them in "
+        "fp16 (Megatron-LM 2020-2022: fp32 accumulation only with "
+        "--accumulate-allreduce-grads-in-fp32, forced for bf16)")
     fp8_params: bool = Field(
         default=False, description="fp8 recipes keep fp8 model weights (--fp8-param-gather)")
     cross_entropy: Literal["fp32", "fused"] = Field(
@@ -78,12 +82,15 @@ class FrameworkSpec(Spec):
         default=PRECISION_RECIPES, min_length=1,
         description="precision recipes the stack's launch config can switch on")
 
-    def training_switches(self) -> dict[str, Any]:
-        """The TrainingSpec fields this stack fixes."""
+    def training_switches(self, precision: str | None = None) -> dict[str, Any]:
+        """The TrainingSpec fields this stack fixes (for a run at ``precision``, when given:
+        :attr:`fp16_grads_in_fp16` turns the fp32 gradient reduction off for fp16)."""
         out = {k: getattr(self, k) for k in ("overlap_grad_reduce", "overlap_tp_comm",
                                               "overlap_p2p_comm", "flash_attention",
                                               "zero3_gather", "grad_reduce_in_fp32",
                                               "fp8_params", "cross_entropy")}
+        if precision == "fp16" and self.fp16_grads_in_fp16:
+            out["grad_reduce_in_fp32"] = False
         # MoE dispatcher switches (perfmodel.moe_dispatch), where the preset states them
         for k in ("moe_token_dispatcher", "moe_flex_backend", "moe_router_fusion",
                   "cuda_graph_scope"):
@@ -111,11 +118,13 @@ def load_framework(spec: str | Path | FrameworkSpec) -> FrameworkSpec:
     return _build(FrameworkSpec, data, src)
 
 
-def apply_framework(training: TrainingSpec, fw: FrameworkSpec | None) -> TrainingSpec:
-    """``training`` with the stack's switches set (single overrides are applied after this)."""
+def apply_framework(training: TrainingSpec, fw: FrameworkSpec | None,
+                    precision: str | None = None) -> TrainingSpec:
+    """``training`` with the stack's switches set for a run at ``precision`` (default: the
+    training's own; single overrides are applied after this)."""
     if fw is None:
         return training
-    return training.model_copy(update=fw.training_switches())
+    return training.model_copy(update=fw.training_switches(precision or training.precision))
 
 
 def framework_pins(fw: FrameworkSpec) -> dict[str, list]:

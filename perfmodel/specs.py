@@ -164,6 +164,9 @@ class LinkTier(Spec):
     Bandwidth is per GPU, unidirectional, given either in GB/s (``bw_gbyte_per_s``) or, as
     networks are quoted, in Gb/s (``bw_gbit_per_s``). ``oversubscription`` >= 1 divides the
     bandwidth available when the whole tier is busy (1 = full bisection, a non-blocking fat tree).
+    ``protocol_efficiency`` in (0, 1] is the share of the line rate the collective library's
+    protocol delivers as bus bandwidth (NCCL over NVLink: about 0.8, see the A100 / V100 cluster
+    presets); 1 leaves the line rate.
     """
 
     name: str
@@ -173,6 +176,7 @@ class LinkTier(Spec):
     bw_gbit_per_s: PosFloat | None = None
     latency_us: NonNegFloat = 0.0
     oversubscription: Annotated[float, Field(ge=1.0)] = 1.0
+    protocol_efficiency: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
 
     @model_validator(mode="after")
     def _one_bandwidth(self) -> LinkTier:
@@ -198,8 +202,9 @@ class LinkTier(Spec):
 
     @property
     def effective_bw_bytes_per_s(self) -> float:
-        """Per-GPU bandwidth [bytes/s] when every GPU uses the tier at once."""
-        return self.bw_bytes_per_s / self.oversubscription
+        """Per-GPU bandwidth [bytes/s] when every GPU uses the tier at once, as the collective
+        library delivers it: ``line rate * protocol_efficiency / oversubscription``."""
+        return self.bw_bytes_per_s * self.protocol_efficiency / self.oversubscription
 
     @property
     def latency_s(self) -> float:
@@ -662,6 +667,12 @@ class TrainingSpec(Spec):
         description="gradients accumulate and reduce across data parallel in fp32 (Megatron-LM's "
         "main-grad buffer; --grad-reduce-in-bf16 / NeMo performance recipes' "
         "grad_reduce_in_fp32=False: bf16 buffer and traffic)",
+    )
+    fp16_overflow_check: Literal["fused", "per-tensor"] = Field(
+        default="fused",
+        description="fp16 loss scaling's inf/nan check of the gradients before the step: one fused "
+        "pass (Megatron-LM 2021+, Megatron-Core), or apex's per-tensor float(g.float().sum()) of "
+        "Megatron-LM 2020 (megatron/fp16/loss_scaler.py), an fp32 copy of every fp16 gradient",
     )
     cpu_offload_layers: int = Field(
         default=0,

@@ -261,7 +261,7 @@ def _specs(model, cluster, training, gpus, overrides, framework=None) -> tuple[
                           src if k in keys else "tool default")
         # the stack's switches first, then the caller's single overrides win
         base = load_training(data if isinstance(data, TrainingSpec) else {**fill, **(data or {})})
-        t = apply_framework(base, framework)
+        t = apply_framework(base, framework, overrides.get("precision"))
         t = load_training(t, **overrides)
     except ValidationError as err:  # pydantic errors raised outside the loaders
         raise SpecError(format_validation_error(err)) from None

@@ -298,6 +298,17 @@ def case_from_row(r: pd.Series) -> Case:
         # Megatron-Bridge's performance recipes fuse the loss with Transformer Engine's kernel
         # (``_benchmark_common``: cross_entropy_fusion_impl = "te")
         sw["cross_entropy"] = "fused"
+    if not modern and precision == "fp16" and "deepspeed" not in zero_txt:
+        # Megatron-LM 2020-2022 fp16 runs keep 16-bit gradients and reduce them in fp16: 2020's
+        # local DDP all-reduces each parameter dtype's gradients as they are (megatron/model/
+        # distributed.py allreduce_params; --fp32-allreduce off by default), 2021-22 accumulate
+        # in fp32 only with --accumulate-allreduce-grads-in-fp32 (forced for bf16; the fp16
+        # examples/sc21 scripts do not set it)
+        sw["grad_reduce_in_fp32"] = False
+        if "megatron-lm (2020)" in src_txt:
+            # 2020's apex-style dynamic loss scaler checks every fp16 gradient on its own
+            # (megatron/fp16/loss_scaler.py _has_inf_or_nan: float(x.float().sum()))
+            sw["fp16_overflow_check"] = "per-tensor"
     n_off = _bridge_cpu_offload_layers(r, zero_txt, src_txt, precision)
     if n_off:
         sw["cpu_offload_layers"] = n_off

@@ -72,6 +72,30 @@ def test_optimizer_time_by_hand():
     assert out["optimizer_s"][1] == pytest.approx(t0 / 24)
 
 
+def test_optimizer_bytes_by_recipe():
+    # fp32 main-grad buffer (Megatron-Core default): the shipped 34 bytes
+    assert C.optimizer_bytes_per_param(TR) == 34
+    # 16-bit gradient buffer (NeMo / Bridge recipes): + the copy into fp32 main grads (2 + 4)
+    bf16 = TR.model_copy(update={"grad_reduce_in_fp32": False})
+    assert C.optimizer_bytes_per_param(bf16) == 34 + 6
+    # Megatron-LM 2021-22 fp16: copy + unscale (read and write the fp32 main grads: 8)
+    fp16 = load_training(seq_len=2048, precision="fp16", grad_reduce_in_fp32=False)
+    assert C.optimizer_bytes_per_param(fp16) == 34 + 6 + 8
+    # Megatron-LM 2020: + apex's per-tensor float(g.float().sum()) (read 2, write 4, read 4)
+    fp16_2020 = fp16.model_copy(update={"fp16_overflow_check": "per-tensor"})
+    assert C.optimizer_bytes_per_param(fp16_2020) == 58
+    # eager kernels and fp32 training keep the table
+    assert C.optimizer_bytes_per_param(fp16_2020, "eager") == 28
+    fp32 = load_training(seq_len=2048, precision="fp32", grad_reduce_in_fp32=False)
+    assert C.optimizer_bytes_per_param(fp32) == 34
+    # the optimizer time follows: 58 / 34 of the fp32-buffer step on the same shard
+    b = batch()
+    t = C.compute_times(GPT175, fp16_2020, A100, b)["optimizer_s"][0]
+    t0 = C.compute_times(GPT175, fp16.model_copy(update={"grad_reduce_in_fp32": True,
+                                                         "precision": "bf16"}), A100, b)
+    assert t == pytest.approx(t0["optimizer_s"][0] * 58 / 34)
+
+
 def test_recompute_order_and_full_equals_forward_when_fused():
     out = C.compute_times(GPT175, TR, H200, batch(recompute=np.array([0, 1, 2])))
     r = out["layer_recompute_s"]

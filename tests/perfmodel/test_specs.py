@@ -133,6 +133,25 @@ def test_tier_needs_exactly_one_bandwidth():
         LinkTier(name="t", kind="infiniband")
 
 
+def test_protocol_efficiency_scales_the_delivered_bandwidth():
+    # NCCL over NVLink delivers ~80 % of the line rate (nccl-tests#212): 300 GB/s -> 240 GB/s
+    t = LinkTier(name="nvl", kind="nvlink", domain_size=8, bw_gbyte_per_s=300,
+                 protocol_efficiency=0.8)
+    assert t.bw_bytes_per_s == 300e9
+    assert t.effective_bw_bytes_per_s == pytest.approx(240e9)
+    # with oversubscription 2 on top: 300 * 0.8 / 2 = 120 GB/s
+    t2 = LinkTier(name="ib", kind="infiniband", bw_gbyte_per_s=300, protocol_efficiency=0.8,
+                  oversubscription=2)
+    assert t2.effective_bw_bytes_per_s == pytest.approx(120e9)
+    for bad in (0.0, -0.1, 1.2):
+        with pytest.raises(ValidationError, match="protocol_efficiency"):
+            LinkTier(name="t", kind="nvlink", bw_gbyte_per_s=1, protocol_efficiency=bad)
+    # the A100 / V100 presets carry it, Hopper keeps the line rate
+    assert load_cluster("dgx-a100-80g").tiers[0].effective_bw_bytes_per_s == pytest.approx(240e9)
+    assert load_cluster("dgx2-v100").tiers[0].effective_bw_bytes_per_s == pytest.approx(120e9)
+    assert load_cluster("dgx-h100").tiers[0].effective_bw_bytes_per_s == pytest.approx(450e9)
+
+
 def test_tier_kind_must_be_known():
     with pytest.raises(ValidationError, match="kind"):
         LinkTier(name="t", kind="carrier-pigeon", bw_gbyte_per_s=1)

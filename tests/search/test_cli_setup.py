@@ -55,6 +55,7 @@ def test_calculon_rows_cli_with_framework_equals_api():
         args = ["--model", PRESET[case.model.name], "--cluster", "dgx-a100-80g",
                 "--gpus", str(int(r["num_gpus"])), "--framework", "megatron-2022",
                 "--global-batch", str(case.training.global_batch_size),
+                "--precision", case.training.precision,  # the runs' fp16 (16-bit gradients)
                 "--tp", str(c.tp), "--pp", str(c.pp), "--vp", str(c.vp),
                 "--micro-batch", str(c.micro_batch_size), "--recompute", c.recompute,
                 "--sequence-parallel" if c.sequence_parallel else "--no-sequence-parallel"]
@@ -66,7 +67,7 @@ def test_calculon_rows_cli_with_framework_equals_api():
 def test_megatron_2022_preset_matches_validate_era_switches():
     fw = load_framework("megatron-2022")
     for rid, _, case in _calculon_cases():
-        for k, v in fw.training_switches().items():
+        for k, v in fw.training_switches(case.training.precision).items():
             assert getattr(case.training, k) == v, (rid, k)
         assert case.config.zero_stage in fw.zero_stages
         assert case.config.recompute in fw.recompute

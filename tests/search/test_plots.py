@@ -114,14 +114,14 @@ def test_scaling_curve_from_plan_and_from_frame(tmp_path):
 
 
 def test_allreduce_one_domain_hand_numbers():
-    # 8 GPUs in one NVLink domain (300 GB/s, 3 us): hierarchical == ring; ring of 1 GiB is
-    # 14 * 3 us + 2 * 7/8 * 2^30 / 300e9 s.
+    # 8 GPUs in one NVLink domain (300 GB/s x NCCL protocol 0.8 = 240 GB/s, 3 us): hierarchical == ring; ring of 1 GiB is
+    # 14 * 3 us + 2 * 7/8 * 2^30 / 240e9 s.
     df = plots.allreduce_frame("dgx-a100-80g", [2.0**30], n=8)
-    ring = 14 * 3e-6 + 2 * 7 / 8 * 2**30 / 300e9
+    ring = 14 * 3e-6 + 2 * 7 / 8 * 2**30 / 240e9
     assert df["ring_s"][0] == pytest.approx(ring, rel=1e-12)
     assert df["hierarchical_s"][0] == pytest.approx(ring, rel=1e-12)
     # tree: 2 * ceil(log2 8) * 3 us + 2 * 2^30 / 300e9
-    assert df["tree_s"][0] == pytest.approx(2 * 3 * 3e-6 + 2 * 2**30 / 300e9, rel=1e-12)
+    assert df["tree_s"][0] == pytest.approx(2 * 3 * 3e-6 + 2 * 2**30 / 240e9, rel=1e-12)
 
 
 def test_allreduce_crossover_tree_to_ring_in_one_domain():
@@ -130,7 +130,7 @@ def test_allreduce_crossover_tree_to_ring_in_one_domain():
     xo = plots.allreduce_crossovers(df)
     tr = xo[(xo["faster_below"] == "tree") & (xo["faster_above"] == "ring")]
     assert len(tr) == 1
-    assert tr["size_bytes"].iloc[0] == pytest.approx(8 * 3e-6 * 300e9 / 0.25, rel=1e-3)
+    assert tr["size_bytes"].iloc[0] == pytest.approx(8 * 3e-6 * 240e9 / 0.25, rel=1e-3)
     assert bool(tr["changes_best"].iloc[0])
 
 

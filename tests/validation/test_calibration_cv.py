@@ -13,29 +13,49 @@ import pytest
 from search.calibrate import cross_validate
 
 #: Groups above the 8 % per-group target, with why, and the calibrated MAPE they must stay
-#: under. Each is a per-model miss of the base model that no cluster-wide efficiency expresses.
-#: The three Megatron-Bridge FP8 groups hold out one row each (three rows, two to calibrate
-#: on); even fitted in-sample on all three rows with every profile parameter free, the exact
-#: fit needs values far outside the bounds (GB300: scale_up_bw 0.001 and scale_out_bw 3.0; H100:
-#: gemm_16bit 1.9-2.4 and both bandwidths 0.04-0.13), because the three runs are 92-98 %
-#: compute and move alike under every parameter (d log t / d log gemm_fp8 0.57-0.80, every
-#: bandwidth <= 0.05).
+#: under (the measured value plus 0.2-0.3 pt: 10.7, 10.3, 10.9 %). Each is a per-model miss
+#: of the base model that no cluster-wide efficiency expresses. The three Megatron-Bridge FP8
+#: groups hold out one row each (three rows, two to calibrate on); even fitted in-sample on all
+#: three rows with every profile parameter free, the exact fit needs values far outside the
+#: bounds (GB300: scale_up_bw 0.001 and scale_out_bw 3.0; H100: gemm_16bit 1.9-2.4 and both
+#: bandwidths 0.04-0.13), because the three runs are 92-98 % compute and move alike under every
+#: parameter (d log t / d log gemm_fp8 0.57-0.80, every bandwidth <= 0.05). The fourth group of
+#: issue 17's list, Megatron-LM README 2020 A100 (9.5 %), is now 7.0 %: its 1024-GPU row was
+#: priced with 4-byte gradients and the datasheet NVLink rate (fp16_grads_in_fp16 and the
+#: clusters' NCCL protocol_efficiency).
 KNOWN_OVER_8 = {
     # the calibration rows (R0154 8B, R0157 405B) are predicted slow, the held-out Llama 3 70B
-    # (R0156, FSDP on 64 GPUs) fast: a uniform correction makes it worse (8.0 -> 10.7 %)
+    # (R0156, Megatron-FSDP on 64 GPUs) fast: a uniform correction makes it worse (8.0 -> 10.7 %).
+    # R0156 is a release-specific outlier, not a base-model term: the same recipe (GB300, FP8,
+    # GBS 256, MBS 2, FSDP 64) ran at 5003 tokens/s/GPU in the 26.02 table of the same page
+    # (Megatron-Bridge docs/performance-summary-archive.md), +10.7 % over 25.11's 4520, and the
+    # base model predicts 4913 (-1.8 % from 26.02). Within 25.11, GB300 is 1.19x / 1.21x GB200
+    # on the 8B rows but 1.048x on this 70B row, with the same config on both parts: no speed-up
+    # per kernel class explains both (the 8B row is 19 % 16-bit attention / 66 % fp8 GEMM / 18 %
+    # memory-bound, the 70B 12 / 77 / 11 %, HBM equal: solving for the two rates gives a negative
+    # attention time).
     "NVIDIA Megatron-Bridge performance summary | NeMo 25.11 / Megatron-Bridge + Megatron-Core "
-    "| GB300 | fp8": 0.115,
+    "| GB300 | fp8": 0.110,
     # Llama 3 70B FP8 on 64 H100 (t4 p8 v5) is predicted 11-12 % slow in both releases while
     # the calibration rows disagree in sign (8B slow, 405B fast): the fit stays near neutral
-    # (10.9 -> 10.3 %, 12.0 -> 10.9 %)
+    # (10.9 -> 10.3 %, 12.0 -> 10.9 %). The 70B's measured step (10.23 s, 64 micro-batches) is
+    # shorter than the modelled work of its last pipeline rank alone (64 x 172.5 ms = 11.04 s:
+    # 10 layers at 15.0 ms and the bf16 output layer + loss at 23 ms), so the base model
+    # over-prices that rank's kernels by >= 6 % (>= 5 % on the 8B row too, 597 vs <= 567 ms per
+    # micro-batch), while the 1024-GPU 405B row is 2-6 % slower than modelled; the same 70B
+    # recipe ran at 1602 / 1619 / 1621 tokens/s/GPU in 25.11 / 25.09 / 26.02 (not noise).
+    # Probes: the Bridge 25.x recipes defer the output-layer weight gradient to the pipeline
+    # flush (recipes/llama/llama3_70b.py defer_embedding_wgrad_compute=True,
+    # wgrad_deferral_limit=22; llama31_405b.py the same with 50 of 64 micro-batches): ~1.4 %
+    # off the 70B and the 405B alike, no net change; TE userbuffers ring-exchange running the
+    # AG/RS GEMMs as tp chunks of m/tp rows (tile model): 405B -5.6 -> -0.3 %, but 70B 10.9 ->
+    # 12.0 %, CV 10.3 -> 9.3 % / 10.9 -> 9.2 %, dense MAPE 3.7 -> 4.4 % (NeMo 24.09 405B FP8
+    # +12-16 %); GEMM efficiency flattened over the H200 table's shape noise: 8B / 70B / 405B
+    # +9.5 / +9.3 / -5.2 % (the pattern stays).
     "NVIDIA Megatron-Bridge performance summary | NeMo 25.11 / Megatron-Bridge + Megatron-Core "
-    "| H100 | fp8": 0.115,
+    "| H100 | fp8": 0.106,
     "NVIDIA Megatron-Bridge performance summary | NeMo 25.09 / Megatron-Bridge + Megatron-Core "
-    "| H100 | fp8": 0.12,
-    # Megatron-LM README 2020 on A100 (read as the 40 GB part): the calibration rows disagree
-    # in sign (R0037 1 GPU -7 %, R0044 1024 GPUs t8 +10 %) while the six held-out rows are all
-    # predicted 4-13 % fast: the fit stays near neutral (9.1 -> 9.5 %)
-    "NVIDIA/Megatron-LM README | Megatron-LM (2020) | A100 | 16-bit": 0.105,
+    "| H100 | fp8": 0.112,
 }
 
 
@@ -53,8 +73,9 @@ def test_cross_validated_mape_at_most_4_percent(cv):
           f"MAPE uncalibrated {before:.1%} -> calibrated on 2 rows/group {after:.1%}")
     for g in groups[groups.held_out > 0].itertuples():
         print(f"  {g.mape_before:6.1%} -> {g.mape_after:6.1%}  ({g.held_out:2d} rows)  {g.group}")
-    # issue 17's target: 4 % (achieved: 3.7 % uncalibrated -> 3.7 %, since the DeepSpeed
-    # ZeRO-3 rows follow perfmodel.zero3_deepspeed; before it 4.2 -> 4.0 %)
+    # issue 17's target: 4 % (achieved: 3.65 % uncalibrated -> 3.49 %; 3.74 -> 3.69 % before
+    # the Megatron-LM 2020-22 gradient dtype and NCCL NVLink terms, 4.2 -> 4.0 % before
+    # perfmodel.zero3_deepspeed)
     assert after <= 0.04
     assert after < before
 
@@ -71,7 +92,7 @@ def test_no_group_above_8_percent(cv):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="four groups the base model cannot express (KNOWN_OVER_8)", strict=True)
+@pytest.mark.xfail(reason="three groups the base model cannot express (KNOWN_OVER_8)", strict=True)
 def test_every_group_at_most_8_percent(cv):
     groups, _ = cv
     assert (groups[groups.held_out > 0].mape_after <= 0.08).all()

@@ -49,3 +49,27 @@ def test_vtrain_ranking():
     # vTrain's own simulator: 8.4 % (one node), 14.7 % (multi-node); we report ours
     assert rows.loc[rows["set"] == "multi", "error"].abs().mean() <= 0.20
     assert rows.loc[rows["set"] == "single", "error"].abs().mean() <= 0.20
+
+
+def test_megatron_2020_22_fp16_rows_reduce_fp16_gradients():
+    """Megatron-LM 2020-22 fp16 runs keep 16-bit gradients (2020: local DDP all-reduces
+    param.grad by dtype; 2021-22: no --accumulate-allreduce-grads-in-fp32 for fp16); 2020's
+    loss scaler checks each tensor. The DeepSpeed ZeRO-3 rows keep their own path."""
+    from perfmodel.comm_time import comm_times
+    from perfmodel.config import ConfigBatch
+    from search.validate import case_from_row, read_runs
+
+    rows = {r["row_id"]: r for _, r in read_runs().iterrows()}
+    c = case_from_row(rows["R0044"])  # README 2020: 8B, t8 x d128 on 1024 A100, fp16
+    assert not c.training.grad_reduce_in_fp32
+    assert c.training.fp16_overflow_check == "per-tensor"
+    n = case_from_row(rows["R0001"])  # Narayanan 2021 Table 1, fp16
+    assert not n.training.grad_reduce_in_fp32 and n.training.fp16_overflow_check == "fused"
+    assert case_from_row(rows["R0011"]).training.grad_reduce_in_fp32  # DeepSpeed ZeRO-3
+    # R0044's gradient all-reduce (1.08 B parameters per GPU over 128 nodes, one rail each)
+    # moves half the bytes of an fp32 buffer: the time halves up to the ring latency
+    b = ConfigBatch.from_configs([c.config])
+    fp16 = comm_times(c.model, c.training, c.cluster, b)["dp_grad_s"][0]
+    fp32 = comm_times(c.model, c.training.model_copy(update={"grad_reduce_in_fp32": True}),
+                      c.cluster, b)["dp_grad_s"][0]
+    assert 0.5 <= fp16 / fp32 < 0.51
