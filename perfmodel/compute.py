@@ -56,17 +56,22 @@ __all__ = [
     "PER_TENSOR_OVERFLOW_CHECK_BYTES_PER_PARAM",
     "SUSTAINED_GEMM_FRACTION",
     "UNSCALE_BYTES_PER_PARAM",
+    "GemmPrecision",
     "LowPrecisionRecipe",
     "compute_times",
+    "gemm_precision",
     "gemm_time_s",
     "grouped_gemm_time_s",
+    "launch_cost_s",
     "layer_gemms",
     "mlp_activation_share",
     "optimizer_bytes_per_param",
     "optimizer_params_per_gpu",
     "quantise_bytes",
     "recipe_of",
+    "recompute_added_s",
     "sustained_gemm_fraction",
+    "unfused_cross_entropy",
 ]
 
 # Eager PyTorch CPU cost per launched kernel (Python module call, autocast and autograd record
@@ -871,7 +876,8 @@ def unfused_cross_entropy(fwd: _Phase, bwd: _Phase, tokens, cols, act_b: float) 
     the loss gradient (8), cast (4+a). Source: Megatron-Core
     ``tensor_parallel/cross_entropy.py`` (``VocabParallelCrossEntropy``).
 
-    Example: 4096 tokens x 25216 columns, bf16 (a = 2): 0.62 GB + 0.58 GB forward."""
+    Example: 4096 tokens x 25216 columns, bf16 (a = 2): 34 bytes per value forward (3.5 GB
+    over 6 kernels), 22 backward (2.3 GB over 3), as :func:`fused_cross_entropy` compares."""
     fwd.mem("copy", (act_b + 4) * tokens * cols)
     fwd.mem("copy", 28 * tokens * cols / 5, 5)
     bwd.mem("copy", 16 * tokens * cols / 2, 2)

@@ -8,7 +8,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from perfmodel import step
+from perfmodel import compute, step
+from perfmodel.calibration import KERNEL_MIN_S
+from perfmodel.specs import load_training
 
 
 def a(*x):
@@ -109,3 +111,54 @@ def test_time_breakdown_s_adds_up():
     assert t["overlap_slowdown"][0] == pytest.approx(1.0625)
     assert sum(v[0] for v in t.values()) == pytest.approx(12 + 0.5 + 0.25 + 0.125 + 1
                                                           + 0.0625 + 0.03125, rel=1e-12)
+
+
+# ---- perfmodel.compute._compute_times terms
+
+PEAKS = {"bf16": 1000e12, "tf32": 500e12, "fp32": 50e12, "fp8": 2000e12}
+GPU = SimpleNamespace(peak_flops=PEAKS.__getitem__, launch_overhead_us=None)
+CAL = SimpleNamespace(peak_flops_bf16=1000e12, membw_bytes_per_s=lambda op: 1e12)
+
+
+def test_gemm_precision_fp32_fused_and_eager():
+    tr = SimpleNamespace(precision="fp32")
+    p = compute.gemm_precision(tr, GPU, CAL, eager=False)  # TF32 tensor cores
+    assert (p.peak, p.ratio, p.act_b, p.res_b, p.w_b) == (500e12, 1.0, 4.0, 4.0, 2.0)
+    assert p.attn_slowdown == 2.0 and not p.autocast and not p.lowp and p.recipe is None
+    p = compute.gemm_precision(tr, GPU, CAL, eager=True)  # fp32 CUDA cores
+    assert p.peak == 50e12 and p.attn_slowdown == 20.0 and p.w_b == 4.0
+
+
+def test_gemm_precision_bf16_eager_autocast():
+    p = compute.gemm_precision(SimpleNamespace(precision="bf16"), GPU, CAL, eager=True)
+    assert (p.peak, p.peak16, p.act_b, p.res_b, p.w_b) == (1000e12, 1000e12, 2.0, 4.0, 4.0)
+    assert p.autocast and not p.lowp and p.attn_slowdown == 1.0
+
+
+def test_gemm_precision_fp8_fused():
+    tr = load_training(precision="fp8")
+    p = compute.gemm_precision(tr, GPU, CAL, eager=False)
+    assert p.peak == 2000e12 and p.peak16 == 1000e12 and p.ratio16 == 1.0
+    assert p.ratio == pytest.approx(compute.LOW_PRECISION_GEMM_RATIO * p.recipe.gemm_ratio)
+    assert p.lowp and (p.act_b, p.res_b, p.w_b) == (2.0, 2.0, 2.0)
+
+
+def test_launch_cost_s():
+    assert compute.launch_cost_s(GPU) == (17e-6, 38e-6)
+    assert compute.launch_cost_s(SimpleNamespace(launch_overhead_us=5.0)) == pytest.approx(
+        (5e-6, 5e-6), rel=1e-12)
+
+
+def test_recompute_added_s():
+    # device 1 + 2 s, host 0.5 + 1 s: 3 * (1 + 0.5^8)^(1/8) = 3.00146235 s, less the 2 s backward
+    out = compute.recompute_added_s(a(1.0), a(0.5), a(2.0), a(1.0), a(2.0))
+    assert out[0] == pytest.approx(1.00146235, rel=1e-7)
+
+
+def test_unfused_cross_entropy():
+    fwd, bwd = compute._Phase(CAL, 1), compute._Phase(CAL, 1)
+    compute.unfused_cross_entropy(fwd, bwd, a(4096.0), 25216.0, 2.0)
+    n = 4096 * 25216
+    assert fwd.gpu_s[0] == pytest.approx(34 * n / 1e12, rel=1e-12) and fwd.launches[0] == 6
+    assert bwd.gpu_s[0] == pytest.approx(22 * n / 1e12, rel=1e-12) and bwd.launches[0] == 3
+    assert 6 * n / 1e12 > KERNEL_MIN_S  # every kernel above the launch floor
