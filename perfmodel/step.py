@@ -447,6 +447,13 @@ def time_breakdown_s(makespan_s, steady_s, shares, pp_exposed_s, dp_exposed_s,
     }
 
 
+def utilisation(flops_per_step, step_s, gpus, peak_flops) -> np.ndarray:
+    """MFU or HFU: the FLOPs of a step over what ``gpus`` GPUs at the dense peak ``peak_flops``
+    [FLOP/s] could run in ``step_s`` (Chowdhery et al. 2022, PaLM, App. B; the FLOP counts of
+    :data:`MFU_CONVENTION`)."""
+    return flops_per_step / (step_s * gpus * peak_flops)
+
+
 def _exposed_dp_s(training, tier_busy_s, tiers, dp_grad_s, last_bwd_s, makespan_s):
     """Exposed gradient reduction [s]: hidden behind the backward of the last micro-batch when
     overlapped, sharing that window with the other streams of its tier (ZeRO-3 gathers,
@@ -634,8 +641,8 @@ def evaluate(
     if hflops_layout is not None:
         hflops = np.where(b.has_layout, hflops_layout, hflops)
     peak = peak_flops_for(cluster, training.precision, kernels)
-    mfu = mflops / (step_s * gpus * peak)
-    hfu = hflops / (step_s * gpus * peak)
+    mfu = utilisation(mflops, step_s, gpus, peak)
+    hfu = utilisation(hflops, step_s, gpus, peak)
 
     mem = memory.memory_breakdown(model, training, cluster, b, kernels=kernels,
                                   flash_attention=training.flash_attention)

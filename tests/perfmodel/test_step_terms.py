@@ -113,11 +113,17 @@ def test_time_breakdown_s_adds_up():
                                                           + 0.0625 + 0.03125, rel=1e-12)
 
 
+def test_utilisation():
+    # 6e15 FLOPs in 2 s on 8 GPUs of 1e15 FLOP/s peak: 37.5 %
+    assert step.utilisation(6e15, a(2.0), a(8.0), 1e15)[0] == pytest.approx(0.375, rel=1e-12)
+
+
 # ---- perfmodel.compute._compute_times terms
 
 PEAKS = {"bf16": 1000e12, "tf32": 500e12, "fp32": 50e12, "fp8": 2000e12}
 GPU = SimpleNamespace(peak_flops=PEAKS.__getitem__, launch_overhead_us=None)
 CAL = SimpleNamespace(peak_flops_bf16=1000e12, membw_bytes_per_s=lambda op: 1e12)
+SLOW = SimpleNamespace(membw_bytes_per_s=lambda op: 1e9)  # 1 GB/s: bytes, not the launch floor
 
 
 def test_gemm_precision_fp32_fused_and_eager():
@@ -162,3 +168,39 @@ def test_unfused_cross_entropy():
     assert fwd.gpu_s[0] == pytest.approx(34 * n / 1e12, rel=1e-12) and fwd.launches[0] == 6
     assert bwd.gpu_s[0] == pytest.approx(22 * n / 1e12, rel=1e-12) and bwd.launches[0] == 3
     assert 6 * n / 1e12 > KERNEL_MIN_S  # every kernel above the launch floor
+
+
+def _ctx(**kw):
+    model = SimpleNamespace(fused_elementwise=True, gated_mlp=True, position_embedding="rope",
+                            kv_heads=8)
+    base = {"model": model, "pr": SimpleNamespace(act_b=2.0), "T": a(1000.0), "tp": a(2.0),
+            "f_gpu": a(100.0), "act_cols": a(200.0), "nh_gpu": a(16.0), "d": 128}
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_mlp_activation_fused():
+    # forward (200 + 100) cols x 2 B x 1000 tokens = 600 kB; backward (400 + 100) -> 1 MB;
+    # half the share -> 300 kB
+    for pass_, share, nbytes in (("fwd", 1.0, 600e3), ("bwd", 1.0, 1e6), ("fwd", 0.5, 300e3)):
+        ph = compute._Phase(SLOW, 1)
+        compute._mlp_activation(_ctx(), ph, pass_, share)
+        assert ph.gpu_s[0] == pytest.approx(nbytes / 1e9, rel=1e-12)
+        assert ph.launches[0] == 1
+
+
+def test_mlp_activation_unfused_gated():
+    # 8 kernels moving 20 values per column: 20 x 100 cols x 2 B x 1000 tokens = 4 MB
+    ctx = _ctx(model=SimpleNamespace(fused_elementwise=False, gated_mlp=True))
+    ph = compute._Phase(SLOW, 1)
+    compute._mlp_activation(ctx, ph, "fwd")
+    assert ph.launches[0] == 8
+    assert ph.gpu_s[0] == pytest.approx(4e6 / 1e9, rel=1e-12)
+
+
+def test_rope_kernels():
+    # q and k: (16 + 8/2) heads x 128 x 1000 tokens x 2 B, read + write: 10.24 MB in one kernel
+    ph = compute._Phase(SLOW, 1)
+    compute._rope_kernels(_ctx(), ph)
+    assert ph.launches[0] == 1
+    assert ph.gpu_s[0] == pytest.approx(10.24e6 / 1e9, rel=1e-12)
