@@ -56,17 +56,22 @@ __all__ = [
     "PER_TENSOR_OVERFLOW_CHECK_BYTES_PER_PARAM",
     "SUSTAINED_GEMM_FRACTION",
     "UNSCALE_BYTES_PER_PARAM",
+    "GemmPrecision",
     "LowPrecisionRecipe",
     "compute_times",
+    "gemm_precision",
     "gemm_time_s",
     "grouped_gemm_time_s",
+    "launch_cost_s",
     "layer_gemms",
     "mlp_activation_share",
     "optimizer_bytes_per_param",
     "optimizer_params_per_gpu",
     "quantise_bytes",
     "recipe_of",
+    "recompute_added_s",
     "sustained_gemm_fraction",
+    "unfused_cross_entropy",
 ]
 
 # Eager PyTorch CPU cost per launched kernel (Python module call, autocast and autograd record
@@ -532,16 +537,45 @@ def _optimizer_s(model, training, gpu, batch, kernels, calibration) -> np.ndarra
     return t
 
 
-def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[str, np.ndarray]:
-    """:func:`compute_times` for every configuration of ``batch``, without de-duplication."""
-    if kernels not in ("fused", "eager"):
-        raise ValueError(f"kernels {kernels!r}: expected 'fused' or 'eager'")
-    cal = sustained_calibration(gpu, calibration, kernels)
-    eager = kernels == "eager"
-    n = len(batch)
-    prec = training.precision
+@dataclass(frozen=True)
+class GemmPrecision:
+    """The rates and element sizes one precision runs a layer at (:func:`gemm_precision`).
 
-    # ---- precision: GEMM peak, efficiency ratio, bytes per activation element
+    ``peak`` [FLOP/s] and ``ratio`` (efficiency factor) of the layers' linear GEMMs;
+    ``peak16`` / ``ratio16`` of what stays 16-bit (attention core, logit layer); ``act_b``,
+    ``res_b``, ``w_b`` [bytes] per activation, residual-stream and stored-weight element;
+    ``attn_slowdown`` of fp32 attention; ``autocast`` (eager under ``torch.autocast``);
+    ``lowp`` (fp8 / fp4 with fused kernels: quantisation casts); ``recipe`` (or None).
+    """
+
+    peak: float
+    ratio: float
+    act_b: float
+    res_b: float
+    peak16: float
+    ratio16: float
+    attn_slowdown: float
+    autocast: bool
+    w_b: float
+    lowp: bool
+    recipe: LowPrecisionRecipe | None
+
+
+def gemm_precision(training: TrainingSpec, gpu: GPUSpec, cal: Calibration, eager: bool
+                   ) -> GemmPrecision:
+    """GEMM peak, efficiency ratio and bytes per element of ``training.precision``.
+
+    fp32 runs its GEMMs on TF32 tensor cores with fused kernels (Megatron in NGC containers
+    allows TF32) and on the fp32 CUDA cores in eager PyTorch (``allow_tf32`` False); fp8 / fp4
+    at their peak times :data:`LOW_PRECISION_GEMM_RATIO` and the recipe's ``gemm_ratio``; only
+    the linear GEMMs run in low precision, the attention core, softmax, norms and the logit
+    layer stay 16-bit (Transformer Engine / Megatron-Core layout). FlashAttention has no fp32
+    kernel: fp32 attention (SDPA's memory-efficient kernel) is taken at the fraction of the
+    fp32-math peak FA2 reaches of bf16 (``attn_slowdown``, an assumption). Eager under autocast
+    keeps fp32 embeddings, residual stream and weights (4 bytes).
+    """
+    prec = training.precision
+    recipe = None
     if prec == "fp32":
         peak = gpu.peak_flops("fp32" if eager else "tf32")
         ratio, act_b, res_b = 1.0, 4.0, 4.0
@@ -552,8 +586,6 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     else:
         peak = gpu.peak_flops(prec)
         ratio, act_b, res_b = 1.0, 2.0, 2.0
-    # Only the layers' linear GEMMs run in low precision; the attention core, softmax, norms
-    # and the output (logit) layer stay 16-bit (Transformer Engine / Megatron-Core layout).
     peak16, ratio16 = (gpu.peak_flops("bf16"), 1.0) if prec in ("fp8", "fp4") else (peak, ratio)
     attn_slowdown = max(1.0, cal.peak_flops_bf16 / peak) if prec == "fp32" else 1.0
     autocast = eager and prec != "fp32"
@@ -561,250 +593,373 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         res_b = 4.0  # fp32 embeddings and residual stream; LayerNorm runs in fp32 under autocast
     w_b = 4.0 if eager else 2.0  # bytes per stored weight element
     lowp = prec in ("fp8", "fp4") and not eager
+    return GemmPrecision(peak, ratio, act_b, res_b, peak16, ratio16, attn_slowdown, autocast,
+                         w_b, lowp, recipe)
 
-    # ---- shapes on this GPU
+
+@dataclass(frozen=True)
+class _LayerContext:
+    """Everything the kernels of one layer read: the specs, the calibration, the precision
+    (:class:`GemmPrecision`, ``pr``) and the shapes on this GPU: ``T`` tokens in the
+    tensor-parallel region (GEMM rows, ``mb*s/cp``), ``Tn`` in the norm / dropout region
+    (``T/tp`` with sequence parallelism), ``nh_gpu`` heads, ``f_gpu`` MLP activation columns
+    of the average layer (:func:`perfmodel.moe.effective_ffn_size` / tp), ``act_cols`` fc1
+    output columns, ``gemms`` (:func:`layer_gemms`)."""
+
+    model: ModelSpec
+    training: TrainingSpec
+    gpu: GPUSpec
+    batch: ConfigBatch
+    cal: Calibration
+    eager: bool
+    pr: GemmPrecision
+    tp: np.ndarray
+    cp: np.ndarray
+    mb: np.ndarray
+    s: float
+    h: int
+    d: int
+    nh_gpu: np.ndarray
+    T: np.ndarray
+    Tn: np.ndarray
+    f_gpu: np.ndarray
+    act_cols: np.ndarray
+    gemms: list
+    host_exposed_s: np.ndarray
+
+
+def _layer_context(model, training, gpu, batch, cal, eager) -> _LayerContext:
+    """The shapes of one layer on this GPU (see :class:`_LayerContext`)."""
     tp = batch.tp.astype(np.float64)
     cp = batch.cp.astype(np.float64)
     mb = batch.micro_batch_size.astype(np.float64)
     s = float(training.seq_len)
-    h, f, d = model.hidden_size, model.ffn_hidden_size, model.head_size
-    nh_gpu = model.num_attention_heads / tp
     T = mb * s / cp  # tokens in the tensor-parallel region (GEMM rows)
-    Tn = np.where(batch.sequence_parallel, T / tp, T)  # tokens in the norm / dropout region
     f = moe.effective_ffn_size(model)  # MLP activation size of the average layer
     f_gpu = f / tp
-    act_cols = f_gpu * (2 if model.gated_mlp else 1)  # fc1 output columns
-    gemms = layer_gemms(model, T, tp, batch.ep, batch.etp,
-                        moe.expert_rows_per_gpu(model, training, batch))
-    has_bias = model.linear_bias
+    return _LayerContext(
+        model=model, training=training, gpu=gpu, batch=batch, cal=cal, eager=eager,
+        pr=gemm_precision(training, gpu, cal, eager), tp=tp, cp=cp, mb=mb, s=s,
+        h=model.hidden_size, d=model.head_size, nh_gpu=model.num_attention_heads / tp, T=T,
+        Tn=np.where(batch.sequence_parallel, T / tp, T),  # tokens in the norm / dropout region
+        f_gpu=f_gpu, act_cols=f_gpu * (2 if model.gated_mlp else 1),  # fc1 output columns
+        gemms=layer_gemms(model, T, tp, batch.ep, batch.etp,
+                          moe.expert_rows_per_gpu(model, training, batch)),
+        host_exposed_s=moe.moe_host_exposed_s(model, batch, training))
 
-    def gemm_phase(ph: _Phase, layouts: tuple[str, ...], skip: tuple[str, ...] = ()) -> None:
-        for name, m_, n_, k_, count in gemms:
-            if name in skip:
-                continue
-            for lay in layouts:
-                if name.startswith("expert_"):  # one grouped GEMM over the local experts
-                    # Transformer Engine's GroupedLinear (general_grouped_gemm) launches one
-                    # cuBLAS GEMM per local expert: ``count`` launches on the host
-                    ph.add(grouped_gemm_time_s(cal, count, m_, n_, k_, lay, peak, ratio), count)
-                else:
-                    ph.add(count * gemm_time_s(cal, m_, n_, k_, lay, peak, ratio), count)
 
-    host_exposed_s = moe.moe_host_exposed_s(model, batch, training)
-
-    def moe_kernels(ph: _Phase, pass_: str) -> None:
-        """Router softmax / top-k and token permute / unpermute of the MoE layers (averaged
-        over the layers): the router reads and writes ``T/tp x E`` fp32 scores; permute and
-        unpermute each read ``T/tp`` tokens and write their ``k`` routed copies (or back).
-        Megatron-Core ``moe_utils.permute`` / ``unpermute``, ``router.topk_softmax_with_capacity``."""
-        if not model.is_moe:
-            return
-        phi = model.moe_layer_fraction
-        t_sp = T / tp
-        ph.mem("softmax", phi * 2 * 4.0 * t_sp * model.num_experts, 2 if pass_ == "bwd" else 1)
-        n_perm = moe_dispatch.permute_copy_kernels(training)
-        ph.mem("copy", phi * (1 + model.moe_top_k) * act_b * t_sp * h * 2 / n_perm, n_perm)
-        if eager:
-            return
-        # after the dispatcher's device-to-host sync the GPU waits for the host work that
-        # follows it (per local expert) and for the router / preprocess launches before it
-        # (0 without a sync: moe_dispatch.dispatch_syncs)
-        ph.add(phi * (host_exposed_s + moe_dispatch.static_host_s(model, training, pass_, lowp)),
-               0)
-        # the experts' fc2 bias, scaled by the probabilities outside the grouped GEMM
-        nb, nk = moe.expert_output_bias_traffic(model, training, batch, act_b, pass_)
-        ph.mem("add", phi * nb / np.maximum(nk, 1.0), phi * nk)
-
-    def attention(ph: _Phase, pass_: str) -> None:
-        if training.flash_attention:
-            d_attn = (model.qk_head_size + model.v_head_size) / 2  # MLA: 192 and 128
-            t = cal.attention_time_s(mb * nh_gpu, s, d_attn, pass_, causal=True) / cp
-            if pass_ == "fwd" and not eager:  # one exp per score: the SFU floor (FA-4)
-                t = np.maximum(t, attention_kernels.attention_exp_floor_s(gpu, mb * nh_gpu, s)
-                               / cp)
-            # sliding-window layers visit only the key tiles of their band
-            t = t * attention_kernels.window_layer_factor(model, s)
-            # FlashAttention has no fp32 kernel: fp32 attention (SDPA's memory-efficient
-            # kernel) is taken at the fraction of the fp32-math peak that FA2 reaches of bf16
-            # (assumption; without it fp32 attention ran at bf16 speed, MFU up to 236 %).
-            ph.add(t * attn_slowdown, 1 if pass_ == "fwd" else 3)
-            return
-        # Unfused attention (Megatron-LM before flash attention, Narayanan et al. 2021 Sec. 4.2;
-        # Korthikanti et al. 2022 Sec. 4.1): two batched GEMMs, QK^T (sq x s x d) and
-        # softmax(.)V (sq x d x s), with the b*a*s^2 score tensor written and read by the fused
-        # scale-mask-softmax kernel and by attention dropout (mask of 1 byte per score).
-        sq = s / cp
-        bh = mb * nh_gpu
-        scores = bh * sq * s
-        layouts = ("fwd",) if pass_ == "fwd" else ("dgrad", "wgrad")
+def _gemm_phase(c: _LayerContext, ph: _Phase, layouts: tuple[str, ...],
+                skip: tuple[str, ...] = ()) -> None:
+    """The layer's linear GEMMs in each of ``layouts`` (``fwd``, ``dgrad``, ``wgrad``), less
+    ``skip``; the routed experts as one grouped GEMM over the local experts (Transformer
+    Engine's GroupedLinear, ``general_grouped_gemm``, launches one cuBLAS GEMM per local expert:
+    ``count`` launches on the host)."""
+    pr = c.pr
+    for name, m_, n_, k_, count in c.gemms:
+        if name in skip:
+            continue
         for lay in layouts:
-            ph.add(gemm_time_s(cal, bh * sq, s, d, lay, peak16, ratio16))
-            ph.add(gemm_time_s(cal, bh * sq, d, s, lay, peak16, ratio16))
-        if pass_ == "fwd":
-            ph.mem("softmax", 2 * act_b * scores)
-            ph.mem("dropout", (2 * act_b + 1) * scores)
-        else:
-            ph.mem("dropout", (2 * act_b + 1) * scores)
-            ph.mem("softmax", 3 * act_b * scores)
-
-    def selective_module_forward(ph: _Phase, module: str) -> None:
-        """Forward work one module of selective recomputation repeats before the backward
-        (Megatron-Core ``recompute_modules``): ``core_attn`` the attention core; ``layernorm``
-        the two norms; ``moe_act`` / ``mlp`` / ``shared_experts`` their share of the MLP
-        activation (:func:`mlp_activation_share`), ``mlp`` and ``shared_experts`` also their
-        GEMMs (normal checkpointing reruns the submodule); ``mla_up_proj`` the MLA q / kv up
-        projections and the RoPE applied to their outputs. References: Megatron-Core
-        ``transformer/transformer_config.py`` (``recompute_modules``), ``transformer_layer.py``
-        and ``moe/experts.py`` (``CheckpointWithoutOutput`` around the norms and activation)."""
-        if module == "core_attn":
-            attention(ph, "fwd")
-        elif module == "layernorm":
-            ph.mem("layernorm", 2 * act_b * Tn * h, 2)
-        elif module in ("moe_act", "mlp", "shared_experts"):
-            share = mlp_activation_share(model, module)
-            if share <= 0:
-                return
-            if model.fused_elementwise:
-                ph.mem("gelu", share * (act_cols + f_gpu) * act_b * T)
+            if name.startswith("expert_"):
+                ph.add(grouped_gemm_time_s(c.cal, count, m_, n_, k_, lay, pr.peak, pr.ratio),
+                       count)
             else:
-                n_k, vals = unfused_activation_kernels(model, "fwd")
-                ph.mem("gelu", share * vals / n_k * f_gpu * act_b * T, n_k)
-            names = {"mlp": ("fc1", "fc2"), "shared_experts": ("shared_fc1", "shared_fc2"),
-                     "moe_act": ()}[module]
-            gemm_phase(ph, ("fwd",), skip=tuple(g[0] for g in gemms if g[0] not in names))
-        elif module == "mla_up_proj" and model.is_mla:
-            gemm_phase(ph, ("fwd",), skip=tuple(g[0] for g in gemms
+                ph.add(count * gemm_time_s(c.cal, m_, n_, k_, lay, pr.peak, pr.ratio), count)
+
+
+def _moe_kernels(c: _LayerContext, ph: _Phase, pass_: str) -> None:
+    """Router softmax / top-k and token permute / unpermute of the MoE layers (averaged
+    over the layers): the router reads and writes ``T/tp x E`` fp32 scores; permute and
+    unpermute each read ``T/tp`` tokens and write their ``k`` routed copies (or back).
+    Megatron-Core ``moe_utils.permute`` / ``unpermute``, ``router.topk_softmax_with_capacity``."""
+    model, training, act_b, h = c.model, c.training, c.pr.act_b, c.h
+    if not model.is_moe:
+        return
+    phi = model.moe_layer_fraction
+    t_sp = c.T / c.tp
+    ph.mem("softmax", phi * 2 * 4.0 * t_sp * model.num_experts, 2 if pass_ == "bwd" else 1)
+    n_perm = moe_dispatch.permute_copy_kernels(training)
+    ph.mem("copy", phi * (1 + model.moe_top_k) * act_b * t_sp * h * 2 / n_perm, n_perm)
+    if c.eager:
+        return
+    # after the dispatcher's device-to-host sync the GPU waits for the host work that
+    # follows it (per local expert) and for the router / preprocess launches before it
+    # (0 without a sync: moe_dispatch.dispatch_syncs)
+    ph.add(phi * (c.host_exposed_s + moe_dispatch.static_host_s(model, training, pass_,
+                                                                c.pr.lowp)), 0)
+    # the experts' fc2 bias, scaled by the probabilities outside the grouped GEMM
+    nb, nk = moe.expert_output_bias_traffic(model, training, c.batch, act_b, pass_)
+    ph.mem("add", phi * nb / np.maximum(nk, 1.0), phi * nk)
+
+
+def _attention(c: _LayerContext, ph: _Phase, pass_: str) -> None:
+    """The attention core of one layer. Flash attention: the calibrated causal kernel time
+    over cp, at least the SFU's one exp per score in the fused forward (FA-4,
+    :func:`perfmodel.attention_kernels.attention_exp_floor_s`), sliding-window layers visiting
+    only their band's key tiles. Unfused attention (Megatron-LM before flash attention,
+    Narayanan et al. 2021 Sec. 4.2; Korthikanti et al. 2022 Sec. 4.1): two batched GEMMs, QK^T
+    (sq x s x d) and softmax(.)V (sq x d x s), with the b*a*s^2 score tensor written and read
+    by the fused scale-mask-softmax kernel and by attention dropout (mask of 1 byte/score)."""
+    model, cal, pr, s, mb, nh_gpu, cp = c.model, c.cal, c.pr, c.s, c.mb, c.nh_gpu, c.cp
+    act_b = pr.act_b
+    if c.training.flash_attention:
+        d_attn = (model.qk_head_size + model.v_head_size) / 2  # MLA: 192 and 128
+        t = cal.attention_time_s(mb * nh_gpu, s, d_attn, pass_, causal=True) / cp
+        if pass_ == "fwd" and not c.eager:  # one exp per score: the SFU floor (FA-4)
+            t = np.maximum(t, attention_kernels.attention_exp_floor_s(c.gpu, mb * nh_gpu, s)
+                           / cp)
+        t = t * attention_kernels.window_layer_factor(model, s)
+        ph.add(t * pr.attn_slowdown, 1 if pass_ == "fwd" else 3)
+        return
+    sq = s / cp
+    bh = mb * nh_gpu
+    scores = bh * sq * s
+    layouts = ("fwd",) if pass_ == "fwd" else ("dgrad", "wgrad")
+    for lay in layouts:
+        ph.add(gemm_time_s(cal, bh * sq, s, c.d, lay, pr.peak16, pr.ratio16))
+        ph.add(gemm_time_s(cal, bh * sq, c.d, s, lay, pr.peak16, pr.ratio16))
+    if pass_ == "fwd":
+        ph.mem("softmax", 2 * act_b * scores)
+        ph.mem("dropout", (2 * act_b + 1) * scores)
+    else:
+        ph.mem("dropout", (2 * act_b + 1) * scores)
+        ph.mem("softmax", 3 * act_b * scores)
+
+
+def _mlp_activation(c: _LayerContext, ph: _Phase, pass_: str, share: float = 1.0) -> None:
+    """The MLP's bias + activation (``share`` of it): one fused kernel reading the fc1 output
+    and writing the activation, ``(act_cols + f) * act_b * T`` bytes forward,
+    ``(2*act_cols + f) * act_b * T`` backward (Megatron-Core ``bias_gelu`` / ``bias_swiglu``
+    fusions); separate PyTorch ops otherwise (:func:`unfused_activation_kernels`)."""
+    act_b, T, f_gpu = c.pr.act_b, c.T, c.f_gpu
+    if c.model.fused_elementwise:
+        cols = c.act_cols + f_gpu if pass_ == "fwd" else 2 * c.act_cols + f_gpu
+        ph.mem("gelu", share * cols * act_b * T)
+    else:
+        n_k, vals = unfused_activation_kernels(c.model, pass_)
+        ph.mem("gelu", share * vals / n_k * f_gpu * act_b * T, n_k)
+
+
+def _rope_kernels(c: _LayerContext, ph: _Phase) -> None:
+    """RoPE on q and k (read + write, 2 elements per value): one fused kernel, or
+    :data:`UNFUSED_ROPE_KERNELS` separate ops (Megatron ``apply_rope_fusion``)."""
+    model = c.model
+    if model.position_embedding == "rope":
+        ph.mem("copy", 2 * c.pr.act_b * c.T * (c.nh_gpu + model.kv_heads / c.tp) * c.d,
+               1 if model.fused_elementwise else UNFUSED_ROPE_KERNELS)
+
+
+def _selective_module_forward(c: _LayerContext, ph: _Phase, module: str) -> None:
+    """Forward work one module of selective recomputation repeats before the backward
+    (Megatron-Core ``recompute_modules``): ``core_attn`` the attention core; ``layernorm``
+    the two norms; ``moe_act`` / ``mlp`` / ``shared_experts`` their share of the MLP
+    activation (:func:`mlp_activation_share`), ``mlp`` and ``shared_experts`` also their
+    GEMMs (normal checkpointing reruns the submodule); ``mla_up_proj`` the MLA q / kv up
+    projections and the RoPE applied to their outputs. References: Megatron-Core
+    ``transformer/transformer_config.py`` (``recompute_modules``), ``transformer_layer.py``
+    and ``moe/experts.py`` (``CheckpointWithoutOutput`` around the norms and activation)."""
+    model, act_b, T = c.model, c.pr.act_b, c.T
+    if module == "core_attn":
+        _attention(c, ph, "fwd")
+    elif module == "layernorm":
+        ph.mem("layernorm", 2 * act_b * c.Tn * c.h, 2)
+    elif module in ("moe_act", "mlp", "shared_experts"):
+        share = mlp_activation_share(model, module)
+        if share <= 0:
+            return
+        _mlp_activation(c, ph, "fwd", share)
+        names = {"mlp": ("fc1", "fc2"), "shared_experts": ("shared_fc1", "shared_fc2"),
+                 "moe_act": ()}[module]
+        _gemm_phase(c, ph, ("fwd",), skip=tuple(g[0] for g in c.gemms if g[0] not in names))
+    elif module == "mla_up_proj" and model.is_mla:
+        _gemm_phase(c, ph, ("fwd",), skip=tuple(g[0] for g in c.gemms
                                                 if g[0] not in ("q_up", "kv_up")))
-            ph.mem("copy", 2 * act_b * T * (nh_gpu + 1) * model.qk_rope_head_dim)
+        ph.mem("copy", 2 * act_b * T * (c.nh_gpu + 1) * model.qk_rope_head_dim)
 
-    # ---- layer forward
-    def layer_forward(ph: _Phase, early_stop: bool = False) -> None:
-        # early_stop: torch.utils.checkpoint (non-reentrant) stops the recomputation once the
-        # last saved tensor (fc2's input) exists, so fc2 and the last residual add are skipped.
-        gemm_phase(ph, ("fwd",), skip=("fc2",) if early_stop else ())
-        attention(ph, "fwd")
-        if eager:  # fp32 norms and residual stream, autocast casts, RoPE / GQA / SwiGLU
-            ph.terms(eager_kernels.layer_terms(model, T, Tn, tp, f_gpu, gemms[0][2], s, act_b,
-                                               res_b, w_b, autocast, "fwd", early_stop))
-        else:
-            ph.mem("layernorm", 2 * act_b * Tn * h, 2)  # fused ln1, ln2
-            ph.mem("dropout", (3 * act_b + 1) * Tn * h, 2)  # fused bias + dropout + add, x2
-            if model.fused_elementwise:
-                ph.mem("gelu", (act_cols + f_gpu) * act_b * T)  # fused bias + activation
-            else:  # unfused_activation_kernels: separate PyTorch ops
-                n_k, vals = unfused_activation_kernels(model, "fwd")
-                ph.mem("gelu", vals / n_k * f_gpu * act_b * T, n_k)
-            if model.position_embedding == "rope":
-                ph.mem("copy", 2 * act_b * T * (nh_gpu + model.kv_heads / tp) * d,
-                       1 if model.fused_elementwise else UNFUSED_ROPE_KERNELS)
-            if lowp:  # quantise the four GEMM inputs (recipe's amax / cast / transpose)
-                ph.mem("copy", quantise_bytes(T * (2 * h + nh_gpu * d + f_gpu), recipe) / 4, 4)
 
-    fwd = _Phase(cal, n)
-    layer_forward(fwd)
-    moe_kernels(fwd, "fwd")
-    if not eager:  # CUDA graphs replay the parts of cuda_graph_scope as one launch each
-        fwd.add(0.0, -moe_dispatch.graph_saved_launches(model, training, "fwd", lowp))
+def _layer_forward(c: _LayerContext, ph: _Phase, early_stop: bool = False) -> None:
+    """One layer's forward: GEMMs, attention and the memory-bound kernels. ``early_stop``:
+    torch.utils.checkpoint (non-reentrant) stops the recomputation once the last saved tensor
+    (fc2's input) exists, so fc2 and the last residual add are skipped. Eager: fp32 norms and
+    residual stream, autocast casts, RoPE / GQA / SwiGLU (:func:`perfmodel.eager.layer_terms`);
+    fused: ln1 + ln2, bias + dropout + add x2, bias + activation, RoPE, and with fp8 / fp4 the
+    quantisation of the four GEMM inputs (the recipe's amax / cast / transpose)."""
+    pr, T, Tn, h, act_b = c.pr, c.T, c.Tn, c.h, c.pr.act_b
+    _gemm_phase(c, ph, ("fwd",), skip=("fc2",) if early_stop else ())
+    _attention(c, ph, "fwd")
+    if c.eager:
+        ph.terms(eager_kernels.layer_terms(c.model, T, Tn, c.tp, c.f_gpu, c.gemms[0][2], c.s,
+                                           act_b, pr.res_b, pr.w_b, pr.autocast, "fwd",
+                                           early_stop))
+        return
+    ph.mem("layernorm", 2 * act_b * Tn * h, 2)  # fused ln1, ln2
+    ph.mem("dropout", (3 * act_b + 1) * Tn * h, 2)  # fused bias + dropout + add, x2
+    _mlp_activation(c, ph, "fwd")
+    _rope_kernels(c, ph)
+    if pr.lowp:
+        ph.mem("copy", quantise_bytes(T * (2 * h + c.nh_gpu * c.d + c.f_gpu), pr.recipe) / 4, 4)
 
-    # ---- layer backward
-    bwd = _Phase(cal, n)
-    gemm_phase(bwd, ("dgrad", "wgrad"))
-    attention(bwd, "bwd")
-    moe_kernels(bwd, "bwd")
-    if not eager:
-        bwd.add(0.0, -moe_dispatch.graph_saved_launches(model, training, "bwd", lowp))
-    if eager:
-        bwd.terms(eager_kernels.layer_terms(model, T, Tn, tp, f_gpu, gemms[0][2], s, act_b,
-                                            res_b, w_b, autocast, "bwd"))
-    else:
-        ph = bwd
-        ph.mem("layernorm", 3 * act_b * Tn * h, 2)  # fused ln backward
-        ph.mem("dropout", (2 * act_b + 1) * Tn * h, 2)  # dropout backward
-        ph.mem("add", 3 * act_b * Tn * h, 2)  # residual gradient sums
-        if model.fused_elementwise:
-            ph.mem("gelu", (2 * act_cols + f_gpu) * act_b * T)  # bias + activation backward
-        else:
-            n_k, vals = unfused_activation_kernels(model, "bwd")
-            ph.mem("gelu", vals / n_k * f_gpu * act_b * T, n_k)
-            if has_bias and not lowp:  # bias gradients: column sums of the output gradients
-                ph.mem("add", act_b * T * (gemms[0][2] + h + act_cols + h) / 4, 4)
-        if model.position_embedding == "rope":
-            ph.mem("copy", 2 * act_b * T * (nh_gpu + model.kv_heads / tp) * d,
-                   1 if model.fused_elementwise else UNFUSED_ROPE_KERNELS)
-        if lowp:  # quantise the four GEMMs' output gradients
-            ph.mem("copy", quantise_bytes(T * (gemms[0][2] + act_cols + 2 * h), recipe) / 4, 4)
 
-    # ---- recompute
-    rec_full = _Phase(cal, n)
-    layer_forward(rec_full, early_stop=eager)
-    moe_kernels(rec_full, "fwd")
-    rec_sel = _Phase(cal, n)
-    for module in training.recompute_modules:
-        selective_module_forward(rec_sel, module)
+def _layer_backward(c: _LayerContext, ph: _Phase) -> None:
+    """One layer's backward: dgrad and wgrad GEMMs, attention backward, MoE kernels and the
+    memory-bound kernels. Fused: ln backward, dropout backward, residual gradient sums,
+    bias + activation backward (or the separate ops and, with biases, the bias gradients'
+    column sums), RoPE, and with fp8 / fp4 the quantisation of the four output gradients."""
+    pr, T, Tn, h, act_b, model = c.pr, c.T, c.Tn, c.h, c.pr.act_b, c.model
+    _gemm_phase(c, ph, ("dgrad", "wgrad"))
+    _attention(c, ph, "bwd")
+    _moe_kernels(c, ph, "bwd")
+    if not c.eager:
+        ph.add(0.0, -moe_dispatch.graph_saved_launches(model, c.training, "bwd", pr.lowp))
+    if c.eager:
+        ph.terms(eager_kernels.layer_terms(model, T, Tn, c.tp, c.f_gpu, c.gemms[0][2], c.s,
+                                           act_b, pr.res_b, pr.w_b, pr.autocast, "bwd"))
+        return
+    ph.mem("layernorm", 3 * act_b * Tn * h, 2)  # fused ln backward
+    ph.mem("dropout", (2 * act_b + 1) * Tn * h, 2)  # dropout backward
+    ph.mem("add", 3 * act_b * Tn * h, 2)  # residual gradient sums
+    _mlp_activation(c, ph, "bwd")
+    if not model.fused_elementwise and model.linear_bias and not pr.lowp:
+        # bias gradients: column sums of the output gradients
+        ph.mem("add", act_b * T * (c.gemms[0][2] + h + c.act_cols + h) / 4, 4)
+    _rope_kernels(c, ph)
+    if pr.lowp:  # quantise the four GEMMs' output gradients
+        ph.mem("copy", quantise_bytes(T * (c.gemms[0][2] + c.act_cols + 2 * h), pr.recipe) / 4, 4)
 
-    # Host dispatch cost per kernel: the part's own figure when its spec gives one (e.g. the
-    # `local` CPU cluster calibrated by the harness), else the constants fitted on the H200.
+
+def launch_cost_s(gpu: GPUSpec) -> tuple[float, float]:
+    """Host dispatch cost per kernel, forward and backward [s]: the part's own figure when its
+    spec gives one (``launch_overhead_us``, e.g. the ``local`` CPU cluster calibrated by the
+    harness), else :data:`CPU_FWD_LAUNCH_S` / :data:`CPU_BWD_LAUNCH_S` fitted on the H200."""
     if gpu.launch_overhead_us is not None:
-        cpu_f = cpu_b = gpu.launch_overhead_us * 1e-6
-    else:
-        cpu_f, cpu_b = CPU_FWD_LAUNCH_S, CPU_BWD_LAUNCH_S
-    ckpt = CHECKPOINT_CPU_S
-    layer_fwd_s = fwd.time_s(cpu_f)
-    layer_bwd_s = bwd.time_s(cpu_b)
-    rc = batch.recompute
-    # The recompute of a layer runs right before its backward: CPU and GPU overlap across both,
-    # so the pair is composed together and the recompute is what it adds to the backward.
-    full_s = _overlap_s(rec_full.gpu_s + bwd.gpu_s,
-                        rec_full.cpu_s(cpu_f, ckpt) + bwd.cpu_s(cpu_b)) - layer_bwd_s
-    sel_s = _overlap_s(rec_sel.gpu_s + bwd.gpu_s,
-                       rec_sel.cpu_s(cpu_f) + bwd.cpu_s(cpu_b)) - layer_bwd_s
-    layer_recompute_s = np.where(
-        rc == _RECOMPUTE_FULL, full_s, np.where(rc == _RECOMPUTE_SELECTIVE, sel_s, 0.0)
-    )
+        return gpu.launch_overhead_us * 1e-6, gpu.launch_overhead_us * 1e-6
+    return CPU_FWD_LAUNCH_S, CPU_BWD_LAUNCH_S
 
-    # ---- embedding (first stage): token gather + learned positions, and its gradient
+
+def recompute_added_s(rec_gpu_s, rec_cpu_s, bwd_gpu_s, bwd_cpu_s, layer_bwd_s) -> np.ndarray:
+    """What a layer's recompute adds to its backward [s]: the recompute runs right before the
+    backward and CPU and GPU overlap across both, so the pair is composed together
+    (:func:`_overlap_s` of the summed device and host times) less the backward alone."""
+    return _overlap_s(rec_gpu_s + bwd_gpu_s, rec_cpu_s + bwd_cpu_s) - layer_bwd_s
+
+
+def _embedding_phases(c: _LayerContext) -> tuple[_Phase, _Phase]:
+    """The embedding on the first stage, forward and backward: token rows gathered (and
+    learned position rows added), dropout with fused kernels; the backward zeroes the
+    vocab-parallel table gradient, sorts and scatter-adds the token gradients in fp32
+    (eager: fp32 params; fused: main grad) and, eager with tied embeddings, sums the logit
+    layer's weight gradient into it."""
+    model, pr, T, h = c.model, c.pr, c.T, c.h
+    res_b, act_b = pr.res_b, pr.act_b
     V = float(model.vocab_size)
     learned = model.position_embedding == "learned"
-    ef, eb = _Phase(cal, n), _Phase(cal, n)
+    ef, eb = _Phase(c.cal, len(c.batch)), _Phase(c.cal, len(c.batch))
     ef.mem("copy", 2 * res_b * T * h)  # token rows gathered
     if learned:
         ef.mem("copy", 2 * res_b * T * h)  # position rows
         ef.mem("add", 3 * res_b * T * h)
-    if not eager:
-        ef.mem("dropout", (2 * act_b + 1) * Tn * h)
+    if not c.eager:
+        ef.mem("dropout", (2 * act_b + 1) * c.Tn * h)
     g_b = 4.0  # gradients of embeddings accumulate in fp32 (eager: fp32 params; fused: main grad)
-    eb.mem("copy", g_b * V * h / tp)  # zero the (vocab-parallel) table gradient
+    eb.mem("copy", g_b * V * h / c.tp)  # zero the (vocab-parallel) table gradient
     eb.mem("add", (res_b + 2 * g_b) * T * h, 3)  # sort + scatter-add of the token gradients
     if learned:
         eb.mem("add", (res_b + 2 * g_b) * T * h, 2)
-    if model.tied_embeddings and eager:
-        eb.mem("add", 3 * g_b * V * h / tp)  # sum with the logit layer's weight gradient
+    if model.tied_embeddings and c.eager:
+        eb.mem("add", 3 * g_b * V * h / c.tp)  # sum with the logit layer's weight gradient
+    return ef, eb
 
-    # ---- logits and loss (last stage): final norm, output GEMM, fp32 cross-entropy
-    Vg = V / tp
-    lf, lb = _Phase(cal, n), _Phase(cal, n)
-    lf.add(gemm_time_s(cal, T, Vg, h, "fwd", peak16, ratio16))
-    lb.add(gemm_time_s(cal, T, Vg, h, "dgrad", peak16, ratio16))
-    lb.add(gemm_time_s(cal, T, Vg, h, "wgrad", peak16, ratio16))
-    if eager:  # final norm, autocast casts, logits.float(), fp32 log_softmax + nll_loss
-        lf.terms(eager_kernels.cross_entropy(T, Vg, h, res_b, act_b, w_b, autocast, "fwd"))
+
+def unfused_cross_entropy(fwd: _Phase, bwd: _Phase, tokens, cols, act_b: float) -> None:
+    """Megatron's vocab-parallel cross-entropy as unfused PyTorch ops on fp32 logits
+    (``tokens x cols`` values on this GPU): forward cast (a+4), max (4), subtract (8), exp (8),
+    sum (4), normalise in place (8) bytes per value; backward softmax - one-hot (8), scale by
+    the loss gradient (8), cast (4+a). Source: Megatron-Core
+    ``tensor_parallel/cross_entropy.py`` (``VocabParallelCrossEntropy``).
+
+    Example: 4096 tokens x 25216 columns, bf16 (a = 2): 34 bytes per value forward (3.5 GB
+    over 6 kernels), 22 backward (2.3 GB over 3), as :func:`fused_cross_entropy` compares."""
+    fwd.mem("copy", (act_b + 4) * tokens * cols)
+    fwd.mem("copy", 28 * tokens * cols / 5, 5)
+    bwd.mem("copy", 16 * tokens * cols / 2, 2)
+    bwd.mem("copy", (4 + act_b) * tokens * cols)
+
+
+def _logits_phases(c: _LayerContext) -> tuple[_Phase, _Phase]:
+    """Logits and loss on the last stage, forward and backward: final norm, the 16-bit output
+    GEMM (fwd, dgrad, wgrad) and the cross-entropy (eager: autocast casts, ``logits.float()``,
+    fp32 log_softmax + nll_loss, :func:`perfmodel.eager.cross_entropy`; fused:
+    :func:`fused_cross_entropy` or :func:`unfused_cross_entropy`)."""
+    pr, T, h, cal = c.pr, c.T, c.h, c.cal
+    act_b = pr.act_b
+    Vg = float(c.model.vocab_size) / c.tp
+    lf, lb = _Phase(cal, len(c.batch)), _Phase(cal, len(c.batch))
+    lf.add(gemm_time_s(cal, T, Vg, h, "fwd", pr.peak16, pr.ratio16))
+    lb.add(gemm_time_s(cal, T, Vg, h, "dgrad", pr.peak16, pr.ratio16))
+    lb.add(gemm_time_s(cal, T, Vg, h, "wgrad", pr.peak16, pr.ratio16))
+    if c.eager:
+        lf.terms(eager_kernels.cross_entropy(T, Vg, h, pr.res_b, act_b, pr.w_b, pr.autocast,
+                                             "fwd"))
         lf.add(KERNEL_MIN_S)  # nll_loss
-        lb.terms(eager_kernels.cross_entropy(T, Vg, h, res_b, act_b, w_b, autocast, "bwd"))
+        lb.terms(eager_kernels.cross_entropy(T, Vg, h, pr.res_b, act_b, pr.w_b, pr.autocast,
+                                             "bwd"))
+        return lf, lb
+    lf.mem("layernorm", 2 * act_b * c.Tn * h)
+    if c.training.cross_entropy == "fused":
+        fused_cross_entropy(lf, lb, T * Vg, act_b)
     else:
-        lf.mem("layernorm", 2 * act_b * Tn * h)
-        if training.cross_entropy == "fused":
-            fused_cross_entropy(lf, lb, T * Vg, act_b)
-        else:
-            # Megatron's vocab-parallel cross-entropy (unfused PyTorch ops on fp32 logits): cast
-            # (a+4), max (4), subtract (8), exp (8), sum (4), normalise in place (8) ...
-            lf.mem("copy", (act_b + 4) * T * Vg)
-            lf.mem("copy", 28 * T * Vg / 5, 5)
-            # ... backward: softmax - one-hot (8), scale by the loss gradient (8), cast (4+a)
-            lb.mem("copy", 16 * T * Vg / 2, 2)
-            lb.mem("copy", (4 + act_b) * T * Vg)
-        lb.mem("layernorm", 3 * act_b * Tn * h)
+        unfused_cross_entropy(lf, lb, T, Vg, act_b)
+    lb.mem("layernorm", 3 * act_b * c.Tn * h)
+    return lf, lb
 
-    # ---- optimizer: this GPU's shard, bytes over the achieved fused-AdamW bandwidth
+
+def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[str, np.ndarray]:
+    """:func:`compute_times` for every configuration of ``batch``, without de-duplication.
+
+    The recipe: the precision and shapes (:func:`gemm_precision`, :func:`_layer_context`);
+    the layer forward (:func:`_layer_forward`, :func:`_moe_kernels`, less the launches CUDA
+    graphs save), backward (:func:`_layer_backward`), full and selective recompute
+    (:func:`_selective_module_forward`), each phase the smooth max of device and host time
+    (:func:`launch_cost_s`, :func:`recompute_added_s`); the embedding
+    (:func:`_embedding_phases`), logits and loss (:func:`_logits_phases`), the optimizer.
+    """
+    if kernels not in ("fused", "eager"):
+        raise ValueError(f"kernels {kernels!r}: expected 'fused' or 'eager'")
+    cal = sustained_calibration(gpu, calibration, kernels)
+    eager = kernels == "eager"
+    n = len(batch)
+    c = _layer_context(model, training, gpu, batch, cal, eager)
+
+    # ---- layer forward (CUDA graphs replay the parts of cuda_graph_scope as one launch each)
+    fwd = _Phase(cal, n)
+    _layer_forward(c, fwd)
+    _moe_kernels(c, fwd, "fwd")
+    if not eager:
+        fwd.add(0.0, -moe_dispatch.graph_saved_launches(model, training, "fwd", c.pr.lowp))
+    # ---- layer backward
+    bwd = _Phase(cal, n)
+    _layer_backward(c, bwd)
+    # ---- recompute: full (the whole forward, stopping early in eager) and selective modules
+    rec_full = _Phase(cal, n)
+    _layer_forward(c, rec_full, early_stop=eager)
+    _moe_kernels(c, rec_full, "fwd")
+    rec_sel = _Phase(cal, n)
+    for module in training.recompute_modules:
+        _selective_module_forward(c, rec_sel, module)
+
+    cpu_f, cpu_b = launch_cost_s(gpu)
+    layer_fwd_s = fwd.time_s(cpu_f)
+    layer_bwd_s = bwd.time_s(cpu_b)
+    full_s = recompute_added_s(rec_full.gpu_s, rec_full.cpu_s(cpu_f, CHECKPOINT_CPU_S),
+                               bwd.gpu_s, bwd.cpu_s(cpu_b), layer_bwd_s)
+    sel_s = recompute_added_s(rec_sel.gpu_s, rec_sel.cpu_s(cpu_f), bwd.gpu_s, bwd.cpu_s(cpu_b),
+                              layer_bwd_s)
+    rc = batch.recompute
+    layer_recompute_s = np.where(
+        rc == _RECOMPUTE_FULL, full_s, np.where(rc == _RECOMPUTE_SELECTIVE, sel_s, 0.0)
+    )
+
+    ef, eb = _embedding_phases(c)  # first stage
+    lf, lb = _logits_phases(c)  # last stage
     optimizer_s = _optimizer_s(model, training, gpu, batch, kernels, cal)
 
     return {

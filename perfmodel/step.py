@@ -299,6 +299,208 @@ def _offload_s(model, training, cluster, b, layers, ct) -> np.ndarray:
         offload.host_link_bytes_per_s(cluster.gpu))
 
 
+def tp_exposed_s(tp_link_s, layer_compute_s, overlapped: bool, slowdown):
+    """Exposed tensor-parallel communication of one layer and the slowdown of the GEMMs that
+    hide it [s], as ``(tp_comm_s, tp_overlap_s)``.
+
+    Without overlap the whole link time is exposed. With Transformer Engine userbuffers
+    (``--tp-comm-overlap``, ``transformer_engine/pytorch/module/base.py``) the GEMMs are split
+    into chunks that hide the collectives: the window is half the layer's compute (the GEMMs of
+    forward and backward), what remains is the part longer than it, bounded below by one chunk
+    (10 % of the link time); the hiding GEMMs run slower while the communication kernels hold
+    SMs (:func:`perfmodel.overlap.overlap_slowdown_s`).
+    """
+    if not overlapped:
+        return tp_link_s, np.zeros_like(tp_link_s)
+    gemm_window_s = layer_compute_s * 0.5
+    tp_comm_s = np.maximum(tp_link_s - gemm_window_s, tp_link_s * 0.1)
+    return tp_comm_s, overlap.overlap_slowdown_s(tp_link_s - tp_comm_s, gemm_window_s, slowdown)
+
+
+def cp_exposed_s(cp, cp_layer_fwd_s, cp_layer_bwd_s) -> np.ndarray:
+    """Exposed ring-attention K/V exchange of one layer [s]: forward + backward where cp > 1
+    (what the ring leaves exposed after overlapping each step with the previous block's
+    attention, :func:`perfmodel.comm_time.comm_times`; Liu et al. 2023, Ring Attention)."""
+    return np.where(cp > 1, cp_layer_fwd_s + cp_layer_bwd_s, 0.0)
+
+
+def ep_exposed_s(model, training, b, ep_layer_fwd_s, ep_layer_bwd_s, layer_compute_s
+                 ) -> np.ndarray:
+    """Exposed MoE token dispatch + combine per layer [s], averaged over the layers (MoE
+    layers are ``model.moe_layer_fraction`` of them); with ``overlap_moe_comm`` where
+    Megatron-Core runs it (:func:`perfmodel.moe.a2a_overlap_applies`) a share of what fits
+    under the layer's compute is hidden (:func:`perfmodel.moe.a2a_overlap_exposed_s`)."""
+    ep_comm_s = model.moe_layer_fraction * (ep_layer_fwd_s + ep_layer_bwd_s)
+    if training.overlap_moe_comm:
+        ep_comm_s = np.where(moe.a2a_overlap_applies(training, b),
+                             moe.a2a_overlap_exposed_s(ep_comm_s, layer_compute_s), ep_comm_s)
+    return ep_comm_s
+
+
+def head_stage_s(model, layer_s, logits_s) -> np.ndarray:
+    """The last stage's head [s]: logits + loss, plus DeepSeek-V3's multi-token prediction
+    modules when the model has them (:func:`perfmodel.mtp.mtp_stage_s`; DeepSeek-AI 2024,
+    Sec. 2.2)."""
+    if model.mtp_num_layers:
+        return logits_s + mtp_stage_s(model, layer_s, logits_s)
+    return logits_s
+
+
+def stage_times_s(n_first, n_mid, n_last, layer_s, embed_s, head_s, pp):
+    """Forward + backward of one micro-batch on the first, a middle and the last pipeline
+    stage [s], as ``(t_first, t_mid, t_last)``: their layers, the embedding on the first and
+    the head on the last; with pp = 1 the one stage holds all three (Narayanan et al. 2021,
+    Sec. 2.2)."""
+    single = pp == 1
+    t_first = np.where(single, n_first * layer_s + embed_s + head_s, n_first * layer_s + embed_s)
+    t_last = np.where(single, t_first, n_last * layer_s + head_s)
+    t_mid = n_mid * layer_s
+    return t_first, t_mid, t_last
+
+
+def backward_fractions(layer_fwd_s, layer_bwd_s, layer_bwd_gemm_s):
+    """Forward and weight-gradient shares of a layer's forward + backward, as
+    ``(fwd_fraction, w_fraction)`` for ZB-H1 (Qi et al. 2024, Sec. 3): the weight gradient is
+    half the backward GEMM time ``layer_bwd_gemm_s`` (dgrad and wgrad cost the same FLOPs)."""
+    denom = np.maximum(layer_fwd_s + layer_bwd_s, 1e-30)
+    return layer_fwd_s / denom, 0.5 * layer_bwd_gemm_s / denom
+
+
+def slowest_stage_s(t_first, t_mid, t_last, n_first, n_mid, n_last):
+    """The slowest stage, which paces the steady state of uneven layouts (with or without
+    interleaving), as ``(t_max_s, its layers)`` (Narayanan et al. 2021, Sec. 2.2)."""
+    t_max = np.maximum(np.maximum(t_first, t_last), t_mid)
+    return t_max, np.select([t_max == t_first, t_max == t_last], [n_first, n_last], n_mid)
+
+
+def stage_comm_shares(layers_per_stage, t_max, tp_comm_s, cp_comm_s, ep_comm_s, tp_overlap_s
+                      ) -> dict[str, np.ndarray]:
+    """Shares of the slowest stage's time spent in exposed TP, CP and EP communication and in
+    the TP-overlap slowdown (``comm``, ``tp``, ``cp``, ``ep``, ``tp_overlap``; 0 for an empty
+    stage): how the steady part of the step splits in the breakdown."""
+    comm_share = np.where(t_max > 0, (layers_per_stage * (tp_comm_s + cp_comm_s + ep_comm_s))
+                          / t_max, 0.0)
+    tp_share = np.where(t_max > 0, (layers_per_stage * tp_comm_s) / t_max, 0.0)
+    ep_share = np.where(t_max > 0, (layers_per_stage * ep_comm_s) / t_max, 0.0)
+    return {"comm": comm_share, "tp": tp_share, "cp": comm_share - tp_share - ep_share,
+            "ep": ep_share,
+            "tp_overlap": np.where(t_max > 0, (layers_per_stage * tp_overlap_s) / t_max, 0.0)}
+
+
+def pp_sends_per_microbatch(schedule, vp) -> np.ndarray:
+    """Pipeline sends per micro-batch per stage boundary: one activation forward and one
+    gradient backward, ``v`` times each with the interleaved schedule (Narayanan et al. 2021,
+    Sec. 2.2.2)."""
+    return 2.0 * np.where(schedule == _SCHED_INTERLEAVED, vp, 1.0)
+
+
+def exposed_p2p_s(overlapped: bool, pp, m, sends, p2p_s) -> np.ndarray:
+    """Exposed pipeline p2p over the step [s]: every send of the ``m + pp - 1`` slots when
+    blocking; only the fill and drain's ``pp - 1`` when overlapped with compute
+    (``--overlap-p2p-communication``, Megatron-LM ``schedules.py``)."""
+    return np.where(overlapped, (pp - 1) * sends * p2p_s, (m + pp - 1) * sends * p2p_s)
+
+
+def dp_grad_link_s(b, comm) -> np.ndarray:
+    """Link time of the data-parallel gradient reduction (+ ZeRO-1/2 parameter all-gather)
+    where dp > 1, plus the routed experts' gradients over expert-dp on the same links
+    (:mod:`perfmodel.moe`) [s]."""
+    return np.where(b.dp > 1, comm["dp_grad_s"], 0.0) + comm["expert_dp_grad_s"]
+
+
+def zero3_gather_link_s(b, comm) -> np.ndarray:
+    """Link time of the ZeRO-3 parameter gathers, dense and expert, where zero_stage = 3 [s]
+    (Rajbhandari et al. 2020, Sec. 5)."""
+    z3 = b.zero_stage == 3
+    return (np.where(z3, comm["zero3_gather_s"], 0.0)
+            + np.where(z3, comm["expert_zero3_gather_s"], 0.0))
+
+
+def exposed_zero3_gather_s(overlapped: bool, z3_s, steady_s) -> np.ndarray:
+    """Exposed ZeRO-3 gathers [s]: prefetched a layer ahead when the framework overlaps
+    data-parallel communication (FSDP2, Megatron-FSDP), exposed only beyond the steady
+    compute; fully exposed otherwise (DeepSpeed ZeRO-3 of 2021, Narayanan et al. 2021
+    Table 2)."""
+    if overlapped:
+        return np.maximum(z3_s - steady_s, 0.0)
+    return z3_s
+
+
+def time_breakdown_s(makespan_s, steady_s, shares, pp_exposed_s, dp_exposed_s,
+                     zero3_exposed_s, optimizer_s, overlap_s, link_shared_s
+                     ) -> dict[str, np.ndarray]:
+    """The :data:`TIME_TERMS` breakdown [s]: the steady part split into compute / TP / CP / EP
+    by their share of a stage (:func:`stage_comm_shares`), the bubble, the exposed
+    communication, the optimizer and the slowdowns; the terms add up to the step time."""
+    return {
+        "compute": steady_s * (1.0 - shares["comm"] - shares["tp_overlap"]),
+        "tp_comm": steady_s * shares["tp"],
+        "cp_comm": steady_s * shares["cp"],
+        "ep_comm": steady_s * shares["ep"],
+        "bubble": makespan_s - steady_s,
+        "pp_comm": pp_exposed_s,
+        "dp_comm": dp_exposed_s,
+        "zero3_comm": zero3_exposed_s,
+        "optimizer": optimizer_s,
+        "overlap_slowdown": steady_s * shares["tp_overlap"] + overlap_s,
+        "link_shared": link_shared_s,
+    }
+
+
+def utilisation(flops_per_step, step_s, gpus, peak_flops) -> np.ndarray:
+    """MFU or HFU: the FLOPs of a step over what ``gpus`` GPUs at the dense peak ``peak_flops``
+    [FLOP/s] could run in ``step_s`` (Chowdhery et al. 2022, PaLM, App. B; the FLOP counts of
+    :data:`MFU_CONVENTION`)."""
+    return flops_per_step / (step_s * gpus * peak_flops)
+
+
+def _exposed_dp_s(training, tier_busy_s, tiers, dp_grad_s, last_bwd_s, makespan_s):
+    """Exposed gradient reduction [s]: hidden behind the backward of the last micro-batch when
+    overlapped, sharing that window with the other streams of its tier (ZeRO-3 gathers,
+    pipeline sends, ring attention; :func:`perfmodel.comm_time.stream_busy_in_window_s`);
+    fully exposed otherwise."""
+    if not training.overlap_grad_reduce:
+        return dp_grad_s
+    dp_tier_busy_s = _busy_on_tier(tier_busy_s, tiers["dp_cp"])
+    dp_need_s = comm_time_mod.stream_busy_in_window_s(dp_grad_s, dp_tier_busy_s, last_bwd_s,
+                                                      makespan_s)
+    return comm_time_mod.exposed_dp_time_s(dp_need_s, last_bwd_s)
+
+
+def _with_layouts(model, training, cluster, b, ct, embed_s, head_s, even, *, kernels,
+                  calibration):
+    """The stage terms of ``even`` (``t_first, t_mid, t_last, t_max, layers_per_stage,
+    layer_bwd_s``) with the rows that have a per-stage layout replaced by the layout's
+    (:func:`_layout_stages`); returns them and the layout's hardware FLOPs. The backward that
+    hides the gradient reduction is the slowest stage's, whose layers recompute only in part."""
+    t_first, t_mid, t_last, t_max, layers_per_stage, layer_bwd_s = even
+    lay = b.has_layout
+    st = _layout_stages(model, training, cluster, b, embed_s, head_s, kernels=kernels,
+                        calibration=calibration)
+    t_first, t_mid, t_last = (np.where(lay, st[k], x) for k, x in
+                              (("first", t_first), ("mid", t_mid), ("last", t_last)))
+    t_max = np.where(lay, st["max"], t_max)
+    layers_per_stage = np.where(lay, st["max_layers"], layers_per_stage)
+    layer_bwd_s = np.where(lay & (b.recompute == 2), ct["layer_bwd_s"] + st["recompute_share"]
+                           * ct["layer_recompute_s"], layer_bwd_s)
+    return (t_first, t_mid, t_last, t_max, layers_per_stage, layer_bwd_s,
+            st["hardware_flops"])
+
+
+def _deepspeed_zero3_exposed_s(model, training, cluster, b, ct, layers_per_stage, dp_grad_s,
+                               dp_exposed_s, zero3_exposed_s):
+    """DeepSpeed ZeRO-3 of 2021 (``zero3_gather="tensor"``): each sub-module's compute hides
+    only the next weight's gather, and gradient reduce-scatters wait for the next sub-module
+    (:func:`perfmodel.zero3_deepspeed.exposed_times_s`), so on ZeRO-3 rows the reduce-scatters
+    are exposed in full. Returns ``(zero3_exposed_s, dp_exposed_s)``."""
+    ds = zero3_deepspeed.exposed_times_s(
+        model, training, b, parallel_groups(cluster, b, ("dp_cp",))["dp_cp"],
+        ct["layer_fwd_s"], ct["layer_bwd_s"], ct["layer_recompute_s"], layers_per_stage)
+    z3 = b.zero_stage == 3
+    return (np.where(z3, ds["gather_exposed_s"], zero3_exposed_s),
+            np.where(z3, dp_grad_s, dp_exposed_s))
+
+
 def evaluate(
     model: ModelSpec,
     training: TrainingSpec,
@@ -320,6 +522,14 @@ def evaluate(
     calibration : a :class:`perfmodel.calibration.Calibration`, or None for the GPU's shipped one
         (or datasheet scaling when there is none).
 
+    The recipe: one layer (:func:`tp_exposed_s`, :func:`cp_exposed_s`, :func:`ep_exposed_s`),
+    the stages (:func:`head_stage_s`, :func:`stage_times_s`, :func:`_offload_s`), the pipeline
+    (:func:`backward_fractions`, :func:`slowest_stage_s`, :func:`pipeline_makespan_s`,
+    :func:`stage_comm_shares`), the exposed communication (:func:`pp_sends_per_microbatch`,
+    :func:`exposed_p2p_s`, :func:`dp_grad_link_s`, :func:`zero3_gather_link_s`,
+    :func:`_exposed_dp_s`, :func:`exposed_zero3_gather_s`), the optimizer, the overlap
+    slowdown and shared links, then :func:`time_breakdown_s`.
+
     References
     ----------
     Narayanan et al. 2021 (SC21), Sec. 2-3 (pipeline and tensor parallel time);
@@ -335,132 +545,68 @@ def evaluate(
     lc = b.layer_counts(model.num_layers)
     n_first, n_mid, n_last = (lc[k].astype(np.float64) for k in ("first", "middle", "last"))
 
-    # 1. one layer, one micro-batch: compute, plus what TP/CP communication leaves exposed.
+    # 1. one layer, one micro-batch: compute, plus what TP/CP/EP communication leaves exposed.
     ct = compute.compute_times(model, training, cluster.gpu, b, kernels=kernels,
                                calibration=calibration)
     comm = comm_time_mod.comm_times(model, training, cluster, b)
     layer_fwd_s = ct["layer_fwd_s"]
     layer_bwd_s = ct["layer_bwd_s"] + ct["layer_recompute_s"]
     tp_link_s = comm["tp_layer_fwd_s"] + comm["tp_layer_bwd_s"]
-    tp_comm_s = tp_link_s
     slowdown = overlap.overlap_slowdown_for(cluster.gpu)
-    tp_overlap_s = np.zeros_like(tp_link_s)
-    if training.overlap_tp_comm:
-        # TE userbuffers split GEMMs into chunks and hide the collectives behind them; what
-        # remains is the part longer than the GEMMs it overlaps (bounded below by one chunk).
-        # The GEMMs that hide it run slower while the communication kernels hold SMs.
-        gemm_window_s = (layer_fwd_s + layer_bwd_s) * 0.5
-        tp_comm_s = np.maximum(tp_link_s - gemm_window_s, tp_link_s * 0.1)
-        tp_overlap_s = overlap.overlap_slowdown_s(tp_link_s - tp_comm_s, gemm_window_s, slowdown)
-    # Ring attention overlaps each K/V exchange step with the attention of the previous block.
-    cp_comm_s = comm["cp_layer_fwd_s"] + comm["cp_layer_bwd_s"]
-    cp_comm_s = np.where(b.cp > 1, cp_comm_s, 0.0)
-    # MoE token dispatch + combine, averaged over the layers (perfmodel.moe); with the overlap
-    # switch a share of what fits under the layer's compute is hidden.
-    ep_comm_s = model.moe_layer_fraction * (comm["ep_layer_fwd_s"] + comm["ep_layer_bwd_s"])
-    if training.overlap_moe_comm:  # only where Megatron-Core runs it (moe.a2a_overlap_applies)
-        ep_comm_s = np.where(moe.a2a_overlap_applies(training, b),
-                             moe.a2a_overlap_exposed_s(ep_comm_s, layer_fwd_s + layer_bwd_s),
-                             ep_comm_s)
+    tp_comm_s, tp_overlap_s = tp_exposed_s(tp_link_s, layer_fwd_s + layer_bwd_s,
+                                           training.overlap_tp_comm, slowdown)
+    cp_comm_s = cp_exposed_s(b.cp, comm["cp_layer_fwd_s"], comm["cp_layer_bwd_s"])
+    ep_comm_s = ep_exposed_s(model, training, b, comm["ep_layer_fwd_s"], comm["ep_layer_bwd_s"],
+                             layer_fwd_s + layer_bwd_s)
     layer_s = (layer_fwd_s + layer_bwd_s + tp_comm_s + cp_comm_s + ep_comm_s
                + tp_overlap_s)
 
     # 2. per-stage time of one micro-batch (forward + backward).
     embed_s = ct["embed_fwd_s"] + ct["embed_bwd_s"]
     logits_s = ct["logits_fwd_s"] + ct["logits_bwd_s"]
-    if model.mtp_num_layers:  # DeepSeek-V3 multi-token prediction, on the last stage
-        head_s = logits_s + mtp_stage_s(model, layer_s, logits_s)
-    else:
-        head_s = logits_s
-    single = pp == 1
-    t_first = np.where(single, n_first * layer_s + embed_s + head_s,
-                       n_first * layer_s + embed_s)
-    t_last = np.where(single, t_first, n_last * layer_s + head_s)
-    t_mid = n_mid * layer_s
+    head_s = head_stage_s(model, layer_s, logits_s)
+    t_first, t_mid, t_last = stage_times_s(n_first, n_mid, n_last, layer_s, embed_s, head_s, pp)
     if training.cpu_offload_layers and kernels == "fused":  # CPU activation offloading
         t_first, t_mid, t_last = (t + _offload_s(model, training, cluster, b, n, ct)
                                   for t, n in ((t_first, n_first), (t_mid, n_mid),
                                                (t_last, n_last)))
 
-    # 3. pipeline makespan with the schedule's bubble. The weight-gradient share of a layer's
-    # time is half its backward GEMM time (dgrad and wgrad cost the same FLOPs).
-    denom = np.maximum(layer_fwd_s + layer_bwd_s, 1e-30)
-    w_fraction = 0.5 * ct["layer_bwd_s"] / denom
-    fwd_fraction = layer_fwd_s / denom
-    # Uneven layouts (with or without interleaving): the slowest rank paces the steady state.
-    t_max = np.maximum(np.maximum(t_first, t_last), t_mid)
-    layers_per_stage = np.select([t_max == t_first, t_max == t_last], [n_first, n_last], n_mid)
+    # 3. pipeline makespan with the schedule's bubble, paced by the slowest stage.
+    fwd_fraction, w_fraction = backward_fractions(layer_fwd_s, layer_bwd_s, ct["layer_bwd_s"])
+    t_max, layers_per_stage = slowest_stage_s(t_first, t_mid, t_last, n_first, n_mid, n_last)
     hflops_layout = None
-    if b.stage_layers is not None and np.any(b.has_layout):
-        lay = b.has_layout
-        st = _layout_stages(model, training, cluster, b, embed_s, head_s, kernels=kernels,
-                            calibration=calibration)
-        t_first, t_mid, t_last = (np.where(lay, st[k], x) for k, x in
-                                  (("first", t_first), ("mid", t_mid), ("last", t_last)))
-        t_max = np.where(lay, st["max"], t_max)
-        layers_per_stage = np.where(lay, st["max_layers"], layers_per_stage)
-        hflops_layout = st["hardware_flops"]
-        # the backward that hides the gradient reduction: the slowest stage's, whose layers
-        # recompute only in part
-        layer_bwd_s = np.where(lay & (b.recompute == 2), ct["layer_bwd_s"] + st["recompute_share"]
-                               * ct["layer_recompute_s"], layer_bwd_s)
+    if b.stage_layers is not None and np.any(b.has_layout):  # per-stage layouts
+        (t_first, t_mid, t_last, t_max, layers_per_stage, layer_bwd_s,
+         hflops_layout) = _with_layouts(
+            model, training, cluster, b, ct, embed_s, head_s,
+            (t_first, t_mid, t_last, t_max, layers_per_stage, layer_bwd_s),
+            kernels=kernels, calibration=calibration)
     makespan_s, steady_s = pipeline_makespan_s(t_first, t_mid, t_last, pp, vp, m, b.schedule,
                                                fwd_fraction, w_fraction, t_max_s=t_max)
-    comm_share = np.where(t_max > 0, (layers_per_stage * (tp_comm_s + cp_comm_s + ep_comm_s))
-                          / t_max, 0.0)
-    tp_share = np.where(t_max > 0, (layers_per_stage * tp_comm_s) / t_max, 0.0)
-    ep_share = np.where(t_max > 0, (layers_per_stage * ep_comm_s) / t_max, 0.0)
-    cp_share = comm_share - tp_share - ep_share
-    tp_overlap_share = np.where(t_max > 0, (layers_per_stage * tp_overlap_s) / t_max, 0.0)
+    shares = stage_comm_shares(layers_per_stage, t_max, tp_comm_s, cp_comm_s, ep_comm_s,
+                               tp_overlap_s)
 
-    # 4a. pipeline p2p: one activation send forward and one gradient send backward per
-    # micro-batch per stage boundary (v times with interleaving). Overlapped sends leave only
-    # the fill and drain exposed.
-    sends = 2.0 * np.where(b.schedule == _SCHED_INTERLEAVED, vp, 1.0)
+    # 4a. pipeline p2p.
+    sends = pp_sends_per_microbatch(b.schedule, vp)
     p2p_s = np.where(pp > 1, comm["pp_p2p_s"], 0.0)
-    pp_exposed_s = np.where(
-        training.overlap_p2p_comm,
-        (pp - 1) * sends * p2p_s,
-        (m + pp - 1) * sends * p2p_s,
-    )
+    pp_exposed_s = exposed_p2p_s(training.overlap_p2p_comm, pp, m, sends, p2p_s)
 
-    # 4b. data-parallel gradient reduction (and ZeRO-1/2 parameter all-gather): hidden behind
-    # the backward of the last micro-batch when overlapped, else fully exposed.
-    # The other streams on the same tier (ZeRO-3 gathers, pipeline sends, ring attention) take
-    # their share of the window the reduction overlaps (shared links, 4d).
-    dp_grad_s = np.where(b.dp > 1, comm["dp_grad_s"], 0.0)
-    # routed experts' gradients over expert-dp, on the same links (perfmodel.moe)
-    dp_grad_s = dp_grad_s + comm["expert_dp_grad_s"]
-    z3_s = np.where(b.zero_stage == 3, comm["zero3_gather_s"], 0.0)
-    z3_s = z3_s + np.where(b.zero_stage == 3, comm["expert_zero3_gather_s"], 0.0)
+    # 4b. data-parallel gradient reduction (and ZeRO-1/2 parameter all-gather), sharing its
+    # window with the other streams on its tier (shared links, 4d).
+    dp_grad_s = dp_grad_link_s(b, comm)
+    z3_s = zero3_gather_link_s(b, comm)
     tiers = {k: g.tier for k, g in parallel_groups(cluster, b, ("tp", "cp", "pp", "dp_cp")).items()}
     streams = _link_streams(comm, tiers, b, m, layers_per_stage, sends, p2p_s, tp_link_s,
                             dp_grad_s, z3_s)
     tier_busy_s = comm_time_mod.link_busy_s(streams, len(cluster.tiers))
     last_bwd_s = layers_per_stage * layer_bwd_s
-    if training.overlap_grad_reduce:
-        dp_tier_busy_s = _busy_on_tier(tier_busy_s, tiers["dp_cp"])
-        dp_need_s = comm_time_mod.stream_busy_in_window_s(dp_grad_s, dp_tier_busy_s, last_bwd_s,
-                                                          makespan_s)
-        dp_exposed_s = comm_time_mod.exposed_dp_time_s(dp_need_s, last_bwd_s)
-    else:
-        dp_exposed_s = dp_grad_s
-    # 4c. ZeRO-3 parameter gathers: prefetched a layer ahead when the framework overlaps
-    # data-parallel communication (FSDP2, Megatron-FSDP), exposed only beyond compute; fully
-    # exposed otherwise (DeepSpeed ZeRO-3 of 2021, Narayanan et al. 2021 Table 2).
-    if training.overlap_grad_reduce:
-        zero3_exposed_s = np.maximum(z3_s - steady_s, 0.0)
-    else:
-        zero3_exposed_s = z3_s
-    if training.zero3_gather == "tensor":
-        # DeepSpeed ZeRO-3 of 2021: each sub-module's compute hides only the next weight's
-        # gather; gradient reduce-scatters wait for the next sub-module (perfmodel.zero3_deepspeed)
-        ds = zero3_deepspeed.exposed_times_s(
-            model, training, b, parallel_groups(cluster, b, ("dp_cp",))["dp_cp"],
-            ct["layer_fwd_s"], ct["layer_bwd_s"], ct["layer_recompute_s"], layers_per_stage)
-        z3 = b.zero_stage == 3
-        zero3_exposed_s = np.where(z3, ds["gather_exposed_s"], zero3_exposed_s)
-        dp_exposed_s = np.where(z3, dp_grad_s, dp_exposed_s)  # the reduce-scatters, in full
+    dp_exposed_s = _exposed_dp_s(training, tier_busy_s, tiers, dp_grad_s, last_bwd_s, makespan_s)
+    # 4c. ZeRO-3 parameter gathers.
+    zero3_exposed_s = exposed_zero3_gather_s(training.overlap_grad_reduce, z3_s, steady_s)
+    if training.zero3_gather == "tensor":  # DeepSpeed ZeRO-3 of 2021
+        zero3_exposed_s, dp_exposed_s = _deepspeed_zero3_exposed_s(
+            model, training, cluster, b, ct, layers_per_stage, dp_grad_s, dp_exposed_s,
+            zero3_exposed_s)
 
     # 5. optimizer step over this GPU's shard.
     optimizer_s = ct["optimizer_s"]
@@ -479,20 +625,8 @@ def evaluate(
     link_shared_s = comm_time_mod.shared_link_excess_s(tier_busy_s, step_s, optimizer_s)
     step_s = step_s + link_shared_s
 
-    # Breakdown: the steady part split into compute / TP / CP by their share of a stage.
-    time_s = {
-        "compute": steady_s * (1.0 - comm_share - tp_overlap_share),
-        "tp_comm": steady_s * tp_share,
-        "cp_comm": steady_s * cp_share,
-        "ep_comm": steady_s * ep_share,
-        "bubble": makespan_s - steady_s,
-        "pp_comm": pp_exposed_s,
-        "dp_comm": dp_exposed_s,
-        "zero3_comm": zero3_exposed_s,
-        "optimizer": optimizer_s,
-        "overlap_slowdown": steady_s * tp_overlap_share + overlap_s,
-        "link_shared": link_shared_s,
-    }
+    time_s = time_breakdown_s(makespan_s, steady_s, shares, pp_exposed_s, dp_exposed_s,
+                              zero3_exposed_s, optimizer_s, overlap_s, link_shared_s)
     # Per-tier port busy time over the step (not a term of the sum: it runs under the others).
     extra = {f"link_busy_{t.name}_s": tier_busy_s[i] for i, t in enumerate(cluster.tiers)}
 
@@ -507,8 +641,8 @@ def evaluate(
     if hflops_layout is not None:
         hflops = np.where(b.has_layout, hflops_layout, hflops)
     peak = peak_flops_for(cluster, training.precision, kernels)
-    mfu = mflops / (step_s * gpus * peak)
-    hfu = hflops / (step_s * gpus * peak)
+    mfu = utilisation(mflops, step_s, gpus, peak)
+    hfu = utilisation(hflops, step_s, gpus, peak)
 
     mem = memory.memory_breakdown(model, training, cluster, b, kernels=kernels,
                                   flash_attention=training.flash_attention)
