@@ -28,6 +28,7 @@ plan: $(STAMP)
 	$(BIN)/plan --framework megatron-2022
 
 test: $(STAMP) $(FW_STAMP)
+	$(BIN)/ruff check perfmodel search hardware_specs harness tests
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

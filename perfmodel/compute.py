@@ -37,9 +37,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from perfmodel import attention_kernels
+from perfmodel import attention_kernels, moe, moe_dispatch
 from perfmodel import eager as eager_kernels
-from perfmodel import moe, moe_dispatch
 from perfmodel.calibration import KERNEL_MIN_S, Calibration, calibration_for
 from perfmodel.config import ConfigBatch
 from perfmodel.specs import GPUSpec, ModelSpec, TrainingSpec

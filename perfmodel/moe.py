@@ -45,11 +45,11 @@ from perfmodel.topology import GroupPlacement
 
 __all__ = [
     "MOE_A2A_OVERLAP_HIDDEN",
-    "a2a_overlap_applies",
-    "a2a_overlap_extra_inflight",
     "MOE_EXPERT_HOST_S",
     "MOE_HOST_SYNC_S",
+    "a2a_overlap_applies",
     "a2a_overlap_exposed_s",
+    "a2a_overlap_extra_inflight",
     "a2a_per_layer",
     "all_to_all_tiered_time",
     "dispatch_ops_per_layer",

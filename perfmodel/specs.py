@@ -1054,42 +1054,42 @@ def model_from_hf_config(data: dict[str, Any], name: str = "hf-model") -> ModelS
         act = data.get("hidden_act", "silu")
         if act not in _HF_ACT:
             raise SpecError(f"{name}: hidden_act = {act!r}: expected one of {sorted(_HF_ACT)}")
-        fields = dict(
-            name=name,
-            num_layers=data["num_hidden_layers"],
-            hidden_size=data["hidden_size"],
-            num_attention_heads=data["num_attention_heads"],
-            num_kv_heads=data.get("num_key_value_heads"),
-            head_dim=data.get("head_dim"),
-            ffn_hidden_size=data["intermediate_size"],
-            vocab_size=data["vocab_size"],
-            max_seq_len=data.get("max_position_embeddings", 4096),
-            activation=_HF_ACT[act],
-            norm="rmsnorm" if "rms_norm_eps" in data else "layernorm",
-            position_embedding="rope",
-            tied_embeddings=bool(data.get("tie_word_embeddings", False)),
-            linear_bias=bool(data.get("attention_bias", False)),
+        fields = {
+            "name": name,
+            "num_layers": data["num_hidden_layers"],
+            "hidden_size": data["hidden_size"],
+            "num_attention_heads": data["num_attention_heads"],
+            "num_kv_heads": data.get("num_key_value_heads"),
+            "head_dim": data.get("head_dim"),
+            "ffn_hidden_size": data["intermediate_size"],
+            "vocab_size": data["vocab_size"],
+            "max_seq_len": data.get("max_position_embeddings", 4096),
+            "activation": _HF_ACT[act],
+            "norm": "rmsnorm" if "rms_norm_eps" in data else "layernorm",
+            "position_embedding": "rope",
+            "tied_embeddings": bool(data.get("tie_word_embeddings", False)),
+            "linear_bias": bool(data.get("attention_bias", False)),
             # Qwen2 has q/k/v biases and no attention_bias key (transformers' Qwen2Attention)
-            qkv_bias=data.get("model_type") == "qwen2" and "attention_bias" not in data,
-            rope_base=float(data.get("rope_theta", 10000.0)),
-        )
+            "qkv_bias": data.get("model_type") == "qwen2" and "attention_bias" not in data,
+            "rope_base": float(data.get("rope_theta", 10000.0)),
+        }
         fields.update(_hf_moe_fields(data))
     elif "n_layer" in data:  # GPT-2 style
         h = data["n_embd"]
-        fields = dict(
-            name=name,
-            num_layers=data["n_layer"],
-            hidden_size=h,
-            num_attention_heads=data["n_head"],
-            ffn_hidden_size=data.get("n_inner") or 4 * h,
-            vocab_size=data["vocab_size"],
-            max_seq_len=data.get("n_positions", 1024),
-            activation="gelu",
-            norm="layernorm",
-            position_embedding="learned",
-            tied_embeddings=bool(data.get("tie_word_embeddings", True)),
-            linear_bias=True,
-        )
+        fields = {
+            "name": name,
+            "num_layers": data["n_layer"],
+            "hidden_size": h,
+            "num_attention_heads": data["n_head"],
+            "ffn_hidden_size": data.get("n_inner") or 4 * h,
+            "vocab_size": data["vocab_size"],
+            "max_seq_len": data.get("n_positions", 1024),
+            "activation": "gelu",
+            "norm": "layernorm",
+            "position_embedding": "learned",
+            "tied_embeddings": bool(data.get("tie_word_embeddings", True)),
+            "linear_bias": True,
+        }
     else:
         raise SpecError(
             f"{name}: not a recognised Hugging Face config (need num_hidden_layers or n_layer)"

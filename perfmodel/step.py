@@ -23,8 +23,8 @@ import numpy as np
 
 from perfmodel import comm_time as comm_time_mod
 from perfmodel import comm_volume, compute, flops, memory, moe, overlap, zero3_deepspeed
-from perfmodel.mtp import mtp_stage_s
 from perfmodel.config import ConfigBatch
+from perfmodel.mtp import mtp_stage_s
 from perfmodel.specs import ClusterSpec, ModelSpec, TrainingSpec
 from perfmodel.topology import parallel_groups
 

@@ -46,9 +46,9 @@ from search.space import SEARCH_DIMS, Problem, SearchSpace, make_space
 __all__ = [
     "DEFAULT_CLUSTER",
     "DEFAULT_MODEL",
-    "MAX_TOP",
     "DEFAULT_SEQ_LEN_CAP",
     "DEFAULT_TOKENS_PER_STEP",
+    "MAX_TOP",
     "STRATEGIES",
     "TRAINING_SWITCHES",
     "evaluate_config",

@@ -352,7 +352,7 @@ def case_from_row(r: pd.Series) -> Case:
         zero = 2
     elif "stage 1" in zero_txt or "zero-1" in zero_txt or "distributed optimizer" in zero_txt:
         zero = 1
-    elif zero_txt.startswith("none") or zero_txt.startswith("no "):
+    elif zero_txt.startswith(("none", "no ")):
         zero = 0
     else:
         zero = 1 if modern else 0
@@ -642,7 +642,7 @@ def summary(report: pd.DataFrame) -> dict:
 
 
 def validate_command(
-    runs: Path | None = typer.Option(None, "--runs", help="a training-runs CSV with the columns "
+    runs: Path | None = typer.Option(None, "--runs", help="a training-runs CSV with the columns "  # noqa: B008 (typer)
                                      "of the shipped training_runs_dev.csv (default: that file)"),
     vtrain: bool = typer.Option(True, "--vtrain/--no-vtrain", help="also rank the vTrain runs"),
     moe: bool = typer.Option(True, "--moe/--no-moe", help="also the published MoE runs "

@@ -28,6 +28,7 @@ documented facts of its framework, nothing fitted per row:
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -547,9 +548,9 @@ def moe_tuned_report(path: Path | None = None, limit: int | None = None) -> pd.D
         rows.append({"model": key[0], "gpu": key[1], "gpus": key[2], "global_batch": key[3],
                      "seq_len": key[4], "precision": key[5], "row_id": c.row_id,
                      "measured_s": c.measured_step_s, "predicted_best_s": pred,
-                     "ratio": c.measured_step_s / pred if pred == pred else float("nan"),
+                     "ratio": c.measured_step_s / pred if not math.isnan(pred) else float("nan"),
                      "recipe_predicted_s": recipe_s, "recipe_fits": bool(own.fits[0]),
-                     "search_gain": recipe_s / pred if pred == pred else float("nan"),
+                     "search_gain": recipe_s / pred if not math.isnan(pred) else float("nan"),
                      "best_config": _cfg_text(r.top.iloc[0]) if r.fits_any else "",
                      **_gain_split(own, c.config, r)})
     out = pd.DataFrame(rows)

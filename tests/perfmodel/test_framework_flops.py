@@ -4,8 +4,11 @@ published rows that give both tokens/s and TFLOP/s."""
 import pandas as pd
 import pytest
 
-from perfmodel.framework_flops import (megatron_flops_per_token, megatron_padded_vocab,
-                                       step_time_from_tflops)
+from perfmodel.framework_flops import (
+    megatron_flops_per_token,
+    megatron_padded_vocab,
+    step_time_from_tflops,
+)
 from perfmodel.specs import load_model
 from search.validate import VALIDATION_DIR
 

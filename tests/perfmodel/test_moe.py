@@ -313,7 +313,6 @@ def test_host_time_per_local_expert_by_hand():
 def test_host_time_per_local_expert_adds_to_each_pass(monkeypatch):
     # made 1 s per local expert: Mixtral (every layer MoE) with ep = 2 holds 4 local experts,
     # with ep = 8 one, so forward and backward each differ by 3 s (plus a few launches)
-    from perfmodel import compute
 
     gpu = load_cluster("dgx-h100").gpu
     monkeypatch.setattr(moe, "MOE_EXPERT_HOST_S", 1.0)

@@ -63,8 +63,8 @@ def test_deepseek_v3_counts_by_hand():
 
 
 def test_moe_layer_pattern():
-    base = dict(name="t", num_layers=8, hidden_size=16, num_attention_heads=2,
-                ffn_hidden_size=64, vocab_size=10, num_experts=4, moe_top_k=1)
+    base = {"name": "t", "num_layers": 8, "hidden_size": 16, "num_attention_heads": 2,
+                "ffn_hidden_size": 64, "vocab_size": 10, "num_experts": 4, "moe_top_k": 1}
     assert ModelSpec(**base).num_moe_layers == 8
     assert ModelSpec(**base, moe_layer_freq=2).num_moe_layers == 4  # layers 1, 3, 5, 7
     assert ModelSpec(**base, moe_dense_layers=3).num_moe_layers == 5
@@ -76,8 +76,8 @@ def test_moe_layer_pattern():
 
 
 def test_load_imbalance_defaults():
-    base = dict(name="t", num_layers=2, hidden_size=16, num_attention_heads=2,
-                ffn_hidden_size=64, vocab_size=10, num_experts=4, moe_top_k=1)
+    base = {"name": "t", "num_layers": 2, "hidden_size": 16, "num_attention_heads": 2,
+                "ffn_hidden_size": 64, "vocab_size": 10, "num_experts": 4, "moe_top_k": 1}
     assert ModelSpec(**base).load_imbalance == 1.0  # dropless, balanced
     assert ModelSpec(**base, moe_capacity_factor=1.25).load_imbalance == 1.25
     assert ModelSpec(**base, moe_capacity_factor=1.25, moe_load_imbalance=1.1).load_imbalance == 1.1

@@ -10,8 +10,12 @@ from hypothesis import strategies as st
 
 from perfmodel import moe
 from perfmodel.config import ConfigBatch, ParallelConfig, resolve_config
-from perfmodel.memory import (fp8_gemm_input_bytes, layer_activation_bytes, memory_breakdown,
-                              selective_recompute_freed_bytes)
+from perfmodel.memory import (
+    fp8_gemm_input_bytes,
+    layer_activation_bytes,
+    memory_breakdown,
+    selective_recompute_freed_bytes,
+)
 from perfmodel.specs import load_cluster, load_model, load_training
 
 OSS = load_model("gpt-oss-120b")  # 36 MoE layers, h 2880, top-4 of 128 experts of f 2880

@@ -10,7 +10,7 @@ from search import evaluate_config, plan
 from search.result import diagnose
 from tests.search.test_space import fake_evaluate
 
-GPT3 = dict(model="gpt3-175b", cluster="dgx-a100-80g")
+GPT3 = {"model": "gpt3-175b", "cluster": "dgx-a100-80g"}
 
 
 def test_plan_pins_and_ranges():
@@ -41,13 +41,13 @@ def test_evaluate_config_derives_dp():
 @pytest.mark.parametrize(
     "kw, match",
     [
-        (dict(tp=5), r"tp \(5\) must divide num_attention_heads \(96\)"),
-        (dict(dp=8, tp=8, pp=8, cp=1, vp=1, zero_stage=0, micro_batch_size=1,
-              recompute="none", sequence_parallel=False, schedule="1f1b"),
+        ({"tp": 5}, r"tp \(5\) must divide num_attention_heads \(96\)"),
+        ({"dp": 8, "tp": 8, "pp": 8, "cp": 1, "vp": 1, "zero_stage": 0, "micro_batch_size": 1,
+              "recompute": "none", "sequence_parallel": False, "schedule": "1f1b"},
          r"dp\*tp\*pp\*cp \(8\*8\*8\*1=512\) must equal the cluster's GPU count \(1024\)"),
-        (dict(model="gpt3-175bb"), "unknown model preset 'gpt3-175bb'; closest: gpt3-175b"),
-        (dict(objective="speed"), "objective = 'speed'"),
-        (dict(strategy="annealing"), "strategy = 'annealing'"),
+        ({"model": "gpt3-175bb"}, "unknown model preset 'gpt3-175bb'; closest: gpt3-175b"),
+        ({"objective": "speed"}, "objective = 'speed'"),
+        ({"strategy": "annealing"}, "strategy = 'annealing'"),
     ],
 )
 def test_user_errors_are_one_line(kw, match):
@@ -66,7 +66,7 @@ def test_nothing_fits_reports_smallest_footprint():
 
 
 def _row(step, bubble, comm, peak, **cfg):
-    c = dict(num_microbatches=8, schedule="1f1b", pp=4)
+    c = {"num_microbatches": 8, "schedule": "1f1b", "pp": 4}
     c.update(cfg)
     return {"step_time_s": step, "time_s": {"compute": step - bubble - comm, "bubble": bubble,
                                             "dp_comm": comm}, "memory_bytes": {"peak": peak},

@@ -26,11 +26,11 @@ def test_etp_defaults_to_tp():
 
 
 @pytest.mark.parametrize("cfg,msg", [
-    (dict(dp=16, tp=1, pp=4, ep=3), r"ep \(3\) must divide num_experts \(8\)"),
-    (dict(dp=2, tp=2, pp=16, ep=8, etp=1, sequence_parallel=True),
+    ({"dp": 16, "tp": 1, "pp": 4, "ep": 3}, r"ep \(3\) must divide num_experts \(8\)"),
+    ({"dp": 2, "tp": 2, "pp": 16, "ep": 8, "etp": 1, "sequence_parallel": True},
      r"ep\*etp \(8\*1=8\) must divide tp\*cp\*dp \(2\*1\*2=4\)"),
-    (dict(dp=16, tp=2, pp=2, ep=8, etp=1), r"MoE with tp \(2\) > 1 needs sequence_parallel"),
-    (dict(dp=16, tp=1, pp=4, ep=1, etp=16), r"etp \(16\) must fit in the scale-up domain"),
+    ({"dp": 16, "tp": 2, "pp": 2, "ep": 8, "etp": 1}, r"MoE with tp \(2\) > 1 needs sequence_parallel"),
+    ({"dp": 16, "tp": 1, "pp": 4, "ep": 1, "etp": 16}, r"etp \(16\) must fit in the scale-up domain"),
 ])
 def test_expert_constraints_name_operands(cfg, msg):
     with pytest.raises(SpecError, match=msg):

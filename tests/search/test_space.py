@@ -19,9 +19,9 @@ from search.space import Problem, divisors, make_space
 # Shared helpers
 # ---------------------------------------------------------------------------------------------
 def small_model(**kw) -> ModelSpec:
-    d = dict(name="toy-14b", num_layers=32, hidden_size=6144, num_attention_heads=48,
-             num_kv_heads=8, ffn_hidden_size=16384, vocab_size=32000, max_seq_len=2048,
-             activation="gelu", position_embedding="rope", tied_embeddings=False)
+    d = {"name": "toy-14b", "num_layers": 32, "hidden_size": 6144, "num_attention_heads": 48,
+             "num_kv_heads": 8, "ffn_hidden_size": 16384, "vocab_size": 32000, "max_seq_len": 2048,
+             "activation": "gelu", "position_embedding": "rope", "tied_embeddings": False}
     d.update(kw)
     return ModelSpec(**d)
 
@@ -53,8 +53,8 @@ def fake_evaluate(model, training, cluster, batch, *, kernels="fused", calibrati
     cp_comm = compute * 0.05 * (cp - 1)
     dp_comm = 2 * P / (tp * pp) * 2 / 25e9 * (dp - 1) / dp * np.where(b.zero_stage == 3, 1.5, 1)
     opt = 16 * P / (tp * pp) / 2e12 / np.where(b.zero_stage >= 1, dp, 1)
-    time_s = dict(compute=compute, tp_comm=tp_comm, cp_comm=cp_comm, bubble=bubble,
-                  pp_comm=0 * compute, dp_comm=dp_comm, zero3_comm=0 * compute, optimizer=opt)
+    time_s = {"compute": compute, "tp_comm": tp_comm, "cp_comm": cp_comm, "bubble": bubble,
+                  "pp_comm": 0 * compute, "dp_comm": dp_comm, "zero3_comm": 0 * compute, "optimizer": opt}
     step = sum(time_s.values())
     shard = P / (tp * pp)
     weights = 2 * shard / np.where(b.zero_stage == 3, dp, 1)
@@ -69,10 +69,10 @@ def fake_evaluate(model, training, cluster, batch, *, kernels="fused", calibrati
     return SimpleNamespace(
         step_time_s=step, tokens_per_s=tokens / step, mfu=mfu, hfu=mfu * rc,
         time_s=time_s,
-        memory_bytes=dict(weights=weights, gradients=grads, optimizer=optim, activations=acts,
-                          other=other, peak=peak),
-        comm_bytes_per_gpu=dict(dp=2 * shard * 2 * (dp - 1) / dp, tp=tp_comm * 1e11,
-                                pp=(pp - 1) * 1e6 * m, cp=cp_comm * 1e11),
+        memory_bytes={"weights": weights, "gradients": grads, "optimizer": optim, "activations": acts,
+                          "other": other, "peak": peak},
+        comm_bytes_per_gpu={"dp": 2 * shard * 2 * (dp - 1) / dp, "tp": tp_comm * 1e11,
+                                "pp": (pp - 1) * 1e6 * m, "cp": cp_comm * 1e11},
         fits=peak <= cluster.gpu.hbm_bytes,
     )
 
@@ -99,7 +99,7 @@ def test_divisors():
 
 def test_default_candidates_gpt3_1024():
     """GPT-3 175B on 1024 A100: tp divides 96 heads within the 8-GPU NVLink domain."""
-    model, training, cluster = small_setup()
+    model, _training, cluster = small_setup()
     from perfmodel.specs import load_model
 
     model = load_model("gpt3-175b")
@@ -123,7 +123,7 @@ def test_every_valid_config_resolves():
     space = p.space
     flat = all_valid_configs(space)
     assert flat.size > 100
-    a, viol = space.decode_flat(flat)
+    a, _viol = space.decode_flat(flat)
     batch = space.batch(a)
     assert np.all(batch.gpus == 8)
     assert np.all(batch.num_microbatches * batch.dp * batch.micro_batch_size == 64)
@@ -139,7 +139,7 @@ def test_rejected_configs_do_not_resolve():
     p = small_problem()
     space = p.space
     flat = np.arange(0, space.size, 7)
-    a, viol = space.decode_flat(flat)
+    a, _viol = space.decode_flat(flat)
     masks = space._constraint_masks(dict(a))
     real_bad = np.flatnonzero(~np.logical_and.reduce([masks[k] for k in masks
                                                        if k != "canonical"]))
@@ -174,18 +174,18 @@ def test_pinning_and_lists():
     assert space.values["tp"].tolist() == [2, 4]
     assert space.values["pp"].tolist() == [1, 2]
     assert space.values["zero_stage"].tolist() == [1]
-    a, viol = space.decode_flat(all_valid_configs(space))
+    a, _viol = space.decode_flat(all_valid_configs(space))
     assert set(a["tp"].tolist()) <= {2, 4} and set(a["recompute"].tolist()) == {1}
 
 
 @pytest.mark.parametrize(
     "fixed, match",
     [
-        (dict(tpp=2), "unknown parallel dimension 'tpp'"),
-        (dict(recompute="partial"), "recompute = 'partial': expected one of none"),
-        (dict(zero_stage=5), "zero_stage = 5: expected 0, 1, 2 or 3"),
-        (dict(tp=0), "tp = 0: expected a positive integer"),
-        (dict(schedule="1f2b"), "schedule = '1f2b'"),
+        ({"tpp": 2}, "unknown parallel dimension 'tpp'"),
+        ({"recompute": "partial"}, "recompute = 'partial': expected one of none"),
+        ({"zero_stage": 5}, "zero_stage = 5: expected 0, 1, 2 or 3"),
+        ({"tp": 0}, "tp = 0: expected a positive integer"),
+        ({"schedule": "1f2b"}, "schedule = '1f2b'"),
     ],
 )
 def test_bad_pins(fixed, match):

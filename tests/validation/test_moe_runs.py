@@ -11,8 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from search.validate_moe import (moe_runs_report, moe_summary, moe_tuned_report,
-                                 moe_tuned_summary)
+from search.validate_moe import moe_runs_report, moe_summary, moe_tuned_report, moe_tuned_summary
 
 #: the stated limits a row may be refused for (substrings of the reason)
 TRUE_LIMITS = (
@@ -141,8 +140,8 @@ def test_plan_validate_has_the_tuned_switch():
 
 
 def test_case_of_a_row_by_hand():
-    from search.validate_moe import moe_case_from_row
     from search.validate import VALIDATION_DIR
+    from search.validate_moe import moe_case_from_row
 
     df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
     c = moe_case_from_row(df.loc["E0061"])  # DeepSeek-V3, 256 GB200, t1 p4 v4 ep64, MXFP8
@@ -170,8 +169,8 @@ def test_slowest_rank_model_by_hand():
 
 
 def test_recipe_facts_and_default_etp():
-    from search.validate_moe import moe_case_from_row, recipe_facts
     from search.validate import VALIDATION_DIR
+    from search.validate_moe import moe_case_from_row, recipe_facts
 
     df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
     assert "moe_a2a_overlap=True" in recipe_facts(df.loc["E0002"])  # 25.09 H100 recipe
