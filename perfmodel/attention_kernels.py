@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfmodel.overlap import gpu_generation
 from perfmodel.specs import GPUSpec, ModelSpec
 
 __all__ = [
@@ -60,8 +61,6 @@ _TENSOR_FLOP_PER_CLOCK_SM = {"volta": 1024.0, "ampere": 2048.0, "hopper": 4096.0
 def exp_per_mma_flop(gpu: GPUSpec) -> float:
     """Exponentials per dense 16-bit MMA FLOP of the GPU: 16 per clock and SM over its tensor
     FLOP per clock and SM (Blackwell Ultra, B300 / GB300: 32); 0 for other parts (no floor)."""
-    from perfmodel.overlap import gpu_generation
-
     gen = gpu_generation(gpu)
     if gen not in _TENSOR_FLOP_PER_CLOCK_SM:
         return 0.0

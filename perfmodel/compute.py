@@ -775,6 +775,13 @@ def _selective_module_forward(c: _LayerContext, ph: _Phase, module: str) -> None
         ph.mem("copy", 2 * act_b * T * (c.nh_gpu + 1) * model.qk_rope_head_dim)
 
 
+def _graph_saved_launches(c: _LayerContext, ph: _Phase, pass_: str) -> None:
+    """The host launches an ``attn`` CUDA graph takes off a layer pass (fused kernels only:
+    :func:`perfmodel.moe_dispatch.graph_saved_launches`)."""
+    if not c.eager:
+        ph.add(0.0, -moe_dispatch.graph_saved_launches(c.model, c.training, pass_, c.pr.lowp))
+
+
 def _layer_forward(c: _LayerContext, ph: _Phase, early_stop: bool = False) -> None:
     """One layer's forward: GEMMs, attention and the memory-bound kernels. ``early_stop``:
     torch.utils.checkpoint (non-reentrant) stops the recomputation once the last saved tensor
@@ -807,8 +814,7 @@ def _layer_backward(c: _LayerContext, ph: _Phase) -> None:
     _gemm_phase(c, ph, ("dgrad", "wgrad"))
     _attention(c, ph, "bwd")
     _moe_kernels(c, ph, "bwd")
-    if not c.eager:
-        ph.add(0.0, -moe_dispatch.graph_saved_launches(model, c.training, "bwd", pr.lowp))
+    _graph_saved_launches(c, ph, "bwd")
     if c.eager:
         ph.terms(eager_kernels.layer_terms(model, T, Tn, c.tp, c.f_gpu, c.gemms[0][2], c.s,
                                            act_b, pr.res_b, pr.w_b, pr.autocast, "bwd"))
@@ -932,8 +938,7 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     fwd = _Phase(cal, n)
     _layer_forward(c, fwd)
     _moe_kernels(c, fwd, "fwd")
-    if not eager:
-        fwd.add(0.0, -moe_dispatch.graph_saved_launches(model, training, "fwd", c.pr.lowp))
+    _graph_saved_launches(c, fwd, "fwd")
     # ---- layer backward
     bwd = _Phase(cal, n)
     _layer_backward(c, bwd)

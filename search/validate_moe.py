@@ -28,15 +28,25 @@ documented facts of its framework, nothing fitted per row:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
+from typing import get_args
 
+import numpy as np
 import pandas as pd
 
 from perfmodel.config import ConfigBatch, ParallelConfig, resolve_config
-from perfmodel.specs import ClusterSpec, ModelSpec, SpecError, TrainingSpec, load_model
-from perfmodel.step import evaluate
+from perfmodel.specs import (
+    ClusterSpec,
+    ModelSpec,
+    RecomputeModule,
+    SpecError,
+    TrainingSpec,
+    load_model,
+)
+from perfmodel.step import TIME_TERMS, evaluate
 from search.validate import VALIDATION_DIR, Case, _cluster_for, _f, era_switches
 
 __all__ = ["moe_case_from_row", "moe_runs_report", "moe_summary", "moe_tuned_report",
@@ -114,9 +124,8 @@ def _recompute(text: str) -> str:
     return "none"
 
 
-_MODULE_NAMES = {"core_attn": "core_attn", "layernorm": "layernorm", "moe_act": "moe_act",
-                 "mla_up_proj": "mla_up_proj", "mla up_proj": "mla_up_proj", "mlp": "mlp",
-                 "shared_experts": "shared_experts"}
+#: Spellings of the recompute modules in the rows' text besides their own names.
+_MODULE_ALIASES = {"mla up_proj": "mla_up_proj"}
 
 
 def recompute_modules(text: str) -> tuple[str, ...]:
@@ -126,8 +135,9 @@ def recompute_modules(text: str) -> tuple[str, ...]:
     t = text.lower()
     if not t.startswith("selective"):
         return ("core_attn",)
-    named = {v for k, v in _MODULE_NAMES.items() if re.search(rf"(?<![a-z_]){k}(?![a-z_])", t)}
-    order = ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp", "shared_experts")
+    order = get_args(RecomputeModule)
+    names = {**{m: m for m in order}, **_MODULE_ALIASES}
+    named = {v for k, v in names.items() if re.search(rf"(?<![a-z_]){k}(?![a-z_])", t)}
     return tuple(m for m in order if m in named) or ("core_attn",)
 
 
@@ -192,9 +202,10 @@ _PRESET_RELEASES = ("NeMo container 25.11", "NeMo container 26.02", "NeMo contai
 _SWITCH_KEYS = ("moe_flex_dispatcher_backend=", "cuda_graph_impl=", "cuda_graph_scope=")
 
 
-def _preset_matched(r: pd.Series) -> bool:
-    cs = str(r.get("config_source", ""))
-    return "workload_base_configs" in cs and "::" in cs
+def _preset_matched(config_source: pd.Series) -> pd.Series:
+    """Rows whose ``config_source`` names a matched Megatron-Bridge workload preset."""
+    cs = config_source.astype(str)
+    return cs.str.contains("workload_base_configs", regex=False) & cs.str.contains("::", regex=False)
 
 
 def _switch_text(other: str) -> str:
@@ -215,11 +226,12 @@ def sibling_recipe_switches(r: pd.Series, df: pd.DataFrame) -> str:
     ``moe_flex_dispatcher_backend=hybridep; cuda_graph_impl=transformer_engine;
     cuda_graph_scope=['moe_router', 'moe_preprocess']``."""
     rel = str(r.get("release", ""))
-    if rel not in _PRESET_RELEASES or _preset_matched(r) or "megatron-bridge" not in str(
+    own = _preset_matched(pd.Series([r.get("config_source", "")])).iloc[0]
+    if rel not in _PRESET_RELEASES or own or "megatron-bridge" not in str(
             r.get("source", "")).lower():
         return ""
     same = df[(df["model"] == r["model"]) & (df["gpu_type"] == r["gpu_type"])
-              & df.apply(_preset_matched, axis=1)]
+              & _preset_matched(df["config_source"])]
     if not len(same):
         return ""
     i = _PRESET_RELEASES.index(rel)
@@ -438,10 +450,6 @@ def with_stage_layers(batch: ConfigBatch, ranks: list[int]) -> ConfigBatch:
     config's check wants every rank's layers a multiple of vp (its memory model splits them
     evenly over the chunks), which Megatron-Core's ``pipeline_model_parallel_layout`` does not
     (13 layers over 4 chunks as 4 + 4 + 4 + 1); the stage times need only the per-rank counts."""
-    import dataclasses
-
-    import numpy as np
-
     zero = np.zeros(1, dtype=np.int64)
     return dataclasses.replace(batch, stage_layers=np.array([ranks], dtype=np.int64),
                                first_stage_layers=zero, last_stage_layers=zero.copy(),
@@ -562,8 +570,6 @@ def moe_tuned_report(path: Path | None = None, limit: int | None = None) -> pd.D
 def _gain_split(own, recipe: ParallelConfig, result) -> dict:
     """The tuned check's attribution columns (see :func:`moe_tuned_report`): the recipe's
     evaluation ``own`` against the search's pick (``result.top``'s first row)."""
-    from perfmodel.step import TIME_TERMS
-
     usable = float(result.usable_bytes) or float("nan")
     out = {"recipe_microbatches": int(recipe.num_microbatches),
            "recipe_hbm_frac": float(own.memory_bytes["peak"][0]) / usable}
