@@ -652,15 +652,16 @@ def _gemm_phase(c: _LayerContext, ph: _Phase, layouts: tuple[str, ...],
     """The layer's linear GEMMs in each of ``layouts`` (``fwd``, ``dgrad``, ``wgrad``), less
     ``skip``; the routed experts as one grouped GEMM over the local experts (Transformer
     Engine's GroupedLinear, ``general_grouped_gemm``, launches one cuBLAS GEMM per local expert:
-    ``count`` launches on the host)."""
+    ``count`` launches on the host; on the device they run on several streams at once,
+    :func:`perfmodel.moe.grouped_gemm_slowdown`)."""
     pr = c.pr
     for name, m_, n_, k_, count in c.gemms:
         if name in skip:
             continue
         for lay in layouts:
             if name.startswith("expert_"):
-                ph.add(grouped_gemm_time_s(c.cal, count, m_, n_, k_, lay, pr.peak, pr.ratio),
-                       count)
+                ph.add(grouped_gemm_time_s(c.cal, count, m_, n_, k_, lay, pr.peak, pr.ratio)
+                       * moe.grouped_gemm_slowdown(c.model, c.batch), count)
             else:
                 ph.add(count * gemm_time_s(c.cal, m_, n_, k_, lay, pr.peak, pr.ratio), count)
 

@@ -47,6 +47,7 @@ __all__ = [
     "MOE_A2A_OVERLAP_HIDDEN",
     "MOE_EXPERT_HOST_S",
     "MOE_HOST_SYNC_S",
+    "TE_GROUPED_GEMM_SLOWDOWN",
     "a2a_overlap_applies",
     "a2a_overlap_exposed_s",
     "a2a_overlap_extra_inflight",
@@ -57,6 +58,7 @@ __all__ = [
     "expert_output_bias_traffic",
     "expert_params_per_gpu",
     "expert_rows_per_gpu",
+    "grouped_gemm_slowdown",
     "local_experts",
     "moe_activation_extra_bytes",
     "moe_dispatch_buffer_bytes",
@@ -74,7 +76,7 @@ the expert count [s]: the dispatcher's device-to-host copy of the per-expert tok
 :data:`MOE_EXPERT_HOST_S` on ``moe_runs_dev.csv``: the fit puts it at 0 once the per-expert
 term is there (see ``docs/moe.md``), so it is kept as a named hook at 0."""
 
-MOE_EXPERT_HOST_S = 1.3e-4
+MOE_EXPERT_HOST_S = 9e-5
 """Host time exposed per *local expert*, MoE layer pass (forward or backward) and micro-batch
 [s]. After the dispatcher's device-to-host sync (``tokens_per_expert`` to the host: the grouped
 GEMM's ``m_splits``) the GPU queue is empty, and Transformer Engine's ``GroupedLinear`` then does
@@ -84,12 +86,60 @@ wgrad) before the GPU has anything to run, so the host time per local expert add
 layer's device time (``compute`` adds it to the phase's GPU side; adding it after the max of
 device and launch time instead fits worse: 11.3 against 11.1 % MAPE, leave-one-model-out 11.5
 against 11.3 %). ``E/ep`` local experts: DeepSeek-V3 with ep 8 has 32, Qwen3-235B with ep 64 has
-2. Fitted, as the one MoE-specific time parameter, on ``moe_runs_dev.csv`` (94 rows, 8 models)
-together with the dispatcher switches each row names (:mod:`perfmodel.moe_dispatch`): 0.13 ms
-(leave-one-model-out folds 0.125-0.135 ms; docs/moe.md; 0.139 ms before the switches, when the
-router / preprocess host time was inside it). Megatron-Core's remedies confirm the effect:
-``--moe-pad-expert-input-to-capacity`` (no sync), CUDA graphs of ``moe_router`` /
-``moe_preprocess``, TE's device-side grouped GEMM (``m_splits`` on the GPU)."""
+2. Fitted on ``moe_runs_dev.csv`` (94 rows, 8 models) with the dispatcher switches each row
+names (:mod:`perfmodel.moe_dispatch`), jointly with :data:`TE_GROUPED_GEMM_SLOWDOWN`
+(``python -m benchmarks.moe_time_refit --grid``): 0.09 ms (MAPE 10.45 %, leave-one-model-out
+11.1 %, folds 0.08-0.10 ms; docs/moe.md "Per-expert host time and grouped GEMMs"). Alone it was
+0.13 ms (11.2 %): then it also carried device time that grows with the micro-batch's tokens (the
+multi-stream grouped GEMM), so fewer, larger micro-batches looked too cheap to the search.
+Megatron-Core's remedies confirm the effect: ``--moe-pad-expert-input-to-capacity`` (no sync),
+CUDA graphs of ``moe_router`` / ``moe_preprocess``, TE's device-side grouped GEMM (``m_splits``
+on the GPU).
+
+What the dev rows say about where the time sits (docs/moe.md): the term behaves as time in
+series with the device, not as host time the GPU hides. Overlapping it with the GPU time of its
+pass (the launch side of the phase's smooth max) fits worse in every form tried: everywhere
+14.4 %, only in the un-synced backward 12.1 %, per expert ``E*max(0, c - g_e) + min(c, g_e)``
+(flow shop of host and device per expert) 12 %+. And the padded token-drop rows of NeMo 25.09
+(Megatron-Bridge's ``apply_moe_token_drop``: capacity factor 1, padded, no sync) need it too:
+dropping it for them (:func:`perfmodel.moe_dispatch.dispatch_syncs`) makes 13 of their 14 rows
+14-31 % too fast (MAPE 10.45 -> 11.7 %); only Qwen3-30B on 8 B200 (E0013) wants it off, so those
+rows keep the dropless recipe of the later releases."""
+
+
+TE_GROUPED_GEMM_SLOWDOWN = 0.30
+"""Extra device time of Transformer Engine's grouped GEMM over the calibrated single-GEMM time
+of the same per-expert shape, as a fraction of it, where a GPU holds more than one local expert
+(the routed experts' ``GroupedLinear`` GEMMs, forward, dgrad and wgrad). TE runs a "grouped" GEMM
+as one cuBLAS GEMM per expert spread over 4 compute streams (``multi_stream_cublas_gemm``:
+``num_streams = 4``, an event fork from the caller's stream and a join back after the last
+expert), not as one grouped kernel: every expert's GEMM pays its own wave tail, 4 small GEMMs
+share the SMs at once, and the join waits for the slowest stream. TE itself deprecates the path
+("Please migrate to nvte_multi_tensor_gemm (with CUTLASS Grouped GEMM support)"), and the
+partial-CUDA-graph write-up of Megatron-LM's MoE path on Blackwell shows the per-expert kernels
+and the gap after them. Fitted on ``moe_runs_dev.csv`` jointly with :data:`MOE_EXPERT_HOST_S`
+(benchmarks/moe_time_refit.py; docs/moe.md "Per-expert host time and grouped GEMMs"): the
+per-expert host term alone has to carry work that grows with the tokens of a micro-batch, which
+made larger micro-batches look too cheap to the search. One local expert (Mixtral, Grok-1,
+Llama-4 Scout at ep = E) is a plain GEMM on the caller's stream: factor 1.
+
+References
+----------
+Transformer Engine ``transformer_engine/common/gemm/cublaslt_gemm.cu``
+(``multi_stream_cublas_gemm``, ``nvte_multi_stream_cublas_gemm``), ``common/include/
+transformer_engine/gemm.h`` (``num_streams = 4``), ``pytorch/cpp_extensions/gemm.py``
+(``general_grouped_gemm``)."""
+
+
+def grouped_gemm_slowdown(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
+    """Factor on the routed experts' grouped-GEMM device time: ``1 +``
+    :data:`TE_GROUPED_GEMM_SLOWDOWN` where a GPU holds more than one local expert (``E/ep > 1``),
+    else 1 (and 1 for a dense model).
+
+    Example: Qwen3-30B-A3B (128 experts) at ep 8: 16 local experts, factor 1.30; Mixtral-8x7B at
+    ep 8: one expert, factor 1.
+    """
+    return np.where(local_experts(model, batch) > 1.0, 1.0 + TE_GROUPED_GEMM_SLOWDOWN, 1.0)
 
 
 def local_experts(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:

@@ -297,17 +297,53 @@ def test_fp8_recipes_save_the_permuted_expert_input_in_fp8():
 
 
 def test_host_time_per_local_expert_by_hand():
-    # DeepSeek-V3 with ep = 8 holds 256/8 = 32 routed experts per GPU: 32 * 0.13 ms exposed
-    # per MoE layer pass; ep = 64: 4 * 0.13 ms; a dense model none (the router / preprocess
+    # DeepSeek-V3 with ep = 8 holds 256/8 = 32 routed experts per GPU: 32 * 0.09 ms exposed
+    # per MoE layer pass; ep = 64: 4 * 0.09 ms; a dense model none (the router / preprocess
     # host time is perfmodel.moe_dispatch.static_host_s)
     ds = load_model("deepseek-v3")
     b = batch(dp=64, pp=1, ep=np.array([8, 64]), etp=1)
     assert moe.local_experts(ds, b).tolist() == [32.0, 4.0]
     assert moe.moe_host_exposed_s(ds, b) == pytest.approx(
         moe.MOE_HOST_SYNC_S + moe.MOE_EXPERT_HOST_S * np.array([32.0, 4.0]))
-    assert moe.MOE_EXPERT_HOST_S * 32 == pytest.approx(4.16e-3, rel=0.01)
-    assert moe.moe_host_exposed_s(ds, b, TR) == pytest.approx([32 * 1.3e-4, 4 * 1.3e-4])
+    assert moe.MOE_EXPERT_HOST_S * 32 == pytest.approx(2.88e-3, rel=0.01)
+    assert moe.moe_host_exposed_s(ds, b, TR) == pytest.approx([32 * 9e-5, 4 * 9e-5])
     assert moe.moe_host_exposed_s(load_model("llama2-7b"), batch(dp=8)).tolist() == [0.0]
+
+
+def test_grouped_gemm_slowdown_by_hand():
+    # Transformer Engine's multi-stream grouped GEMM: 1 + 0.30 where a GPU holds more than one
+    # routed expert. DeepSeek-V3 (256 experts) at ep 8: 32 local, 1.30; ep 256: 1 local, 1.0;
+    # Mixtral-8x7B at ep 8: one expert, a plain GEMM, 1.0; ep 2: 4 local, 1.30; dense: 1.0
+    ds = load_model("deepseek-v3")
+    assert moe.TE_GROUPED_GEMM_SLOWDOWN == pytest.approx(0.30)
+    b = batch(dp=256, pp=1, ep=np.array([8, 256]), etp=1)
+    assert moe.grouped_gemm_slowdown(ds, b).tolist() == pytest.approx([1.30, 1.0])
+    b = batch(dp=16, pp=4, ep=np.array([8, 2]), etp=1)
+    assert moe.grouped_gemm_slowdown(MIX, b).tolist() == pytest.approx([1.0, 1.30])
+    assert moe.grouped_gemm_slowdown(load_model("llama2-7b"), batch(dp=8)).tolist() == [1.0]
+
+
+def test_grouped_gemm_slowdown_scales_only_the_expert_gemms(monkeypatch):
+    # Mixtral with ep = 2 (4 local experts): the slowdown made 1.0 (factor 2) adds the routed
+    # experts' grouped-GEMM time once more to each pass; with ep = 8 (one expert) nothing changes
+    from perfmodel import compute
+
+    gpu = load_cluster("dgx-h100").gpu
+    cal = compute.sustained_calibration(gpu, None, "fused")
+    for ep, factor in ((2, 1.0), (8, 0.0)):
+        b = batch(dp=16, pp=4, ep=ep, etp=1)
+        monkeypatch.setattr(moe, "TE_GROUPED_GEMM_SLOWDOWN", 0.0)
+        t0 = compute_times(MIX, TR, gpu, b)
+        monkeypatch.setattr(moe, "TE_GROUPED_GEMM_SLOWDOWN", 1.0)
+        t1 = compute_times(MIX, TR, gpu, b)
+        c = compute._layer_context(MIX, TR, gpu, b, cal, False)
+        pr = c.pr
+        for key, lays in (("layer_fwd_s", ("fwd",)), ("layer_bwd_s", ("dgrad", "wgrad"))):
+            g = sum(compute.grouped_gemm_time_s(cal, cnt, m_, n_, k_, lay, pr.peak, pr.ratio)[0]
+                    for name, m_, n_, k_, cnt in c.gemms if name.startswith("expert_")
+                    for lay in lays)
+            # the phase is the smooth max of device and launch time: the device side grows by g
+            assert t1[key][0] - t0[key][0] == pytest.approx(factor * g, rel=0.05, abs=1e-12)
 
 
 def test_host_time_per_local_expert_adds_to_each_pass(monkeypatch):

@@ -2,8 +2,8 @@
 
 Issue targets: step-time MAPE <= 10 % with every row expressible or refused for a stated true
 limit; the tuned-recipe check in >= 80 % of settings. Measured at the time of writing: 94 of 100
-rows expressed, MAPE 11.2 % (57 % of rows within 10 %; leave-one-model-out 11.3 %), tuned check
-see docs/moe.md. The MAPE target is not met; the tests below guard what is reached so that a change cannot make it
+rows expressed, MAPE 10.45 % (65 % of rows within 10 %; leave-one-model-out 11.1 %), tuned check
+31 of 48 settings, see docs/moe.md. The MAPE target is not met; the tests below guard what is reached so that a change cannot make it
 worse unnoticed, and check the refusals.
 """
 
@@ -52,23 +52,27 @@ def test_moe_mape_does_not_regress(report):
     # switches each row names (perfmodel.moe_dispatch), the rows' selective-recompute modules,
     # the experts' output bias, the exponential floor and GPT-OSS's sliding-window layers (10.8 %
     # without the window, which makes the too-fast GPT-OSS rows faster); 11.5 % (52 %) before;
-    # 16.0 % on 89 rows with the per-pass host-sync constant and a fully hiding all-to-all overlap
-    assert s["mape"] <= 0.113, f"MAPE {s['mape']:.1%}\n{table}"
-    assert s["within_10pct"] >= 0.56
+    # 16.0 % on 89 rows with the per-pass host-sync constant and a fully hiding all-to-all overlap.
+    # Session 5 (s5-host): 10.45 % (65 %) with TE's multi-stream grouped GEMM
+    # (moe.TE_GROUPED_GEMM_SLOWDOWN 0.30) and the per-expert host term refitted 0.13 -> 0.09 ms
+    assert s["mape"] <= 0.106, f"MAPE {s['mape']:.1%}\n{table}"
+    assert s["within_10pct"] >= 0.64
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
     # stage: 10.0 % (9.8 % with every selective row recomputing the attention core instead of
     # the recipes' mla_up_proj; the p16 rows were +14 to +29 % timed at a padded 64-layer split)
     ds = rows[rows["model"] == "DeepSeek-V3"]
-    assert len(ds) == 22 and np.abs(ds["error"]).mean() <= 0.101
-    # the all-to-all-overlapped H100 rows (DeepSeek-V3 on 1024, Qwen3-235B on 256) within 7 %
+    assert len(ds) == 22 and np.abs(ds["error"]).mean() <= 0.094  # 9.3 % since s5-host
+    # the all-to-all-overlapped H100 rows (DeepSeek-V3 on 1024, Qwen3-235B on 256) within 9 %
+    # (7 % before s5-host: DeepSeek-V3's 32 local experts pay the grouped-GEMM slowdown, E0002
+    # +6.7 -> +8.3 %; the Qwen3-235B rows moved to -0.4..+2.2 %)
     ov = rows.set_index("row_id").loc[["E0001", "E0002", "E0024", "E0044", "E0064"], "error"]
-    assert np.all(np.abs(ov) <= 0.07), ov
+    assert np.all(np.abs(ov) <= 0.09), ov
     # GPT-OSS-120B: unfused elementwise ops, the recipes' layernorm + moe_act recompute, the
     # experts' fc2 bias outside the grouped GEMM, the exp-bound forward at head dim 64 on
     # Blackwell and the 128-token window on every other layer: MAPE 13.0 % (13.6 % before the
     # session-4 terms, 11.0 % without the window; 23 % too fast before the unfused ops)
     oss = rows[rows["model"] == "GPT-OSS-120B"]
-    assert len(oss) == 16 and np.abs(oss["error"]).mean() <= 0.131
+    assert len(oss) == 16 and np.abs(oss["error"]).mean() <= 0.093  # 9.2 % since s5-host
     # Grok-1 (dgxc, measured iteration times), etp = tp (Megatron-Core's default), experts
     # padded to capacity (no host sync): bf16 rows -6 to -8 %, fp8 rows -14 to -17 %
     grok = rows[rows["model"] == "Grok-1"]
@@ -123,7 +127,9 @@ def test_moe_tuned_fraction_does_not_regress():
     # out of the band; not investigated (reported to the MoE owners). Session 4: 23 with the
     # selective-recompute memory (s4-pick) and s4-models; 22 merged with s4-switches at 7903844
     # (DeepSeek-V3 B300 picks the recipe's mla_up_proj recompute, 1.139 -> 1.161), so 22 stays
-    assert s["fraction"] >= 22 / 48 - 1e-9, f"{s}\n{table}"
+    # Session 5 (s5-host): 31 with TE's multi-stream grouped GEMM and the per-expert host term
+    # 0.13 -> 0.09 ms (larger micro-batches no longer amortise device time as if it were fixed)
+    assert s["fraction"] >= 31 / 48 - 1e-9, f"{s}\n{table}"
     # where the gain comes from: the split sums to the recipe's time less the pick's
     split = t["gain_by_term_s"].map(lambda d: sum(d.values()))
     np.testing.assert_allclose(split, t["recipe_predicted_s"] - t["predicted_best_s"],
