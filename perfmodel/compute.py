@@ -683,7 +683,7 @@ def _moe_kernels(c: _LayerContext, ph: _Phase, pass_: str) -> None:
         return
     # after the dispatcher's device-to-host sync the GPU waits for the host work that
     # follows it (per local expert) and for the router / preprocess launches before it
-    # (0 without a sync: moe_dispatch.dispatch_syncs)
+    # (the per-expert part also without a sync: moe.moe_host_exposed_s)
     ph.add(phi * (c.host_exposed_s + moe_dispatch.static_host_s(model, training, pass_,
                                                                 c.pr.lowp)), 0)
     # the experts' fc2 bias, scaled by the probabilities outside the grouped GEMM

@@ -88,8 +88,8 @@ device and launch time instead fits worse: 11.3 against 11.1 % MAPE, leave-one-m
 against 11.3 %). ``E/ep`` local experts: DeepSeek-V3 with ep 8 has 32, Qwen3-235B with ep 64 has
 2. Fitted on ``moe_runs_dev.csv`` (94 rows, 8 models) with the dispatcher switches each row
 names (:mod:`perfmodel.moe_dispatch`), jointly with :data:`TE_GROUPED_GEMM_SLOWDOWN`
-(``python -m benchmarks.moe_time_refit --grid``): 0.09 ms (MAPE 10.45 %, leave-one-model-out
-11.1 %, folds 0.08-0.10 ms; docs/moe.md "Per-expert host time and grouped GEMMs"). Alone it was
+(``python -m benchmarks.moe_time_refit --grid``): 0.09 ms (MAPE 10.33 %, leave-one-model-out
+11.0 %, folds 0.08-0.10 ms; docs/moe.md "Per-expert host time and grouped GEMMs"). Alone it was
 0.13 ms (11.2 %): then it also carried device time that grows with the micro-batch's tokens (the
 multi-stream grouped GEMM), so fewer, larger micro-batches looked too cheap to the search.
 Megatron-Core's remedies confirm the effect: ``--moe-pad-expert-input-to-capacity`` (no sync),
@@ -103,8 +103,11 @@ pass (the launch side of the phase's smooth max) fits worse in every form tried:
 (flow shop of host and device per expert) 12 %+. And the padded token-drop rows of NeMo 25.09
 (Megatron-Bridge's ``apply_moe_token_drop``: capacity factor 1, padded, no sync) need it too:
 dropping it for them (:func:`perfmodel.moe_dispatch.dispatch_syncs`) makes 13 of their 14 rows
-14-31 % too fast (MAPE 10.45 -> 11.7 %); only Qwen3-30B on 8 B200 (E0013) wants it off, so those
-rows keep the dropless recipe of the later releases."""
+14-31 % too fast (MAPE 10.45 -> 11.7 %; only Qwen3-30B on 8 B200, E0013, wants it off), and
+keeping it for the padded Grok-1 rows improves them (11.0 -> 10.0 %): so it is kept without the
+sync too (:func:`moe_host_exposed_s`), and the 25.09 rows keep the dropless switches (with
+``apply_moe_token_drop``'s padding they lose the router / preprocess host time as well: 10.33 ->
+10.45 %)."""
 
 
 TE_GROUPED_GEMM_SLOWDOWN = 0.30
@@ -151,26 +154,32 @@ def local_experts(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
 
 def moe_host_exposed_s(model: ModelSpec, batch: ConfigBatch,
                        training: TrainingSpec | None = None) -> np.ndarray:
-    """Host time the GPU waits for per MoE layer pass and micro-batch [s]:
-    ``MOE_HOST_SYNC_S + MOE_EXPERT_HOST_S * E/ep`` (0 for a dense model, and 0 when the experts'
-    inputs are padded to capacity, ``training.moe_pad_expert_input_to_capacity``: the split
-    sizes are then fixed on the host, ``torch.full(capacity * tp * ep)``, and the dispatcher's
-    ``cuda_sync_point`` stays ``"no_sync"``, so the CPU keeps running ahead of the GPU:
-    :func:`perfmodel.moe_dispatch.dispatch_syncs`). The host time of the layer's static parts
-    (router, preprocess, attention, shared experts; what CUDA graphs remove) is
-    :func:`perfmodel.moe_dispatch.static_host_s`.
+    """Time per MoE layer pass and micro-batch that the GPU spends in series with the layer's
+    work for the experts and the dispatcher's sync [s]: ``MOE_EXPERT_HOST_S * E/ep`` always,
+    plus ``MOE_HOST_SYNC_S`` where the dispatcher syncs (0 for a dense model). With the experts'
+    inputs padded to capacity (``training.moe_pad_expert_input_to_capacity`` and a capacity
+    factor) the split sizes are fixed on the host (``torch.full(capacity * tp * ep)``), the
+    dispatcher's ``cuda_sync_point`` stays ``"no_sync"`` and the sync part goes
+    (:func:`perfmodel.moe_dispatch.dispatch_syncs`), but Transformer Engine's ``GroupedLinear``
+    still runs one quantise and one GEMM per local expert on its 4 streams, and the per-expert
+    part stays: the padded token-drop rows (NeMo 25.09 Qwen3 / DeepSeek-V3 on B200 and GB200,
+    Megatron-Bridge's presets with local full-iteration CUDA graphs; Grok-1) are 14-31 % too fast
+    without it (see :data:`MOE_EXPERT_HOST_S`; MAPE 10.45 -> 10.33 % with it kept). The host time
+    of the layer's static parts (router, preprocess, attention, shared experts; what CUDA graphs
+    remove) is :func:`perfmodel.moe_dispatch.static_host_s`.
 
     References
     ----------
     Megatron-Core ``token_dispatcher.py`` (``MoEAlltoAllTokenDispatcher.preprocess``:
     ``tokens_per_expert`` copied to the host for the all-to-all splits and ``m_splits``; the
     ``drop_and_pad`` branch without it);
-    Transformer Engine ``pytorch/module/grouped_linear.py`` (per-expert quantise / GEMM loop).
+    Transformer Engine ``pytorch/module/grouped_linear.py`` (per-expert quantise / GEMM loop),
+    ``common/gemm/cublaslt_gemm.cu`` (``multi_stream_cublas_gemm``).
     """
-    if not model.is_moe or (training is not None
-                            and not moe_dispatch.dispatch_syncs(model, training)):
+    if not model.is_moe:
         return np.zeros(len(batch))
-    return MOE_HOST_SYNC_S + MOE_EXPERT_HOST_S * local_experts(model, batch)
+    syncs = training is None or moe_dispatch.dispatch_syncs(model, training)
+    return (MOE_HOST_SYNC_S if syncs else 0.0) + MOE_EXPERT_HOST_S * local_experts(model, batch)
 
 
 def tokens_per_gpu(training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 Issue targets: step-time MAPE <= 10 % with every row expressible or refused for a stated true
 limit; the tuned-recipe check in >= 80 % of settings. Measured at the time of writing: 94 of 100
-rows expressed, MAPE 10.45 % (65 % of rows within 10 %; leave-one-model-out 11.1 %), tuned check
+rows expressed, MAPE 10.33 % (65 % of rows within 10 %; leave-one-model-out 11.0 %), tuned check
 31 of 48 settings, see docs/moe.md. The MAPE target is not met; the tests below guard what is reached so that a change cannot make it
 worse unnoticed, and check the refusals.
 """
@@ -53,9 +53,10 @@ def test_moe_mape_does_not_regress(report):
     # the experts' output bias, the exponential floor and GPT-OSS's sliding-window layers (10.8 %
     # without the window, which makes the too-fast GPT-OSS rows faster); 11.5 % (52 %) before;
     # 16.0 % on 89 rows with the per-pass host-sync constant and a fully hiding all-to-all overlap.
-    # Session 5 (s5-host): 10.45 % (65 %) with TE's multi-stream grouped GEMM
-    # (moe.TE_GROUPED_GEMM_SLOWDOWN 0.30) and the per-expert host term refitted 0.13 -> 0.09 ms
-    assert s["mape"] <= 0.106, f"MAPE {s['mape']:.1%}\n{table}"
+    # Session 5 (s5-host): 10.33 % (65 %) with TE's multi-stream grouped GEMM
+    # (moe.TE_GROUPED_GEMM_SLOWDOWN 0.30), the per-expert term refitted 0.13 -> 0.09 ms and kept
+    # for experts padded to capacity (Grok-1: 11.0 -> 10.0 %)
+    assert s["mape"] <= 0.105, f"MAPE {s['mape']:.1%}\n{table}"
     assert s["within_10pct"] >= 0.64
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
     # stage: 10.0 % (9.8 % with every selective row recomputing the attention core instead of
@@ -74,7 +75,8 @@ def test_moe_mape_does_not_regress(report):
     oss = rows[rows["model"] == "GPT-OSS-120B"]
     assert len(oss) == 16 and np.abs(oss["error"]).mean() <= 0.093  # 9.2 % since s5-host
     # Grok-1 (dgxc, measured iteration times), etp = tp (Megatron-Core's default), experts
-    # padded to capacity (no host sync): bf16 rows -6 to -8 %, fp8 rows -14 to -17 %
+    # padded to capacity (no host sync; the per-expert term kept): bf16 rows -5 to -7 %, fp8
+    # rows -13 to -16 %
     grok = rows[rows["model"] == "Grok-1"]
     assert len(grok) == 12 and np.all(np.abs(grok["error"]) <= 0.175)
 
