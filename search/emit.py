@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfmodel.config import ParallelConfig
-from perfmodel.frameworks import FrameworkSpec, load_framework
+from perfmodel.frameworks import FrameworkSpec, capability_refusals, load_framework
 from perfmodel.specs import ModelSpec, SpecError, TrainingSpec
 from search.emit_moe import megatron_bridge_moe_fields, megatron_moe_args, torchtitan_moe_fields
 
@@ -218,6 +218,9 @@ def refusals(fmt: str, config: ParallelConfig, model: ModelSpec, training: Train
                    f"{chunks[0]}/{chunks[1]}/.../{chunks[-1]} layers)")
     if recipe not in fw.precisions:
         why.append(f"{name} has no {recipe} precision: it runs {', '.join(fw.precisions)}")
+    # what the release adds or lacks ([capabilities]: etp rule, cp with MoE, uneven interleaving)
+    why += capability_refusals(fw, model, {"tp": c.tp, "pp": c.pp, "vp": c.vp, "cp": c.cp,
+                                           "ep": c.ep, "etp": c.expert_tp})
     return why
 
 
