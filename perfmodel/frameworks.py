@@ -37,7 +37,7 @@ from perfmodel.specs import (
 
 __all__ = ["PRECISION_RECIPES", "RECIPE_MIN_COMPUTE_CAPABILITY", "Capabilities", "FrameworkSpec",
            "apply_framework", "capability_mask", "capability_refusals", "check_training_supported",
-           "framework_pins", "load_framework", "zero_pp_allowed"]
+           "framework_pins", "load_framework", "with_switches_of", "zero_pp_allowed"]
 
 ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb"]
 RecomputeName = Literal["none", "selective", "full"]
@@ -376,3 +376,14 @@ def check_training_supported(fw: FrameworkSpec | None, model: ModelSpec, trainin
         raise _refuse(fw, f"selective recompute of {', '.join(training.recompute_modules)} "
                           f"(it recomputes {', '.join(c.recompute_modules.value)})",
                       c.recompute_modules)
+
+
+def with_switches_of(fw: FrameworkSpec, training: TrainingSpec) -> FrameworkSpec:
+    """``fw``'s capabilities with ``training``'s own switches: a published recipe's release
+    constrains the search while what the recipe set (overlaps, dispatcher, gradient dtype, ...)
+    stays as the recipe set it."""
+    keep = {k: getattr(training, k) for k in (
+        "overlap_grad_reduce", "overlap_tp_comm", "overlap_p2p_comm", "flash_attention",
+        "zero3_gather", "grad_reduce_in_fp32", "fp8_params", "cross_entropy",
+        "moe_token_dispatcher", "moe_flex_backend", "moe_router_fusion", "cuda_graph_scope")}
+    return fw.model_copy(update={**keep, "fp16_grads_in_fp16": False})
