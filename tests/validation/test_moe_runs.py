@@ -52,8 +52,9 @@ def test_moe_mape_does_not_regress(report):
     # switches each row names (perfmodel.moe_dispatch), the rows' selective-recompute modules,
     # the experts' output bias, the exponential floor and GPT-OSS's sliding-window layers (10.8 %
     # without the window, which makes the too-fast GPT-OSS rows faster); 11.5 % (52 %) before;
-    # 16.0 % on 89 rows with the per-pass host-sync constant and a fully hiding all-to-all overlap
-    assert s["mape"] <= 0.113, f"MAPE {s['mape']:.1%}\n{table}"
+    # 16.0 % on 89 rows with the per-pass host-sync constant and a fully hiding all-to-all overlap;
+    # 10.9 % with the flash-attn 2 kernel of the dgxc Grok-1 recipe (NVTE_FUSED_ATTN=0)
+    assert s["mape"] <= 0.110, f"MAPE {s['mape']:.1%}\n{table}"
     assert s["within_10pct"] >= 0.56
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
     # stage: 10.0 % (9.8 % with every selective row recomputing the attention core instead of
@@ -70,9 +71,12 @@ def test_moe_mape_does_not_regress(report):
     oss = rows[rows["model"] == "GPT-OSS-120B"]
     assert len(oss) == 16 and np.abs(oss["error"]).mean() <= 0.131
     # Grok-1 (dgxc, measured iteration times), etp = tp (Megatron-Core's default), experts
-    # padded to capacity (no host sync): bf16 rows -6 to -8 %, fp8 rows -14 to -17 %
+    # padded to capacity (no host sync), attention on flash-attn 2 (grok1/configure.sh
+    # NVTE_FUSED_ATTN=0; NeMo 24.09 / 24.12 ship no flash-attn 3): bf16 rows -4 to -5 %, fp8
+    # rows -11 to -14 % (MAPE 8.7 %; 11.0 % on cuDNN's rate: -6 to -8 % and -14 to -17 %)
     grok = rows[rows["model"] == "Grok-1"]
-    assert len(grok) == 12 and np.all(np.abs(grok["error"]) <= 0.175)
+    assert len(grok) == 12 and np.all(np.abs(grok["error"]) <= 0.15)
+    assert np.abs(grok["error"]).mean() <= 0.088
 
 
 @pytest.mark.slow
@@ -180,6 +184,22 @@ def test_recipe_facts_and_default_etp():
     assert moe_case_from_row(df.loc["E0205"]).config.etp == 4
     # Megatron-Bridge rows without an ETP: its presets' etp = 1
     assert moe_case_from_row(df.loc["E0010"]).config.etp == 1
+
+
+def test_rows_run_the_attention_kernel_their_recipe_leaves_te():
+    from search.validate import VALIDATION_DIR
+    from search.validate_moe import moe_case_from_row
+
+    df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
+    # dgxc Grok-1 (NVTE_FUSED_ATTN=0): flash-attn 2, bf16 and fp8 rows alike
+    for rid in ("E0205", "E0214"):
+        t = moe_case_from_row(df.loc[rid]).training
+        assert t.flash_attention and t.attention_backend == "flash-attn-2"
+    # GPT-OSS's learnable sinks on NeMo 25.11 (cuDNN 9.13.1) and 26.02 (9.18): cuDNN, on H100
+    # and Blackwell; DeepSeek-V3's MLA: cuDNN
+    for rid in ("E0034", "E0036", "E0056", "E0001", "E0018"):
+        t = moe_case_from_row(df.loc[rid]).training
+        assert t.flash_attention and t.attention_backend == "cudnn", rid
 
 
 def test_bridge_deepseek_layout_and_mtp_by_hand():
