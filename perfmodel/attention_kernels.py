@@ -6,6 +6,16 @@ sliding-window layers' skipped tiles and the exponential unit's floor on the for
   ``FusedAttention``, sliding window since cuDNN 9.2) visits only the key tiles that intersect
   the band, ``ceil(W/T) + 1`` of ``T``-wide tiles per query tile against ``(s/T + 1)/2`` for the
   causal square (:func:`window_tile_fraction`).
+* **Which kernel** (:func:`te_attention_backend`, Transformer Engine's
+  ``get_attention_backend``): cuDNN's fused attention wherever it is eligible on Hopper and
+  later (the calibration's kernel: PyTorch >= 2.10 SDPA prefers cuDNN on sm90 / sm100 once the
+  bundled cuDNN passes 9.15, and the H200 table's 606 TFLOP/s causal forward at head dim 128 is
+  above anything flash-attn 2 reaches on Hopper); the ``flash-attn`` 2 package where a recipe
+  turns cuDNN off (``NVTE_FUSED_ATTN=0``: DGX Cloud's Grok-1 and Nemotron-4 340B recipes on
+  NeMo 24.09 / 24.12, which ship no flash-attn 3); the unfused path where neither qualifies.
+  flash-attn 2 issues Ampere ``mma.sync`` MMAs, not Hopper's ``wgmma``: on H100 it plateaus at
+  a third of the dense peak (:data:`FLASH_ATTN_2_PEAK_FRACTION`,
+  :func:`flash_attn2_slowdown`).
 * **Exponential floor** (FlashAttention-4, Zadouri et al. 2026): the forward computes one
   ``exp`` per score on the special function units (16 ``MUFU.EX2`` per clock and SM from Volta
   to Blackwell, 32 on Blackwell Ultra), whose rate did not grow with the tensor cores; per MMA
@@ -21,7 +31,13 @@ H100); NVIDIA technical blog "Making Softmax More Efficient with NVIDIA Blackwel
 doubled ``MUFU.EX2`` throughput over Blackwell); NVIDIA H100 whitepaper (4096 dense bf16 FLOP per
 clock and SM); cudnn-frontend PR 505 (cuDNN sliding-window backward timings); Transformer Engine
 PR 992 / 1212 (cuDNN sliding window); Megatron-Core ``transformer/utils.py``
-(``is_layer_window_attention``).
+(``is_layer_window_attention``); Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao 2024,
+"FlashAttention-3: Fast and Accurate Attention with Asynchrony and Low-precision"
+(arXiv:2407.08608), Figs. 4 and 6 (H100 SXM5 BF16 forward / backward TFLOP/s of flash-attn 2,
+cuDNN and FA3); Transformer Engine ``pytorch/attention/dot_product_attention/utils.py``
+(``get_attention_backend``) and ``common/fused_attn/fused_attn.cpp``
+(``nvte_get_fused_attn_backend``: non-vanilla softmax from cuDNN 9.13.1, sliding window from
+9.2); PyTorch ``sdp_utils.cpp`` ``check_prefer_cudnn_attention``.
 """
 
 from __future__ import annotations
@@ -32,11 +48,17 @@ from perfmodel.overlap import gpu_generation
 from perfmodel.specs import GPUSpec, ModelSpec
 
 __all__ = [
+    "ATTENTION_BACKENDS",
     "ATTENTION_EXP_UTILISATION",
     "ATTENTION_TILE",
+    "FLASH_ATTN_2_PEAK_FRACTION",
+    "FLASH_ATTN_2_REFERENCE_SEQ",
     "SFU_EXP_PER_CLOCK_SM",
     "attention_exp_floor_s",
     "exp_per_mma_flop",
+    "flash_attn2_peak_fraction",
+    "flash_attn2_slowdown",
+    "te_attention_backend",
     "window_layer_factor",
     "window_tile_fraction",
 ]
@@ -111,3 +133,104 @@ def window_layer_factor(model: ModelSpec, seq) -> np.ndarray:
     if f <= 0:
         return np.ones_like(np.asarray(seq, dtype=np.float64))
     return 1.0 - f + f * window_tile_fraction(seq, model.attention_window)
+
+
+ATTENTION_BACKENDS = ("cudnn", "flash-attn-2", "unfused")
+"""Transformer Engine's DotProductAttention backends the model prices: ``cudnn``
+(FusedAttention, sub-backend F16_arbitrary_seqlen), ``flash-attn-2`` (FlashAttention with the
+flash-attn 2 package) and ``unfused`` (UnfusedDotProductAttention: the scores materialised,
+:class:`~perfmodel.specs.TrainingSpec` ``flash_attention = False``)."""
+
+FLASH_ATTN_2_PEAK_FRACTION = {
+    "fwd": ((64, 322.0 / 989.0), (128, 333.0 / 989.0), (256, 297.0 / 989.0)),
+    "bwd": ((64, 287.0 / 989.0), (128, 318.0 / 989.0)),
+}
+"""flash-attn 2 on H100 SXM5 (BF16, sequence 8k, where its rate has plateaued), as a fraction
+of the 989 TFLOP/s dense peak, by head dim: forward 322 (d 64, non-causal panel), 333 (d 128,
+causal), 297 TFLOP/s (d 256, causal); backward 287 (d 64), 318 TFLOP/s (d 128). cuDNN in the
+same figures: 412 / 529 / 497 forward, 432 / 518 backward; FA3 646 / 602 / 628 forward.
+Source: FlashAttention-3 (Shah et al. 2024), Figs. 4 and 6. Read from the paper, not fitted."""
+
+
+def flash_attn2_peak_fraction(head_dim, pass_: str) -> np.ndarray:
+    """flash-attn 2's sustained fraction of the dense 16-bit peak on Hopper for ``pass_``
+    (``fwd`` / ``bwd``) at ``head_dim``: :data:`FLASH_ATTN_2_PEAK_FRACTION` interpolated in
+    ``log2(head_dim)``, held constant outside the measured head dims.
+
+    Example: d 128 forward 333/989 = 0.337; d 192 forward halfway (in log2) between 0.337 and
+    0.300: 0.316; d 192 backward 318/989 = 0.322 (no measurement above d 128).
+    """
+    if pass_ not in FLASH_ATTN_2_PEAK_FRACTION:
+        raise ValueError(f"pass {pass_!r}: expected 'fwd' or 'bwd'")
+    pts = FLASH_ATTN_2_PEAK_FRACTION[pass_]
+    x = np.log2(np.maximum(np.asarray(head_dim, dtype=np.float64), 1.0))
+    return np.interp(x, [np.log2(d) for d, _ in pts], [f for _, f in pts])
+
+
+FLASH_ATTN_2_REFERENCE_SEQ = 8192
+"""Sequence length [tokens] of :data:`FLASH_ATTN_2_PEAK_FRACTION`; the FlashAttention-3
+benchmarks hold batch x seqlen = 16k tokens and heads x head_dim = 2048 (Sec. 4.1), so at 8k:
+batch 2 and 2048/d heads."""
+
+
+def flash_attn2_slowdown(cal, gpu: GPUSpec, backend: str, head_dim, pass_: str) -> float:
+    """How much longer a flash-attn 2 ``pass_`` takes than the calibrated (cuDNN) kernel, at
+    least 1: the calibration's causal rate at the FlashAttention-3 benchmark shape
+    (:data:`FLASH_ATTN_2_REFERENCE_SEQ`, ``bh = 2 * 2048/d``) over flash-attn 2's rate there
+    (:func:`flash_attn2_peak_fraction` of the dense bf16 peak). Applied to the calibrated time
+    at every shape, so flash-attn 2 keeps the calibration's dependence on heads and sequence
+    and matches the published rate at the published shape. 1 unless ``backend`` is
+    ``flash-attn-2`` on Hopper or Blackwell (there FA2's Ampere ``mma.sync`` kernels use
+    neither ``wgmma`` nor ``tcgen05``; Blackwell takes the Hopper fraction, an assumption with
+    no published measurement behind it); on Ampere and older flash-attn 2 is the native kernel
+    and the calibrated time stands.
+
+    Example: H100, d 128: the shipped calibration runs the forward at 580 TFLOP/s at s 8192,
+    bh 32 (FLOPs ``4*bh*s^2*d/2``, x2.5 backward), flash-attn 2 at 333: 1.74x; backward 438
+    against 318: 1.38x.
+    """
+    if backend != "flash-attn-2" or gpu_generation(gpu) not in ("hopper", "blackwell"):
+        return 1.0
+    s = float(FLASH_ATTN_2_REFERENCE_SEQ)
+    d = float(head_dim)
+    bh = 16384.0 / s * 2048.0 / d
+    flops = (1.0 if pass_ == "fwd" else 2.5) * 4.0 * bh * s**2 * d / 2.0
+    cal_rate = flops / float(cal.attention_time_s(bh, s, d, pass_, causal=True))
+    fa2_rate = float(flash_attn2_peak_fraction(d, pass_)) * gpu.peak_flops("bf16")
+    return max(1.0, cal_rate / fa2_rate)
+
+
+def te_attention_backend(gpu: GPUSpec, *, nvte_fused_attn: bool = True,
+                         nvte_flash_attn: bool = True, softmax_type: str = "vanilla",
+                         cudnn_version: tuple[int, ...] | None = None,
+                         mla: bool = False) -> str:
+    """The backend Transformer Engine's ``DotProductAttention`` selects for causal bf16
+    self-attention in training (:data:`ATTENTION_BACKENDS`), after ``get_attention_backend``:
+
+    * the environment (``NVTE_FUSED_ATTN``, ``NVTE_FLASH_ATTN``) switches a backend off;
+    * below sm80 (Volta) neither fused nor flash-attn 2 runs;
+    * a non-vanilla softmax (``learnable`` attention sinks, ``off-by-one``) turns FlashAttention
+      off, and cuDNN supports it from 9.13.1 (``nvte_get_fused_attn_backend``: "pre-9.13.1:
+      vanilla; 9.13.1+: vanilla, off-by-one, learnable"); ``cudnn_version`` None: recent enough;
+    * flash-attn 2 has no MLA (q/k head dim != v head dim);
+    * both eligible: cuDNN on Hopper and later ("FusedAttention preference on Hopper+ for
+      performance reasons"), flash-attn 2 before;
+    * flash-attn 3 is taken as not installed (NeMo containers through 24.12 ship flash-attn 2
+      only).
+
+    Example: H100 with ``NVTE_FUSED_ATTN=0`` (DGX Cloud Grok-1): ``flash-attn-2``; GPT-OSS's
+    learnable sinks on cuDNN 9.13.1 (NeMo 25.11): ``cudnn``; the same on cuDNN 9.11 (NeMo
+    25.09): ``unfused``.
+    """
+    gen = gpu_generation(gpu)
+    if gen == "volta":  # "Disabling FlashAttention 2 / FusedAttention for compute capability < sm80"
+        return "unfused"
+    vanilla = softmax_type == "vanilla"
+    cudnn_ok = vanilla or cudnn_version is None or tuple(cudnn_version) >= (9, 13, 1)
+    fused = nvte_fused_attn and cudnn_ok
+    flash = nvte_flash_attn and vanilla and not mla
+    if fused and (gen in ("hopper", "blackwell") or not flash):
+        return "cudnn"
+    if flash:
+        return "flash-attn-2"
+    return "unfused"

@@ -693,7 +693,9 @@ def _moe_kernels(c: _LayerContext, ph: _Phase, pass_: str) -> None:
 
 def _attention(c: _LayerContext, ph: _Phase, pass_: str) -> None:
     """The attention core of one layer. Flash attention: the calibrated causal kernel time
-    over cp, at least the SFU's one exp per score in the fused forward (FA-4,
+    over cp (cuDNN's; slower by :func:`perfmodel.attention_kernels.flash_attn2_slowdown` where
+    the recipe runs the flash-attn 2 package), at least the SFU's one exp per score in the
+    fused forward (FA-4,
     :func:`perfmodel.attention_kernels.attention_exp_floor_s`), sliding-window layers visiting
     only their band's key tiles. Unfused attention (Megatron-LM before flash attention,
     Narayanan et al. 2021 Sec. 4.2; Korthikanti et al. 2022 Sec. 4.1): two batched GEMMs, QK^T
@@ -704,6 +706,9 @@ def _attention(c: _LayerContext, ph: _Phase, pass_: str) -> None:
     if c.training.flash_attention:
         d_attn = (model.qk_head_size + model.v_head_size) / 2  # MLA: 192 and 128
         t = cal.attention_time_s(mb * nh_gpu, s, d_attn, pass_, causal=True) / cp
+        if not c.eager:  # the kernel Transformer Engine selects (eager: PyTorch SDPA's cuDNN)
+            t = t * attention_kernels.flash_attn2_slowdown(
+                cal, c.gpu, c.training.attention_backend, d_attn, pass_)
         if pass_ == "fwd" and not c.eager:  # one exp per score: the SFU floor (FA-4)
             t = np.maximum(t, attention_kernels.attention_exp_floor_s(c.gpu, mb * nh_gpu, s)
                            / cp)

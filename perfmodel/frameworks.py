@@ -146,6 +146,9 @@ class FrameworkSpec(Spec):
         "Engine 2.5+, Megatron-Core 0.14+)")
     cuda_graph_scope: tuple[Literal["attn", "moe_router", "moe_preprocess"], ...] | None = Field(
         default=None, description="Transformer Engine partial CUDA graphs the recipes enable")
+    attention_backend: Literal["cudnn", "flash-attn-2"] | None = Field(
+        default=None, description="attention kernel the recipes leave Transformer Engine "
+        "(NVTE_FUSED_ATTN=0 without flash-attn 3: 'flash-attn-2'; None: the TrainingSpec's)")
     # capabilities: what a search may choose for this stack
     zero_stages: tuple[Literal[0, 1, 2, 3], ...] = Field(min_length=1)
     max_zero_stage_with_pp: Literal[0, 1, 2, 3] = Field(
@@ -190,9 +193,10 @@ class FrameworkSpec(Spec):
                                               "fp8_params", "cross_entropy")}
         if precision == "fp16" and self.fp16_grads_in_fp16:
             out["grad_reduce_in_fp32"] = False
-        # MoE dispatcher switches (perfmodel.moe_dispatch), where the preset states them
+        # MoE dispatcher switches (perfmodel.moe_dispatch) and the attention kernel, where the
+        # preset states them
         for k in ("moe_token_dispatcher", "moe_flex_backend", "moe_router_fusion",
-                  "cuda_graph_scope"):
+                  "cuda_graph_scope", "attention_backend"):
             if getattr(self, k) is not None:
                 out[k] = getattr(self, k)
         return out

@@ -88,8 +88,8 @@ device and launch time instead fits worse: 11.3 against 11.1 % MAPE, leave-one-m
 against 11.3 %). ``E/ep`` local experts: DeepSeek-V3 with ep 8 has 32, Qwen3-235B with ep 64 has
 2. Fitted on ``moe_runs_dev.csv`` (94 rows, 8 models) with the dispatcher switches each row
 names (:mod:`perfmodel.moe_dispatch`), jointly with :data:`TE_GROUPED_GEMM_SLOWDOWN`
-(``python -m benchmarks.moe_time_refit --grid``): 0.09 ms (MAPE 10.33 %, leave-one-model-out
-11.0 %, folds 0.08-0.10 ms; docs/moe.md "Per-expert host time and grouped GEMMs"). Alone it was
+(``python -m benchmarks.moe_time_refit --grid``): 0.09 ms (MAPE 10.03 %, leave-one-model-out
+10.7 %, folds 0.08-0.10 ms; 10.33 / 11.0 % before Grok-1's flash-attn 2 kernel; docs/moe.md "Per-expert host time and grouped GEMMs"). Alone it was
 0.13 ms (11.2 %): then it also carried device time that grows with the micro-batch's tokens (the
 multi-stream grouped GEMM), so fewer, larger micro-batches looked too cheap to the search.
 Megatron-Core's remedies confirm the effect: ``--moe-pad-expert-input-to-capacity`` (no sync),

@@ -646,6 +646,12 @@ class TrainingSpec(Spec):
         default=True, description="pipeline sends/receives overlap compute (--overlap-p2p-comm)"
     )
     flash_attention: bool = Field(default=True, description="no s^2 attention scores are stored")
+    attention_backend: Literal["cudnn", "flash-attn-2"] = Field(
+        default="cudnn", description="fused attention kernel (with flash_attention): 'cudnn' "
+        "(Transformer Engine FusedAttention, its choice on Hopper+ and the calibration's "
+        "kernel) or 'flash-attn-2' (the flash-attn 2 package: NVTE_FUSED_ATTN=0 without "
+        "flash-attn 3; perfmodel.attention_kernels.te_attention_backend)"
+    )
     moe_token_dispatcher: Literal["alltoall", "allgather", "flex"] = Field(
         default="alltoall", description="MoE token dispatcher (--moe-token-dispatcher-type): "
         "'flex' = DeepEP / HybridEP fused permute + all-to-all (perfmodel.moe_dispatch)"

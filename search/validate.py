@@ -29,6 +29,7 @@ import typer
 from pydantic import ValidationError
 
 from hardware_specs import ROOT as SPECS_ROOT
+from perfmodel import attention_kernels
 from perfmodel.config import ConfigBatch, ParallelConfig, resolve_config
 from perfmodel.frameworks import load_framework
 from perfmodel.specs import (
@@ -161,6 +162,46 @@ def era_switches(modern: bool) -> dict[str, bool]:
     (``nemo-24.07`` for a current stack, ``megatron-2021`` for Megatron-LM 2020-2022)."""
     fw = load_framework("nemo-24.07" if modern else "megatron-2021").training_switches()
     return {k: fw[k] for k in ERA_SWITCHES}
+
+
+#: The attention environment of the DGX Cloud recipes behind the dev rows, keyed by the recipe
+#: directory (or README) their ``source_locator`` names: NVIDIA/dgxc-benchmarking
+#: ``<dir>/configure.sh`` of the v24.11.1 tables ("export NVTE_FLASH_ATTN=0 / NVTE_FUSED_ATTN=1"
+#: in llama3.1; nemotron sets NVTE_FUSED_ATTN=1 for 15b and 0 for 340b; grok1
+#: NVTE_FUSED_ATTN=0). Transformer Engine's choice under it: :func:`attention_switches`.
+DGXC_ATTENTION_ENV = {
+    "llama3.1/": "nvte_flash_attn=0; nvte_fused_attn=1",
+    "nemotron/README_15b": "nvte_fused_attn=1",
+    "nemotron/README_340b": "nvte_fused_attn=0",
+    "grok1/": "nvte_fused_attn=0",
+}
+
+
+def dgxc_attention_env(r: pd.Series) -> str:
+    """The :data:`DGXC_ATTENTION_ENV` entry of a DGX Cloud row ('' for other sources)."""
+    loc = str(r.get("source_locator", ""))
+    if "dgx cloud" not in str(r.get("source", "")).lower():
+        return ""
+    return next((env for key, env in DGXC_ATTENTION_ENV.items() if key in loc), "")
+
+
+def attention_switches(gpu, env: str, *, softmax_type: str = "vanilla",
+                       cudnn_version: tuple[int, ...] | None = None, mla: bool = False) -> dict:
+    """``flash_attention`` / ``attention_backend`` for a run whose environment text ``env``
+    (lower-case ``nvte_fused_attn=0`` / ``nvte_flash_attn=0`` items) is given: the backend
+    Transformer Engine selects (:func:`perfmodel.attention_kernels.te_attention_backend`);
+    the unfused one as ``flash_attention = False``.
+
+    Example: H100 with ``nvte_fused_attn=0`` -> ``{"flash_attention": True,
+    "attention_backend": "flash-attn-2"}``.
+    """
+    backend = attention_kernels.te_attention_backend(
+        gpu, nvte_fused_attn="nvte_fused_attn=0" not in env,
+        nvte_flash_attn="nvte_flash_attn=0" not in env, softmax_type=softmax_type,
+        cudnn_version=cudnn_version, mla=mla)
+    if backend == "unfused":
+        return {"flash_attention": False}
+    return {"flash_attention": True, "attention_backend": backend}
 
 
 _GATED = ("llama", "mistral", "mixtral", "qwen", "gemma", "deepseek", "yi-", "baichuan", "olmo")
@@ -315,6 +356,9 @@ def case_from_row(r: pd.Series) -> Case:
     if "deepspeed" in zero_txt and not modern:
         # DeepSpeed ZeRO-3 (2021) gathers parameter by parameter (perfmodel.zero3_deepspeed)
         sw["zero3_gather"] = load_framework("deepspeed-2021").zero3_gather
+    env = dgxc_attention_env(r)
+    if env and modern:  # the attention kernel the recipe's environment leaves TE
+        sw.update(attention_switches(_cluster_for(_dated_gpu_type(r), 8).gpu, env))
     training = TrainingSpec(global_batch_size=int(gb), seq_len=seq, precision=precision,
                             optimizer="adam", **sw)
     t = _opt_count(r, "tensor_parallel", 1)

@@ -48,7 +48,15 @@ from perfmodel.specs import (
     load_model,
 )
 from perfmodel.step import TIME_TERMS, evaluate
-from search.validate import VALIDATION_DIR, Case, _cluster_for, _f, era_switches
+from search.validate import (
+    VALIDATION_DIR,
+    Case,
+    _cluster_for,
+    _f,
+    attention_switches,
+    dgxc_attention_env,
+    era_switches,
+)
 
 __all__ = ["moe_case_from_row", "moe_runs_report", "moe_summary", "moe_tuned_report",
            "moe_tuned_summary", "print_moe_tuned"]
@@ -189,6 +197,31 @@ RECIPE_FACTS = {
     ("NeMo container 25.09", "DeepSeek-V3", "H100"):
         "moe_flex_dispatcher_backend=deepep; moe_a2a_overlap=True",
 }
+
+#: cuDNN of the NeMo containers (Megatron-Bridge docs/releases/software-versions.md): what
+#: decides whether Transformer Engine's fused attention takes GPT-OSS's learnable sinks
+#: (cuDNN >= 9.13.1, :func:`perfmodel.attention_kernels.te_attention_backend`).
+CUDNN_BY_RELEASE = {
+    "NeMo container 25.09": (9, 11, 0), "NeMo container 25.11": (9, 13, 1),
+    "NeMo container 26.02": (9, 18, 0), "NeMo container 26.02.01": (9, 18, 0),
+}
+
+
+def recipe_attention_switches(r: pd.Series, other: str, gpu) -> dict:
+    """``flash_attention`` / ``attention_backend`` of a row (:func:`search.validate.
+    attention_switches`): the recipe's ``NVTE_FUSED_ATTN`` / ``NVTE_FLASH_ATTN`` (``other``,
+    lower-cased, and the DGX Cloud recipes' :data:`search.validate.DGXC_ATTENTION_ENV`), the
+    model's softmax (learnable sinks where the row's attention says so), MLA, and the
+    release's cuDNN (:data:`CUDNN_BY_RELEASE`).
+
+    Example: dgxc Grok-1 (``grok1/configure.sh``: NVTE_FUSED_ATTN=0) -> flash-attn 2; GPT-OSS
+    on NeMo 25.11 (learnable sinks, cuDNN 9.13.1) -> cuDNN.
+    """
+    att = str(r.get("attention_type", "")).lower()
+    return attention_switches(
+        gpu, other + "; " + dgxc_attention_env(r),
+        softmax_type="learnable" if "learnable softmax sink" in att else "vanilla",
+        cudnn_version=CUDNN_BY_RELEASE.get(str(r.get("release", ""))), mla="mla" in att)
 
 
 def recipe_facts(r: pd.Series) -> str:
@@ -350,10 +383,12 @@ def moe_case_from_row(r: pd.Series, siblings: pd.DataFrame | None = None) -> Cas
     pad = bool(cf) and "moe_pad_expert_input_to_capacity=true" in other
     if cf:  # token-dropping run (Grok-1: 1.0 with the expert inputs padded to capacity)
         model = model.model_copy(update={"moe_capacity_factor": float(cf.group(1))})
+    cluster = _cluster(r)
     training = TrainingSpec(
         global_batch_size=int(r["global_batch_size"]), seq_len=int(r["seq_len"]),
         precision=_precision(str(r["precision"])), optimizer="adam",
-        **era_switches(modern=True), overlap_moe_comm="moe_a2a_overlap=true" in other,
+        **{**era_switches(modern=True), **recipe_attention_switches(r, other, cluster.gpu)},
+        overlap_moe_comm="moe_a2a_overlap=true" in other,
         moe_pad_expert_input_to_capacity=pad, **dispatch_switches(r, other),
         recompute_modules=recompute_modules(str(r["activation_recompute"])),
         grad_reduce_in_fp32=recipe_grad_reduce_in_fp32(r) if RECIPE_GRAD_DTYPE else True,
@@ -373,7 +408,6 @@ def moe_case_from_row(r: pd.Series, siblings: pd.DataFrame | None = None) -> Cas
         recompute=_recompute(str(r["activation_recompute"])), sequence_parallel=t > 1,
         schedule="interleaved" if vp > 1 else "1f1b",
     )
-    cluster = _cluster(r)
     # uneven pipelines: check the rest against a layer count that divides, evaluate the real one
     chunks = p * vp
     check_model = model

@@ -82,3 +82,113 @@ def test_floor_binds_at_head_dim_64_on_blackwell_only():
         finally:
             ak.attention_exp_floor_s = orig
         assert (with_floor > without * 1.01) == binds, (name, model.name)
+
+
+# ---- which kernel Transformer Engine selects, and flash-attn 2's price -------------------
+
+
+def test_flash_attn2_peak_fraction_by_hand():
+    # FlashAttention-3 Figs. 4 / 6, H100 BF16 at 8k: FA2 333 (fwd, d 128), 318 TFLOP/s (bwd)
+    assert ak.flash_attn2_peak_fraction(128, "fwd") == pytest.approx(333 / 989)
+    assert ak.flash_attn2_peak_fraction(128, "bwd") == pytest.approx(318 / 989)
+    # d 192 (Nemotron-4 340B): log2 192 = 7.585, 58.5 % of the way from d 128 to d 256
+    x = np.log2(192) - 7
+    assert ak.flash_attn2_peak_fraction(192, "fwd") == pytest.approx(
+        333 / 989 + x * (297 / 989 - 333 / 989))
+    assert ak.flash_attn2_peak_fraction(192, "fwd") == pytest.approx(0.3154, abs=1e-4)
+    # no backward measurement above d 128 (held), none below d 64 (held)
+    assert ak.flash_attn2_peak_fraction(192, "bwd") == pytest.approx(318 / 989)
+    assert ak.flash_attn2_peak_fraction(32, "bwd") == pytest.approx(287 / 989)
+    with pytest.raises(ValueError, match="pass"):
+        ak.flash_attn2_peak_fraction(128, "fwd+bwd")
+
+
+class _FlatCal:
+    """A calibration whose causal attention runs at one rate [FLOP/s] at every shape."""
+
+    def __init__(self, rate):
+        self.rate = rate
+
+    def attention_time_s(self, bh, s, d, pass_, causal=True):
+        return (1.0 if pass_ == "fwd" else 2.5) * 4 * bh * s**2 * d / 2 / self.rate
+
+
+def test_flash_attn2_slowdown_by_hand():
+    h100 = load_cluster("dgx-h100").gpu
+    a100 = load_cluster("dgx-a100-80g").gpu
+    cal = _FlatCal(600e12)
+    # H100 (989.4 TFLOP/s): FA2 forward at d 128 runs 333/989 of it = 333.1 TFLOP/s
+    fa2 = 333 / 989 * h100.peak_flops("bf16")
+    assert ak.flash_attn2_slowdown(cal, h100, "flash-attn-2", 128, "fwd") == pytest.approx(
+        600e12 / fa2)
+    assert ak.flash_attn2_slowdown(cal, h100, "flash-attn-2", 128, "fwd") == pytest.approx(
+        1.801, abs=1e-3)
+    # cuDNN itself, and flash-attn 2 on Ampere (its native kernel): the calibrated time
+    assert ak.flash_attn2_slowdown(cal, h100, "cudnn", 128, "fwd") == 1.0
+    assert ak.flash_attn2_slowdown(cal, a100, "flash-attn-2", 128, "fwd") == 1.0
+    # never faster than the calibrated kernel
+    assert ak.flash_attn2_slowdown(_FlatCal(200e12), h100, "flash-attn-2", 128, "bwd") == 1.0
+
+
+def test_flash_attn2_slowdown_of_the_shipped_h100_calibration():
+    # at the benchmark shape (s 8192, bh 32, d 128) the shipped calibration (cuDNN) runs the
+    # forward at ~580 and the backward at ~438 TFLOP/s: flash-attn 2 takes 1.74x / 1.38x
+    from perfmodel.compute import sustained_calibration
+
+    h100 = load_cluster("dgx-h100").gpu
+    cal = sustained_calibration(h100)
+    fwd = ak.flash_attn2_slowdown(cal, h100, "flash-attn-2", 128, "fwd")
+    bwd = ak.flash_attn2_slowdown(cal, h100, "flash-attn-2", 128, "bwd")
+    assert 1.6 < fwd < 1.9 and 1.25 < bwd < 1.5
+    # the cuDNN the calibration measured is faster than flash-attn 2 at every shape it holds
+    # (FlashAttention-3 Fig. 4: FA2 never passes 335 TFLOP/s causal at d 128 on H100; the
+    # H200 table: 606 at s 4096, 64 heads)
+    flops = 4 * 4 * 64 * 4096**2 * 128 / 2
+    assert flops / cal.attention_time_s(4 * 64, 4096, 128, "fwd") > 1.5 * 335e12
+
+
+def test_te_attention_backend_matrix():
+    h100, b200 = load_cluster("dgx-h100").gpu, load_cluster("dgx-b200").gpu
+    a100, v100 = load_cluster("dgx-a100-80g").gpu, load_cluster("dgx-v100").gpu
+    sel = ak.te_attention_backend
+    # both eligible: cuDNN on Hopper and Blackwell, flash-attn 2 before
+    assert sel(h100) == sel(b200) == "cudnn"
+    assert sel(a100) == "flash-attn-2"
+    assert sel(v100) == "unfused"
+    # NVTE_FUSED_ATTN=0 (dgxc Grok-1, Nemotron-4 340B): flash-attn 2
+    assert sel(h100, nvte_fused_attn=False) == "flash-attn-2"
+    assert sel(h100, nvte_flash_attn=False) == "cudnn"  # dgxc Llama 3.1
+    # learnable sinks (GPT-OSS): no FlashAttention; cuDNN from 9.13.1 (NeMo 25.11) only
+    assert sel(b200, softmax_type="learnable", cudnn_version=(9, 13, 1)) == "cudnn"
+    assert sel(b200, softmax_type="learnable", cudnn_version=(9, 11, 0)) == "unfused"
+    assert sel(h100, softmax_type="learnable", nvte_fused_attn=False) == "unfused"
+    # MLA (q/k head dim != v): no flash-attn 2
+    assert sel(h100, mla=True, nvte_fused_attn=False) == "unfused"
+    assert sel(a100, mla=True) == "cudnn"
+
+
+def test_flash_attn2_backend_slows_the_attention_only():
+    # Grok-1's layer on H100 (tp 4: 12 heads, head dim 128, s 8192, cp 2): the flash-attn 2
+    # run takes longer by the attention's share only; nothing changes on A100 or with cuDNN
+    grok = load_model("llama3.1-70b").model_copy(update={"num_attention_heads": 48,
+                                                         "hidden_size": 6144, "num_kv_heads": 8})
+    b = ConfigBatch.from_arrays(dp=1, tp=4, cp=2, micro_batch_size=1, num_microbatches=8,
+                                sequence_parallel=True)
+    cudnn = load_training(global_batch_size=8, seq_len=8192)
+    fa2 = cudnn.model_copy(update={"attention_backend": "flash-attn-2"})
+    h100 = load_cluster("dgx-h100").gpu
+    t_c = compute_times(grok, cudnn, h100, b)
+    t_f = compute_times(grok, fa2, h100, b)
+    assert t_f["layer_fwd_s"][0] > t_c["layer_fwd_s"][0]
+    assert t_f["layer_bwd_s"][0] > t_c["layer_bwd_s"][0]
+    # the forward grows by (slowdown - 1) x the calibrated attention forward / cp
+    from perfmodel.compute import sustained_calibration
+
+    cal = sustained_calibration(h100)
+    att = cal.attention_time_s(12, 8192, 128, "fwd") / 2
+    k = ak.flash_attn2_slowdown(cal, h100, "flash-attn-2", 128, "fwd")
+    assert t_f["layer_fwd_s"][0] - t_c["layer_fwd_s"][0] == pytest.approx(
+        (k - 1) * att, rel=0.02)
+    a100 = load_cluster("dgx-a100-80g").gpu
+    assert compute_times(grok, fa2, a100, b)["layer_fwd_s"][0] == pytest.approx(
+        compute_times(grok, cudnn, a100, b)["layer_fwd_s"][0])

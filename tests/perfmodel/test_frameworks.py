@@ -48,3 +48,17 @@ def test_pinned_value_the_framework_cannot_run_is_one_line():
 def test_unknown_framework_suggests_names():
     with pytest.raises(SpecError, match="closest: megatron"):
         load_framework("megatrn")
+
+
+def test_framework_can_pin_the_attention_kernel():
+    # a recipe stack that turns cuDNN attention off (NVTE_FUSED_ATTN=0) sets flash-attn 2 on
+    # the training; presets that say nothing leave the TrainingSpec's cuDNN
+    from perfmodel.frameworks import apply_framework
+    from perfmodel.specs import load_training
+
+    fw = load_framework("nemo-24.09")
+    assert fw.attention_backend is None
+    t = load_training(global_batch_size=8, seq_len=4096)
+    assert apply_framework(t, fw).attention_backend == "cudnn"
+    fa2 = fw.model_copy(update={"attention_backend": "flash-attn-2"})
+    assert apply_framework(t, fa2).attention_backend == "flash-attn-2"

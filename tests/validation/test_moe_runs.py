@@ -2,7 +2,7 @@
 
 Issue targets: step-time MAPE <= 10 % with every row expressible or refused for a stated true
 limit; the tuned-recipe check in >= 80 % of settings. Measured at the time of writing: 94 of 100
-rows expressed, MAPE 10.33 % (65 % of rows within 10 %; leave-one-model-out 11.0 %), tuned check
+rows expressed, MAPE 10.03 % (65 % of rows within 10 %; leave-one-model-out 10.7 %), tuned check
 31 of 48 settings, see docs/moe.md. The MAPE target is not met; the tests below guard what is reached so that a change cannot make it
 worse unnoticed, and check the refusals.
 """
@@ -52,11 +52,12 @@ def test_moe_mape_does_not_regress(report):
     # switches each row names (perfmodel.moe_dispatch), the rows' selective-recompute modules,
     # the experts' output bias, the exponential floor and GPT-OSS's sliding-window layers (10.8 %
     # without the window, which makes the too-fast GPT-OSS rows faster); 11.5 % (52 %) before;
-    # 16.0 % on 89 rows with the per-pass host-sync constant and a fully hiding all-to-all overlap.
-    # Session 5 (s5-host): 10.33 % (65 %) with TE's multi-stream grouped GEMM
+    # 16.0 % on 89 rows with the per-pass host-sync constant and a fully hiding all-to-all overlap;
+    # 10.9 % with the flash-attn 2 kernel of the dgxc Grok-1 recipe (NVTE_FUSED_ATTN=0).
+    # Session 5 (s5-host): 10.03 % (65 %; 10.33 % before the flash-attn 2 Grok-1 kernel) with TE's multi-stream grouped GEMM
     # (moe.TE_GROUPED_GEMM_SLOWDOWN 0.30), the per-expert term refitted 0.13 -> 0.09 ms and kept
-    # for experts padded to capacity (Grok-1: 11.0 -> 10.0 %)
-    assert s["mape"] <= 0.105, f"MAPE {s['mape']:.1%}\n{table}"
+    # for experts padded to capacity
+    assert s["mape"] <= 0.101, f"MAPE {s['mape']:.1%}\n{table}"
     assert s["within_10pct"] >= 0.64
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
     # stage: 10.0 % (9.8 % with every selective row recomputing the attention core instead of
@@ -75,10 +76,12 @@ def test_moe_mape_does_not_regress(report):
     oss = rows[rows["model"] == "GPT-OSS-120B"]
     assert len(oss) == 16 and np.abs(oss["error"]).mean() <= 0.093  # 9.2 % since s5-host
     # Grok-1 (dgxc, measured iteration times), etp = tp (Megatron-Core's default), experts
-    # padded to capacity (no host sync; the per-expert term kept): bf16 rows -5 to -7 %, fp8
-    # rows -13 to -16 %
+    # padded to capacity (no host sync; the per-expert term kept), attention on flash-attn 2
+    # (grok1/configure.sh NVTE_FUSED_ATTN=0; NeMo 24.09 / 24.12 ship no flash-attn 3): bf16 rows -3 to -5 %,
+    # fp8 rows -10 to -13 % (MAPE 7.7 %; 8.7 % without the per-expert term for padded experts)
     grok = rows[rows["model"] == "Grok-1"]
-    assert len(grok) == 12 and np.all(np.abs(grok["error"]) <= 0.175)
+    assert len(grok) == 12 and np.all(np.abs(grok["error"]) <= 0.15)
+    assert np.abs(grok["error"]).mean() <= 0.078
 
 
 @pytest.mark.slow
@@ -196,6 +199,22 @@ def test_recipe_facts_and_default_etp():
     assert moe_case_from_row(df.loc["E0205"]).config.etp == 4
     # Megatron-Bridge rows without an ETP: its presets' etp = 1
     assert moe_case_from_row(df.loc["E0010"]).config.etp == 1
+
+
+def test_rows_run_the_attention_kernel_their_recipe_leaves_te():
+    from search.validate import VALIDATION_DIR
+    from search.validate_moe import moe_case_from_row
+
+    df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
+    # dgxc Grok-1 (NVTE_FUSED_ATTN=0): flash-attn 2, bf16 and fp8 rows alike
+    for rid in ("E0205", "E0214"):
+        t = moe_case_from_row(df.loc[rid]).training
+        assert t.flash_attention and t.attention_backend == "flash-attn-2"
+    # GPT-OSS's learnable sinks on NeMo 25.11 (cuDNN 9.13.1) and 26.02 (9.18): cuDNN, on H100
+    # and Blackwell; DeepSeek-V3's MLA: cuDNN
+    for rid in ("E0034", "E0036", "E0056", "E0001", "E0018"):
+        t = moe_case_from_row(df.loc[rid]).training
+        assert t.flash_attention and t.attention_backend == "cudnn", rid
 
 
 def test_bridge_deepseek_layout_and_mtp_by_hand():

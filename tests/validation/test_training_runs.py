@@ -73,3 +73,19 @@ def test_megatron_2020_22_fp16_rows_reduce_fp16_gradients():
     fp32 = comm_times(c.model, c.training.model_copy(update={"grad_reduce_in_fp32": True}),
                       c.cluster, b)["dp_grad_s"][0]
     assert 0.5 <= fp16 / fp32 < 0.51
+
+
+def test_dgxc_rows_run_the_attention_kernel_their_recipe_leaves_te():
+    """dgxc-benchmarking v24.11.1 configure.sh: Llama 3.1 NVTE_FLASH_ATTN=0 / NVTE_FUSED_ATTN=1,
+    Nemotron-4 15B NVTE_FUSED_ATTN=1 (cuDNN), Nemotron-4 340B NVTE_FUSED_ATTN=0 (flash-attn 2);
+    other sources keep cuDNN."""
+    from search.validate import case_from_row, read_runs
+
+    df = read_runs()
+    got = {}
+    for _, r in df.iterrows():
+        if str(r["model"]) in ("Nemotron-4 340B", "Nemotron-4 15B", "Llama 3.1 70B",
+                               "Nemotron-340B"):
+            got.setdefault(str(r["model"]), set()).add(case_from_row(r).training.attention_backend)
+    assert got == {"Nemotron-4 340B": {"flash-attn-2"}, "Nemotron-4 15B": {"cudnn"},
+                   "Llama 3.1 70B": {"cudnn"}, "Nemotron-340B": {"cudnn"}}
