@@ -591,7 +591,7 @@ def stage_params(
     t = np.asarray(tp, dtype=np.float64)
     p = np.asarray(pp, dtype=np.float64)
     h, v = model.hidden_size, model.vocab_size
-    norms = 2 * model.norm_params()
+    norms = model.norms_per_layer * model.norm_params()
     # routed MoE experts are split by ep*etp, not tp: see perfmodel.moe.expert_params_per_gpu
     gemm = model.layer_params() - norms - model.routed_expert_params_per_layer()
     layer = gemm / t + norms  # GEMM weights split by t, norms replicated
@@ -857,6 +857,20 @@ def stage_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, seq_l
         s, b, h, a, recompute=mode, flash=flash_attention, dropout=dropout,
         bytes_per_value=e, gemm_input_bytes=gi, **kw
     ) for mode in (rc, 0))
+    if model.is_hybrid:  # attention / MLP / Mamba2 shares of the layers (perfmodel.mamba)
+        from perfmodel.mamba import hybrid_layer_activation_bytes
+
+        def _hybrid(mode):
+            def x(f):
+                return layer_activation_bytes(
+                    s, b, h, a, recompute=np.where(np.asarray(mode) == _CODE_FULL, 0, mode),
+                    flash=flash_attention, dropout=dropout, bytes_per_value=e,
+                    gemm_input_bytes=gi, **{**kw, "ffn_hidden_size": f})
+            return hybrid_layer_activation_bytes(
+                model, x, s, b, tp=tp, sequence_parallel=sequence_parallel, recompute=mode,
+                bytes_per_value=e, gemm_input_bytes=gi, dropout=dropout,
+                ffn_hidden_size=kw["ffn_hidden_size"])
+        kept, full = _hybrid(rc), _hybrid(0)
     freed = selective_recompute_freed_bytes(
         model, training.recompute_modules, s, b, tp=tp, sequence_parallel=sequence_parallel,
         bytes_per_value=e, gemm_input_bytes=gi)

@@ -244,6 +244,8 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
           f"--max-position-embeddings {max(m.max_seq_len, training.seq_len)}"]
     if m.position_embedding == "rope":
         a += ["--position-embedding-type rope", f"--rotary-base {int(m.rope_base)}"]
+    elif m.position_embedding == "none":
+        a.append("--position-embedding-type none")
     else:
         a.append("--position-embedding-type learned_absolute")
     a.append("--normalization " + ("RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"))
@@ -367,7 +369,8 @@ def _bridge_sections(config: ParallelConfig, model: ModelSpec, training: Trainin
         mdl["kv_channels"] = m.head_dim
     mdl.update({
         "seq_length": training.seq_len,
-        "position_embedding_type": "rope" if m.position_embedding == "rope" else "learned_absolute",
+        "position_embedding_type": ("learned_absolute" if m.position_embedding == "learned"
+                                    else m.position_embedding),
     })
     if m.position_embedding == "rope":
         mdl["rotary_base"] = float(m.rope_base)
