@@ -30,7 +30,9 @@ def report():
 def test_every_moe_row_expressed_or_refused_for_a_true_limit(report):
     rows, skipped = report
     assert len(rows) + len(skipped) == 100
-    assert len(rows) >= 94  # TFLOP/s-only rows converted with the source's FLOP formula
+    # TFLOP/s-only rows converted with the source's FLOP formula; the 4 hybrid Mamba2 Nemotron-3
+    # Nano rows expressed (perfmodel.mamba); the 2 DeepSeek-V3 rows left are not runnable
+    assert len(rows) >= 98
     for reason in skipped["reason"]:
         assert any(k in reason for k in TRUE_LIMITS), reason
 
@@ -40,7 +42,9 @@ def test_published_recipes_predicted_to_fit(report):
     # 87 of 94 with fp32 main grads for every row (the default); 93 of 94 with each recipe's own
     # gradient dtype (validate_moe.RECIPE_GRAD_DTYPE, off: it costs the tuned check 4 settings)
     rows, _ = report
-    assert int(rows["fits"].sum()) >= 87, list(rows.loc[~rows["fits"], "row_id"])
+    # (+3 of the 4 Nemotron-3 Nano rows: E0078, H100 selective with the 'moe' module the
+    # spec does not offer and fp32 gradients, is predicted at 94 GiB)
+    assert int(rows["fits"].sum()) >= 90, list(rows.loc[~rows["fits"], "row_id"])
 
 
 @pytest.mark.slow
@@ -53,8 +57,10 @@ def test_moe_mape_does_not_regress(report):
     # the experts' output bias, the exponential floor and GPT-OSS's sliding-window layers (10.8 %
     # without the window, which makes the too-fast GPT-OSS rows faster); 11.5 % (52 %) before;
     # 16.0 % on 89 rows with the per-pass host-sync constant and a fully hiding all-to-all overlap
-    assert s["mape"] <= 0.113, f"MAPE {s['mape']:.1%}\n{table}"
-    assert s["within_10pct"] >= 0.56
+    # 98 rows with the hybrid Nemotron-3 Nano ones (perfmodel.mamba: -14, -19, -12, -23 %):
+    # 11.4 % (the 94 others unchanged, 11.19 %)
+    assert s["mape"] <= 0.115, f"MAPE {s['mape']:.1%}\n{table}"
+    assert s["within_10pct"] >= 0.55  # 54 of 98 (54 of 94 before the Nemotron-3 Nano rows)
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
     # stage: 10.0 % (9.8 % with every selective row recomputing the attention core instead of
     # the recipes' mla_up_proj; the p16 rows were +14 to +29 % timed at a padded 64-layer split)
@@ -254,3 +260,13 @@ def test_switches_separate_the_gb200_study_pair(report):
     rows, _ = report
     p = rows.set_index("row_id")["predicted_s"]
     assert p["E0249"] > p["E0250"]
+
+
+@pytest.mark.slow
+def test_hybrid_nemotron3_nano_rows(report):
+    # the hybrid Mamba2 / attention / MoE rows (perfmodel.mamba), all predicted too fast:
+    # H100 -14 %, B300 -19 %, GB200 -12 %, GB300 -23 % (E0078-E0081)
+    rows, _ = report
+    nano = rows[rows["model"] == "Nemotron-3-Nano-30B-A3B"]
+    assert len(nano) == 4
+    assert np.all(np.abs(nano["error"]) <= 0.25) and np.abs(nano["error"]).mean() <= 0.18
