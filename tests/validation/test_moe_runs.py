@@ -123,13 +123,16 @@ def test_moe_tuned_fraction_does_not_regress():
     s = moe_tuned_summary(t)
     table = t[["model", "gpu", "gpus", "ratio", "recipe_predicted_s", "search_gain",
                "best_config"]].to_string()
-    assert s["settings"] == 48
+    # 52 settings with the 4 hybrid Nemotron-3 Nano ones (perfmodel.mamba): the search picks the
+    # recipe's layout on B300 / GB200 / GB300 (ratios 1.23 / 1.13 / 1.30, the time error) and on
+    # H100 a pp 2 layout (1.07): 25 of 52 within the band (23 of 48 before)
+    assert s["settings"] == 52
     # 22 since issue 13's s3-groups base-model changes (SM-side roofline of memory-bound kernels,
     # Hopper sustained GEMM 0.86 -> 0.84, Blackwell overlap slowdown 0.05): one setting moved
     # out of the band; not investigated (reported to the MoE owners). Session 4: 23 with the
     # selective-recompute memory (s4-pick) and s4-models; 22 merged with s4-switches at 7903844
     # (DeepSeek-V3 B300 picks the recipe's mla_up_proj recompute, 1.139 -> 1.161), so 22 stays
-    assert s["fraction"] >= 22 / 48 - 1e-9, f"{s}\n{table}"
+    assert s["fraction"] >= 24 / 52 - 1e-9, f"{s}\n{table}"
     # where the gain comes from: the split sums to the recipe's time less the pick's
     split = t["gain_by_term_s"].map(lambda d: sum(d.values()))
     np.testing.assert_allclose(split, t["recipe_predicted_s"] - t["predicted_best_s"],
