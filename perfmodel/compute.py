@@ -789,7 +789,7 @@ def _mamba_kernels(c: _LayerContext, ph: _Phase, pass_: str) -> None:
     nothing for a transformer)."""
     if c.model.is_hybrid:
         mamba.mamba_kernels(c.model, c.training, c.cal, ph, c.T, c.tp, c.pr.act_b, c.pr.peak16,
-                            pass_)
+                            pass_, c.mb)
 
 
 def _hybrid_gemm_cols(c: _LayerContext, pass_: str):

@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = [
-    "SSD_BWD_TRAFFIC_RATIO",
+    "SSD_BWD_COUNTS",
     "SSD_MMA_EFFICIENCY",
     "check_hybrid",
     "hf_hybrid_fields",
@@ -49,6 +49,7 @@ __all__ = [
     "mamba_matmul_flops_per_token",
     "mamba_params_per_layer",
     "megatron_mamba_flops_per_token",
+    "ssd_bwd_flops_per_token",
     "ssd_bytes_per_token",
     "ssd_flops_per_token",
     "unsupported_parallelism",
@@ -62,11 +63,17 @@ reach. An assumption, not fitted: Dao & Gu 2024 (Sec. 7.3, Fig. 10) report the S
 faster than Mamba-1's scan and on par with FlashAttention-2 at 2K tokens; for the Nemotron shapes
 the scan is bound by its HBM traffic (:func:`ssd_bytes_per_token`), so this term rarely binds."""
 
-SSD_BWD_TRAFFIC_RATIO = 2.0
-"""Backward over forward HBM traffic and matmul FLOPs of the SSD scan: each forward matmul has
-two gradient matmuls and each input read forward is read again with its gradient written
-(``mamba_ssm`` ``_mamba_chunk_scan_combined_bwd``); the chunk states, not saved, are recomputed
-on top (:func:`ssd_bytes_per_token`)."""
+#: Backward of the SSD scan (``mamba_ssm`` ``_mamba_chunk_scan_combined_bwd``): it recomputes
+#: the chunk cumsum, ``C B^T``, the chunk states and the state passing (the forward less the
+#: chunk scan), then runs eleven gradient kernels (``_chunk_scan_bwd_dz``, ``_dstates``,
+#: ``_state_passing_bwd``, ``_chunk_scan_chunk_state_bwd_dx``, ``_chunk_state_bwd_db``,
+#: ``_chunk_scan_bwd_dC``, ``_chunk_scan_bwd_dcb``, two ``_bmm_chunk_bwd``,
+#: ``_chunk_scan_bwd_ddAcs_stable``, ``_chunk_cumsum_bwd``). Counted from their operands:
+#: 16-bit token tensors read or written ``16 di + 12 GN`` values per token, fp32 chunk-state
+#: passes 11 (4 forward), fp32 ``C B^T``-sized blocks 6 (2 forward); matmul FLOPs
+#: ``3*2QNG + 3*2QPH + 5*2NPH`` (:func:`ssd_bwd_flops_per_token`; forward
+#: :func:`ssd_flops_per_token`).
+SSD_BWD_COUNTS = {"di": 16.0, "gn": 12.0, "state_passes": 11.0, "cb_passes": 6.0}
 
 
 # --------------------------------------------------------------------------------------------
@@ -232,20 +239,33 @@ def ssd_bytes_per_token(model, tp, act_b: float, pass_: str = "fwd"):
     chunk cumsum, chunk state, state passing, ``C B^T``, chunk scan): 16-bit reads of x (twice),
     B and C (three times, ``6GN`` in all), z and writes of the gated output and of the ungated
     ``out_x`` it saves (``5 di``); fp32 chunk states written, read and rewritten by the state
-    passing and read by the scan (``4 H P N / Q``), and the fp32 ``C B^T`` block written and read
-    (``2 G Q``). Backward: :data:`SSD_BWD_TRAFFIC_RATIO` times the forward plus the recomputed
-    chunk states (``2 H P N / Q`` fp32 writes and reads).
+    passing and read by the scan (4 passes of ``H P N / Q`` values), and the fp32 ``C B^T``
+    block written and read (``2 G Q``). Backward: the recompute and gradient kernels of
+    :data:`SSD_BWD_COUNTS`.
 
-    Example (Nemotron-3 Nano, tp 1, bf16): 2*(5*4096 + 6*1024) + 4*(4*64*64*128/128 + 2*8*128)
-    = 126,976 bytes per token forward."""
+    Example (Nemotron-3 Nano, tp 1, bf16): forward 2*(5*4096 + 6*1024) + 4*(4*64*64*128/128 +
+    2*8*128) = 126,976 bytes per token; backward 2*(16*4096 + 12*1024) + 4*(11*4096 + 6*1024)
+    = 360,448."""
     tp = np.asarray(tp, dtype=np.float64)
     Q, N, P = model.mamba_chunk_size, model.mamba_state_dim, model.mamba_head_dim
     di, H, G = mamba_d_inner(model) / tp, mamba_heads(model) / tp, model.mamba_num_groups / tp
-    states = 4.0 * H * P * N / Q  # one fp32 pass over the chunk states, per token
-    fwd = act_b * (5.0 * di + 6.0 * G * N) + 4.0 * states + 4.0 * 2.0 * G * Q
+    state = 4.0 * H * P * N / Q  # one fp32 pass over the chunk states, per token
+    cb = 4.0 * G * Q  # one fp32 pass over the C B^T blocks, per token
     if pass_ == "fwd":
-        return fwd
-    return SSD_BWD_TRAFFIC_RATIO * fwd + 2.0 * states
+        return act_b * (5.0 * di + 6.0 * G * N) + 4.0 * state + 2.0 * cb
+    k = SSD_BWD_COUNTS
+    return act_b * (k["di"] * di + k["gn"] * G * N) + k["state_passes"] * state + (
+        k["cb_passes"] * cb)
+
+
+def ssd_bwd_flops_per_token(model) -> float:
+    """Backward matmul FLOPs per token of the SSD scan (:data:`SSD_BWD_COUNTS`): recomputed
+    ``C B^T`` and chunk states, then ``dC B``-type products: ``3*2QNG + 3*2QPH + 5*2NPH``.
+
+    Example (Nemotron-3 Nano): 786,432 + 3,145,728 + 5,242,880 = 9,175,040 (2.7x forward)."""
+    Q, N, P = model.mamba_chunk_size, model.mamba_state_dim, model.mamba_head_dim
+    H, G = mamba_heads(model), model.mamba_num_groups
+    return 3 * 2.0 * Q * N * G + 3 * 2.0 * Q * P * H + 5 * 2.0 * N * P * H
 
 
 def _roofline_s(cal, flops, nbytes, peak16: float):
@@ -265,15 +285,17 @@ MAMBA_KERNELS = {"fwd": 7, "bwd": 11}
 
 
 def mamba_kernels(model, training, cal, ph, T, tp, act_b: float, peak16: float,
-                  pass_: str) -> None:
+                  pass_: str, mb=1) -> None:
     """The Mamba2 layers' non-GEMM kernels (their share ``m`` of the average layer) added to
     the phase ``ph``: causal conv1d (forward reads and writes the ``conv_dim/tp`` channels; the
     backward recomputes it, ``mamba_ssm`` ``checkpoint_lvl=1``, and reads the output gradient
     and input to write the input gradient: 5 passes), the SSD scan
     (:func:`ssd_flops_per_token`, :func:`ssd_bytes_per_token`, as a roofline
     :func:`_roofline_s`), the grouped RMSNorm over ``d_inner/tp`` (2 passes forward, 3
-    backward). No-op for a transformer. With ``cuda_graph_scope`` ``mamba`` the launches are
-    replayed from a graph (one launch).
+    backward), and with micro-batches ``mb`` > 1 the layout copies of the in_proj and scan
+    outputs (``MambaMixer._ssm_training``: ``rearrange("l b d -> b l d").contiguous()`` and back;
+    free at ``b = 1``). No-op for a transformer. With ``cuda_graph_scope`` ``mamba`` the
+    launches are replayed from a graph (one launch).
 
     References
     ----------
@@ -289,10 +311,15 @@ def mamba_kernels(model, training, cal, ph, T, tp, act_b: float, peak16: float,
     di = mamba_d_inner(model) / tp
     fwd = pass_ == "fwd"
     ph.mem("copy", m * (2.0 if fwd else 5.0) * act_b * T * conv)
-    flops = ssd_flops_per_token(model) / tp * (1.0 if fwd else SSD_BWD_TRAFFIC_RATIO)
+    flops = (ssd_flops_per_token(model) if fwd else ssd_bwd_flops_per_token(model)) / tp
     ph.add(m * _roofline_s(cal, flops * T, ssd_bytes_per_token(model, tp, act_b, pass_) * T,
                            peak16), 0)
     ph.mem("layernorm", m * (2.0 if fwd else 3.0) * act_b * T * di)
+    # Megatron-Core's (l, b, d) <-> (b, l, d) layout changes of the in_proj output and of the
+    # scan output (rearrange(...).contiguous()), real copies when the micro-batch exceeds 1
+    # (and their gradients' copies in the backward)
+    mb_copy = np.where(np.asarray(mb) > 1, 1.0, 0.0)
+    ph.mem("copy", m * mb_copy * act_b * T * (mamba_in_proj_size(model) / tp + di), 2)
     graphed = "mamba" in getattr(training, "cuda_graph_scope", ())
     ph.add(0.0, m * (1 if graphed else MAMBA_KERNELS[pass_] - 2))  # conv + norm counted above
 

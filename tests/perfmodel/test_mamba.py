@@ -44,8 +44,10 @@ def test_ssd_flops_and_bytes_hand_computed():
     # 2 bytes * (5*4096 + 6*8*128) + 4 * (4*64*64*128/128 + 2*8*128)
     assert mamba.ssd_bytes_per_token(NANO, 1, 2.0) == pytest.approx(53_248 + 73_728)
     fwd = 126_976.0
+    # recompute + gradient kernels: 16 di + 12 GN 16-bit values, 11 state and 6 C B^T passes
     assert mamba.ssd_bytes_per_token(NANO, 1, 2.0, "bwd") == pytest.approx(
-        2 * fwd + 2 * 4 * 64 * 64 * 128 / 128)
+        2 * (16 * 4096 + 12 * 1024) + 4 * (11 * 4096 + 6 * 1024))
+    assert mamba.ssd_bwd_flops_per_token(NANO) == 3 * 262_144 + 3 * 1_048_576 + 5 * 1_048_576
     # tp splits heads and groups: the traffic per GPU halves
     assert mamba.ssd_bytes_per_token(NANO, 2, 2.0) == pytest.approx(fwd / 2)
 
@@ -70,6 +72,11 @@ def test_mamba_mixer_kernel_time_hand_computed():
     norm = 2 * 2 * 8192 * 4096 / 1e12
     assert ph.gpu_s[0] == pytest.approx(0.5 * (conv + ssd + norm))
     assert ph.gpu_s[0] == pytest.approx(687.866e-6, rel=1e-5)
+    # a micro-batch of 2 adds the layout copies of zxBCdt and y: 2 * 2 * 8192 * (10304 + 4096)
+    ph2 = _Phase(Cal(), 1)
+    mamba.mamba_kernels(m, load_training(), Cal(), ph2, np.array([8192.0]), np.array([1.0]),
+                        2.0, 1e15, "fwd", mb=2)
+    assert ph2.gpu_s[0] - ph.gpu_s[0] == pytest.approx(0.5 * 2 * 2 * 8192 * 14_400 / 1e12)
 
 
 def test_mamba_activation_bytes_hand_computed():

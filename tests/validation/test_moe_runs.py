@@ -16,7 +16,7 @@ from search.validate_moe import moe_runs_report, moe_summary, moe_tuned_report, 
 #: the stated limits a row may be refused for (substrings of the reason)
 TRUE_LIMITS = (
     "no step time, tokens/s or TFLOP/s",  # nothing measured published
-    "hybrid Mamba2",  # Nemotron-3: Mamba2 layers are not transformer layers
+    "hybrid Mamba2",  # a hybrid model without a preset of its layer pattern (none in the data)
     "must divide tp*cp*dp",  # the published ep*pp does not fit the GPU count (not runnable)
 )
 
@@ -57,10 +57,10 @@ def test_moe_mape_does_not_regress(report):
     # the experts' output bias, the exponential floor and GPT-OSS's sliding-window layers (10.8 %
     # without the window, which makes the too-fast GPT-OSS rows faster); 11.5 % (52 %) before;
     # 16.0 % on 89 rows with the per-pass host-sync constant and a fully hiding all-to-all overlap
-    # 98 rows with the hybrid Nemotron-3 Nano ones (perfmodel.mamba: -14, -19, -12, -23 %):
-    # 11.4 % (the 94 others unchanged, 11.19 %)
-    assert s["mape"] <= 0.115, f"MAPE {s['mape']:.1%}\n{table}"
-    assert s["within_10pct"] >= 0.55  # 54 of 98 (54 of 94 before the Nemotron-3 Nano rows)
+    # 98 rows with the hybrid Nemotron-3 Nano ones (perfmodel.mamba: -13, -16, -9, -21 %):
+    # 11.34 % (the 94 others unchanged, 11.19 %)
+    assert s["mape"] <= 0.1135, f"MAPE {s['mape']:.1%}\n{table}"
+    assert s["within_10pct"] >= 0.56  # 55 of 98 (54 of 94 before the Nemotron-3 Nano rows)
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
     # stage: 10.0 % (9.8 % with every selective row recomputing the attention core instead of
     # the recipes' mla_up_proj; the p16 rows were +14 to +29 % timed at a padded 64-layer split)
@@ -268,8 +268,8 @@ def test_switches_separate_the_gb200_study_pair(report):
 @pytest.mark.slow
 def test_hybrid_nemotron3_nano_rows(report):
     # the hybrid Mamba2 / attention / MoE rows (perfmodel.mamba), all predicted too fast:
-    # H100 -14 %, B300 -19 %, GB200 -12 %, GB300 -23 % (E0078-E0081)
+    # H100 -13 %, B300 -16 %, GB200 -9 %, GB300 -21 % (E0078-E0081)
     rows, _ = report
     nano = rows[rows["model"] == "Nemotron-3-Nano-30B-A3B"]
     assert len(nano) == 4
-    assert np.all(np.abs(nano["error"]) <= 0.25) and np.abs(nano["error"]).mean() <= 0.18
+    assert np.all(np.abs(nano["error"]) <= 0.22) and np.abs(nano["error"]).mean() <= 0.15
