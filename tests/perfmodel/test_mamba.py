@@ -103,7 +103,7 @@ def test_megatron_mamba_flops_convention():
 def test_hybrid_spec_errors_name_field_and_value(update, words):
     data = {**NANO.model_dump(exclude_none=True), **update}
     data.pop("published_training", None)
-    from perfmodel.specs import _build, ModelSpec
+    from perfmodel.specs import ModelSpec, _build
 
     with pytest.raises(SpecError) as e:
         _build(ModelSpec, data, "test")
@@ -183,3 +183,48 @@ def test_replacing_a_mamba_layer_by_an_mlp_changes_only_that_layer(data):
         3 * tokens * (mlp - mix), rel=1e-9)
     # attention untouched: same share of the layers, same attention FLOPs
     assert new.attention_layer_fraction == NH8.attention_layer_fraction
+
+
+def test_megatron_hybrid_flops_reproduce_the_rows_tflops():
+    """Megatron's hybrid_flops on the Nano preset reproduces the published TFLOP/s over
+    tokens/s of the four Megatron-Bridge 26.02.01 rows (E0078-E0081) within 0.3 %: a check of
+    the preset's dims and of the convention those rows' TFLOP/s use."""
+    import pandas as pd
+
+    from perfmodel.framework_flops import megatron_flops_per_token
+    from search.validate import VALIDATION_DIR
+
+    df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv")
+    rows = df[df["model"] == "Nemotron-3-Nano-30B-A3B"]
+    assert len(rows) == 4
+    f = megatron_flops_per_token(NANO, 8192)
+    for _, r in rows.iterrows():
+        implied = float(r["tflops_per_gpu"]) * 1e12 / float(r["tokens_per_sec_per_gpu"])
+        assert implied == pytest.approx(f, rel=0.003), r["row_id"]
+    # the planner's own count (d_inner = H*P, SSD chunk matmuls, non-causal attention) is
+    # 1.2 % lower: 22.01 against 22.28 GFLOP per token
+    ours = model_flops_per_step(NANO, load_training(global_batch_size=1, seq_len=8192)) / 8192
+    assert ours / f == pytest.approx(0.988, abs=0.002)
+
+
+@pytest.mark.slow
+def test_plan_on_a_hybrid_preset_and_its_launch_arguments():
+    from search.api import plan
+    from search.emit import megatron_args
+
+    res = plan("nemotron3-nano-30b-a3b", "dgx-b200", gpus=8, global_batch_size=64,
+               seq_len=4096, precision="fp8", top=3, micro_batch_size=1, recompute="none",
+               pp=1, ep=8, zero_stage=1)
+    from perfmodel.config import ParallelConfig
+
+    c = res.best_row["config"]
+    assert c["cp"] == 1 and mamba.unsupported_parallelism(NANO, c["tp"], c["cp"])[()] == ""
+    best = ParallelConfig(**{k: c[k] for k in ParallelConfig.model_fields if k in c})
+    args = megatron_args(best, NANO, load_training(global_batch_size=64, seq_len=4096,
+                                                    precision="fp8"))
+    assert "pretrain_mamba.py" in args
+    assert f"--hybrid-override-pattern {NANO.hybrid_override_pattern}" in args
+    assert "--mamba-num-heads 64" in args and "--position-embedding-type none" in args
+    with pytest.raises(SpecError, match="cp > 1 with Mamba2"):
+        plan("nemotron3-nano-30b-a3b", "dgx-b200", gpus=8, global_batch_size=64, seq_len=4096,
+             cp=2)
