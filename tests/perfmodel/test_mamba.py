@@ -228,3 +228,14 @@ def test_plan_on_a_hybrid_preset_and_its_launch_arguments():
     with pytest.raises(SpecError, match="cp > 1 with Mamba2"):
         plan("nemotron3-nano-30b-a3b", "dgx-b200", gpus=8, global_batch_size=64, seq_len=4096,
              cp=2)
+
+
+def test_pipeline_layouts_of_a_hybrid_use_its_letters_and_average_layer():
+    from perfmodel.layout import moe_layer_mask, stage_moe_layers, typed_layer_costs
+
+    mask = moe_layer_mask(NANO)
+    assert mask.sum() == 23 and mask[1] and not mask[0] and not mask[5]
+    assert not typed_layer_costs(NANO) and typed_layer_costs(load_model("qwen3-30b-a3b"))
+    b = ConfigBatch.from_arrays(dp=2, pp=4, ep=2, etp=1, micro_batch_size=1, num_microbatches=8,
+                                stage_layers=[(13, 13, 13, 13)])
+    assert stage_moe_layers(NANO, b, np.array([[13, 13, 13, 13]])).sum() == 23
