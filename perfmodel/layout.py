@@ -48,11 +48,11 @@ __all__ = [
     "layout_timeline",
     "moe_layer_mask",
     "moe_variants",
-    "typed_layer_costs",
     "stage_counts",
     "stage_memory_bytes",
     "stage_moe_layers",
     "stage_times_s",
+    "typed_layer_costs",
     "without_layout",
 ]
 
