@@ -418,9 +418,9 @@ def hf_hybrid_fields(data: dict, name: str) -> dict:
     """Hybrid fields of a Hugging Face ``NemotronHConfig`` (Nemotron-H, Nemotron-3):
     ``hybrid_override_pattern``, ``mamba_num_heads``, ``mamba_head_dim``, ``ssm_state_size``,
     ``n_groups``, ``conv_kernel``, ``expand``, ``chunk_size``; the MLP activation
-    ``mlp_hidden_act`` (``relu2``); no position embedding (NoPE attention); MoE
+    ``mlp_hidden_act`` (``relu2``); no position embedding (NoPE attention); RMSNorm; MoE
     ``moe_shared_expert_intermediate_size`` (one shared expert of that size). Wrong JSON types
-    raise SpecError naming the key."""
+    raise SpecError naming the key; ``moe_latent_size`` (latent MoE) is refused."""
     from perfmodel.specs import SpecError
 
     for key in _HF_HYBRID_INT_KEYS:
@@ -430,11 +430,16 @@ def hf_hybrid_fields(data: dict, name: str) -> dict:
     pattern = data["hybrid_override_pattern"]
     if not isinstance(pattern, str):
         raise SpecError(f"{name}: hybrid_override_pattern = {pattern!r}: expected a string")
+    if data.get("moe_latent_size"):
+        raise SpecError(f"{name}: moe_latent_size = {data['moe_latent_size']!r}: latent MoE "
+                        "(Nemotron-3 Super / Ultra: routed experts in a projected space) is not "
+                        "modelled")
     keys = {"mamba_num_heads": "mamba_num_heads", "mamba_head_dim": "mamba_head_dim",
             "ssm_state_size": "mamba_state_dim", "n_groups": "mamba_num_groups",
             "conv_kernel": "mamba_conv_kernel", "expand": "mamba_expand",
             "chunk_size": "mamba_chunk_size"}
-    out = {"hybrid_override_pattern": pattern, "position_embedding": "none"}
+    # NemotronHRMSNorm everywhere (the config names its epsilon norm_eps, not rms_norm_eps)
+    out = {"hybrid_override_pattern": pattern, "position_embedding": "none", "norm": "rmsnorm"}
     out.update({ours: int(data[k]) for k, ours in keys.items() if data.get(k) is not None})
     act = data.get("mlp_hidden_act")
     if act is not None:

@@ -114,8 +114,9 @@ def test_nemotron_h_config_json_import_matches_preset():
     cfg = {"model_type": "nemotron_h", "num_hidden_layers": 52, "hidden_size": 2688,
            "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128,
            "intermediate_size": 1856, "vocab_size": 131072, "max_position_embeddings": 262144,
-           "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "attention_bias": False,
-           "mlp_hidden_act": "relu2",
+           "norm_eps": 1e-5, "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False,
+           "attention_bias": False, "mlp_hidden_act": "relu2", "mamba_hidden_act": "silu",
+           "rope_theta": 10000, "n_shared_experts": 1, "routed_scaling_factor": 2.5,
            "hybrid_override_pattern": NANO.hybrid_override_pattern, "mamba_num_heads": 64,
            "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4,
            "expand": 2, "chunk_size": 128, "n_routed_experts": 128, "num_experts_per_tok": 6,
@@ -126,6 +127,8 @@ def test_nemotron_h_config_json_import_matches_preset():
     assert m.position_embedding == "none" and m.activation == "relu2"
     with pytest.raises(SpecError, match="ssm_state_size = '128'"):
         model_from_hf_config({**cfg, "ssm_state_size": "128"}, "nano")
+    with pytest.raises(SpecError, match="moe_latent_size = 1024"):
+        model_from_hf_config({**cfg, "moe_latent_size": 1024}, "super")
 
 
 def test_cp_and_tp_limits_refused_with_a_message():
