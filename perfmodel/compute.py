@@ -750,9 +750,9 @@ def _rope_kernels(c: _LayerContext, ph: _Phase) -> None:
     """RoPE on q and k (read + write, 2 elements per value): one fused kernel, or
     :data:`UNFUSED_ROPE_KERNELS` separate ops (Megatron ``apply_rope_fusion``)."""
     model = c.model
-    if model.position_embedding == "rope" and model.attention_layer_fraction > 0:
-        ph.mem("copy", 2 * c.pr.act_b * c.T * (c.nh_gpu + model.kv_heads / c.tp) * c.d
-               * model.attention_layer_fraction,
+    a = model.attention_layer_fraction if getattr(model, "is_hybrid", False) else 1.0
+    if model.position_embedding == "rope" and a > 0:  # hybrid: in the attention layers only
+        ph.mem("copy", 2 * c.pr.act_b * c.T * (c.nh_gpu + model.kv_heads / c.tp) * c.d * a,
                1 if model.fused_elementwise else UNFUSED_ROPE_KERNELS)
 
 
