@@ -161,7 +161,7 @@ def replicated_layer_params(model: ModelSpec) -> int:
     # routed experts' biases belong to the experts (sharded by ep*etp, see perfmodel.moe)
     row_bias = 2 * h if model.linear_bias else 0
     router = model.router_params() if model.is_moe else 0
-    return 2 * model.norm_params() + row_bias + router
+    return model.norms_per_layer * model.norm_params() + row_bias + router
 
 
 def sequence_parallel_grad_params(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
@@ -175,7 +175,7 @@ def sequence_parallel_grad_params(model: ModelSpec, batch: ConfigBatch) -> np.nd
     (``_allreduce_layernorm_grads``: parameters flagged ``sequence_parallel``).
     """
     h = model.hidden_size
-    per_layer = 2 * model.norm_params() + (2 * h if model.linear_bias else 0)
+    per_layer = model.norms_per_layer * model.norm_params() + (2 * h if model.linear_bias else 0)
     return _stage_layers(model, batch) * per_layer + model.norm_params()
 
 
@@ -321,8 +321,9 @@ def tp_collectives_per_layer(batch: ConfigBatch, model: ModelSpec | None = None
     backward 2 (the ``f`` operators), plus 2 under full recomputation (the repeated forward,
     Korthikanti et al. 2022 Sec. 5, Table 2). Selective recomputation repeats no communication.
     """
-    fwd = np.full(batch.tp.shape, 2.0)
-    bwd = 2.0 + np.where(batch.recompute == 2, 2.0, 0.0)
+    blocks = float(model.norms_per_layer) if model is not None else 2.0  # hybrid: 1 a layer
+    fwd = np.full(batch.tp.shape, blocks)
+    bwd = blocks + np.where(batch.recompute == 2, blocks, 0.0)
     if model is not None and model.is_moe:
         # MoE layers with expert parallelism (or etp != tp): the router takes the sequence-
         # parallel slice and the tokens travel by the dispatcher (perfmodel.moe), so the MLP's

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from perfmodel import attention_kernels, moe, moe_dispatch
+from perfmodel import attention_kernels, mamba, moe, moe_dispatch
 from perfmodel import eager as eager_kernels
 from perfmodel.calibration import KERNEL_MIN_S, Calibration, calibration_for
 from perfmodel.config import ConfigBatch
@@ -310,16 +310,22 @@ def layer_gemms(model: ModelSpec, tokens, tp, ep=1, etp=None, expert_rows=None
         kv_per_gpu = np.maximum(kv / tp, 1.0)
         attn = [("qkv", T, (nh / tp + 2 * kv_per_gpu) * d, hh, 1),
                 ("proj", T, hh, nh * d / tp, 1)]
+    if model.is_hybrid:  # attention in a share of the layers, Mamba2 GEMMs (perfmodel.mamba)
+        a = model.attention_layer_fraction
+        attn = [(g[0], g[1], g[2], g[3], a * g[4]) for g in attn if a > 0]
+        attn += mamba.mamba_gemms(model, T, tp)
     if not model.is_moe:
-        return attn + [("fc1", T, f * mats1 / tp, hh, 1), ("fc2", T, hh, f / tp, 1)]
+        fd = model.dense_mlp_fraction if model.is_hybrid else 1
+        return attn + [("fc1", T, f * mats1 / tp, hh, fd), ("fc2", T, hh, f / tp, fd)]
     phi = model.moe_layer_fraction
     etp = tp if etp is None else np.asarray(etp, dtype=np.float64)
     ep = np.asarray(ep, dtype=np.float64)
     fe, fs = model.expert_ffn_size, model.shared_ffn_size
     rows = T * model.moe_top_k / model.num_experts if expert_rows is None else expert_rows
     out = list(attn)
-    if phi < 1:
-        out += [("fc1", T, f * mats1 / tp, hh, 1.0 - phi), ("fc2", T, hh, f / tp, 1.0 - phi)]
+    fd = model.dense_mlp_fraction
+    if fd > 0:
+        out += [("fc1", T, f * mats1 / tp, hh, fd), ("fc2", T, hh, f / tp, fd)]
     out.append(("router", T / tp, np.full_like(tp, model.num_experts), hh, phi))
     if fs:
         out += [("shared_fc1", T, fs * mats1 / tp, hh, phi), ("shared_fc2", T, hh, fs / tp, phi)]
@@ -471,7 +477,7 @@ def mlp_activation_share(model: ModelSpec, module: str) -> float:
     phi = model.moe_layer_fraction
     part = {"moe_act": phi * model.moe_top_k * model.load_imbalance * model.expert_ffn_size,
             "shared_experts": phi * model.shared_ffn_size,
-            "mlp": (1.0 - phi) * model.ffn_hidden_size}[module]
+            "mlp": model.dense_mlp_fraction * model.ffn_hidden_size}[module]
     return part / f_eff
 
 
@@ -713,6 +719,8 @@ def _attention(c: _LayerContext, ph: _Phase, pass_: str) -> None:
             t = np.maximum(t, attention_kernels.attention_exp_floor_s(c.gpu, mb * nh_gpu, s)
                            / cp)
         t = t * attention_kernels.window_layer_factor(model, s)
+        if model.is_hybrid:  # attention in a share of the layers only
+            t = t * model.attention_layer_fraction
         ph.add(t * pr.attn_slowdown, 1 if pass_ == "fwd" else 3)
         return
     sq = s / cp
@@ -748,8 +756,9 @@ def _rope_kernels(c: _LayerContext, ph: _Phase) -> None:
     """RoPE on q and k (read + write, 2 elements per value): one fused kernel, or
     :data:`UNFUSED_ROPE_KERNELS` separate ops (Megatron ``apply_rope_fusion``)."""
     model = c.model
-    if model.position_embedding == "rope":
-        ph.mem("copy", 2 * c.pr.act_b * c.T * (c.nh_gpu + model.kv_heads / c.tp) * c.d,
+    a = model.attention_layer_fraction if getattr(model, "is_hybrid", False) else 1.0
+    if model.position_embedding == "rope" and a > 0:  # hybrid: in the attention layers only
+        ph.mem("copy", 2 * c.pr.act_b * c.T * (c.nh_gpu + model.kv_heads / c.tp) * c.d * a,
                1 if model.fused_elementwise else UNFUSED_ROPE_KERNELS)
 
 
@@ -766,7 +775,7 @@ def _selective_module_forward(c: _LayerContext, ph: _Phase, module: str) -> None
     if module == "core_attn":
         _attention(c, ph, "fwd")
     elif module == "layernorm":
-        ph.mem("layernorm", 2 * act_b * c.Tn * c.h, 2)
+        ph.mem("layernorm", 2 * act_b * c.Tn * c.h, model.norms_per_layer)
     elif module in ("moe_act", "mlp", "shared_experts"):
         share = mlp_activation_share(model, module)
         if share <= 0:
@@ -779,6 +788,31 @@ def _selective_module_forward(c: _LayerContext, ph: _Phase, module: str) -> None
         _gemm_phase(c, ph, ("fwd",), skip=tuple(g[0] for g in c.gemms
                                                 if g[0] not in ("q_up", "kv_up")))
         ph.mem("copy", 2 * act_b * T * (c.nh_gpu + 1) * model.qk_rope_head_dim)
+
+
+def _mamba_kernels(c: _LayerContext, ph: _Phase, pass_: str) -> None:
+    """The Mamba2 layers' conv1d, SSD scan and gated norm (:func:`perfmodel.mamba.mamba_kernels`;
+    nothing for a transformer)."""
+    if c.model.is_hybrid:
+        mamba.mamba_kernels(c.model, c.training, c.cal, ph, c.T, c.tp, c.pr.act_b, c.pr.peak16,
+                            pass_, c.mb)
+
+
+def _hybrid_gemm_cols(c: _LayerContext, pass_: str):
+    """Values per token the low-precision GEMMs of a hybrid average layer quantise, as the
+    transformer layer's four (inputs forward, output gradients backward), each block weighted by
+    its share of the layers: attention ``a*(h + heads*d/tp)`` forward, ``a*(qkv cols + h)``
+    backward; Mamba2 ``m*(h + di/tp)`` / ``m*(in_proj cols + h)``; the MLP blocks ``(dense +
+    MoE share)*h`` plus the effective FFN columns."""
+    model, h = c.model, c.h
+    a, m = model.attention_layer_fraction, model.mamba_layer_fraction
+    mlp = model.dense_mlp_fraction + model.moe_layer_fraction
+    di = mamba.mamba_d_inner(model) / c.tp
+    if pass_ == "fwd":
+        return a * (h + c.nh_gpu * c.d) + m * (h + di) + mlp * h + c.f_gpu
+    qkv = (c.nh_gpu + 2 * np.maximum(model.kv_heads / c.tp, 1.0)) * c.d
+    return a * (qkv + h) + m * (mamba.mamba_in_proj_size(model) / c.tp + h) + c.act_cols + (
+        mlp * h)
 
 
 def _graph_saved_launches(c: _LayerContext, ph: _Phase, pass_: str) -> None:
@@ -803,12 +837,16 @@ def _layer_forward(c: _LayerContext, ph: _Phase, early_stop: bool = False) -> No
                                            act_b, pr.res_b, pr.w_b, pr.autocast, "fwd",
                                            early_stop))
         return
-    ph.mem("layernorm", 2 * act_b * Tn * h, 2)  # fused ln1, ln2
-    ph.mem("dropout", (3 * act_b + 1) * Tn * h, 2)  # fused bias + dropout + add, x2
+    blocks = c.model.norms_per_layer
+    ph.mem("layernorm", 2 * act_b * Tn * h, blocks)  # fused ln1, ln2
+    ph.mem("dropout", (3 * act_b + 1) * Tn * h, blocks)  # fused bias + dropout + add, x2
     _mlp_activation(c, ph, "fwd")
     _rope_kernels(c, ph)
+    _mamba_kernels(c, ph, "fwd")
     if pr.lowp:
-        ph.mem("copy", quantise_bytes(T * (2 * h + c.nh_gpu * c.d + c.f_gpu), pr.recipe) / 4, 4)
+        cols = (_hybrid_gemm_cols(c, "fwd") if c.model.is_hybrid
+                else 2 * h + c.nh_gpu * c.d + c.f_gpu)
+        ph.mem("copy", quantise_bytes(T * cols, pr.recipe) / 4, 4)
 
 
 def _layer_backward(c: _LayerContext, ph: _Phase) -> None:
@@ -825,16 +863,20 @@ def _layer_backward(c: _LayerContext, ph: _Phase) -> None:
         ph.terms(eager_kernels.layer_terms(model, T, Tn, c.tp, c.f_gpu, c.gemms[0][2], c.s,
                                            act_b, pr.res_b, pr.w_b, pr.autocast, "bwd"))
         return
-    ph.mem("layernorm", 3 * act_b * Tn * h, 2)  # fused ln backward
-    ph.mem("dropout", (2 * act_b + 1) * Tn * h, 2)  # dropout backward
-    ph.mem("add", 3 * act_b * Tn * h, 2)  # residual gradient sums
+    blocks = model.norms_per_layer
+    ph.mem("layernorm", 3 * act_b * Tn * h, blocks)  # fused ln backward
+    ph.mem("dropout", (2 * act_b + 1) * Tn * h, blocks)  # dropout backward
+    ph.mem("add", 3 * act_b * Tn * h, blocks)  # residual gradient sums
     _mlp_activation(c, ph, "bwd")
+    _mamba_kernels(c, ph, "bwd")
     if not model.fused_elementwise and model.linear_bias and not pr.lowp:
         # bias gradients: column sums of the output gradients
         ph.mem("add", act_b * T * (c.gemms[0][2] + h + c.act_cols + h) / 4, 4)
     _rope_kernels(c, ph)
     if pr.lowp:  # quantise the four GEMMs' output gradients
-        ph.mem("copy", quantise_bytes(T * (c.gemms[0][2] + c.act_cols + 2 * h), pr.recipe) / 4, 4)
+        cols = (_hybrid_gemm_cols(c, "bwd") if model.is_hybrid
+                else c.gemms[0][2] + c.act_cols + 2 * h)
+        ph.mem("copy", quantise_bytes(T * cols, pr.recipe) / 4, 4)
 
 
 def launch_cost_s(gpu: GPUSpec) -> tuple[float, float]:
@@ -935,6 +977,11 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     """
     if kernels not in ("fused", "eager"):
         raise ValueError(f"kernels {kernels!r}: expected 'fused' or 'eager'")
+    if kernels == "eager" and model.is_hybrid:
+        from perfmodel.specs import SpecError
+
+        raise SpecError(f"model '{model.name}': hybrid Mamba2 layers are modelled with fused "
+                        "kernels only (kernels='fused')")
     cal = sustained_calibration(gpu, calibration, kernels)
     eager = kernels == "eager"
     n = len(batch)

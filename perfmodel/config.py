@@ -239,6 +239,12 @@ def resolve_config(
                 f"of cluster '{cluster.name}'"
             )
     check_expert_parallel(c, m, cluster, allow_tp_across_nodes=allow_tp_across_nodes)
+    if m.is_hybrid:  # Mamba2 layers: tp splits heads and groups; cp not modelled
+        from perfmodel.mamba import unsupported_parallelism
+
+        why = str(unsupported_parallelism(m, c.tp, c.cp)[()])
+        if why:
+            raise SpecError(f"model '{m.name}' (tp {c.tp}, cp {c.cp}): {why}")
     etp = c.expert_tp if m.is_moe else c.tp
     return c.model_copy(update={"num_microbatches": nmb, "etp": etp})
 

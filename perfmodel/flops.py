@@ -15,7 +15,11 @@ Conventions (see ``validation/README.md`` of the shared data):
   per token per layer, all times 3 (forward, data gradient, weight gradient). Attention is
   counted **non-causal** by default (the full ``s x s`` square, as NeMo / Megatron report it);
   ``causal=True`` halves the attention term. Embedding lookups, norms, biases, activations and
-  softmax are not counted. For a GPT model this reproduces Eq. 7 exactly.
+  softmax are not counted. For a GPT model this reproduces Eq. 7 exactly. Hybrid Mamba2
+  models (:mod:`perfmodel.mamba`): attention in its share of the layers, the Mamba2 in_proj /
+  out_proj GEMMs and the SSD scan's chunk matmuls (Dao & Gu 2024, Sec. 6) in theirs; the
+  conv1d and norms are not counted. (Megatron-LM's ``hybrid_flops``, which the published
+  TFLOP/s use, takes ``d_in = 2h`` and a ``7 d_in N`` scan: ``perfmodel.framework_flops``.)
 """
 
 from __future__ import annotations
@@ -103,6 +107,13 @@ def layer_matmul_flops_per_token(model: ModelSpec) -> float:
         qkv = 2.0 * h * (nh + 2 * kv) * d  # fused q, k, v projection
         proj = 2.0 * nh * d * h  # attention output projection
         attn = qkv + proj
+    if model.is_hybrid:  # attention and Mamba2 in their shares of the layers (perfmodel.mamba)
+        from perfmodel.mamba import mamba_matmul_flops_per_token
+
+        attn = model.attention_layer_fraction * attn + model.mamba_layer_fraction * (
+            mamba_matmul_flops_per_token(model))
+        if not model.is_moe:
+            return attn + model.dense_mlp_fraction * 2.0 * h * f * mats
     if not model.is_moe:
         return attn + 2.0 * h * f * mats  # fc1 (+gate), fc2
     # MoE: active experts only (top-k routed + shared) and the router, in the MoE layers;
@@ -110,7 +121,7 @@ def layer_matmul_flops_per_token(model: ModelSpec) -> float:
     phi = model.moe_layer_fraction
     moe = 2.0 * h * mats * (model.moe_top_k * model.expert_ffn_size + model.shared_ffn_size)
     router = 2.0 * h * model.num_experts
-    return attn + phi * (moe + router) + (1.0 - phi) * 2.0 * h * f * mats
+    return attn + phi * (moe + router) + model.dense_mlp_fraction * 2.0 * h * f * mats
 
 
 def layer_attention_flops_per_token(model: ModelSpec, seq_len, causal: bool = False):
@@ -125,7 +136,13 @@ def layer_attention_flops_per_token(model: ModelSpec, seq_len, causal: bool = Fa
     s = np.asarray(seq_len, dtype=np.float64)
     # QK^T over the q/k head size, PV over the value head size (equal without MLA)
     dims = model.qk_head_size + model.v_head_size
-    return 2.0 * s * model.num_attention_heads * dims * (0.5 if causal else 1.0)
+    out = 2.0 * s * model.num_attention_heads * dims * (0.5 if causal else 1.0)
+    if model.is_hybrid:  # attention in its share of the layers, plus the Mamba2 SSD scan
+        from perfmodel.mamba import ssd_flops_per_token
+
+        out = model.attention_layer_fraction * out + model.mamba_layer_fraction * (
+            ssd_flops_per_token(model) + 0.0 * s)
+    return out
 
 
 def logits_flops_per_token(model: ModelSpec) -> float:

@@ -23,7 +23,8 @@ from typing import Literal
 
 from perfmodel.specs import ModelSpec
 
-__all__ = ["megatron_flops_per_token", "megatron_padded_vocab", "step_time_from_tflops"]
+__all__ = ["megatron_flops_per_token", "megatron_hybrid_flops_per_token", "megatron_padded_vocab",
+           "step_time_from_tflops"]
 
 
 def megatron_padded_vocab(vocab_size: int, tp: int = 1, divisible_by: int = 128) -> int:
@@ -58,6 +59,8 @@ def megatron_flops_per_token(model: ModelSpec, seq_len: int, *, tp: int = 1,
     ``12*L*h^2*((1 + g/n + s/h)*q/h + f_e/h*k*gated) + 6*h*V_pad`` per token, with full
     (non-causal) attention, no shared experts, no MLA and no MTP (``gated`` = 3/2 for SwiGLU).
     """
+    if model.is_hybrid:
+        return megatron_hybrid_flops_per_token(model, seq_len, tp=tp, mtp_layers=mtp_layers)
     h, L, s = model.hidden_size, model.num_layers, float(seq_len)
     nh = model.num_attention_heads
     V = megatron_padded_vocab(model.vocab_size, tp)
@@ -98,6 +101,33 @@ def megatron_flops_per_token(model: ModelSpec, seq_len: int, *, tp: int = 1,
     mtp = 6.0 * mtp_layers * (3.0 * h + 2.0 * h * h)
     logits = 6.0 * h * V * (1 + mtp_layers)
     return mlp + attn + mtp + logits
+
+
+def megatron_hybrid_flops_per_token(model: ModelSpec, seq_len: int, *, tp: int = 1,
+                                    mtp_layers: int = 0) -> float:
+    """Training FLOPs per token of a hybrid Mamba2 model as Megatron counts them
+    (``num_floating_point_operations`` -> ``hybrid_flops``, ``3 x`` forward): per layer letter,
+    attention ``4h p (h + h g/n + s/2)`` (``p = kv_channels * n / h``, causal half of the
+    scores), MLP ``4 f h`` (x 3/2 gated), MoE ``4h (f_e k + f_s)`` (x 3/2 gated; no router),
+    Mamba ``2h(2 d_in + 2GN + H) + 7 d_in N + 2 d_in h`` with ``d_in = 2h``
+    (:func:`perfmodel.mamba.megatron_mamba_flops_per_token`), logits ``2 h V_pad (1 + mtp)``.
+
+    Example: Nemotron-3 Nano at s 8192 gives 22.3 GFLOP per token, which the Megatron-Bridge
+    26.02.01 rows' TFLOP/s over tokens/s reproduce (798e12 / 35861 = 22.25e9).
+    """
+    from perfmodel.mamba import megatron_mamba_flops_per_token
+
+    h, s, nh, g = model.hidden_size, float(seq_len), model.num_attention_heads, model.kv_heads
+    n = model.hybrid_layer_counts
+    scale = 1.5 if model.gated_mlp else 1.0
+    p = model.head_size * nh / h
+    attn = 4.0 * h * p * (h + h * g / nh + s / 2.0)
+    mlp = 4.0 * model.ffn_hidden_size * h * scale
+    moe = 4.0 * h * (model.expert_ffn_size * model.moe_top_k + model.shared_ffn_size) * scale
+    V = megatron_padded_vocab(model.vocab_size, tp)
+    fwd = (n["*"] * attn + n["-"] * mlp + n["E"] * (moe if model.is_moe else 0.0)
+           + n["M"] * megatron_mamba_flops_per_token(model) + 2.0 * h * V * (1 + mtp_layers))
+    return 3.0 * fwd
 
 
 def step_time_from_tflops(tflops_per_gpu: float, flops_per_token: float, global_batch: int,

@@ -82,7 +82,7 @@ class FlexBackends(Capability):
 
 
 class GraphScopes(Capability):
-    value: tuple[Literal["attn", "moe_router", "moe_preprocess"], ...]
+    value: tuple[Literal["attn", "moe_router", "moe_preprocess", "mamba"], ...]
 
 
 class RecomputeModules(Capability):
@@ -144,7 +144,8 @@ class FrameworkSpec(Spec):
     moe_router_fusion: bool | None = Field(
         default=None, description="fused router kernels (--moe-router-fusion; Transformer "
         "Engine 2.5+, Megatron-Core 0.14+)")
-    cuda_graph_scope: tuple[Literal["attn", "moe_router", "moe_preprocess"], ...] | None = Field(
+    cuda_graph_scope: tuple[Literal["attn", "moe_router", "moe_preprocess", "mamba"],
+                            ...] | None = Field(
         default=None, description="Transformer Engine partial CUDA graphs the recipes enable")
     attention_backend: Literal["cudnn", "flash-attn-2"] | None = Field(
         default=None, description="attention kernel the recipes leave Transformer Engine "

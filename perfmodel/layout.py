@@ -52,6 +52,7 @@ __all__ = [
     "stage_memory_bytes",
     "stage_moe_layers",
     "stage_times_s",
+    "typed_layer_costs",
     "without_layout",
 ]
 
@@ -121,6 +122,8 @@ def moe_layer_mask(model: ModelSpec) -> np.ndarray:
     L = model.num_layers
     if not model.is_moe:
         return np.zeros(L, dtype=bool)
+    if model.is_hybrid:  # the 'E' letters of the hybrid pattern (perfmodel.mamba)
+        return np.array([c == "E" for c in model.hybrid_override_pattern], dtype=bool)
     i = np.arange(L)
     d, k = model.moe_dense_layers, model.moe_layer_freq
     return (i >= d) & ((i - d) % k == k - 1)
@@ -152,6 +155,13 @@ def stage_moe_layers(model: ModelSpec, batch: ConfigBatch, layers) -> np.ndarray
     return out
 
 
+def typed_layer_costs(model: ModelSpec) -> bool:
+    """Whether pipeline stages price a dense and an MoE layer apart (:func:`moe_variants`): MoE
+    transformers. A hybrid Mamba2 pattern (:mod:`perfmodel.mamba`) prices every stage with its
+    average layer (the letter mix of each stage is not used)."""
+    return model.is_moe and not model.is_hybrid
+
+
 def moe_variants(model: ModelSpec) -> tuple[ModelSpec, ModelSpec]:
     """``(dense, moe)``: the model with every layer dense, and with every layer MoE. Every
     per-layer term of the cost model (:mod:`perfmodel.compute`, :mod:`perfmodel.comm_time`,
@@ -179,10 +189,11 @@ def layer_times_by_type(model: ModelSpec, training: TrainingSpec, cluster: Clust
     kw = {"kernels": kernels, "calibration": calibration}
     keep_b, full_b = without_layout(batch, "keep"), without_layout(batch, "full")
     out = {}
-    if average or not model.is_moe:
+    typed = typed_layer_costs(model)
+    if average or not typed:
         out = {"keep": evaluate(model, training, cluster, keep_b, **kw).extra["layer_s"],
                "full": evaluate(model, training, cluster, full_b, **kw).extra["layer_s"]}
-    if model.is_moe:
+    if typed:
         for name, var in zip(("dense", "moe"), moe_variants(model)):
             out[f"{name}_keep"] = evaluate(var, training, cluster, keep_b, **kw).extra["layer_s"]
             out[f"{name}_full"] = evaluate(var, training, cluster, full_b, **kw).extra["layer_s"]
@@ -286,7 +297,7 @@ def stage_memory_bytes(
     # expert-dp). The layout counts every layer of a stage as MoE in the model's share
     # (affine in the layer count, as search/dp.py needs): DeepSeek-style dense leading layers are
     # not subtracted on stage 0, which overstates its experts by at most those layers'.
-    typed = model.is_moe and moe_layers is not None
+    typed = typed_layer_costs(model) and moe_layers is not None
     if typed:  # a dense and an MoE layer, each with its own parameters
         dense_m, moe_m = moe_variants(model)
         n_m = np.asarray(moe_layers, dtype=f64)
@@ -420,7 +431,7 @@ def layout_memory_breakdown(
     sub = batch.take(idx)
     layers, rec = stage_counts(model, sub)
     stage = np.broadcast_to(np.arange(layers.shape[1])[None, :], layers.shape)
-    moe_layers = stage_moe_layers(model, sub, layers) if model.is_moe else None
+    moe_layers = stage_moe_layers(model, sub, layers) if typed_layer_costs(model) else None
     st = stage_memory_bytes(model, training, cluster, sub, stage, layers, rec,
                             flash_attention=flash_attention, dropout=dropout,
                             moe_layers=moe_layers)
@@ -456,7 +467,7 @@ def layout_timeline(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
     full = evaluate(model, training, cluster, without_layout(b, "full"), **kw).extra
     layers, rec = stage_counts(model, b)
     moe_kw = {}
-    if model.is_moe:  # each layer type at its own time, as perfmodel.step prices a layout
+    if typed_layer_costs(model):  # each layer type at its own time, as perfmodel.step does
         lt = layer_times_by_type(model, training, cluster, b, average=False, **kw)
         moe_kw = {"moe_layers": stage_moe_layers(model, b, layers),
                   "moe_keep_s": lt["moe_keep"], "moe_full_s": lt["moe_full"]}

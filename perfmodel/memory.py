@@ -591,7 +591,7 @@ def stage_params(
     t = np.asarray(tp, dtype=np.float64)
     p = np.asarray(pp, dtype=np.float64)
     h, v = model.hidden_size, model.vocab_size
-    norms = 2 * model.norm_params()
+    norms = model.norms_per_layer * model.norm_params()
     # routed MoE experts are split by ep*etp, not tp: see perfmodel.moe.expert_params_per_gpu
     gemm = model.layer_params() - norms - model.routed_expert_params_per_layer()
     layer = gemm / t + norms  # GEMM weights split by t, norms replicated
@@ -857,6 +857,20 @@ def stage_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, seq_l
         s, b, h, a, recompute=mode, flash=flash_attention, dropout=dropout,
         bytes_per_value=e, gemm_input_bytes=gi, **kw
     ) for mode in (rc, 0))
+    if model.is_hybrid:  # attention / MLP / Mamba2 shares of the layers (perfmodel.mamba)
+        from perfmodel.mamba import hybrid_layer_activation_bytes
+
+        def _hybrid(mode):
+            def x(f):
+                return layer_activation_bytes(
+                    s, b, h, a, recompute=np.where(np.asarray(mode) == _CODE_FULL, 0, mode),
+                    flash=flash_attention, dropout=dropout, bytes_per_value=e,
+                    gemm_input_bytes=gi, **{**kw, "ffn_hidden_size": f})
+            return hybrid_layer_activation_bytes(
+                model, x, s, b, tp=tp, sequence_parallel=sequence_parallel, recompute=mode,
+                bytes_per_value=e, gemm_input_bytes=gi, dropout=dropout,
+                ffn_hidden_size=kw["ffn_hidden_size"])
+        kept, full = _hybrid(rc), _hybrid(0)
     freed = selective_recompute_freed_bytes(
         model, training.recompute_modules, s, b, tp=tp, sequence_parallel=sequence_parallel,
         bytes_per_value=e, gemm_input_bytes=gi)
@@ -1004,7 +1018,8 @@ def gradient_bucket_bytes(params, zero_stage, shard, grad_bytes_per_param, *, ea
 
     * Fused (Megatron-LM): ZeRO-2/3 reduce-scatter two buckets of :data:`BUCKET_PARAMS`
       (``--ddp-bucket-size``; at most the stage's ``params``); ZeRO-0/1 reduce in the contiguous
-      main-grad buffer itself, counted as the gradients: 0. Mask: none.
+      main-grad buffer itself, counted as the gradients: 0; so does a ``shard`` of 1 (nothing to
+      reduce-scatter: ZeRO-2 on one rank is ZeRO-1). Mask: none.
     * Eager: torch DDP copies every gradient into its buckets (``gradient_as_bucket_view=False``):
       ``params`` gradients; FSDP2 ZeRO-2 with units of :data:`BUCKET_PARAMS` reduce-scatters one
       unit's unsharded gradients while the next's are produced (two units, at most the stage);
@@ -1020,7 +1035,8 @@ def gradient_bucket_bytes(params, zero_stage, shard, grad_bytes_per_param, *, ea
     PyTorch ``DistributedDataParallel`` (``bucket_cap_mb``, ``gradient_as_bucket_view``), FSDP2.
     """
     z = np.asarray(zero_stage)
-    bucket = np.where(z >= 2, 2.0 * np.minimum(BUCKET_PARAMS, params) * grad_bytes_per_param, 0.0)
+    bucket = np.where((z >= 2) & (shard > 1),
+                      2.0 * np.minimum(BUCKET_PARAMS, params) * grad_bytes_per_param, 0.0)
     replaces = np.zeros(np.shape(bucket), dtype=bool)
     if eager:
         bucket = np.where((z == 0) & (shard > 1), params * grad_bytes_per_param, bucket)

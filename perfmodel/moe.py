@@ -255,10 +255,12 @@ def effective_ffn_size(model: ModelSpec) -> float:
     model.
     """
     if not model.is_moe:
+        if model.is_hybrid:  # the dense MLP in its share of the layers (perfmodel.mamba)
+            return model.dense_mlp_fraction * model.ffn_hidden_size
         return float(model.ffn_hidden_size)
     phi = model.moe_layer_fraction
     moe = model.moe_top_k * model.load_imbalance * model.expert_ffn_size + model.shared_ffn_size
-    return (1.0 - phi) * model.ffn_hidden_size + phi * moe
+    return model.dense_mlp_fraction * model.ffn_hidden_size + phi * moe
 
 
 def moe_activation_extra_bytes(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch,

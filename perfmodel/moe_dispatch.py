@@ -263,7 +263,8 @@ def graph_saved_launches(model: ModelSpec, training: TrainingSpec, pass_: str,
     """
     if "attn" not in training.cuda_graph_scope:
         return 0.0
-    return float(attention_kernels(model, pass_, low_precision) - 1)
+    saved = float(attention_kernels(model, pass_, low_precision) - 1)
+    return saved * model.attention_layer_fraction if model.is_hybrid else saved
 
 
 def permute_copy_kernels(training: TrainingSpec) -> int:

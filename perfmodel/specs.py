@@ -313,7 +313,9 @@ class ModelSpec(Spec):
 
     ``activation``: ``gelu`` (two FFN matrices), ``swiglu`` (three, gated), ``relu2`` (squared
     ReLU, two matrices; Nemotron-4). ``position_embedding``: ``learned`` adds a max_seq x hidden
-    table (GPT-2/3); ``rope`` adds no parameters. MoE fields default to a dense model.
+    table (GPT-2/3); ``rope`` adds no parameters; ``none`` (Nemotron-H's attention layers, NoPE)
+    neither parameters nor kernels. MoE fields default to a dense model; ``hybrid_override_pattern``
+    makes it a hybrid Mamba2 / attention / MLP / MoE stack (:mod:`perfmodel.mamba`).
     """
 
     name: str
@@ -327,7 +329,7 @@ class ModelSpec(Spec):
     max_seq_len: PosInt = 2048
     activation: Literal["gelu", "swiglu", "relu2"] = "gelu"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    position_embedding: Literal["learned", "rope"] = "learned"
+    position_embedding: Literal["learned", "rope", "none"] = "learned"
     tied_embeddings: bool = True
     linear_bias: bool = True
     qkv_bias: bool = Field(default=False, description="bias on the q/k/v projections only "
@@ -387,6 +389,23 @@ class ModelSpec(Spec):
     kv_lora_rank: PosInt | None = None
     qk_rope_head_dim: Annotated[int, Field(ge=0)] = 0
     v_head_dim: PosInt | None = None
+    # Hybrid Mamba2 / attention / MLP / MoE stacks (Megatron-Core MambaModel; perfmodel.mamba).
+    hybrid_override_pattern: str | None = Field(
+        default=None, description="one letter per layer (Megatron --hybrid-override-pattern): "
+        "M Mamba2, * attention, - MLP, E MoE; None: a transformer (attention + MLP every layer)")
+    mamba_state_dim: PosInt = Field(default=128, description="SSM state size N "
+                                    "(--mamba-state-dim, HF ssm_state_size)")
+    mamba_head_dim: PosInt = Field(default=64, description="Mamba2 head size P "
+                                   "(--mamba-head-dim, HF mamba_head_dim)")
+    mamba_num_groups: PosInt = Field(default=8, description="B/C groups G "
+                                     "(--mamba-num-groups, HF n_groups)")
+    mamba_num_heads: PosInt | None = Field(default=None, description="Mamba2 heads H "
+                                           "(--mamba-num-heads); None: expand*h / head_dim")
+    mamba_conv_kernel: PosInt = Field(default=4, description="causal conv1d width (d_conv)")
+    mamba_expand: PosInt = Field(default=2, description="d_inner = expand * h when "
+                                 "mamba_num_heads is None (MambaMixer expand)")
+    mamba_chunk_size: PosInt = Field(default=128, description="SSD chunk length Q "
+                                     "(MambaMixer chunk_size)")
     published_params: PosFloat | None = Field(
         default=None, description="published parameter count, for the preset tests"
     )
@@ -428,6 +447,10 @@ class ModelSpec(Spec):
             raise ValueError(
                 f"q_lora_rank ({self.q_lora_rank}) is an MLA field: give kv_lora_rank too"
             )
+        if self.hybrid_override_pattern is not None:
+            from perfmodel.mamba import check_hybrid
+
+            check_hybrid(self)
         return self
 
     # ---- mixture of experts -------------------------------------------------------------
@@ -454,6 +477,8 @@ class ModelSpec(Spec):
         ``interleave_moe_layer_step``."""
         if not self.is_moe:
             return 0
+        if self.is_hybrid:
+            return self.hybrid_layer_counts["E"]
         return (self.num_layers - self.moe_dense_layers) // self.moe_layer_freq
 
     @property
@@ -466,6 +491,46 @@ class ModelSpec(Spec):
         if self.moe_load_imbalance is not None:
             return self.moe_load_imbalance
         return self.moe_capacity_factor or 1.0
+
+    # ---- hybrid Mamba2 stacks (perfmodel.mamba) ------------------------------------------
+    @property
+    def is_hybrid(self) -> bool:
+        return self.hybrid_override_pattern is not None
+
+    @property
+    def hybrid_layer_counts(self) -> dict[str, int]:
+        """Layers of each letter of the hybrid pattern (``M``, ``*``, ``-``, ``E``)."""
+        p = self.hybrid_override_pattern or ""
+        return {c: p.count(c) for c in "M*-E"}
+
+    @property
+    def attention_layer_fraction(self) -> float:
+        """Share of the layers with attention: 1 for a transformer, ``n('*') / L`` hybrid."""
+        if not self.is_hybrid:
+            return 1.0
+        return self.hybrid_layer_counts["*"] / self.num_layers
+
+    @property
+    def mamba_layer_fraction(self) -> float:
+        """Share of the layers that are Mamba2 mixers (0 for a transformer)."""
+        if not self.is_hybrid:
+            return 0.0
+        return self.hybrid_layer_counts["M"] / self.num_layers
+
+    @property
+    def dense_mlp_fraction(self) -> float:
+        """Share of the layers with a dense MLP: ``1 - phi`` for a transformer (``phi`` the
+        MoE-layer fraction), ``n('-') / L`` for a hybrid pattern."""
+        if self.is_hybrid:
+            return self.hybrid_layer_counts["-"] / self.num_layers
+        return 1.0 - self.moe_layer_fraction
+
+    @property
+    def norms_per_layer(self) -> int:
+        """Pre-norms (and residual blocks) per layer: 2 in a transformer layer (attention, MLP),
+        1 in each single-mixer layer of a hybrid pattern (Megatron-Core ``MambaLayer``,
+        ``TransformerLayer`` built as attention-only or MLP-only)."""
+        return 1 if self.is_hybrid else 2
 
     # ---- attention geometry -------------------------------------------------------------
     @property
@@ -566,6 +631,10 @@ class ModelSpec(Spec):
     def layer_params(self) -> float:
         """Parameters of one layer, averaged over the layers (an integer when all layers are
         alike): attention + norms + the dense MLP or the MoE block, by the layer pattern."""
+        if self.is_hybrid:
+            from perfmodel.mamba import hybrid_layer_params
+
+            return hybrid_layer_params(self)
         if not self.is_moe:
             return self.attention_params_per_layer() + self.mlp_params_per_layer() + (
                 2 * self.norm_params())
@@ -665,10 +734,11 @@ class TrainingSpec(Spec):
         "(--moe-router-fusion; Megatron-Bridge performance recipes set it): 31 router + "
         "preprocess kernels a pass instead of 72 (perfmodel.moe_dispatch)"
     )
-    cuda_graph_scope: tuple[Literal["attn", "moe_router", "moe_preprocess"], ...] = Field(
+    cuda_graph_scope: tuple[Literal["attn", "moe_router", "moe_preprocess", "mamba"], ...] = Field(
         default=(), description="parts replayed as Transformer Engine partial CUDA graphs "
         "(--cuda-graph-impl transformer_engine --cuda-graph-scope ...): their kernels cost one "
-        "host launch (perfmodel.moe_dispatch.graph_saved_launches); () = no CUDA graphs"
+        "host launch (perfmodel.moe_dispatch.graph_saved_launches; 'mamba': the Mamba2 "
+        "mixers, perfmodel.mamba.mamba_kernels); () = no CUDA graphs"
     )
     overlap_moe_comm: bool = Field(
         default=False, description="expert-parallel all-to-all overlaps another micro-batch's "
@@ -1096,6 +1166,10 @@ def model_from_hf_config(data: dict[str, Any], name: str = "hf-model") -> ModelS
             "rope_base": float(data.get("rope_theta", 10000.0)),
         }
         fields.update(_hf_moe_fields(data))
+        if data.get("hybrid_override_pattern") is not None:  # Nemotron-H / Nemotron-3
+            from perfmodel.mamba import hf_hybrid_fields
+
+            fields.update(hf_hybrid_fields(data, name))
     elif "n_layer" in data:  # GPT-2 style
         h = data["n_embd"]
         fields = {

@@ -684,7 +684,7 @@ def _layout_stages(model, training, cluster, b, embed_s, logits_s, *, kernels, c
     kw = {"kernels": kernels, "calibration": calibration}
     keep_b, full_b = layout.without_layout(b, "keep"), layout.without_layout(b, "full")
     layers, rec = layout.stage_counts(model, b)
-    if model.is_moe:  # a dense and an MoE layer each at its own time, per stage by its layers
+    if layout.typed_layer_costs(model):  # a dense and an MoE layer each at its own time
         lt = layout.layer_times_by_type(model, training, cluster, b, average=False, **kw)
         t = layout.stage_times_s(layers, rec, lt["dense_keep"], lt["dense_full"], embed_s,
                                  logits_s, b.pp, layout.stage_moe_layers(model, b, layers),

@@ -377,7 +377,7 @@ def _coefficients(problem: Problem, rows: ConfigBatch, width: int) -> dict[str, 
     model = s.model
     D, rho = 0.0, 0.0
     keep_s, full_s, dense_fixed_s = keep["layer_s"], full["layer_s"], 0.0
-    if model.is_moe:
+    if layout_mod.typed_layer_costs(model):
         lt = layout_mod.layer_times_by_type(model, s.training, s.cluster, rows, average=False,
                                             **kw)
         D = float(model.moe_dense_layers)
@@ -403,7 +403,7 @@ def _coefficients(problem: Problem, rows: ConfigBatch, width: int) -> dict[str, 
         def m(units, rec_units, sub=sub, vp=vp, stage=stage):
             n = units * vp
             moe_layers = None
-            if model.is_moe:  # rho of the layers MoE, the D dense leading ones on stage 0
+            if layout_mod.typed_layer_costs(model):  # rho of the layers MoE, D dense on stage 0
                 moe_layers = rho * (n - np.where(stage == 0, D, 0.0))
             return layout_mod.stage_memory_bytes(
                 s.model, s.training, s.cluster, sub, stage, n, rec_units * vp,
@@ -432,7 +432,8 @@ def _coefficients(problem: Problem, rows: ConfigBatch, width: int) -> dict[str, 
 def _interleaves(model) -> bool:
     """MoE layers that interleave with dense ones (Llama 4's every k-th layer): a stage's cost
     then depends on where its layers are, not only on how many it holds."""
-    return model.is_moe and model.num_moe_layers < model.num_layers - model.moe_dense_layers
+    return (model.is_moe and not model.is_hybrid
+            and model.num_moe_layers < model.num_layers - model.moe_dense_layers)
 
 
 def _unit_moe_prefix(model, vp: int) -> np.ndarray:
@@ -764,7 +765,7 @@ running the DP on them."""
 
 
 def _has_two_layer_types(model) -> bool:
-    return model.is_moe and 0 < model.num_moe_layers < model.num_layers
+    return model.is_moe and not model.is_hybrid and 0 < model.num_moe_layers < model.num_layers
 
 
 def _step_lower_bound(problem: Problem, rows: ConfigBatch, other_s: np.ndarray, L: int,

@@ -241,12 +241,20 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
     ]
     if m.head_dim is not None:
         a.append(f"--kv-channels {m.head_dim}")
+    if m.is_hybrid:  # pretrain_mamba.py (perfmodel.mamba)
+        from perfmodel.mamba import mamba_heads
+
+        a += [f"--hybrid-override-pattern {m.hybrid_override_pattern}",
+              f"--mamba-state-dim {m.mamba_state_dim}", f"--mamba-head-dim {m.mamba_head_dim}",
+              f"--mamba-num-groups {m.mamba_num_groups}", f"--mamba-num-heads {mamba_heads(m)}"]
     if m.kv_heads != m.num_attention_heads:
         a += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"]
     a += [f"--seq-length {training.seq_len}",
           f"--max-position-embeddings {max(m.max_seq_len, training.seq_len)}"]
     if m.position_embedding == "rope":
         a += ["--position-embedding-type rope", f"--rotary-base {int(m.rope_base)}"]
+    elif m.position_embedding == "none":
+        a.append("--position-embedding-type none")
     else:
         a.append("--position-embedding-type learned_absolute")
     a.append("--normalization " + ("RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"))
@@ -338,9 +346,10 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
         a += ["--fp4-format e2m1", "--fp4-recipe nvfp4"]
     a += megatron_moe_args(c, model, training)  # MoE / MLA flags (search.emit_moe)
     m_count = training.global_batch_size // (c.dp * c.micro_batch_size)
+    script = "pretrain_mamba.py" if m.is_hybrid else "pretrain_gpt.py"
     head = [
-        "# Megatron-LM (Megatron-Core 0.16) arguments for pretrain_gpt.py; '#' lines are comments:",
-        "#   torchrun ... pretrain_gpt.py $(grep -v '^#' megatron.args) --data-path ... ",
+        f"# Megatron-LM (Megatron-Core 0.16) arguments for {script}; '#' lines are comments:",
+        f"#   torchrun ... {script} $(grep -v '^#' megatron.args) --data-path ... ",
         (f"# launch on dp*tp*pp*cp = {c.dp}*{c.tp}*{c.pp}*{c.cp} = {c.gpus} GPUs: Megatron "
          f"derives data parallel {c.dp} from the world size;"),
         (f"# {m_count} micro-batches of {c.micro_batch_size} per step (gradient accumulation), "
@@ -366,11 +375,18 @@ def _bridge_sections(config: ParallelConfig, model: ModelSpec, training: Trainin
         "ffn_hidden_size": m.ffn_hidden_size, "num_attention_heads": m.num_attention_heads,
         "num_query_groups": m.kv_heads,
     }
+    if m.is_hybrid:  # MambaModelProvider fields (perfmodel.mamba)
+        from perfmodel.mamba import mamba_heads
+
+        mdl.update({"hybrid_override_pattern": m.hybrid_override_pattern,
+                    "mamba_state_dim": m.mamba_state_dim, "mamba_head_dim": m.mamba_head_dim,
+                    "mamba_num_groups": m.mamba_num_groups, "mamba_num_heads": mamba_heads(m)})
     if m.head_dim is not None:
         mdl["kv_channels"] = m.head_dim
     mdl.update({
         "seq_length": training.seq_len,
-        "position_embedding_type": "rope" if m.position_embedding == "rope" else "learned_absolute",
+        "position_embedding_type": ("learned_absolute" if m.position_embedding == "learned"
+                                    else m.position_embedding),
     })
     if m.position_embedding == "rope":
         mdl["rotary_base"] = float(m.rope_base)

@@ -77,7 +77,8 @@ _1F1B = SCHEDULE.index("1f1b")
 
 #: Constraint names, in the order they are checked (and reported when nothing is left).
 #: Constraints that depend only on the (tp, pp, cp, dp, vp) prefix of the gene vector.
-_PREFIX_CONSTRAINTS = ("gpus", "tp_heads", "tp_kv_heads", "tp_domain", "layers", "cp_seq")
+_PREFIX_CONSTRAINTS = ("gpus", "tp_heads", "tp_kv_heads", "tp_domain", "layers", "cp_seq",
+                       "hybrid")
 
 CONSTRAINTS = (
     "gpus",
@@ -86,12 +87,23 @@ CONSTRAINTS = (
     "tp_domain",
     "layers",
     "cp_seq",
+    "hybrid",
     "sequence_parallel",
     "batch",
     "schedule",
     "expert",
     "framework",
 )
+
+
+def _hybrid_ok(model: ModelSpec, tp: np.ndarray, cp: np.ndarray) -> np.ndarray:
+    """The tp / cp a hybrid Mamba2 model runs (:func:`perfmodel.mamba.unsupported_parallelism`;
+    everything for a transformer)."""
+    if not model.is_hybrid:
+        return np.ones(np.shape(tp), dtype=bool)
+    from perfmodel.mamba import unsupported_parallelism
+
+    return unsupported_parallelism(model, tp, cp) == ""
 
 
 def divisors(n: int, upto: int | None = None) -> np.ndarray:
@@ -227,6 +239,8 @@ class SearchSpace:
             "tp_domain": (tp <= self.cluster.scale_up_size) | self.allow_tp_across_nodes,
             "layers": layers_ok,
             "cp_seq": (cp == 1) | (t.seq_len % (2 * cp) == 0),
+            # Mamba2 layers: tp divides heads and groups, no cp (perfmodel.mamba)
+            "hybrid": _hybrid_ok(m, tp, cp),
             "sequence_parallel": ~sp | ((tp > 1) & (t.seq_len % tp == 0)),
             "batch": batch_ok,
             # vp > 1 <=> interleaved; interleaved/zb need pp > 1; interleaved needs pp | nmb

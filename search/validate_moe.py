@@ -5,8 +5,8 @@ Each row becomes (model, training setup, cluster, config) from what the row stat
 documented facts of its framework, nothing fitted per row:
 
 * **model**: the shipped preset of the row's model when there is one (DeepSeek-V3, Qwen3,
-  GPT-OSS, Mixtral), else the row's architecture columns (Grok-1, Llama-4 Scout). Hybrid
-  Mamba2/attention models (Nemotron-3) are refused: the tool models transformer layers only.
+  GPT-OSS, Mixtral, the hybrid Mamba2 / attention / MoE Nemotron-3 Nano: :mod:`perfmodel.mamba`),
+  else the row's architecture columns (Grok-1, Llama-4 Scout).
 * **software**: Megatron-Core of 2024-2026: distributed optimizer (ZeRO-1; FSDP rows ZeRO-3),
   overlapped data-parallel, tensor-parallel and pipeline communication, flash attention,
   sequence parallelism with tp > 1, the dispatcher switches the row names
@@ -66,6 +66,10 @@ _PRESETS = {"deepseek-v3": "deepseek-v3", "qwen3-235b-a22b": "qwen3-235b-a22b",
             "mixtral-8x7b": "mixtral-8x7b", "mixtral-8x22b": "mixtral-8x22b"}
 
 
+#: Hybrid Mamba2 / attention / MoE models of the rows and their presets (perfmodel.mamba).
+_HYBRID_PRESETS = {"nemotron-3-nano-30b-a3b": "nemotron3-nano-30b-a3b"}
+
+
 def _model(r: pd.Series) -> ModelSpec:
     name = str(r["model"])
     key = name.lower()
@@ -73,7 +77,11 @@ def _model(r: pd.Series) -> ModelSpec:
         return load_model(_PRESETS[key])
     pattern = str(r.get("moe_layer_pattern", "")).lower()
     if "mamba" in pattern or "hybrid" in str(r.get("attention_type", "")).lower():
-        raise SpecError("hybrid Mamba2/attention/MoE layers: only transformer layers are modelled")
+        # hybrid rows name a shipped preset of theirs (Nemotron-3 Nano); others are refused
+        hybrid = _HYBRID_PRESETS.get(key)
+        if hybrid is None:
+            raise SpecError(f"hybrid Mamba2 model {name!r}: no preset with its layer pattern")
+        return load_model(hybrid)
     vocab = _f(r["vocab_size"]) or _f(str(r["vocab_size"]).split(" ")[0])
     L, h = int(r["num_layers"]), int(r["hidden_size"])
     if _f(r["num_experts"]) is None or vocab is None:
@@ -278,7 +286,7 @@ def sibling_recipe_switches(r: pd.Series, df: pd.DataFrame) -> str:
     return texts.pop() if len(texts) == 1 else ""  # siblings that disagree: none inferred
 
 
-_GRAPH_PARTS = ("attn", "moe_router", "moe_preprocess")
+_GRAPH_PARTS = ("attn", "moe_router", "moe_preprocess", "mamba")
 
 
 def dispatch_switches(r: pd.Series, other: str) -> dict:
@@ -290,7 +298,7 @@ def dispatch_switches(r: pd.Series, other: str) -> dict:
       ``allgather`` where named, else ``alltoall``; ``moe_flex_backend`` the backend named;
     * ``cuda_graph_scope``: the parts of ``cuda_graph_scope=[...]`` / "cuda_graphs=TE partial
       CUDA graphs: ..." that the model prices (``attn``, ``moe_router``, ``moe_preprocess``;
-      ``mamba`` is refused with its model); none where the row says none or names none;
+      ``mamba``: the Mamba2 mixers); none where the row says none or names none;
     * ``moe_router_fusion``: on for Megatron-Bridge (its performance recipes set
       ``moe_router_fusion = True``: ``set_qwen3_common_configs``,
       ``set_deepseek_v3_common_configs``) and for the Megatron-LM GB200 study's later stages,

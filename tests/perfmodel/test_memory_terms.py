@@ -145,6 +145,8 @@ def test_gradient_bucket_bytes():
     np.testing.assert_array_equal(repl, [False, True, False, False])
     bucket, _ = mem.gradient_bucket_bytes(1e7, np.array([2]), np.array([8.0]), 4.0, eager=True)
     np.testing.assert_array_equal(bucket, [4e7])  # a small model is one unit
+    bucket, _ = mem.gradient_bucket_bytes(1e9, np.array([2, 3]), np.ones(2), 4.0, eager=False)
+    np.testing.assert_array_equal(bucket, [0, 0])  # one rank: nothing to reduce-scatter
 
 
 def test_zero3_gathered_bytes():

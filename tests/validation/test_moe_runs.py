@@ -16,7 +16,7 @@ from search.validate_moe import moe_runs_report, moe_summary, moe_tuned_report, 
 #: the stated limits a row may be refused for (substrings of the reason)
 TRUE_LIMITS = (
     "no step time, tokens/s or TFLOP/s",  # nothing measured published
-    "hybrid Mamba2",  # Nemotron-3: Mamba2 layers are not transformer layers
+    "hybrid Mamba2",  # a hybrid model without a preset of its layer pattern (none in the data)
     "must divide tp*cp*dp",  # the published ep*pp does not fit the GPU count (not runnable)
 )
 
@@ -30,7 +30,9 @@ def report():
 def test_every_moe_row_expressed_or_refused_for_a_true_limit(report):
     rows, skipped = report
     assert len(rows) + len(skipped) == 100
-    assert len(rows) >= 94  # TFLOP/s-only rows converted with the source's FLOP formula
+    # TFLOP/s-only rows converted with the source's FLOP formula; the 4 hybrid Mamba2 Nemotron-3
+    # Nano rows expressed (perfmodel.mamba); the 2 DeepSeek-V3 rows left are not runnable
+    assert len(rows) >= 98
     for reason in skipped["reason"]:
         assert any(k in reason for k in TRUE_LIMITS), reason
 
@@ -40,7 +42,9 @@ def test_published_recipes_predicted_to_fit(report):
     # 87 of 94 with fp32 main grads for every row (the default); 93 of 94 with each recipe's own
     # gradient dtype (validate_moe.RECIPE_GRAD_DTYPE, off: it costs the tuned check 4 settings)
     rows, _ = report
-    assert int(rows["fits"].sum()) >= 87, list(rows.loc[~rows["fits"], "row_id"])
+    # (+3 of the 4 Nemotron-3 Nano rows: E0078, H100 selective with the 'moe' module the
+    # spec does not offer and fp32 gradients, is predicted at 94 GiB)
+    assert int(rows["fits"].sum()) >= 90, list(rows.loc[~rows["fits"], "row_id"])
 
 
 @pytest.mark.slow
@@ -53,12 +57,15 @@ def test_moe_mape_does_not_regress(report):
     # the experts' output bias, the exponential floor and GPT-OSS's sliding-window layers (10.8 %
     # without the window, which makes the too-fast GPT-OSS rows faster); 11.5 % (52 %) before;
     # 16.0 % on 89 rows with the per-pass host-sync constant and a fully hiding all-to-all overlap;
-    # 10.9 % with the flash-attn 2 kernel of the dgxc Grok-1 recipe (NVTE_FUSED_ATTN=0).
-    # Session 5 (s5-host): 10.03 % (65 %; 10.33 % before the flash-attn 2 Grok-1 kernel) with TE's multi-stream grouped GEMM
+    # 10.9 % with the flash-attn 2 kernel of the dgxc Grok-1 recipe (NVTE_FUSED_ATTN=0);
+    # 98 rows with the hybrid Nemotron-3 Nano ones (perfmodel.mamba: -13, -16, -9, -21 %):
+    # 11.06 % (the 94 others 10.89 %).
+    # Session 5 (s5-host): 10.25 % on 98 rows (62 % within 10 %; the 94 others 10.03 %, 65 %;
+    # leave-one-model-out 10.85 %) with TE's multi-stream grouped GEMM
     # (moe.TE_GROUPED_GEMM_SLOWDOWN 0.30), the per-expert term refitted 0.13 -> 0.09 ms and kept
     # for experts padded to capacity
-    assert s["mape"] <= 0.101, f"MAPE {s['mape']:.1%}\n{table}"
-    assert s["within_10pct"] >= 0.64
+    assert s["mape"] <= 0.104, f"MAPE {s['mape']:.1%}\n{table}"
+    assert s["within_10pct"] >= 0.61
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
     # stage: 10.0 % (9.8 % with every selective row recomputing the attention core instead of
     # the recipes' mla_up_proj; the p16 rows were +14 to +29 % timed at a padded 64-layer split)
@@ -126,7 +133,10 @@ def test_moe_tuned_fraction_does_not_regress():
     s = moe_tuned_summary(t)
     table = t[["model", "gpu", "gpus", "ratio", "recipe_predicted_s", "search_gain",
                "best_config"]].to_string()
-    assert s["settings"] == 48
+    # 52 settings with the 4 hybrid Nemotron-3 Nano ones (perfmodel.mamba): the search picks the
+    # recipe's layout on B300 / GB200 / GB300 (ratios 1.19 / 1.10 / 1.27, the time error) and on
+    # H100 a pp 2 layout (1.06): 26 of 52 within the band (24 of 48 without them)
+    assert s["settings"] == 52
     # 22 since issue 13's s3-groups base-model changes (SM-side roofline of memory-bound kernels,
     # Hopper sustained GEMM 0.86 -> 0.84, Blackwell overlap slowdown 0.05): one setting moved
     # out of the band; not investigated (reported to the MoE owners). Session 4: 23 with the
@@ -134,10 +144,11 @@ def test_moe_tuned_fraction_does_not_regress():
     # (DeepSeek-V3 B300 picks the recipe's mla_up_proj recompute, 1.139 -> 1.161), so 22 stays.
     # Session 5 (s5-frame): 24 with each row's release capabilities (no zero-bubble / GPipe
     # schedule in Megatron; etp = tp for the Megatron-Core 0.9 era Grok-1 rows).
-    # Session 5 (s5-host): 31 (merged with s5-frame) with TE's multi-stream grouped GEMM and the
-    # per-expert term 0.13 -> 0.09 ms (larger micro-batches no longer amortise device time as if
-    # it were fixed); floor 30: one setting of slack for the other session-5 branches
-    assert s["fraction"] >= 30 / 48 - 1e-9, f"{s}\n{table}"
+    # 26 of 52 reached with s5-mamba's Nemotron-3 settings (22 of 48 before).
+    # Session 5 (s5-host): 33 of 52 with TE's multi-stream grouped GEMM and the per-expert
+    # term 0.13 -> 0.09 ms (larger micro-batches no longer amortise device time as if it were
+    # fixed); floor one setting below
+    assert s["fraction"] >= 32 / 52 - 1e-9, f"{s}\n{table}"
     assert set(t["framework"]) >= {"nemo-24.09", "bridge-25.x", "bridge-26.02"}
     grok = t[t["model"] == "Grok-1"]
     assert len(grok) == 6 and (grok["framework"] == "nemo-24.09").all()
@@ -289,3 +300,14 @@ def test_switches_separate_the_gb200_study_pair(report):
     rows, _ = report
     p = rows.set_index("row_id")["predicted_s"]
     assert p["E0249"] > p["E0250"]
+
+
+@pytest.mark.slow
+def test_hybrid_nemotron3_nano_rows(report):
+    # the hybrid Mamba2 / attention / MoE rows (perfmodel.mamba), all predicted too fast:
+    # H100 -13 %, B300 -16 %, GB200 -9 %, GB300 -21 % (E0078-E0081)
+    rows, _ = report
+    nano = rows[rows["model"] == "Nemotron-3-Nano-30B-A3B"]
+    assert len(nano) == 4
+    # s5-host (per-expert term 0.13 -> 0.09 ms with the grouped-GEMM slowdown): 15.4 %
+    assert np.all(np.abs(nano["error"]) <= 0.22) and np.abs(nano["error"]).mean() <= 0.155
