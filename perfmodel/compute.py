@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from perfmodel import attention_kernels, moe, moe_dispatch
+from perfmodel import attention_kernels, moe, moe_dispatch, quantise
 from perfmodel import eager as eager_kernels
 from perfmodel.calibration import KERNEL_MIN_S, Calibration, calibration_for
 from perfmodel.config import ConfigBatch
@@ -782,6 +782,17 @@ def _graph_saved_launches(c: _LayerContext, ph: _Phase, pass_: str) -> None:
         ph.add(0.0, -moe_dispatch.graph_saved_launches(c.model, c.training, pass_, c.pr.lowp))
 
 
+def _quantise_casts(c: _LayerContext, ph: _Phase, pass_: str) -> None:
+    """The layer's low-precision quantisation casts in ``pass_`` where Transformer Engine runs
+    them (:func:`perfmodel.quantise.layer_quantise_terms`: sequence-parallel operands cast on
+    their local rows, delayed scaling's cast inside the norm, transposes only on TN-only GPUs),
+    as ``copy``-bandwidth kernels."""
+    name = c.training.low_precision_recipe or "fp8-delayed"
+    nbytes, kernels = quantise.layer_quantise_terms(c.gemms, name, c.pr.recipe, c.pr.act_b, c.gpu,
+                                                    c.tp, c.batch.sequence_parallel, pass_)
+    ph.mem("copy", nbytes / np.maximum(kernels, 1.0), kernels)
+
+
 def _layer_forward(c: _LayerContext, ph: _Phase, early_stop: bool = False) -> None:
     """One layer's forward: GEMMs, attention and the memory-bound kernels. ``early_stop``:
     torch.utils.checkpoint (non-reentrant) stops the recomputation once the last saved tensor
@@ -802,7 +813,7 @@ def _layer_forward(c: _LayerContext, ph: _Phase, early_stop: bool = False) -> No
     _mlp_activation(c, ph, "fwd")
     _rope_kernels(c, ph)
     if pr.lowp:
-        ph.mem("copy", quantise_bytes(T * (2 * h + c.nh_gpu * c.d + c.f_gpu), pr.recipe) / 4, 4)
+        _quantise_casts(c, ph, "fwd")
 
 
 def _layer_backward(c: _LayerContext, ph: _Phase) -> None:
@@ -827,8 +838,8 @@ def _layer_backward(c: _LayerContext, ph: _Phase) -> None:
         # bias gradients: column sums of the output gradients
         ph.mem("add", act_b * T * (c.gemms[0][2] + h + c.act_cols + h) / 4, 4)
     _rope_kernels(c, ph)
-    if pr.lowp:  # quantise the four GEMMs' output gradients
-        ph.mem("copy", quantise_bytes(T * (c.gemms[0][2] + c.act_cols + 2 * h), pr.recipe) / 4, 4)
+    if pr.lowp:  # quantise the GEMMs' output gradients
+        _quantise_casts(c, ph, "bwd")
 
 
 def launch_cost_s(gpu: GPUSpec) -> tuple[float, float]:

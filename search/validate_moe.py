@@ -47,7 +47,14 @@ from perfmodel.specs import (
     load_model,
 )
 from perfmodel.step import TIME_TERMS, evaluate
-from search.validate import VALIDATION_DIR, Case, _cluster_for, _f, era_switches
+from search.validate import (
+    VALIDATION_DIR,
+    Case,
+    _cluster_for,
+    _f,
+    era_switches,
+    precision_from_text,
+)
 
 __all__ = ["moe_case_from_row", "moe_runs_report", "moe_summary", "moe_tuned_report",
            "moe_tuned_summary", "print_moe_tuned"]
@@ -107,12 +114,10 @@ def _cluster(r: pd.Series) -> ClusterSpec:
 
 
 def _precision(text: str) -> str:
-    t = text.lower()
-    if "fp8" in t:
-        return "fp8"
-    if "fp4" in t:
-        return "fp4"
-    return "bf16"
+    """The row's precision and low-precision recipe (:func:`search.validate.precision_from_text`:
+    MXFP8, FP8-CS, FP8 blockwise or delayed scaling; each prices its own quantisation and GEMM
+    rate, :data:`perfmodel.compute.LOW_PRECISION_RECIPES`)."""
+    return precision_from_text(text)
 
 
 def _recompute(text: str) -> str:
