@@ -657,12 +657,14 @@ def _gemm_phase(c: _LayerContext, ph: _Phase, layouts: tuple[str, ...],
     for name, m_, n_, k_, count in c.gemms:
         if name in skip:
             continue
+        # the MoE router stays 16-bit under fp8 / fp4 (quantise.BF16_GEMMS)
+        peak, ratio = ((pr.peak16, pr.ratio16) if pr.lowp and name in quantise.BF16_GEMMS
+                       else (pr.peak, pr.ratio))
         for lay in layouts:
             if name.startswith("expert_"):
-                ph.add(grouped_gemm_time_s(c.cal, count, m_, n_, k_, lay, pr.peak, pr.ratio),
-                       count)
+                ph.add(grouped_gemm_time_s(c.cal, count, m_, n_, k_, lay, peak, ratio), count)
             else:
-                ph.add(count * gemm_time_s(c.cal, m_, n_, k_, lay, pr.peak, pr.ratio), count)
+                ph.add(count * gemm_time_s(c.cal, m_, n_, k_, lay, peak, ratio), count)
 
 
 def _moe_kernels(c: _LayerContext, ph: _Phase, pass_: str) -> None:
