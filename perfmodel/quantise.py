@@ -6,7 +6,7 @@ Per GEMM of :func:`perfmodel.compute.layer_gemms` (``m x k`` input, ``m x n`` ou
 * forward: the input ``m x k``; backward: the output gradient ``m x n``. Each needs a
   row-wise copy (forward / data-gradient GEMM) and a column-wise copy (weight-gradient GEMM).
 * **Where**: with sequence parallelism the inputs of the column-parallel GEMMs after a norm
-  (qkv, fc1, the shared experts' fc1, MLA's down / up projections) and the output gradients of
+  (qkv, fc1, the shared experts' fc1, MLA's up projections) and the output gradients of
   the row-parallel GEMMs (proj, fc2) live on ``m / tp`` rows of the sequence-parallel region.
   TE quantises them there and all-gathers the fp8 data (``gather_along_first_dim(...,
   quantizer=...)`` in ``module/layernorm_linear.py`` / ``linear.py``; TE 1.x: the norm writes fp8
@@ -48,9 +48,10 @@ __all__ = [
     "transpose_copy_needed",
 ]
 
-#: GEMMs whose input is a norm's output (column-parallel; TELayerNormColumnParallelLinear).
-NORM_FED_GEMMS = frozenset({"qkv", "q", "q_down", "kv_down", "q_up", "kv_up", "fc1",
-                            "shared_fc1"})
+#: GEMMs whose input is a norm's output (column-parallel; TELayerNormColumnParallelLinear). MLA's
+#: down projections are plain TELinear modules after a separate TENorm (Megatron-Core
+#: ``gpt_layer_specs``: ``linear_q_down_proj`` / ``linear_kv_down_proj``), so each casts its input.
+NORM_FED_GEMMS = frozenset({"qkv", "q", "q_up", "kv_up", "fc1", "shared_fc1"})
 #: Row-parallel GEMMs whose output gradient arrives on the sequence-parallel rows.
 ROW_PARALLEL_GEMMS = frozenset({"proj", "fc2", "shared_fc2"})
 #: GEMMs Megatron-Core runs in 16 bit under an fp8 recipe (not Transformer Engine modules).
