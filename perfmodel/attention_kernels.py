@@ -34,6 +34,7 @@ from perfmodel.specs import GPUSpec, ModelSpec
 __all__ = [
     "ATTENTION_EXP_UTILISATION",
     "ATTENTION_TILE",
+    "SFU_EXP_PER_CLOCK_SM",
     "attention_exp_floor_s",
     "exp_per_mma_flop",
     "window_layer_factor",
@@ -58,14 +59,20 @@ _TENSOR_FLOP_PER_CLOCK_SM = {"volta": 1024.0, "ampere": 2048.0, "hopper": 4096.0
 8192 x 1.855)."""
 
 
+SFU_EXP_PER_CLOCK_SM = 16.0
+"""``MUFU.EX2`` exponentials per clock and SM where the GPU spec does not state its own
+(``GPUSpec.sfu_exp_per_clock_sm``; the Blackwell Ultra presets state 32): 16 from Volta to
+Blackwell (CUDA C++ Programming Guide, arithmetic instruction throughput; FlashAttention-4)."""
+
+
 def exp_per_mma_flop(gpu: GPUSpec) -> float:
-    """Exponentials per dense 16-bit MMA FLOP of the GPU: 16 per clock and SM over its tensor
-    FLOP per clock and SM (Blackwell Ultra, B300 / GB300: 32); 0 for other parts (no floor)."""
+    """Exponentials per dense 16-bit MMA FLOP of the GPU: its SFU exponentials per clock and
+    SM (``gpu.sfu_exp_per_clock_sm``, else :data:`SFU_EXP_PER_CLOCK_SM`; B300 / GB300: 32)
+    over its tensor FLOP per clock and SM; 0 for other parts (no floor)."""
     gen = gpu_generation(gpu)
     if gen not in _TENSOR_FLOP_PER_CLOCK_SM:
         return 0.0
-    name = gpu.name.upper()
-    sfu = 32.0 if gen == "blackwell" and ("B300" in name or "GB3" in name) else 16.0
+    sfu = gpu.sfu_exp_per_clock_sm or SFU_EXP_PER_CLOCK_SM
     return sfu / _TENSOR_FLOP_PER_CLOCK_SM[gen]
 
 

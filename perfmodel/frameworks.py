@@ -6,7 +6,13 @@ that stack's training switches together (communication overlaps, flash attention
 it can run (ZeRO stages, ZeRO with pipelines, schedules, recompute modes, sequence / context
 parallelism, uneven pipeline stages), so that a search keeps to configurations the stack accepts.
 
-Each preset file cites the framework source or paper its values come from.
+Each preset file cites the framework source or paper its values come from. What a release
+added later (MoE parallel folding, the flex token dispatcher, scoped CUDA graphs, uneven
+interleaved pipelines, ...) is its ``[capabilities]`` table: one entry per capability, each with
+the release note or framework file it is read from (:class:`Capabilities`); the search space
+keeps to it (:func:`capability_mask`) and a pinned setting outside it is a one-line SpecError
+naming the framework, its release and the setting (:func:`capability_refusals`,
+:func:`check_training_supported`).
 """
 
 from __future__ import annotations
@@ -15,13 +21,23 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from perfmodel.config import RECOMPUTE, SCHEDULE
-from perfmodel.specs import Spec, SpecError, TrainingSpec, _build, _resolve
+from perfmodel.specs import (
+    GPUSpec,
+    ModelSpec,
+    RecomputeModule,
+    Spec,
+    SpecError,
+    TrainingSpec,
+    _build,
+    _resolve,
+)
 
-__all__ = ["PRECISION_RECIPES", "FrameworkSpec", "apply_framework", "framework_pins", "load_framework",
-           "zero_pp_allowed"]
+__all__ = ["PRECISION_RECIPES", "RECIPE_MIN_COMPUTE_CAPABILITY", "Capabilities", "FrameworkSpec",
+           "apply_framework", "capability_mask", "capability_refusals", "check_training_supported",
+           "framework_pins", "load_framework", "with_switches_of", "zero_pp_allowed"]
 
 ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb"]
 RecomputeName = Literal["none", "selective", "full"]
@@ -31,6 +47,68 @@ PrecisionRecipe = Literal["fp32", "bf16", "fp16", "fp8-cs", "fp8-delayed", "fp8-
                           "nvfp4"]
 PRECISION_RECIPES: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8-cs", "fp8-delayed",
                                       "fp8-block", "mxfp8", "nvfp4")
+
+
+class Capability(Spec):
+    """One thing a stack's release can or cannot run, and where that is stated."""
+
+    source: str = Field(min_length=1, description="the release note, or the framework file "
+                        "at a commit, that states it")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tuple_value(cls, data: Any) -> Any:  # TOML has no tuples
+        if isinstance(data, dict) and isinstance(data.get("value"), list):
+            data = {**data, "value": tuple(data["value"])}
+        return data
+
+
+class Supported(Capability):
+    value: bool
+
+
+class ExpertTensorParallel(Capability):
+    value: Literal["tp", "1-or-tp", "any"] = Field(
+        description="expert tensor parallelism the stack runs: 'tp' (the experts split by the "
+        "attention's tp), '1-or-tp', or 'any' divisor (MoE parallel folding)")
+
+
+class Dispatchers(Capability):
+    value: tuple[Literal["alltoall", "allgather", "flex"], ...]
+
+
+class FlexBackends(Capability):
+    value: tuple[Literal["deepep", "hybridep"], ...]
+
+
+class GraphScopes(Capability):
+    value: tuple[Literal["attn", "moe_router", "moe_preprocess"], ...]
+
+
+class RecomputeModules(Capability):
+    value: tuple[RecomputeModule, ...]
+
+
+class Capabilities(Spec):
+    """What a release can run beyond the stack-wide fields of :class:`FrameworkSpec`; an entry
+    left out is not constrained."""
+
+    moe: Supported | None = Field(default=None, description="mixture-of-experts layers at all")
+    expert_tensor_parallel: ExpertTensorParallel | None = None
+    expert_parallel_spans_cp_tp: Supported | None = Field(
+        default=None, description="ep is a multiple of cp * tp / etp (torchtitan builds the "
+        "expert mesh from dp_shard * cp, and * tp when etp = 1)")
+    moe_context_parallel: Supported | None = Field(
+        default=None, description="context parallelism in a MoE model")
+    moe_token_dispatchers: Dispatchers | None = None
+    moe_flex_backends: FlexBackends | None = None
+    cuda_graph_scopes: GraphScopes | None = Field(
+        default=None, description="parts Transformer Engine partial CUDA graphs may capture")
+    uneven_interleaved: Supported | None = Field(
+        default=None, description="the interleaved schedule (vp > 1) with stages of unequal "
+        "layer counts")
+    recompute_modules: RecomputeModules | None = Field(
+        default=None, description="modules selective recompute can name")
 
 
 class FrameworkSpec(Spec):
@@ -81,6 +159,27 @@ class FrameworkSpec(Spec):
     precisions: tuple[PrecisionRecipe, ...] = Field(
         default=PRECISION_RECIPES, min_length=1,
         description="precision recipes the stack's launch config can switch on")
+    capabilities: Capabilities = Field(default_factory=Capabilities)
+
+    @model_validator(mode="after")
+    def _switches_within_capabilities(self) -> FrameworkSpec:
+        c = self.capabilities
+        for name, value, cap in (
+                ("moe_token_dispatcher", self.moe_token_dispatcher, c.moe_token_dispatchers),
+                ("moe_flex_backend", self.moe_flex_backend, c.moe_flex_backends)):
+            if value is not None and cap is not None and value not in cap.value:
+                raise ValueError(f"{name} = {value!r} is not among capabilities: "
+                                 f"{', '.join(cap.value) or 'none'}")
+        scope, cap = self.cuda_graph_scope, c.cuda_graph_scopes
+        if scope is not None and cap is not None and not set(scope) <= set(cap.value):
+            raise ValueError(f"cuda_graph_scope = {list(scope)} is not within capabilities: "
+                             f"{', '.join(cap.value) or 'none'}")
+        return self
+
+    @property
+    def label(self) -> str:
+        """``name (release)`` for messages."""
+        return f"{self.name} ({self.release})"
 
     def training_switches(self, precision: str | None = None) -> dict[str, Any]:
         """The TrainingSpec fields this stack fixes (for a run at ``precision``, when given:
@@ -152,3 +251,139 @@ def zero_pp_allowed(fw: FrameworkSpec | None, zero: np.ndarray, pp: np.ndarray,
     if fw.sequence_parallel == "required":
         ok &= (tp == 1) | sp
     return ok
+
+
+# --------------------------------------------------------------------------------------------
+# Capabilities: what a release runs, as masks over a search space and one-line refusals
+# --------------------------------------------------------------------------------------------
+#: Least CUDA compute capability of each low-precision recipe (Transformer Engine
+#: ``transformer_engine/pytorch/fp8.py`` / ``quantization.py``: ``check_fp8_support`` 8.9 (Ada;
+#: 9.0 Hopper), ``check_fp8_block_scaling_support`` 9.0, ``check_mxfp8_support`` and
+#: ``check_nvfp4_support`` 10.0, "blackwell and above").
+RECIPE_MIN_COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
+    "fp8-delayed": (8, 9), "fp8-cs": (8, 9), "fp8-block": (9, 0), "mxfp8": (10, 0),
+    "nvfp4": (10, 0)}
+
+
+def _off(cap: Supported | None) -> bool:
+    return cap is not None and not cap.value
+
+
+def _rules(fw: FrameworkSpec, model: ModelSpec) -> list[tuple[Capability, Any, Any]]:
+    """(capability, mask over decoded arrays, text of a refused scalar configuration) for each
+    capability of ``fw`` that constrains the parallel dimensions of ``model``."""
+    c = fw.capabilities
+    L = model.num_layers
+    rules: list[tuple[Capability, Any, Any]] = []
+    if _off(c.uneven_interleaved):
+        rules.append((c.uneven_interleaved,
+                      lambda a: (a["vp"] == 1) | (L % (a["pp"] * a["vp"]) == 0),
+                      lambda a: (f"the interleaved schedule with unequal stages ({L} layers on "
+                                 f"pp {a['pp']} x vp {a['vp']})")))
+    if not model.is_moe:
+        return rules
+    etp = c.expert_tensor_parallel
+    if etp is not None and etp.value == "tp":
+        rules.append((etp, lambda a: a["etp"] == a["tp"],
+                      lambda a: (f"expert tensor parallelism other than tp (etp {a['etp']}, "
+                                 f"tp {a['tp']}): its experts are split by tp")))
+    elif etp is not None and etp.value == "1-or-tp":
+        # etp = 1 only with expert parallelism (with ep = 1 the option has no effect: etp = tp)
+        rules.append((etp, lambda a: (a["etp"] == a["tp"]) | ((a["etp"] == 1) & (a["ep"] > 1)),
+                      lambda a: (f"etp {a['etp']} with tp {a['tp']} and ep {a['ep']}: expert "
+                                 "tensor parallelism is tp, or 1 with ep > 1")))
+    if c.expert_parallel_spans_cp_tp is not None and c.expert_parallel_spans_cp_tp.value:
+        rules.append((c.expert_parallel_spans_cp_tp,
+                      lambda a: (a["ep"] == 1) | ((a["ep"] * a["etp"]) % (a["cp"] * a["tp"]) == 0),
+                      lambda a: (f"ep {a['ep']} with cp {a['cp']}, tp {a['tp']}, etp "
+                                 f"{a['etp']}: ep must be a multiple of cp * tp / etp")))
+    if _off(c.moe_context_parallel):
+        rules.append((c.moe_context_parallel, lambda a: a["cp"] == 1,
+                      lambda a: f"context parallelism in a MoE model (cp {a['cp']})"))
+    return rules
+
+
+def capability_mask(fw: FrameworkSpec | None, model: ModelSpec,
+                    a: dict[str, np.ndarray]) -> np.ndarray:
+    """Bool mask over decoded configurations (arrays ``tp pp vp cp ep etp``; a dense model's
+    ``etp`` already equal to tp): True where the framework's release runs it."""
+    ok = np.ones(np.shape(a["tp"]), dtype=bool)
+    if fw is None:
+        return ok
+    for _, mask, _ in _rules(fw, model):
+        ok &= mask(a)
+    return ok
+
+
+def capability_refusals(fw: FrameworkSpec | None, model: ModelSpec,
+                        cfg: dict[str, Any]) -> list[str]:
+    """One line per capability of ``fw`` that one configuration (ints ``tp pp vp cp ep etp``)
+    needs and the release lacks, naming the framework, its release, the setting and the source."""
+    if fw is None:
+        return []
+    cfg = dict(cfg)
+    if not model.is_moe:
+        cfg["etp"] = cfg["tp"]
+    a = {k: np.asarray(v) for k, v in cfg.items()}
+    return [f"framework {fw.label} cannot run {text(cfg)}; source: {cap.source}"
+            for cap, mask, text in _rules(fw, model) if not bool(mask(a))]
+
+
+def _refuse(fw: FrameworkSpec, what: str, cap: Capability) -> SpecError:
+    return SpecError(f"framework {fw.label} cannot run {what}; source: {cap.source}")
+
+
+def check_training_supported(fw: FrameworkSpec | None, model: ModelSpec, training: TrainingSpec,
+                             gpu: GPUSpec, selective: bool = True) -> None:
+    """Raise a one-line SpecError when the training setup needs what the GPU or the release
+    lacks: a low-precision recipe below its compute capability
+    (:data:`RECIPE_MIN_COMPUTE_CAPABILITY`), a precision the release has no switch for, MoE at
+    all, a token dispatcher / flex backend / CUDA-graph part it lacks, or selective-recompute
+    modules it cannot name (``selective``: the search includes selective recompute)."""
+    recipe = training.precision_name
+    need = RECIPE_MIN_COMPUTE_CAPABILITY.get(recipe)
+    have = gpu.compute_capability_tuple
+    if need is not None and have is not None and have < need:
+        raise SpecError(
+            f"precision {recipe} needs compute capability {need[0]}.{need[1]} or higher "
+            f"(Transformer Engine's check for the recipe): gpu '{gpu.name}' is "
+            f"{gpu.compute_capability}")
+    if fw is None:
+        return
+    if recipe not in fw.precisions:
+        raise SpecError(f"framework {fw.label} cannot run precision {recipe}: it runs "
+                        f"{', '.join(fw.precisions)}")
+    c = fw.capabilities
+    if model.is_moe and _off(c.moe):
+        raise _refuse(fw, f"a mixture-of-experts model ({model.name}, {model.num_experts} "
+                          "experts)", c.moe)
+    if model.is_moe and c.moe_token_dispatchers is not None and (
+            training.moe_token_dispatcher not in c.moe_token_dispatchers.value):
+        raise _refuse(fw, f"moe_token_dispatcher = {training.moe_token_dispatcher} (it has "
+                          f"{', '.join(c.moe_token_dispatchers.value)})", c.moe_token_dispatchers)
+    if model.is_moe and training.moe_token_dispatcher == "flex" and (
+            c.moe_flex_backends is not None) and (
+            training.moe_flex_backend not in c.moe_flex_backends.value):
+        raise _refuse(fw, f"moe_flex_backend = {training.moe_flex_backend} (it has "
+                          f"{', '.join(c.moe_flex_backends.value) or 'none'})", c.moe_flex_backends)
+    if c.cuda_graph_scopes is not None and not (
+            set(training.cuda_graph_scope) <= set(c.cuda_graph_scopes.value)):
+        raise _refuse(fw, f"cuda_graph_scope = {list(training.cuda_graph_scope)} (it captures "
+                          f"{', '.join(c.cuda_graph_scopes.value) or 'no partial CUDA graphs'})",
+                      c.cuda_graph_scopes)
+    if selective and c.recompute_modules is not None and not (
+            set(training.recompute_modules) <= set(c.recompute_modules.value)):
+        raise _refuse(fw, f"selective recompute of {', '.join(training.recompute_modules)} "
+                          f"(it recomputes {', '.join(c.recompute_modules.value)})",
+                      c.recompute_modules)
+
+
+def with_switches_of(fw: FrameworkSpec, training: TrainingSpec) -> FrameworkSpec:
+    """``fw``'s capabilities with ``training``'s own switches: a published recipe's release
+    constrains the search while what the recipe set (overlaps, dispatcher, gradient dtype, ...)
+    stays as the recipe set it."""
+    keep = {k: getattr(training, k) for k in (
+        "overlap_grad_reduce", "overlap_tp_comm", "overlap_p2p_comm", "flash_attention",
+        "zero3_gather", "grad_reduce_in_fp32", "fp8_params", "cross_entropy",
+        "moe_token_dispatcher", "moe_flex_backend", "moe_router_fusion", "cuda_graph_scope")}
+    return fw.model_copy(update={**keep, "fp16_grads_in_fp16": False})

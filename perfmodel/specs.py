@@ -130,6 +130,22 @@ class GPUSpec(Spec):
         "(NCCL kernels take SMs and HBM bandwidth); None uses perfmodel.overlap's value for "
         "the GPU's generation",
     )
+    compute_capability: str | None = Field(
+        default=None, pattern=r"^\d+\.\d+$",
+        description="CUDA compute capability, e.g. '9.0' (Hopper), '10.0' (B200), '10.3' "
+        "(B300): which low-precision recipes Transformer Engine runs on the part")
+    sfu_exp_per_clock_sm: PosFloat | None = Field(
+        default=None,
+        description="exponentials (MUFU.EX2) per clock and SM of the special function units; "
+        "None uses perfmodel.attention_kernels' 16 (Volta to Blackwell)")
+
+    @property
+    def compute_capability_tuple(self) -> tuple[int, int] | None:
+        """:attr:`compute_capability` as ``(major, minor)``; None when not stated."""
+        if self.compute_capability is None:
+            return None
+        major, minor = self.compute_capability.split(".")
+        return int(major), int(minor)
 
     def peak_flops(self, dtype: str | Dtype) -> float:
         """Dense peak in FLOP/s for ``dtype``; raises SpecError if the part lacks it."""

@@ -352,6 +352,9 @@ def _check_single(space: SearchSpace) -> None:
     resolve_config(pc, space.model, space.training, space.cluster,
                    allow_idle_gpus=space.allow_idle_gpus,
                    allow_tp_across_nodes=space.allow_tp_across_nodes)
+    refused = space.framework_refusals(v)
+    if refused:  # what the stack's release cannot run (--framework)
+        raise SpecError(refused[0])
 
 
 def plan(

@@ -28,7 +28,7 @@ Fields that later issues add are read with ``getattr`` and written only when pre
 ``ParallelConfig.first_stage_layers`` / ``last_stage_layers`` / ``embedding_as_layer`` /
 ``loss_as_layer`` (uneven stages) and a precision recipe name (``fp8-cs``, ``fp8-delayed``,
 ``fp8-block``, ``mxfp8``, ``nvfp4``) in ``TrainingSpec.precision`` or
-``TrainingSpec.precision_recipe``.
+``TrainingSpec.low_precision_recipe``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfmodel.config import ParallelConfig
-from perfmodel.frameworks import FrameworkSpec, load_framework
+from perfmodel.frameworks import FrameworkSpec, capability_refusals, load_framework
 from perfmodel.specs import ModelSpec, SpecError, TrainingSpec
 from search.emit_moe import megatron_bridge_moe_fields, megatron_moe_args, torchtitan_moe_fields
 
@@ -86,7 +86,7 @@ def precision_recipe(training: TrainingSpec) -> str:
     """The planned precision as a recipe name: plain ``fp8`` is FP8 with delayed scaling
     (Megatron-LM's ``--fp8-recipe`` default and Transformer Engine's default recipe), plain
     ``fp4`` is NVFP4; a recipe name (``fp8-cs`` ...) is kept."""
-    p = getattr(training, "precision_recipe", None) or training.precision
+    p = training.precision_name
     return {"fp8": "fp8-delayed", "fp4": "nvfp4"}.get(p, p)
 
 
@@ -218,6 +218,9 @@ def refusals(fmt: str, config: ParallelConfig, model: ModelSpec, training: Train
                    f"{chunks[0]}/{chunks[1]}/.../{chunks[-1]} layers)")
     if recipe not in fw.precisions:
         why.append(f"{name} has no {recipe} precision: it runs {', '.join(fw.precisions)}")
+    # what the release adds or lacks ([capabilities]: etp rule, cp with MoE, uneven interleaving)
+    why += capability_refusals(fw, model, {"tp": c.tp, "pp": c.pp, "vp": c.vp, "cp": c.cp,
+                                           "ep": c.ep, "etp": c.expert_tp})
     return why
 
 
@@ -721,14 +724,17 @@ def _alternative(fmt: str, fw: FrameworkSpec, model: ModelSpec, training: Traini
     recipe = _nearest_recipe(precision_recipe(training), fw)
     precision = _base_precision(recipe)
     try:
-        r = replan(fw.name, precision)
+        # the recipe name, not the bare dtype: plain "fp8" means delayed scaling, which a
+        # framework that runs only current scaling (torchtitan) refuses
+        r = replan(fw.name, recipe)
     except SpecError as e:
         return {"framework": fw.name, "error": str(e)}
     if not r.fits_any:
         return {"framework": fw.name, "error": r.why_nothing_fits()}
     row = r.best_row
     cfg = ParallelConfig(**row["config"])
-    alt_training = training.model_copy(update={"precision": precision})
+    alt_training = training.model_copy(update={
+        "precision": precision, "low_precision_recipe": recipe if recipe != precision else None})
     alt: dict[str, Any] = {
         "framework": fw.name, "config": row["config"], "step_time_s": row["step_time_s"],
         "planned_step_time_s": planned_step_time_s,

@@ -26,7 +26,14 @@ import numpy as np
 from pydantic import ValidationError
 
 from perfmodel.config import RECOMPUTE, SCHEDULE, ConfigBatch, ParallelConfig, resolve_config
-from perfmodel.frameworks import FrameworkSpec, framework_pins, zero_pp_allowed
+from perfmodel.frameworks import (
+    FrameworkSpec,
+    capability_mask,
+    capability_refusals,
+    check_training_supported,
+    framework_pins,
+    zero_pp_allowed,
+)
 from perfmodel.specs import ClusterSpec, ModelSpec, SpecError, TrainingSpec, format_validation_error
 
 __all__ = [
@@ -230,6 +237,8 @@ class SearchSpace:
             "framework": zero_pp_allowed(self.framework, zero, pp, tp, sp),
         }
         masks["expert"] = self._expert_mask(a, tp, cp, dp, sp)
+        # what the stack's release runs (its [capabilities]: etp rule, cp with MoE, ...)
+        masks["framework"] &= capability_mask(self.framework, m, a)
         # Drop exact duplicates: with pp = 1 the schedule does not matter (keep 1f1b), with
         # dp = 1 the ZeRO stage does not (keep the smallest stage offered).
         canonical = np.ones(tp.shape, dtype=bool)
@@ -396,13 +405,25 @@ class SearchSpace:
             return str(err)
         if self.num_microbatches is not None:
             return f"num_microbatches must be one of {self.num_microbatches.tolist()}"
-        fw = self.framework
-        if fw is not None and cfg["pp"] > 1 and cfg["zero_stage"] > fw.max_zero_stage_with_pp:
-            return (f"framework {fw.name} runs ZeRO stage <= {fw.max_zero_stage_with_pp} with "
-                    f"pipeline parallelism (zero_stage {cfg['zero_stage']}, pp {cfg['pp']})")
-        if fw is not None and fw.sequence_parallel == "required" and cfg["tp"] > 1:
-            return f"framework {fw.name} always uses sequence parallelism with tp > 1 (tp {cfg['tp']})"
+        refused = self.framework_refusals(cfg)
+        if refused:
+            return refused[0]
         return ", ".join(f"{k}={v}" for k, v in cfg.items()) + " is invalid"
+
+    def framework_refusals(self, cfg: Mapping[str, Any]) -> list[str]:
+        """Why the framework does not run one configuration (ints; empty: it does)."""
+        fw = self.framework
+        if fw is None:
+            return []
+        out = []
+        if cfg["pp"] > 1 and cfg["zero_stage"] > fw.max_zero_stage_with_pp:
+            out.append(f"framework {fw.name} runs ZeRO stage <= {fw.max_zero_stage_with_pp} "
+                       f"with pipeline parallelism (zero_stage {cfg['zero_stage']}, pp "
+                       f"{cfg['pp']})")
+        if fw.sequence_parallel == "required" and cfg["tp"] > 1 and not cfg["sequence_parallel"]:
+            out.append(f"framework {fw.name} always uses sequence parallelism with tp > 1 "
+                       f"(tp {cfg['tp']})")
+        return out + capability_refusals(fw, self.model, cfg)
 
 
 # --------------------------------------------------------------------------------------------
@@ -559,6 +580,9 @@ def make_space(
                     f"{', '.join(str(x) for x in pins[d])}")
             values[d] = narrowed
         values[d].setflags(write=False)
+    # the GPU and the stack's release run the training setup (precision recipe, dispatcher, ...)
+    check_training_supported(framework, model, training, cluster.gpu,
+                             selective=RECOMPUTE.index("selective") in values["recompute"])
     # A vp pinned above 1 implies the interleaved schedule, and sp is only meaningful with tp>1:
     # narrow the free dimensions rather than make the user say so.
     if "schedule" not in fixed and values["vp"].min() > 1:

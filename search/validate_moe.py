@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.config import ConfigBatch, ParallelConfig, resolve_config
+from perfmodel.frameworks import FrameworkSpec, load_framework, with_switches_of
 from perfmodel.specs import (
     ClusterSpec,
     ModelSpec,
@@ -513,7 +514,31 @@ def moe_summary(report: pd.DataFrame) -> dict:
             "worst_row": str(report.loc[err.idxmax(), "row_id"]) if len(report) else ""}
 
 
-def moe_tuned_report(path: Path | None = None, limit: int | None = None) -> pd.DataFrame:
+#: The framework preset whose ``[capabilities]`` each row's release runs under (first match of
+#: the row's ``release``): the tuned search keeps to what that release can run (etp = tp before
+#: Megatron-Core 0.10, no uneven interleaving before 0.11, ...), with the row's own switches.
+#: dgxc v24.11.1 (Grok-1, NeMo-Framework-Launcher on a NeMo dev container of Nov 2024): taken as
+#: NeMo 24.09 (Megatron-Core 0.9), the container the same dgxc release names for its Nemotron
+#: recipes (training_runs_dev.csv: "NeMo 24.09 container (table title says 24.11)"); its
+#: grok1_314b.yaml sets no expert_tensor_parallel_size. Releases without a preset of their own
+#: (dgxc v25.02.01 = NeMo 24.12 / Megatron-Core 0.10; NeMo 25.02 - 25.07) are not constrained.
+RELEASE_FRAMEWORK = (("MCore v0.8", "nemo-24.07"), ("MCore v0.9", "nemo-24.09"),
+                     ("dgxc v24.11.1", "nemo-24.09"), ("NeMo container 25.09", "bridge-25.x"),
+                     ("NeMo container 25.11", "bridge-25.x"),
+                     ("NeMo container 26.02", "bridge-26.02"),
+                     ("Megatron-Core dev", "megatron-lm"))
+
+
+def release_framework(release: str) -> FrameworkSpec | None:
+    """The preset of a row's release (:data:`RELEASE_FRAMEWORK`), or None."""
+    for prefix, name in RELEASE_FRAMEWORK:
+        if str(release).startswith(prefix):
+            return load_framework(name)
+    return None
+
+
+def moe_tuned_report(path: Path | None = None, limit: int | None = None,
+                     release_capabilities: bool = True) -> pd.DataFrame:
     """Tuned-recipe check: for each distinct setting (model, GPU, GPU count, global batch,
     sequence, precision) the published recipe's measured step time over the best step time a
     free search predicts (same training setup; ep, etp, tp, pp, vp, cp, micro-batch, recompute
@@ -533,10 +558,15 @@ def moe_tuned_report(path: Path | None = None, limit: int | None = None) -> pd.D
     largest. ``recipe_microbatches`` / ``best_microbatches`` show whether the pick amortises
     per-micro-batch costs (the dispatcher's host sync, the all-to-all latency) over fewer, larger
     micro-batches; ``recipe_hbm_frac`` / ``best_hbm_frac`` are the predicted peaks over the
-    usable HBM (a pick near 1.0 lives on the memory model's accuracy)."""
+    usable HBM (a pick near 1.0 lives on the memory model's accuracy).
+
+    ``release_capabilities``: the search keeps to what the row's release runs
+    (:func:`release_framework`, its capabilities with the row's own switches); ``framework``
+    names the preset (empty: not constrained)."""
     from search.api import plan
 
     df = pd.read_csv(path or VALIDATION_DIR / "moe_runs_dev.csv")
+    release = dict(zip(df["row_id"].astype(str), df["release"].astype(str), strict=True))
     cases = []
     for _, r in df.iterrows():
         try:
@@ -553,8 +583,10 @@ def moe_tuned_report(path: Path | None = None, limit: int | None = None) -> pd.D
     for i, (key, c) in enumerate(sorted(best.items(), key=lambda kv: str(kv[0]))):
         if limit is not None and i >= limit:
             break
+        fw = release_framework(release[c.row_id]) if release_capabilities else None
         r = plan(c.model, c.cluster, c.training, top=1, uneven_layers=True,
-                 zero_stage=c.config.zero_stage, sequence_parallel=None)
+                 zero_stage=c.config.zero_stage, sequence_parallel=None,
+                 framework=None if fw is None else with_switches_of(fw, c.training))
         pred = float(r.top["step_time_s"].iloc[0]) if r.fits_any else float("nan")
         own = evaluate(c.model, c.training, c.cluster, ConfigBatch.from_configs([c.config]))
         recipe_s = float(own.step_time_s[0])
@@ -565,6 +597,7 @@ def moe_tuned_report(path: Path | None = None, limit: int | None = None) -> pd.D
                      "recipe_predicted_s": recipe_s, "recipe_fits": bool(own.fits[0]),
                      "search_gain": recipe_s / pred if not math.isnan(pred) else float("nan"),
                      "best_config": _cfg_text(r.top.iloc[0]) if r.fits_any else "",
+                     "framework": "" if fw is None else fw.name,
                      **_gain_split(own, c.config, r)})
     out = pd.DataFrame(rows)
     if len(out):

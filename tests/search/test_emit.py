@@ -134,3 +134,14 @@ def test_unknown_format():
     c, m, t = load_plan("llama-zero3")
     with pytest.raises(SpecError, match="expected one of"):
         emit("nemo", c, m, t)
+
+
+@pytest.mark.parametrize("precision, recipe", [("fp8", "delayed"), ("fp8-cs", "tensorwise"),
+                                               ("fp8-delayed", "delayed")])
+def test_megatron_writes_the_planned_fp8_recipe(precision, recipe):
+    """The recipe the plan was priced with is the one emitted (fp8-cs is current scaling,
+    Megatron's ``--fp8-recipe tensorwise``; plain fp8 is delayed scaling)."""
+    c, m, t = load_plan("llama-fp8")
+    f = _flags(emit("megatron", c, m, t.model_copy(update={"precision": "fp8",
+                    "low_precision_recipe": {"fp8": None}.get(precision, precision)})))
+    assert f["--fp8-format"] == "hybrid" and f["--fp8-recipe"] == recipe
