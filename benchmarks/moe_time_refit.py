@@ -90,8 +90,8 @@ def fit(cs, x0) -> np.ndarray:
     return np.clip(res.x * SCALE, LO, HI)
 
 
-GRID_HOST_S = (8e-5, 9e-5, 1e-4, 1.1e-4, 1.3e-4)
-GRID_SLOWDOWN = (0.0, 0.2, 0.3, 0.4)
+GRID_HOST_S = (6e-5, 7e-5, 8e-5, 9e-5, 1e-4, 1.1e-4, 1.3e-4)
+GRID_SLOWDOWN = (0.0, 0.1, 0.2, 0.3, 0.4)
 
 
 def grid_fit(cs) -> None:

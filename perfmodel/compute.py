@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from perfmodel import attention_kernels, mamba, moe, moe_dispatch
+from perfmodel import attention_kernels, mamba, moe, moe_dispatch, quantise
 from perfmodel import eager as eager_kernels
 from perfmodel.calibration import KERNEL_MIN_S, Calibration, calibration_for
 from perfmodel.config import ConfigBatch
@@ -664,12 +664,15 @@ def _gemm_phase(c: _LayerContext, ph: _Phase, layouts: tuple[str, ...],
     for name, m_, n_, k_, count in c.gemms:
         if name in skip:
             continue
+        # the MoE router stays 16-bit under fp8 / fp4 (quantise.BF16_GEMMS)
+        peak, ratio = ((pr.peak16, pr.ratio16) if pr.lowp and name in quantise.BF16_GEMMS
+                       else (pr.peak, pr.ratio))
         for lay in layouts:
             if name.startswith("expert_"):
-                ph.add(grouped_gemm_time_s(c.cal, count, m_, n_, k_, lay, pr.peak, pr.ratio)
+                ph.add(grouped_gemm_time_s(c.cal, count, m_, n_, k_, lay, peak, ratio)
                        * moe.grouped_gemm_slowdown(c.model, c.batch), count)
             else:
-                ph.add(count * gemm_time_s(c.cal, m_, n_, k_, lay, pr.peak, pr.ratio), count)
+                ph.add(count * gemm_time_s(c.cal, m_, n_, k_, lay, peak, ratio), count)
 
 
 def _moe_kernels(c: _LayerContext, ph: _Phase, pass_: str) -> None:
@@ -822,6 +825,22 @@ def _graph_saved_launches(c: _LayerContext, ph: _Phase, pass_: str) -> None:
         ph.add(0.0, -moe_dispatch.graph_saved_launches(c.model, c.training, pass_, c.pr.lowp))
 
 
+def _quantise_casts(c: _LayerContext, ph: _Phase, pass_: str) -> None:
+    """The layer's low-precision quantisation casts in ``pass_`` where Transformer Engine runs
+    them (:func:`perfmodel.quantise.layer_quantise_terms`: sequence-parallel operands cast on
+    their local rows, delayed scaling's cast inside the norm, transposes only on TN-only GPUs),
+    as ``copy``-bandwidth kernels."""
+    if c.model.is_hybrid:
+        # a hybrid average layer's GEMM operands (:func:`_hybrid_gemm_cols`), cast as four
+        # kernels of the recipe's bytes per value (no per-operand sequence-parallel split)
+        ph.mem("copy", quantise_bytes(c.T * _hybrid_gemm_cols(c, pass_), c.pr.recipe) / 4, 4)
+        return
+    name = c.training.low_precision_recipe or "fp8-delayed"
+    nbytes, kernels = quantise.layer_quantise_terms(c.gemms, name, c.pr.recipe, c.pr.act_b, c.gpu,
+                                                    c.tp, c.batch.sequence_parallel, pass_)
+    ph.mem("copy", nbytes / np.maximum(kernels, 1.0), kernels)
+
+
 def _layer_forward(c: _LayerContext, ph: _Phase, early_stop: bool = False) -> None:
     """One layer's forward: GEMMs, attention and the memory-bound kernels. ``early_stop``:
     torch.utils.checkpoint (non-reentrant) stops the recomputation once the last saved tensor
@@ -844,9 +863,7 @@ def _layer_forward(c: _LayerContext, ph: _Phase, early_stop: bool = False) -> No
     _rope_kernels(c, ph)
     _mamba_kernels(c, ph, "fwd")
     if pr.lowp:
-        cols = (_hybrid_gemm_cols(c, "fwd") if c.model.is_hybrid
-                else 2 * h + c.nh_gpu * c.d + c.f_gpu)
-        ph.mem("copy", quantise_bytes(T * cols, pr.recipe) / 4, 4)
+        _quantise_casts(c, ph, "fwd")
 
 
 def _layer_backward(c: _LayerContext, ph: _Phase) -> None:
@@ -873,10 +890,8 @@ def _layer_backward(c: _LayerContext, ph: _Phase) -> None:
         # bias gradients: column sums of the output gradients
         ph.mem("add", act_b * T * (c.gemms[0][2] + h + c.act_cols + h) / 4, 4)
     _rope_kernels(c, ph)
-    if pr.lowp:  # quantise the four GEMMs' output gradients
-        cols = (_hybrid_gemm_cols(c, "bwd") if model.is_hybrid
-                else c.gemms[0][2] + c.act_cols + 2 * h)
-        ph.mem("copy", quantise_bytes(T * cols, pr.recipe) / 4, 4)
+    if pr.lowp:  # quantise the GEMMs' output gradients
+        _quantise_casts(c, ph, "bwd")
 
 
 def launch_cost_s(gpu: GPUSpec) -> tuple[float, float]:

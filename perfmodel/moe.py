@@ -76,7 +76,7 @@ the expert count [s]: the dispatcher's device-to-host copy of the per-expert tok
 :data:`MOE_EXPERT_HOST_S` on ``moe_runs_dev.csv``: the fit puts it at 0 once the per-expert
 term is there (see ``docs/moe.md``), so it is kept as a named hook at 0."""
 
-MOE_EXPERT_HOST_S = 9e-5
+MOE_EXPERT_HOST_S = 7e-5
 """Host time exposed per *local expert*, MoE layer pass (forward or backward) and micro-batch
 [s]. After the dispatcher's device-to-host sync (``tokens_per_expert`` to the host: the grouped
 GEMM's ``m_splits``) the GPU queue is empty, and Transformer Engine's ``GroupedLinear`` then does
@@ -88,8 +88,10 @@ device and launch time instead fits worse: 11.3 against 11.1 % MAPE, leave-one-m
 against 11.3 %). ``E/ep`` local experts: DeepSeek-V3 with ep 8 has 32, Qwen3-235B with ep 64 has
 2. Fitted on ``moe_runs_dev.csv`` (94 rows, 8 models) with the dispatcher switches each row
 names (:mod:`perfmodel.moe_dispatch`), jointly with :data:`TE_GROUPED_GEMM_SLOWDOWN`
-(``python -m benchmarks.moe_time_refit --grid``): 0.09 ms (MAPE 10.03 %, leave-one-model-out
-10.7 %, folds 0.08-0.10 ms; 10.33 / 11.0 % before Grok-1's flash-attn 2 kernel; docs/moe.md "Per-expert host time and grouped GEMMs"). Alone it was
+(``python -m benchmarks.moe_time_refit --grid``): 0.07 ms on the 98 rows with the rows' own fp8
+recipes and TE's quantisation casts on the routed experts' top-k rows (s5-fp8): MAPE 10.40 %,
+64 % within 10 %, leave-one-model-out 11.2 % (folds 0.07-0.11 ms, slowdown 0-0.3; (0.08 ms,
+0.20) fits as well); 0.09 ms before those casts (10.33 % on 94 rows, leave-one-model-out 11.0 %); docs/moe.md "Per-expert host time and grouped GEMMs"). Alone it was
 0.13 ms (11.2 %): then it also carried device time that grows with the micro-batch's tokens (the
 multi-stream grouped GEMM), so fewer, larger micro-batches looked too cheap to the search.
 Megatron-Core's remedies confirm the effect: ``--moe-pad-expert-input-to-capacity`` (no sync),

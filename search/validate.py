@@ -259,6 +259,36 @@ def _bridge_parenthetical(r: pd.Series) -> bool:
             and "parenthetical variant" in str(r.get("notes", "")).lower())
 
 
+def precision_from_text(text: str, modern: bool = True, parenthetical: bool = False) -> str:
+    """The ``--precision`` name (dtype or low-precision recipe) of a published row's precision
+    text: FP4 -> nvfp4; FP8-MX / MXFP8 -> mxfp8 (Blackwell MXFP8 block scaling); ``parenthetical``
+    (a 25.09 Megatron-Bridge row that is the FP8-MX variant of its table cell) -> mxfp8; FP8-CS /
+    current scaling -> fp8-cs; FP8 blockwise -> fp8-block; any other FP8 -> fp8-delayed (NeMo
+    24.x / Transformer Engine's default DelayedScaling, "hybrid"); BF16; FP32 / TF32 unless mixed;
+    else fp16 before the bf16 era (``modern`` False), bf16 after.
+
+    Example: "FP8-CS (inferred)" -> fp8-cs; "MXFP8 (footnote: '32x32' granularity)" -> mxfp8;
+    "FP8 (TE delayed scaling, fp8_hybrid)" -> fp8-delayed."""
+    t = text.lower()
+    if "fp4" in t:
+        return "nvfp4"
+    if "fp8-mx" in t or "mxfp8" in t:
+        return "mxfp8"  # Megatron-Bridge FP8-MX: MXFP8 block scaling (Blackwell)
+    if parenthetical:
+        return "mxfp8"  # 25.09: the FP8-MX variant of a Megatron-Bridge table cell
+    if "fp8-cs" in t or "current scaling" in t:
+        return "fp8-cs"  # Megatron-Bridge 25.x FP8-CS (25.09 rows: inferred, see README)
+    if "block" in t and "fp8" in t:
+        return "fp8-block"
+    if "fp8" in t:
+        return "fp8-delayed"  # NeMo 24.x / TE default recipe: delayed scaling ("hybrid")
+    if "bf16" in t or "bfloat" in t:
+        return "bf16"
+    if ("fp32" in t or "tf32" in t) and "mixed" not in t:
+        return "fp32"
+    return "fp16" if not modern else "bf16"
+
+
 def case_from_row(r: pd.Series) -> Case:
     """Express one row of a training-runs CSV (the columns of ``training_runs_dev.csv``);
     raises SpecError with the reason if the tool cannot express it."""
@@ -304,24 +334,8 @@ def case_from_row(r: pd.Series) -> Case:
         linear_bias=not (gated or is_nemotron),
     )
     prec_txt = str(r["precision"]).lower()
-    if "fp4" in prec_txt:
-        precision = "nvfp4"
-    elif "fp8-mx" in prec_txt or "mxfp8" in prec_txt:
-        precision = "mxfp8"  # Megatron-Bridge FP8-MX: MXFP8 block scaling (Blackwell)
-    elif "fp8" in prec_txt and "inferred" in prec_txt and _bridge_parenthetical(r):
-        precision = "mxfp8"  # 25.09: the FP8-MX variant of a Megatron-Bridge table cell
-    elif "fp8-cs" in prec_txt or "current scaling" in prec_txt:
-        precision = "fp8-cs"  # Megatron-Bridge 25.x FP8-CS (25.09 rows: inferred, see README)
-    elif "block" in prec_txt and "fp8" in prec_txt:
-        precision = "fp8-block"
-    elif "fp8" in prec_txt:
-        precision = "fp8-delayed"  # NeMo 24.x / TE default recipe: delayed scaling ("hybrid")
-    elif "bf16" in prec_txt or "bfloat" in prec_txt:
-        precision = "bf16"
-    elif ("fp32" in prec_txt or "tf32" in prec_txt) and "mixed" not in prec_txt:
-        precision = "fp32"
-    else:
-        precision = "fp16" if not modern else "bf16"
+    precision = precision_from_text(prec_txt, modern, "fp8" in prec_txt and "inferred" in prec_txt
+                                    and _bridge_parenthetical(r))
     # the era's overlap and attention switches, from its framework preset: Megatron-LM 2020-2022
     # (gradient all-reduce after the flush, no TP overlap, blocking p2p, fused softmax storing
     # the attention scores) or a current Megatron-Core / NeMo stack

@@ -56,6 +56,7 @@ from search.validate import (
     attention_switches,
     dgxc_attention_env,
     era_switches,
+    precision_from_text,
 )
 
 __all__ = ["moe_case_from_row", "moe_runs_report", "moe_summary", "moe_tuned_report",
@@ -124,12 +125,10 @@ def _cluster(r: pd.Series) -> ClusterSpec:
 
 
 def _precision(text: str) -> str:
-    t = text.lower()
-    if "fp8" in t:
-        return "fp8"
-    if "fp4" in t:
-        return "fp4"
-    return "bf16"
+    """The row's precision and low-precision recipe (:func:`search.validate.precision_from_text`:
+    MXFP8, FP8-CS, FP8 blockwise or delayed scaling; each prices its own quantisation and GEMM
+    rate, :data:`perfmodel.compute.LOW_PRECISION_RECIPES`)."""
+    return precision_from_text(text)
 
 
 def _recompute(text: str) -> str:
