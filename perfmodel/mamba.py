@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfmodel.memory import activation_operands
+
 __all__ = [
     "SSD_BWD_COUNTS",
     "SSD_MMA_EFFICIENCY",
@@ -344,11 +346,8 @@ def mamba_activation_bytes(model, seq_len, micro_batch_size, *, tp=1, sequence_p
     conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, ...)``; the conv output and chunk states
     are recomputed); Megatron-Core ``MambaMixer._ssm_training`` (``self.norm(y)``, ``out_proj``).
     """
-    t = np.asarray(tp, dtype=np.float64)
-    r = np.where(np.asarray(sequence_parallel, dtype=bool), t, 1.0)
-    sb = np.asarray(seq_len, dtype=np.float64) * np.asarray(micro_batch_size, dtype=np.float64)
-    e = float(bytes_per_value)
-    gi = e if gemm_input_bytes is None else float(gemm_input_bytes)
+    t, r, sb, e, gi = activation_operands(tp, sequence_parallel, seq_len, micro_batch_size,
+                                          bytes_per_value, gemm_input_bytes)
     h, di = float(model.hidden_size), float(mamba_d_inner(model))
     mask = np.where(np.asarray(dropout, dtype=bool), 1.0, 0.0)
     return (gi * sb * h / r + e * sb * (mamba_in_proj_size(model) + di) / t + e * sb * di / t
@@ -367,11 +366,8 @@ def hybrid_layer_activation_bytes(model, layer_bytes, seq_len, micro_batch_size,
     (mlp share)*(g + k) + (X(f) - X(0)) + m*(Mamba2 mixer)``, with ``a`` the attention, ``m``
     the Mamba2 share of the layers and the effective FFN ``f`` over all layers
     (:func:`perfmodel.moe.effective_ffn_size`). Full recompute keeps the layer input only."""
-    t = np.asarray(tp, dtype=np.float64)
-    r = np.where(np.asarray(sequence_parallel, dtype=bool), t, 1.0)
-    sb = np.asarray(seq_len, dtype=np.float64) * np.asarray(micro_batch_size, dtype=np.float64)
-    e = float(bytes_per_value)
-    gi = e if gemm_input_bytes is None else float(gemm_input_bytes)
+    _t, r, sb, e, gi = activation_operands(tp, sequence_parallel, seq_len, micro_batch_size,
+                                           bytes_per_value, gemm_input_bytes)
     h = float(model.hidden_size)
     mask = np.where(np.asarray(dropout, dtype=bool), 1.0, 0.0)
     n, g, k = e * sb * h / r, gi * sb * h / r, mask * sb * h / r

@@ -215,3 +215,10 @@ def test_optimizer_grad_copy_excess_bytes():
 @pytest.mark.parametrize("gpu, expected", [(H100.gpu, 0.3 * GIB), (CPU, 0.0)])
 def test_allocator_allowance_bytes(gpu, expected):
     assert mem.allocator_allowance_bytes(gpu, 10 * GIB) == pytest.approx(expected, rel=1e-15)
+
+
+def test_activation_operands():
+    t, r, sb, e, gi = mem.activation_operands(4, True, 2048, 2, 2.0, None)
+    assert (float(t), float(r), float(sb), e, gi) == (4.0, 4.0, 4096.0, 2.0, 2.0)
+    t, r, sb, e, gi = mem.activation_operands(np.array([8]), np.array([False]), 4096, 1, 2.0, 1.0)
+    assert (float(r[0]), float(sb), gi) == (1.0, 4096.0, 1.0)  # no sp: divisor 1; fp8 inputs
