@@ -527,7 +527,7 @@ def planner(
         help="only configurations whose peak is at most this, e.g. 70GiB")] = None,
     framework: Annotated[str | None, typer.Option(
         help="the training stack you will launch (megatron-2021, megatron-2022, nemo-24.07, "
-             "nemo-24.09, bridge-25.x, deepspeed, deepspeed-2021, torchtitan, or a TOML file): sets its "
+             "nemo-24.09, bridge-25.09, bridge-25.x, bridge-26.02, deepspeed, deepspeed-2021, torchtitan, or a TOML file): sets its "
              "switches and keeps the search to what it runs")] = None,
     training: Annotated[Path | None, typer.Option(
         help="training spec TOML (global_batch_size, seq_len, precision, optimizer, overlap "

@@ -559,7 +559,7 @@ _SOURCE_GROUPS = (  # (substring of the source text, short name); first match
 #: The framework preset (``hardware_specs/frameworks``) each vendor source ran: the tuned
 #: search keeps to what that stack can run (its ZeRO stages, schedules, recompute modes).
 _SOURCE_FRAMEWORK = {"NeMo 24.07": "nemo-24.07", "NeMo 24.09 DGX Cloud": "nemo-24.09",
-                     "Megatron-Bridge 25.09": "bridge-25.x", "Megatron-Bridge 25.11": "bridge-25.x"}
+                     "Megatron-Bridge 25.09": "bridge-25.09", "Megatron-Bridge 25.11": "bridge-25.x"}
 #: Sources that publish tuned vendor recipes (what ``--tuned`` searches against).
 VENDOR_RECIPE_SOURCES = ("NeMo 24.07", "NeMo 24.09 DGX Cloud", "Megatron-Bridge 25.09",
                          "Megatron-Bridge 25.11")

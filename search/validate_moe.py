@@ -559,7 +559,7 @@ def moe_summary(report: pd.DataFrame) -> dict:
 #: grok1_314b.yaml sets no expert_tensor_parallel_size. Releases without a preset of their own
 #: (dgxc v25.02.01 = NeMo 24.12 / Megatron-Core 0.10; NeMo 25.02 - 25.07) are not constrained.
 RELEASE_FRAMEWORK = (("MCore v0.8", "nemo-24.07"), ("MCore v0.9", "nemo-24.09"),
-                     ("dgxc v24.11.1", "nemo-24.09"), ("NeMo container 25.09", "bridge-25.x"),
+                     ("dgxc v24.11.1", "nemo-24.09"), ("NeMo container 25.09", "bridge-25.09"),
                      ("NeMo container 25.11", "bridge-25.x"),
                      ("NeMo container 26.02", "bridge-26.02"),
                      ("Megatron-Core dev", "megatron-lm"))

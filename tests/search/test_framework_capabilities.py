@@ -254,3 +254,17 @@ def test_sfu_rate_follows_the_field_not_the_name():
     assert ak.exp_per_mma_flop(plain) == pytest.approx(ak.SFU_EXP_PER_CLOCK_SM / 8192)
     fast_b200 = load_gpu("b200").model_copy(update={"sfu_exp_per_clock_sm": 32.0})
     assert ak.exp_per_mma_flop(fast_b200) == pytest.approx(32 / 8192)
+
+
+def test_bridge_25_09_lacks_what_megatron_core_015_added():
+    """NeMo 25.09 (Megatron-Core 0.14) runs DeepEP but not HybridEP, and no partial CUDA graphs;
+    NeMo 25.11 (bridge-25.x, Megatron-Core 0.15) runs both."""
+    hyb = TR.model_copy(update={"moe_token_dispatcher": "flex", "moe_flex_backend": "hybridep"})
+    g = TR.model_copy(update={"cuda_graph_scope": ("attn",)})
+    old, new = load_framework("bridge-25.09"), load_framework("bridge-25.x")
+    for t in (hyb, g):
+        with pytest.raises(SpecError, match=r"bridge-25\.09 .* cannot run"):
+            make_space(MIX, t, B200_64, framework=old)
+        assert make_space(MIX, t, B200_64, framework=new).size > 0
+    deep = TR.model_copy(update={"moe_token_dispatcher": "flex", "moe_flex_backend": "deepep"})
+    assert make_space(MIX, deep, B200_64, framework=old).size > 0
