@@ -131,13 +131,15 @@ def mamba_d_inner(model) -> int:
 
 
 def mamba_in_proj_size(model) -> int:
-    """Output features of ``in_proj``: ``2*d_inner + 2*G*N + H`` (z, x, B, C, dt)."""
+    """Output features of ``in_proj``: ``2*d_inner + 2*G*N + H`` (z, x, B, C, dt; Megatron-Core
+    ``ssm/mamba_mixer.py`` ``MambaMixer.__init__``)."""
     return (2 * mamba_d_inner(model) + 2 * model.mamba_num_groups * model.mamba_state_dim
             + mamba_heads(model))
 
 
 def mamba_conv_dim(model) -> int:
-    """Channels of the causal conv1d: ``d_inner + 2*G*N`` (x, B, C)."""
+    """Channels of the causal conv1d: ``d_inner + 2*G*N`` (x, B, C; Megatron-Core
+    ``ssm/mamba_mixer.py`` ``conv_dim``)."""
     return mamba_d_inner(model) + 2 * model.mamba_num_groups * model.mamba_state_dim
 
 

@@ -59,9 +59,17 @@ _GENERATION_BY_NAME = (  # (substring of the GPU name, generation); first match
 )
 
 
+_GENERATION_BY_CC_MAJOR = {7: "volta", 8: "ampere", 9: "hopper", 10: "blackwell"}
+
+
 def gpu_generation(gpu: GPUSpec) -> str:
-    """Architecture generation of a GPU from its name (``hopper``, ``blackwell``, ...;
-    ``other`` when unknown)."""
+    """Architecture generation of a GPU (``hopper``, ``blackwell``, ...; ``other`` when
+    unknown): from its ``compute_capability`` where the spec states one (NVIDIA's CUDA GPUs
+    list: 7.x Volta, 8.0 / 8.6 Ampere, 9.0 Hopper, 10.x Blackwell; Ada's 8.9 by name), else from
+    its name."""
+    cc = gpu.compute_capability_tuple
+    if cc is not None and cc != (8, 9) and cc[0] in _GENERATION_BY_CC_MAJOR:
+        return _GENERATION_BY_CC_MAJOR[cc[0]]
     name = gpu.name.upper()
     for key, gen in _GENERATION_BY_NAME:
         if key in name:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfmodel.overlap import gpu_generation
 from perfmodel.specs import GPUSpec
 
 __all__ = [
@@ -65,9 +66,7 @@ NORM_FUSED_RECIPES = frozenset({"fp8-delayed"})
 def transpose_copy_needed(gpu: GPUSpec) -> bool:
     """Whether a tensor-scaled fp8 GEMM operand needs a transposed copy: True on GPUs whose
     cuBLAS fp8 GEMMs take only the TN layout (everything before Blackwell), False on Blackwell
-    (TE ``is_non_tn_fp8_gemm_supported``: compute capability 10.x)."""
-    from perfmodel.overlap import gpu_generation
-
+    (TE ``is_non_tn_fp8_gemm_supported``: compute capability 10.x, :func:`gpu_generation`)."""
     return gpu_generation(gpu) != "blackwell"
 
 
@@ -89,6 +88,10 @@ def operand_quantise(rows_local, rows_gemm, cols, recipe_name: str, recipe, act_
     of 8192 rows, 8192 columns), delayed scaling: the norm writes it, the transpose of the
     gathered tensor moves 8192 * 8192 * 2 = 134 MB in 1 kernel; current scaling adds the
     amax and cast of the local rows, 2048 * 8192 * (2 * 2 + 1) = 84 MB in 2 kernels.
+
+Source: Transformer Engine ``pytorch/csrc/extensions/normalization.cpp`` (the norm's fp8
+output), ``pytorch/csrc/quantizer.cpp`` (``with_transpose``), ``module/layernorm_linear.py`` /
+``linear.py`` (quantise, then gather); the module docstring says which does what.
     """
     local = np.asarray(rows_local, dtype=np.float64) * cols
     full = np.asarray(rows_gemm, dtype=np.float64) * cols
@@ -121,6 +124,10 @@ def layer_quantise_terms(gemms, recipe_name: str, recipe, act_b: float, gpu: GPU
     Example: a dense layer with fp8 delayed scaling at tp 1 on an H100 (T tokens, hidden h,
     fc2 input f): forward qkv and fc1 inputs are written by the norms and transposed
     (2 * 2 T h bytes, 2 kernels), proj and fc2 inputs cast-transposed (4 bytes per element).
+
+Source: as :func:`operand_quantise`; the sequence-parallel operands are Megatron-Core's
+(``tensor_parallel/layers.py``: column-parallel inputs gathered, row-parallel outputs
+reduce-scattered).
     """
     tp = np.asarray(tp, dtype=np.float64)
     sp = np.asarray(sequence_parallel, dtype=bool) & (tp > 1)

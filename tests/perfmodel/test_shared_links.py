@@ -42,6 +42,17 @@ def test_overlap_slowdown_hand_computed():
     assert overlap.overlap_slowdown_for(own) == 0.3
 
 
+def test_gpu_generation_from_compute_capability_else_name():
+    h100 = load_gpu("h100-sxm5-80gb")
+    renamed = h100.model_copy(update={"name": "my-accelerator"})
+    assert overlap.gpu_generation(renamed) == "hopper"  # 9.0
+    assert overlap.gpu_generation(renamed.model_copy(update={"compute_capability": "10.3"})) == (
+        "blackwell")
+    assert overlap.gpu_generation(renamed.model_copy(update={"compute_capability": None})) == (
+        "other")  # neither stated nor a known name
+    assert overlap.gpu_generation(h100.model_copy(update={"compute_capability": None})) == "hopper"
+
+
 def test_quantise_bytes_hand_computed():
     cs = compute.LOW_PRECISION_RECIPES["fp8-cs"]
     assert compute.quantise_bytes(1e6, cs) == pytest.approx(6e6)  # 2 reads of 2 B + 2 x 1 B
