@@ -10,7 +10,7 @@ does (docs/compute.md, "FP8 GEMM efficiency by shape: probed"):
   does not halve when the main loop runs at the fp8 rate: the fp8 GEMM time is multiplied by
   ``(1 + k0 / K) / (1 + k0 / K_ref)`` with ``K`` the GEMM's reduction length (fwd ``k``, dgrad
   ``n``, wgrad ``m``) and ``K_ref`` the length at which the fitted 0.85 is left unchanged.
-  ``k0`` from ``hardware_specs/calibration/published/fp8_gemm_h800.csv``: tile-lang's
+  ``k0`` from ``benchmarks/published_fp8_gemm_h800.csv``: tile-lang's
   per-tensor fp8 sweep (M = N = 8192, K 2048 -> 16384: 1343 -> 1541 TFLOP/s) fits
   ``k0 = 350``; DeepGEMM's block-scaled table (M = 4096, N = 7168, K 2048 vs 16384: 1025 vs
   1358) fits ``k0 = 800``.
