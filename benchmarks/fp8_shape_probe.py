@@ -1,10 +1,10 @@
 """Probe of two shape-dependent FP8 GEMM prices against the dev split (issue 17, s6-i17).
 
-The shipped model prices a Transformer Engine fp8 GEMM at the bf16 efficiency of the same
-``(m, n, k, layout)`` times ``compute.LOW_PRECISION_GEMM_RATIO`` (0.85) and the recipe's ratio,
-against the 2x fp8 peak: one ratio for every shape. This script tries, without changing the
-package, the two shape terms published FP8 kernels suggest, and scores each the way issue 17
-does (docs/compute.md, "FP8 GEMM efficiency by shape: probed"):
+Before session 6 the model priced a Transformer Engine fp8 GEMM at the bf16 efficiency of the
+same ``(m, n, k, layout)`` times ``compute.LOW_PRECISION_GEMM_RATIO`` (0.85) and the recipe's
+ratio, against the 2x fp8 peak: one ratio for every shape (variant ``flat``). This script
+scores the two shape terms published FP8 kernels suggest the way issue 17 does (docs/compute.md,
+"FP8 GEMM efficiency by shape"); the first ships on Hopper (``compute.low_precision_tile_factor``):
 
 * ``k0`` -- a per-tile fixed cost (prologue, bf16 epilogue / TMA store, scale application) that
   does not halve when the main loop runs at the fp8 rate: the fp8 GEMM time is multiplied by
@@ -24,7 +24,7 @@ Prints per variant: the dense MAPE (147 rows), the H100 fp8 rows' MAPE, the MoE 
 rows' MAPE, the Megatron-Bridge H100 Llama 3 rows, and with ``--cv`` the leave-one-group-out
 cross-validation (``search.calibrate.cross_validate``, ~30 s per variant).
 
-Run: ``python -m benchmarks.fp8_shape_probe [--cv] [--variants base,k0=350,k0=800,tn]``.
+Run: ``python -m benchmarks.fp8_shape_probe [--cv] [--variants flat,shipped,k0=800,tn]``.
 """
 
 from __future__ import annotations
@@ -56,27 +56,36 @@ def _tn_shape(m, n, k, layout: str):
 
 
 @contextlib.contextmanager
-def fp8_variant(name: str, k_ref: float = 8192.0):
+def fp8_variant(name: str):
     """Temporarily price the low-precision GEMMs (the calls with ``ratio < 1``: only they carry
-    ``LOW_PRECISION_GEMM_RATIO``) by variant ``name``: ``base``, ``k0=<float>`` (every GPU),
-    ``k0h=<float>`` (Hopper only: the sources are H800 kernels) or ``tn`` (Hopper)."""
+    ``LOW_PRECISION_GEMM_RATIO``) by variant ``name``:
+
+    * ``shipped``: the model as it is (``compute.LOW_PRECISION_TILE_K0`` on Hopper);
+    * ``flat``: one ratio for every shape (k0 = 0, the model before session 6);
+    * ``k0=<float>``: the Hopper term with that k0;
+    * ``k0all=<float>``: that k0 on every GPU (Blackwell too);
+    * ``tn``: flat, each Hopper fp8 GEMM at the H200 table's TN op of its own shape.
+    """
     g0, gg0, gp0 = compute.gemm_time_s, compute.grouped_gemm_time_s, compute.gemm_precision
+    k0_shipped = compute.LOW_PRECISION_TILE_K0
     state = {"hopper": False}
-    k0 = float(name.split("=")[1]) if name.startswith(("k0=", "k0h=")) else 0.0
-    hopper_only = name.startswith(("tn", "k0h="))
+    k0 = float(name.split("=")[1]) if "=" in name else (0.0 if name in ("flat", "tn")
+                                                         else k0_shipped)
+    other_gpus = name.startswith("k0all=")
 
     def gemm_precision(training, gpu, cal, eager):
         state["hopper"] = gpu_generation(gpu) == "hopper"
         return gp0(training, gpu, cal, eager)
 
     def priced(fn, cal, m, n, k, layout, peak, ratio, *lead):
-        if ratio >= 1.0 or name == "base" or (hopper_only and not state["hopper"]):
-            return fn(cal, *lead, m, n, k, layout, peak, ratio)
-        if name == "tn":
+        if ratio < 1.0 and name == "tn" and state["hopper"]:
             m2, n2, k2 = _tn_shape(m, n, k, layout)
             return fn(cal, *lead, m2, n2, k2, "dgrad", peak, ratio)
-        red = np.maximum(np.asarray(_reduction(m, n, k, layout), dtype=np.float64), 1.0)
-        return fn(cal, *lead, m, n, k, layout, peak, ratio) * (1 + k0 / red) / (1 + k0 / k_ref)
+        if ratio < 1.0 and other_gpus and not state["hopper"]:
+            red = np.maximum(np.asarray(_reduction(m, n, k, layout), dtype=np.float64), 1.0)
+            ref = compute.LOW_PRECISION_REF_REDUCTION
+            return fn(cal, *lead, m, n, k, layout, peak, ratio) * (1 + k0 / red) / (1 + k0 / ref)
+        return fn(cal, *lead, m, n, k, layout, peak, ratio)
 
     def gemm_time_s(cal, m, n, k, layout, peak, ratio=1.0):
         return priced(g0, cal, m, n, k, layout, peak, ratio)
@@ -86,10 +95,12 @@ def fp8_variant(name: str, k_ref: float = 8192.0):
 
     compute.gemm_time_s, compute.grouped_gemm_time_s = gemm_time_s, grouped_gemm_time_s
     compute.gemm_precision = gemm_precision
+    compute.LOW_PRECISION_TILE_K0 = k0
     try:
         yield
     finally:
         compute.gemm_time_s, compute.grouped_gemm_time_s, compute.gemm_precision = g0, gg0, gp0
+        compute.LOW_PRECISION_TILE_K0 = k0_shipped
 
 
 def score(cv: bool) -> dict:
@@ -116,7 +127,7 @@ def score(cv: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cv", action="store_true", help="also the leave-one-group-out CV")
-    ap.add_argument("--variants", default="base,k0=100,k0=350,k0=800,tn")
+    ap.add_argument("--variants", default="flat,k0=100,k0=200,shipped,k0=800,k0all=350,tn")
     args = ap.parse_args()
     for v in args.variants.split(","):
         with fp8_variant(v):
