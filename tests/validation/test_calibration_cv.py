@@ -62,10 +62,11 @@ KNOWN_OVER_8 = {
     # Session 6 (docs/compute.md "FP8 GEMM efficiency by shape: probed, not adopted";
     # benchmarks/fp8_shape_probe.py): the published H800 fp8 kernel tables (DeepGEMM, tile-lang)
     # show a per-tile fixed cost that does not halve at the fp8 rate (fp8 / bf16 speed-up 1.5-2.0
-    # at K = 2048 against 2.0-2.2 at K >= 4096); priced so (k0 = 350 / 800 fp8-K units) the
-    # three models move alike (their reductions all span 2048-16384), 9.3 -> 9.2 %, 10.2 ->
-    # 10.0 %; Hopper's TN-only fp8 GEMMs at the H200 table's TN op: 8.5 % / 9.2 %, but the dense
-    # MAPE 3.54 -> 3.61 % (per-layout table noise); fp8-cs vs fp8-delayed: -2.2 / -1.3 / -0.9 %
+    # at K = 2048 against 2.0-2.2 at K >= 4096); priced so (compute.low_precision_tile_factor,
+    # k0 = 350 fp8-K units, shipped on Hopper; 800 probed) the three models move alike (their
+    # reductions all span 2048-16384), 9.3 -> 9.2 %, 10.2 -> 10.0 %; Hopper's TN-only fp8 GEMMs
+    # at the H200 table's TN op: 8.5 % / 9.2 %, but the dense MAPE 3.54 -> 3.61 % (per-layout
+    # table noise, not adopted); fp8-cs vs fp8-delayed: -2.2 / -1.3 / -0.9 %
     # on 8B / 70B / 405B. The 405B shapes (t8 cp2) are +5-6 % in DGX Cloud NeMo 24.09 and -5 to
     # -8 % here: the gap is per release at one shape, not a GEMM rate.
     "NVIDIA Megatron-Bridge performance summary | NeMo 25.11 / Megatron-Bridge + Megatron-Core "
