@@ -21,8 +21,8 @@ MIX = load_model("mixtral-8x7b")
 
 
 def _batch(**kw) -> ConfigBatch:
-    base = dict(tp=4, pp=8, cp=2, dp=8, ep=8, etp=4, sequence_parallel=True,
-                num_microbatches=4)
+    base = {"tp": 4, "pp": 8, "cp": 2, "dp": 8, "ep": 8, "etp": 4, "sequence_parallel": True,
+            "num_microbatches": 4}
     return ConfigBatch.from_configs([ParallelConfig(**{**base, **kw})])
 
 
