@@ -103,8 +103,12 @@ def expert_groups(cluster: ClusterSpec, batch: ConfigBatch, folding: bool | np.n
                   ) -> dict[str, GroupPlacement]:
     """The placed expert groups (``etp``, ``ep``, ``ep_etp``, ``expert_dp``) of
     :func:`expert_group_levels` on the cluster's tiers."""
-    return {k: nested_group_placement(cluster, lv)
-            for k, lv in expert_group_levels(batch, folding).items()}
+    out = {}
+    for k, lv in expert_group_levels(batch, folding).items():
+        # levels of one member everywhere change nothing (the folded layout's second levels)
+        kept = tuple(level for level in lv if not np.all(level[0] == 1)) or lv[:1]
+        out[k] = nested_group_placement(cluster, kept)
+    return out
 
 
 def sp2hp_all_to_all_bytes(tokens_per_gpu: np.ndarray, hidden_size: int,
