@@ -740,6 +740,12 @@ class TrainingSpec(Spec):
         "host launch (perfmodel.moe_dispatch.graph_saved_launches; 'mamba': the Mamba2 "
         "mixers, perfmodel.mamba.mamba_kernels); () = no CUDA graphs"
     )
+    cuda_graph_full_iteration: bool = Field(
+        default=False, description="the whole forward-backward step replayed as one CUDA graph "
+        "(--cuda-graph-impl local --cuda-graph-scope full_iteration): no host launch cost per "
+        "kernel; MoE only where the expert inputs are padded to capacity (no device-to-host "
+        "sync), else ignored (perfmodel.compute.full_iteration_graphed)"
+    )
     overlap_moe_comm: bool = Field(
         default=False, description="expert-parallel all-to-all overlaps another micro-batch's "
         "compute (--overlap-moe-expert-parallel-comm, DeepSeek-V3 DualPipe-style overlap)"
