@@ -14,7 +14,9 @@ documented facts of its framework, nothing fitted per row:
   graphs; a Bridge row without a matched preset takes its sibling recipe's,
   :func:`sibling_recipe_switches`), the all-to-all overlapped only where the row says
   ``moe_a2a_overlap=True``;
-  dropless, force-balanced routing (the benchmark footnotes), so load imbalance 1.
+  dropless, force-balanced routing (the benchmark footnotes), so load imbalance 1, except the
+  25.09 "(tokendrop)" rows, padded to capacity 1.0 as their recipe ran them, Qwen3-30B on B200 /
+  GB200 with the recipe's full-iteration CUDA graph (:data:`RECIPE_FACTS`).
 * **config**: where the row leaves etp empty, 1 for Megatron-Bridge (its MoE recipes set
   ``expert_tensor_parallel_size=1``) and Megatron-Core's default etp = tp for the others; layers that do not divide into ``pp*vp`` chunks are split
   unevenly (Megatron-Bridge's ``pipeline_model_parallel_layout`` / embedding-aware split).
