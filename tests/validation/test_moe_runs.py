@@ -69,8 +69,10 @@ def test_moe_mape_does_not_regress(report):
     # 67 %; leave-one-model-out 11.2 %) with TE's multi-stream grouped GEMM
     # (moe.TE_GROUPED_GEMM_SLOWDOWN 0.30), the per-expert term refitted 0.13 -> 0.07 ms and kept
     # for experts padded to capacity
-    assert s["mape"] <= 0.105, f"MAPE {s['mape']:.1%}\n{table}"
-    assert s["within_10pct"] >= 0.63
+    # s6-i15: 10.10 % (67 % within 10 %) with the Nano rows' SSD kernel efficiency and casts
+    # (the 94 others unchanged)
+    assert s["mape"] <= 0.1015, f"MAPE {s['mape']:.1%}\n{table}"
+    assert s["within_10pct"] >= 0.67
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
     # stage: 10.0 % (9.8 % with every selective row recomputing the attention core instead of
     # the recipes' mla_up_proj; the p16 rows were +14 to +29 % timed at a padded 64-layer split)
@@ -157,7 +159,9 @@ def test_moe_tuned_fraction_does_not_regress():
     # Session 5 (s5-host): 33 of 52 with TE's multi-stream grouped GEMM and the per-expert
     # term 0.13 -> 0.07 ms (larger micro-batches no longer amortise device time as if it were
     # fixed); floor one setting below
-    assert s["fraction"] >= 32 / 52 - 1e-9, f"{s}\n{table}"
+    # s6-i15: 35 of 52, the 4 Nemotron-3 Nano settings in the band (1.06 / 1.04 / 1.14 / 1.00)
+    # with mamba.SSD_BANDWIDTH_EFFICIENCY and the per-operand casts; floor one below
+    assert s["fraction"] >= 34 / 52 - 1e-9, f"{s}\n{table}"
     assert set(t["framework"]) >= {"nemo-24.09", "bridge-25.x", "bridge-26.02"}
     grok = t[t["model"] == "Grok-1"]
     assert len(grok) == 6 and (grok["framework"] == "nemo-24.09").all()
@@ -318,5 +322,10 @@ def test_hybrid_nemotron3_nano_rows(report):
     rows, _ = report
     nano = rows[rows["model"] == "Nemotron-3-Nano-30B-A3B"]
     assert len(nano) == 4
-    # s5-host (per-expert term 0.13 -> 0.07 ms with the grouped-GEMM slowdown): 14.7 %
-    assert np.all(np.abs(nano["error"]) <= 0.22) and np.abs(nano["error"]).mean() <= 0.155
+    # s5-host (per-expert term 0.13 -> 0.07 ms with the grouped-GEMM slowdown): 14.7 %.
+    # s6-i15: 7.3 % (-7.7, -6.0, -3.7, -12.0 %) with the SSD Triton kernels at
+    # mamba.SSD_BANDWIDTH_EFFICIENCY 0.50 of the copy bandwidth (measured on mamba_ssm's forward
+    # kernels, vLLM PR #27299; 9.0 % alone) and the hybrid's fp8 casts per operand
+    # (quantise.layer_quantise_terms; 13.0 % alone); still all too fast
+    assert np.all(nano["error"] < 0)
+    assert np.all(np.abs(nano["error"]) <= 0.13) and np.abs(nano["error"]).mean() <= 0.08
