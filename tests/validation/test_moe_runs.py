@@ -79,7 +79,8 @@ def test_moe_mape_does_not_regress(report):
     # full-iteration CUDA graph, DeepSeek-V3 B200 / GB200 recomputing mla_up_proj): 10.19 % on
     # its own (E0013 +37 -> +11 %); merged with s6-i14: 10.08 % (66 % within 10 %).
     # s6-i15: 10.10 % on its own (67 %) with the Nemotron-3 Nano rows' SSD kernel efficiency and
-    # per-operand casts (the 94 others unchanged); with s6-i14 9.99 %; all three (main + s6-i15): 9.78 % (69 % within 10 %)
+    # per-operand casts (the 94 others unchanged); with s6-i14 9.99 %; all three (main +
+    # s6-i15): 9.78 % (69 % within 10 %)
     assert s["mape"] <= 0.0985, f"MAPE {s['mape']:.1%}\n{table}"
     assert s["within_10pct"] >= 0.69
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
