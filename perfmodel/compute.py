@@ -852,23 +852,6 @@ def _mamba_kernels(c: _LayerContext, ph: _Phase, pass_: str) -> None:
                             pass_, c.mb)
 
 
-def _hybrid_gemm_cols(c: _LayerContext, pass_: str):
-    """Values per token the low-precision GEMMs of a hybrid average layer quantise, as the
-    transformer layer's four (inputs forward, output gradients backward), each block weighted by
-    its share of the layers: attention ``a*(h + heads*d/tp)`` forward, ``a*(qkv cols + h)``
-    backward; Mamba2 ``m*(h + di/tp)`` / ``m*(in_proj cols + h)``; the MLP blocks ``(dense +
-    MoE share)*h`` plus the effective FFN columns."""
-    model, h = c.model, c.h
-    a, m = model.attention_layer_fraction, model.mamba_layer_fraction
-    mlp = model.dense_mlp_fraction + model.moe_layer_fraction
-    di = mamba.mamba_d_inner(model) / c.tp
-    if pass_ == "fwd":
-        return a * (h + c.nh_gpu * c.d) + m * (h + di) + mlp * h + c.f_gpu
-    qkv = (c.nh_gpu + 2 * np.maximum(model.kv_heads / c.tp, 1.0)) * c.d
-    return a * (qkv + h) + m * (mamba.mamba_in_proj_size(model) / c.tp + h) + c.act_cols + (
-        mlp * h)
-
-
 def _graph_saved_launches(c: _LayerContext, ph: _Phase, pass_: str) -> None:
     """The host launches an ``attn`` CUDA graph takes off a layer pass (fused kernels only:
     :func:`perfmodel.moe_dispatch.graph_saved_launches`)."""
@@ -880,12 +863,9 @@ def _quantise_casts(c: _LayerContext, ph: _Phase, pass_: str) -> None:
     """The layer's low-precision quantisation casts in ``pass_`` where Transformer Engine runs
     them (:func:`perfmodel.quantise.layer_quantise_terms`: sequence-parallel operands cast on
     their local rows, delayed scaling's cast inside the norm, transposes only on TN-only GPUs),
-    as ``copy``-bandwidth kernels."""
-    if c.model.is_hybrid:
-        # a hybrid average layer's GEMM operands (:func:`_hybrid_gemm_cols`), cast as four
-        # kernels of the recipe's bytes per value (no per-operand sequence-parallel split)
-        ph.mem("copy", quantise_bytes(c.T * _hybrid_gemm_cols(c, pass_), c.pr.recipe) / 4, 4)
-        return
+    as ``copy``-bandwidth kernels. A hybrid's average layer is its GEMM list weighted by the
+    shares of the layers (:func:`layer_gemms`: attention, Mamba2 ``in_proj`` / ``out_proj``,
+    MLP, MoE), each operand cast like the transformer's."""
     name = c.training.low_precision_recipe or "fp8-delayed"
     nbytes, kernels = quantise.layer_quantise_terms(c.gemms, name, c.pr.recipe, c.pr.act_b, c.gpu,
                                                     c.tp, c.batch.sequence_parallel, pass_)

@@ -77,9 +77,12 @@ def test_moe_mape_does_not_regress(report):
     # Session 6 (s6-i18): the 25.09 recipes as their files set them (validate_moe.RECIPE_FACTS:
     # the "(tokendrop)" rows padded to capacity 1.0, Qwen3-30B on B200 / GB200 replayed as a
     # full-iteration CUDA graph, DeepSeek-V3 B200 / GB200 recomputing mla_up_proj): 10.19 % on
-    # its own (E0013 +37 -> +11 %); merged with s6-i14: 10.08 % (66 % within 10 %)
-    assert s["mape"] <= 0.102, f"MAPE {s['mape']:.1%}\n{table}"
-    assert s["within_10pct"] >= 0.66
+    # its own (E0013 +37 -> +11 %); merged with s6-i14: 10.08 % (66 % within 10 %).
+    # s6-i15: 10.10 % on its own (67 %) with the Nemotron-3 Nano rows' SSD kernel efficiency and
+    # per-operand casts (the 94 others unchanged); with s6-i14 9.99 %; all three (main +
+    # s6-i15): 9.78 % (69 % within 10 %)
+    assert s["mape"] <= 0.0985, f"MAPE {s['mape']:.1%}\n{table}"
+    assert s["within_10pct"] >= 0.69
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
     # stage: 10.0 % (9.8 % with every selective row recomputing the attention core instead of
     # the recipes' mla_up_proj; the p16 rows were +14 to +29 % timed at a padded 64-layer split)
@@ -178,8 +181,11 @@ def test_moe_tuned_fraction_does_not_regress():
     # fixed); floor one setting below.
     # Session 6 (s6-i14): 36 of 52 with the pre-folding expert layout for the Megatron-Core 0.9
     # Grok-1 settings (the search's in-node ep 8 of t1 cp8 is 8 nodes apart there: bf16 ratios
-    # 1.16-1.17 -> 1.08-1.09; fp8 1.23-1.34 -> 1.19-1.22); floor one setting below
-    assert s["fraction"] >= 35 / 52 - 1e-9, f"{s}\n{table}"
+    # 1.16-1.17 -> 1.08-1.09; fp8 1.23-1.34 -> 1.19-1.22). s6-i15: the 4 Nemotron-3 Nano
+    # settings in the band (1.06 / 1.04 / 1.14 / 1.00; 35 of 52 on its own) with
+    # mamba.SSD_BANDWIDTH_EFFICIENCY and the per-operand casts; with s6-i14 and s6-i18: 38 of 52;
+    # floor one below
+    assert s["fraction"] >= 37 / 52 - 1e-9, f"{s}\n{table}"
     assert set(t["framework"]) >= {"nemo-24.09", "bridge-25.x", "bridge-26.02"}
     grok = t[t["model"] == "Grok-1"]
     assert len(grok) == 6 and (grok["framework"] == "nemo-24.09").all()
@@ -368,8 +374,13 @@ def test_hybrid_nemotron3_nano_rows(report):
     rows, _ = report
     nano = rows[rows["model"] == "Nemotron-3-Nano-30B-A3B"]
     assert len(nano) == 4
-    # s5-host (per-expert term 0.13 -> 0.07 ms with the grouped-GEMM slowdown): 14.7 %
-    assert np.all(np.abs(nano["error"]) <= 0.22) and np.abs(nano["error"]).mean() <= 0.155
+    # s5-host (per-expert term 0.13 -> 0.07 ms with the grouped-GEMM slowdown): 14.7 %.
+    # s6-i15: 7.3 % (-7.7, -6.0, -3.7, -12.0 %) with the SSD Triton kernels at
+    # mamba.SSD_BANDWIDTH_EFFICIENCY 0.50 of the copy bandwidth (measured on mamba_ssm's forward
+    # kernels, vLLM PR #27299; 9.0 % alone) and the hybrid's fp8 casts per operand
+    # (quantise.layer_quantise_terms; 13.0 % alone); still all too fast
+    assert np.all(nano["error"] < 0)
+    assert np.all(np.abs(nano["error"]) <= 0.13) and np.abs(nano["error"]).mean() <= 0.08
 
 
 @pytest.mark.slow
