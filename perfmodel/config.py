@@ -156,9 +156,13 @@ def _check_stage_layout(c: ParallelConfig) -> None:
     if c.first_stage_layers or c.last_stage_layers or c.embedding_as_layer or c.loss_as_layer:
         raise ValueError("stage_layers cannot be combined with first_stage_layers, "
                          "last_stage_layers, embedding_as_layer or loss_as_layer")
-    if c.vp > 1 and any(n % c.vp for n in c.stage_layers):
+    # a rank's layers need not be a multiple of vp: Megatron-Core's
+    # --pipeline-model-parallel-layout names each chunk (the models split a rank's layers over its
+    # chunks as evenly as possible, the heavier first: perfmodel.pipeline.balanced_chunk_layers)
+    if c.vp > 1 and any(n < c.vp for n in c.stage_layers):
         raise ValueError(
-            f"stage_layers {list(c.stage_layers)}: every entry must be a multiple of vp ({c.vp})"
+            f"stage_layers {list(c.stage_layers)}: every entry must be at least vp ({c.vp}), "
+            "one layer a chunk"
         )
     r = c.stage_recompute_layers
     if r is None:
@@ -275,13 +279,19 @@ def _with_layer_layout(c: ParallelConfig, num_layers: int) -> ParallelConfig:
         return c
     if num_layers % (c.pp * c.vp) == 0:
         return c
-    lay = megatron_layout(num_layers, c.pp, c.vp)
+    lay = megatron_layout(num_layers, c.pp, c.vp, explicit=True)
     if not bool(lay["valid"][0]):
         raise SpecError(
             f"pp*vp ({c.pp}*{c.vp}={c.pp * c.vp}) does not divide num_layers ({num_layers}) and "
-            "no Megatron-LM layout fits (first/last-stage layer counts, or the embedding and the "
-            "loss counted as layers)"
+            "no Megatron-LM layout fits (first/last-stage layer counts, the embedding and the "
+            "loss counted as layers, or a balanced --pipeline-model-parallel-layout, which needs "
+            "pp*vp <= num_layers)"
         )
+    if bool(lay["explicit"][0]):  # the balanced explicit layout (--pipeline-model-parallel-layout)
+        from perfmodel.pipeline import balanced_stage_layers
+
+        ranks = balanced_stage_layers(num_layers, c.pp, c.vp)[0, :c.pp]
+        return c.model_copy(update={"stage_layers": tuple(int(x) for x in ranks)})
     return c.model_copy(update={
         "first_stage_layers": int(lay["first"][0]) or None,
         "last_stage_layers": int(lay["last"][0]) or None,
@@ -351,7 +361,21 @@ class ConfigBatch:
             first, last, emb, loss = (x.copy() for x in (first, last, emb, loss))
             first[fill], last[fill] = lay["first"], lay["last"]
             emb[fill], loss[fill] = lay["embedding_as_layer"], lay["loss_as_layer"]
-        return stage_layer_counts(num_layers, self.pp, self.vp, first, last, emb, loss)
+        out = stage_layer_counts(num_layers, self.pp, self.vp, first, last, emb, loss)
+        lay = self.has_layout
+        if np.any(lay):  # per-stage layouts: their ranks' counts (the chunk fields unchanged)
+            out = dict(out)
+            rows = np.arange(len(self))
+            mat = self.stage_layers
+            pp = self.pp.astype(np.int64)
+            last_r = mat[rows, np.minimum(pp, mat.shape[1]) - 1]
+            mid = np.where(np.arange(mat.shape[1])[None, :] < (pp - 1)[:, None], mat, 0)
+            mid[:, 0] = 0
+            mid_max = np.where(pp > 2, mid.max(axis=1), mat[:, 0])
+            for k, v in (("first", mat[:, 0]), ("last", last_r), ("middle", mid_max),
+                         ("max_rank", mat.max(axis=1)), ("valid", np.ones(len(self), bool))):
+                out[k] = np.where(lay, v, out[k])
+        return out
 
     def __len__(self) -> int:
         return int(self.dp.shape[0])

@@ -37,7 +37,7 @@ from perfmodel.specs import (
 
 __all__ = ["PRECISION_RECIPES", "RECIPE_MIN_COMPUTE_CAPABILITY", "Capabilities", "FrameworkSpec",
            "apply_framework", "capability_mask", "capability_refusals", "check_training_supported",
-           "framework_pins", "load_framework", "with_switches_of", "zero_pp_allowed"]
+           "explicit_layout_allowed", "framework_pins", "load_framework", "with_switches_of", "zero_pp_allowed"]
 
 ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb"]
 RecomputeName = Literal["none", "selective", "full"]
@@ -111,6 +111,11 @@ class Capabilities(Spec):
     uneven_interleaved: Supported | None = Field(
         default=None, description="the interleaved schedule (vp > 1) with stages of unequal "
         "layer counts")
+    pipeline_layout: Supported | None = Field(
+        default=None, description="explicit per-chunk pipeline layouts "
+        "(--pipeline-model-parallel-layout / pipeline_model_parallel_layout, Megatron-Core >= "
+        "0.13): the search may then use the balanced layout where pp*vp does not divide the "
+        "layers (perfmodel.pipeline.balanced_stage_layers); left out: not used")
     recompute_modules: RecomputeModules | None = Field(
         default=None, description="modules selective recompute can name")
 
@@ -322,6 +327,17 @@ def _rules(fw: FrameworkSpec, model: ModelSpec) -> list[tuple[Capability, Any, A
                                  "MoE parallel folding expert parallelism is carved out of "
                                  "data parallelism")))
     return rules
+
+
+def explicit_layout_allowed(fw: FrameworkSpec | None) -> bool:
+    """Whether the search may use the balanced explicit pipeline layout: no framework named
+    (the plain planner), or a release whose ``[capabilities.pipeline_layout]`` is true. Unlike
+    the other capabilities an entry left out does not allow it (the option is opt-in per
+    release: NeMo 24.x, Megatron-Core 0.8 / 0.9, predates it)."""
+    if fw is None:
+        return True
+    cap = fw.capabilities.pipeline_layout
+    return cap is not None and bool(cap.value)
 
 
 def capability_mask(fw: FrameworkSpec | None, model: ModelSpec,

@@ -133,25 +133,40 @@ def stage_moe_layers(model: ModelSpec, batch: ConfigBatch, layers) -> np.ndarray
     """MoE layers on each pipeline rank of a layout, ``(n, S)`` like ``layers`` (the rank's
     layers over all its chunks). With ``vp`` chunks, chunk ``c`` of rank ``s`` is virtual
     stage ``c*pp + s`` (Megatron-LM's interleaved order, ``--pipeline-model-parallel-layout``)
-    holding ``layers[s] / vp`` consecutive layers; the MoE layers among them are counted on
-    :func:`moe_layer_mask`."""
+    holding ``layers[s] // vp`` consecutive layers, one more in its first ``layers[s] % vp``
+    chunks (:func:`perfmodel.pipeline.balanced_chunk_layers`); the MoE layers among them are
+    counted on :func:`moe_layer_mask`."""
     layers = np.asarray(layers, dtype=np.int64)
     n, width = layers.shape
     if not model.is_moe:
         return np.zeros_like(layers)
+    # the count depends on (pp, vp, layers) alone: compute it once per distinct row
+    key = np.concatenate([batch.pp.astype(np.int64)[:, None], batch.vp.astype(np.int64)[:, None],
+                          layers], axis=1)
+    uniq, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    if uniq.shape[0] < n:
+        sub = batch.take(first)
+        return _stage_moe_layers(model, sub, layers[first])[np.asarray(inv).ravel()]
+    return _stage_moe_layers(model, batch, layers)
+
+
+def _stage_moe_layers(model: ModelSpec, batch: ConfigBatch, layers: np.ndarray) -> np.ndarray:
+    n, width = layers.shape
     mask = moe_layer_mask(model)
     L = mask.size
     cum = np.concatenate([[0], np.cumsum(mask)])
     vp = batch.vp.astype(np.int64)[:, None]
     s = np.arange(width)[None, :]
-    per_chunk = np.where(s < batch.pp[:, None], layers // vp, 0)
-    before = np.cumsum(per_chunk, axis=1) - per_chunk  # layers of the ranks before, one chunk
-    chunk_layers = per_chunk.sum(axis=1, keepdims=True)
+    live = s < batch.pp[:, None]
     out = np.zeros((n, width), dtype=np.int64)
+    offset = np.zeros((n, 1), dtype=np.int64)  # layers of the chunks before, in model order
     for c in range(int(vp.max()) if n else 0):
-        start = np.clip(c * chunk_layers + before, 0, L)
+        per_chunk = np.where(live & (c < vp), layers // vp + (c < layers % vp), 0)
+        before = np.cumsum(per_chunk, axis=1) - per_chunk  # this chunk's ranks before
+        start = np.clip(offset + before, 0, L)
         end = np.clip(start + per_chunk, 0, L)
-        out += np.where(c < vp, cum[end] - cum[start], 0)
+        out += cum[end] - cum[start]
+        offset = offset + per_chunk.sum(axis=1, keepdims=True)
     return out
 
 

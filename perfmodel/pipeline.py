@@ -29,6 +29,7 @@ the input-gradient and weight-gradient GEMMs have the same FLOPs).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,8 @@ __all__ = [
     "Timeline",
     "bubble_fraction",
     "inflight_microbatches",
+    "balanced_chunk_layers",
+    "balanced_stage_layers",
     "layout_chunk_times",
     "megatron_layout",
     "partition_layers",
@@ -815,7 +818,49 @@ def stage_layer_table(
     return t
 
 
-def megatron_layout(num_layers: int, pp, vp=1) -> dict[str, np.ndarray]:
+def balanced_stage_layers(num_layers: int, pp, vp=1) -> np.ndarray:
+    """Decoder layers per pipeline rank of the balanced explicit layout (vectorized over
+    ``pp``, ``vp``): the ``L`` layers over the ``p v`` model chunks with counts differing by at
+    most one, the ``r = L mod (p v)`` heavier chunks (``q + 1`` layers, ``q = L // (p v)``)
+    first in model order, as Megatron-Bridge's DeepSeek-V3 ``layout_map`` puts its full chunks
+    first and the lighter one (with the MTP layers and the loss) last
+    (``recipes/deepseek/deepseek_v3.py``). Chunk ``c`` runs on rank ``c % p``
+    (Megatron-Core ``PipelineParallelLayerLayout``: ``layout[vpp_rank * pp + pp_rank]``), so
+    rank ``s`` holds ``v q + n_s`` layers, ``n_s = clip(ceil((r - s) / p), 0, v)`` of its
+    chunks being heavier.
+
+    Returns an ``(n, max pp)`` int64 matrix (ranks beyond a row's pp hold 0).
+
+    >>> balanced_stage_layers(61, 8, 4)
+    array([[8, 8, 8, 8, 8, 7, 7, 7]])
+    """
+    p = np.atleast_1d(np.asarray(pp, dtype=np.int64))
+    v = np.atleast_1d(np.asarray(vp, dtype=np.int64))
+    p, v = np.broadcast_arrays(p, v)
+    chunks = p * v
+    q, r = num_layers // chunks, num_layers % chunks
+    s = np.arange(int(p.max()) if p.size else 1)[None, :]
+    pc, vc, qc, rc = (x[:, None] for x in (p, v, q, r))
+    heavy = np.clip(-((s - rc) // pc), 0, vc)  # ceil((r - s) / p), clipped to [0, v]
+    return np.where(s < pc, vc * qc + heavy, 0).astype(np.int64)
+
+
+def balanced_chunk_layers(rank_layers, vp: int) -> list[int]:
+    """Decoder layers of each of the ``pp*vp`` model chunks, in model order (chunk ``c`` on rank
+    ``c % pp``), of per-rank counts split over each rank's ``vp`` chunks as evenly as possible,
+    the heavier chunks first: the chunks of :func:`balanced_stage_layers` (and, for counts that
+    are multiples of ``vp``, the even split of each rank).
+
+    >>> balanced_chunk_layers([8, 8, 8, 8, 8, 7, 7, 7], 4)[-4:]
+    [2, 1, 1, 1]
+    """
+    ranks = [int(n) for n in rank_layers]
+    pp = len(ranks)
+    return [ranks[c % pp] // vp + (1 if c // pp < ranks[c % pp] % vp else 0)
+            for c in range(pp * vp)]
+
+
+def megatron_layout(num_layers: int, pp, vp=1, explicit: bool = False) -> dict[str, np.ndarray]:
     """The layout the tool gives ``(pp, vp)`` when the user does not name one (vectorized).
 
     In this order, the first that Megatron-LM accepts (:func:`stage_layer_counts`):
@@ -826,10 +871,14 @@ def megatron_layout(num_layers: int, pp, vp=1) -> dict[str, np.ndarray]:
     3. the loss counted alone, then the embedding alone (``L + 1``);
     4. lighter first and last stages (``--decoder-first/last-pipeline-num-layers``): the middle
        ranks take ``k`` layers (a multiple of ``v``, the smallest ``k >= L/p``), the first and
-       last share the rest, the first the smaller half (the embedding is cheaper than the loss).
+       last share the rest, the first the smaller half (the embedding is cheaper than the loss);
+    5. with ``explicit`` (a release with ``--pipeline-model-parallel-layout``, Megatron-Core >=
+       0.13): the balanced explicit layout (:func:`balanced_stage_layers`), where every chunk
+       holds at least one layer (``L >= p v``).
 
-    Returns arrays ``first``, ``last`` (0 = not set), ``embedding_as_layer``, ``loss_as_layer``
-    and ``valid`` (some layout exists).
+    Returns arrays ``first``, ``last`` (0 = not set), ``embedding_as_layer``, ``loss_as_layer``,
+    ``explicit`` (option 5: per-rank counts from :func:`balanced_stage_layers`) and ``valid``
+    (some layout exists).
     """
     p = np.atleast_1d(np.asarray(pp, dtype=np.int64))
     v = np.atleast_1d(np.asarray(vp, dtype=np.int64))
@@ -840,19 +889,26 @@ def megatron_layout(num_layers: int, pp, vp=1) -> dict[str, np.ndarray]:
     emb = np.zeros(n, dtype=bool)
     loss = np.zeros(n, dtype=bool)
     found = np.zeros(n, dtype=bool)
-    pairs, inv = np.unique(np.stack([p, v], axis=1), axis=0, return_inverse=True)
+    width = int(v.max()) + 1 if n else 1
+    keys, inv = np.unique(p * width + v, return_inverse=True)  # one search per (pp, vp)
     inv = np.asarray(inv).ravel()
-    for j, (pj, vj) in enumerate(pairs):
-        choice = _layout_for(int(num_layers), int(pj), int(vj))
+    for j, key in enumerate(keys):
+        pj, vj = divmod(int(key), width)
+        choice = _layout_for(int(num_layers), pj, vj)
         if choice is None:
             continue
         sel = inv == j
         first[sel], last[sel], emb[sel], loss[sel] = choice
         found[sel] = True
+    bal = np.zeros(n, dtype=bool)
+    if explicit:
+        bal = ~found & (p > 1) & (p * v <= num_layers)
+        found = found | bal
     return {"first": first, "last": last, "embedding_as_layer": emb, "loss_as_layer": loss,
-            "valid": found}
+            "explicit": bal, "valid": found}
 
 
+@functools.lru_cache(maxsize=4096)
 def _layout_for(L: int, p: int, v: int) -> tuple[int, int, bool, bool] | None:
     def ok(f=0, la=0, e=False, lo=False) -> bool:
         return bool(stage_layer_counts(L, p, v, f, la, e, lo)["valid"])

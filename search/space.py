@@ -31,6 +31,7 @@ from perfmodel.frameworks import (
     capability_mask,
     capability_refusals,
     check_training_supported,
+    explicit_layout_allowed,
     framework_pins,
     zero_pp_allowed,
 )
@@ -158,6 +159,14 @@ class SearchSpace:
     framework: FrameworkSpec | None = None
 
     @property
+    def explicit_layout(self) -> bool:
+        """Whether a ``pp*vp`` that no Megatron-LM first/last or embedding/loss layout fits may
+        take the balanced explicit layout (``--pipeline-model-parallel-layout``,
+        :func:`perfmodel.pipeline.balanced_stage_layers`): uneven layers allowed and the
+        release runs it (:func:`perfmodel.frameworks.explicit_layout_allowed`)."""
+        return self.uneven_layers and explicit_layout_allowed(self.framework)
+
+    @property
     def gpus(self) -> int:
         return self.cluster.total_gpus
 
@@ -225,7 +234,8 @@ class SearchSpace:
 
             layers_ok = m.num_layers % (pp * vp) == 0
             if not np.all(layers_ok):
-                layers_ok = layers_ok | megatron_layout(m.num_layers, pp, vp)["valid"]
+                layers_ok = layers_ok | megatron_layout(
+                    m.num_layers, pp, vp, explicit=self.explicit_layout)["valid"]
         else:
             layers_ok = m.num_layers % (pp * vp) == 0
         interleaved = sched == _INTERLEAVED
@@ -320,11 +330,18 @@ class SearchSpace:
         if np.any(uneven):
             from perfmodel.pipeline import megatron_layout
 
-            lay = megatron_layout(self.model.num_layers, cols["pp"], cols["vp"])
+            lay = megatron_layout(self.model.num_layers, cols["pp"], cols["vp"],
+                                  explicit=self.explicit_layout)
             cols["first_stage_layers"] = np.where(uneven, lay["first"], 0)
             cols["last_stage_layers"] = np.where(uneven, lay["last"], 0)
             cols["embedding_as_layer"] = uneven & lay["embedding_as_layer"]
             cols["loss_as_layer"] = uneven & lay["loss_as_layer"]
+            bal = uneven & lay["explicit"]
+            if np.any(bal):  # the balanced explicit layout: its ranks' layer counts
+                from perfmodel.pipeline import balanced_stage_layers
+
+                ranks = balanced_stage_layers(self.model.num_layers, cols["pp"], cols["vp"])
+                cols["stage_layers"] = np.where(bal[:, None], ranks, 0)
         return ConfigBatch.from_arrays(**cols)
 
     def iter_chunks(self, chunk_size: int = 2**18, prune: bool = True) -> Iterator[np.ndarray]:
@@ -437,13 +454,22 @@ class SearchSpace:
         if fw.sequence_parallel == "required" and cfg["tp"] > 1 and not cfg["sequence_parallel"]:
             out.append(f"framework {fw.name} always uses sequence parallelism with tp > 1 "
                        f"(tp {cfg['tp']})")
+        if not self.explicit_layout:
+            from perfmodel.pipeline import megatron_layout
+
+            L, pp, vp = self.model.num_layers, int(cfg["pp"]), int(cfg["vp"])
+            if L % (pp * vp) and not bool(megatron_layout(L, pp, vp)["valid"][0]):
+                out.append(f"framework {fw.name} ({fw.release}) has no explicit pipeline layout "
+                           f"(--pipeline-model-parallel-layout, Megatron-Core >= 0.13) for "
+                           f"{L} layers on pp {pp} x vp {vp}")
         return out + capability_refusals(fw, self.model, cfg)
 
 
 # --------------------------------------------------------------------------------------------
 def _candidates(d: str, model: ModelSpec, training: TrainingSpec, n_gpus: int, scale_up: int,
                 *, allow_idle_gpus: bool, allow_tp_across_nodes: bool, uneven_layers: bool,
-                max_micro_batch_size: int, max_vp: int, max_cp: int) -> np.ndarray:
+                max_micro_batch_size: int, max_vp: int, max_cp: int,
+                explicit_layout: bool = False) -> np.ndarray:
     """Default candidate values of one dimension (constraints then prune combinations)."""
     if d == "tp":
         v = divisors(model.num_attention_heads)
@@ -464,6 +490,10 @@ def _candidates(d: str, model: ModelSpec, training: TrainingSpec, n_gpus: int, s
         v = divisors(model.num_layers)
         if uneven_layers:  # 126 layers on pp=8, vp=8 (the embedding and loss counted as layers)
             v = np.union1d(v, divisors(model.num_layers + 2))
+        if explicit_layout:  # the balanced explicit layout: any vp with pp*vp <= L; the
+            # powers of two the published recipes use (vp 2, 4, 8) added, not every vp (search
+            # time: each vp adds a layout-priced slice of the space)
+            v = np.union1d(v, _powers_of_two(min(max_vp, model.num_layers)))
         return v[v <= max_vp]
     if d == "zero_stage":
         return np.arange(4)
@@ -582,6 +612,7 @@ def make_space(
                 allow_idle_gpus=allow_idle_gpus, allow_tp_across_nodes=allow_tp_across_nodes,
                 uneven_layers=uneven_layers, max_micro_batch_size=max_micro_batch_size,
                 max_vp=max_vp, max_cp=max_cp,
+                explicit_layout=uneven_layers and explicit_layout_allowed(framework),
             )
         if framework is not None and d in (pins := framework_pins(framework)):
             allowed = _fixed_values(d, pins[d])

@@ -114,8 +114,10 @@ def test_layout_validation_messages():
     with pytest.raises(ValueError, match="exceeds stage_layers"):
         ParallelConfig(pp=2, stage_layers=(1, 2), stage_recompute_layers=(2, 0),
                        recompute="full")
-    with pytest.raises(ValueError, match="multiple of vp"):
-        ParallelConfig(pp=2, vp=2, schedule="interleaved", stage_layers=(3, 4))
+    with pytest.raises(ValueError, match="at least vp"):
+        ParallelConfig(pp=2, vp=2, schedule="interleaved", stage_layers=(1, 4))
+    # a rank's layers need not be a multiple of vp (--pipeline-model-parallel-layout)
+    assert ParallelConfig(pp=2, vp=2, schedule="interleaved", stage_layers=(3, 4)).vp == 2
     with pytest.raises(SpecError, match=r"sum to 125, expected num_layers \(126\)"):
         resolve_config(ParallelConfig(**{**BASE, "pp": 2}, stage_layers=(62, 63)), MODEL,
                        TRAINING)
