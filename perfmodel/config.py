@@ -287,11 +287,10 @@ def _with_layer_layout(c: ParallelConfig, num_layers: int) -> ParallelConfig:
             "loss counted as layers, or a balanced --pipeline-model-parallel-layout, which needs "
             "pp*vp <= num_layers)"
         )
-    if bool(lay["explicit"][0]):  # the balanced explicit layout (--pipeline-model-parallel-layout)
-        from perfmodel.pipeline import balanced_stage_layers
-
-        ranks = balanced_stage_layers(num_layers, c.pp, c.vp)[0, :c.pp]
-        return c.model_copy(update={"stage_layers": tuple(int(x) for x in ranks)})
+    if bool(lay["explicit"][0]):
+        # the balanced explicit layout (--pipeline-model-parallel-layout): no field names it;
+        # ConfigBatch.layer_counts and search.emit derive it from (pp, vp) as here
+        return c
     return c.model_copy(update={
         "first_stage_layers": int(lay["first"][0]) or None,
         "last_stage_layers": int(lay["last"][0]) or None,
@@ -356,12 +355,23 @@ class ConfigBatch:
         # Megatron-LM layout (what resolve_config fills in for a ParallelConfig)
         unnamed = (first == 0) & (last == 0) & ~emb & ~loss
         fill = unnamed & (num_layers % (self.pp * self.vp) != 0)
+        explicit = None
         if np.any(fill):
-            lay = megatron_layout(num_layers, self.pp[fill], self.vp[fill])
+            lay = megatron_layout(num_layers, self.pp[fill], self.vp[fill], explicit=True)
             first, last, emb, loss = (x.copy() for x in (first, last, emb, loss))
             first[fill], last[fill] = lay["first"], lay["last"]
             emb[fill], loss[fill] = lay["embedding_as_layer"], lay["loss_as_layer"]
+            if np.any(lay["explicit"]):
+                explicit = np.zeros(len(self), dtype=bool)
+                explicit[np.flatnonzero(fill)[lay["explicit"]]] = True
         out = stage_layer_counts(num_layers, self.pp, self.vp, first, last, emb, loss)
+        if explicit is not None:  # the balanced explicit layout (--pipeline-model-parallel-layout)
+            from perfmodel.pipeline import balanced_layer_counts
+
+            bal = balanced_layer_counts(num_layers, self.pp[explicit], self.vp[explicit])
+            out = {k: v.copy() for k, v in out.items()}
+            for k, v in bal.items():
+                out[k][explicit] = v
         lay = self.has_layout
         if np.any(lay):  # per-stage layouts: their ranks' counts (the chunk fields unchanged)
             out = dict(out)

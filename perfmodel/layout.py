@@ -202,17 +202,34 @@ def layer_times_by_type(model: ModelSpec, training: TrainingSpec, cluster: Clust
     from perfmodel.step import evaluate
 
     kw = {"kernels": kernels, "calibration": calibration}
-    keep_b, full_b = without_layout(batch, "keep"), without_layout(batch, "full")
+    if _uniform_recompute(batch):
+        # every layer of a row recomputes as the row says (no per-stage block recompute): one
+        # evaluation per type, its time both ``keep`` and ``full`` (a stage's time is then
+        # ``layers * keep + recomputed * 0``, the same as with the two apart, at half the cost)
+        keep_b = full_b = without_layout(batch)
+    else:
+        keep_b, full_b = without_layout(batch, "keep"), without_layout(batch, "full")
+
+    def layer_s(m, b):
+        return evaluate(m, training, cluster, b, **kw).extra["layer_s"]
+
     out = {}
     typed = typed_layer_costs(model)
     if average or not typed:
-        out = {"keep": evaluate(model, training, cluster, keep_b, **kw).extra["layer_s"],
-               "full": evaluate(model, training, cluster, full_b, **kw).extra["layer_s"]}
+        out = {"keep": layer_s(model, keep_b)}
+        out["full"] = out["keep"] if full_b is keep_b else layer_s(model, full_b)
     if typed:
         for name, var in zip(("dense", "moe"), moe_variants(model)):
-            out[f"{name}_keep"] = evaluate(var, training, cluster, keep_b, **kw).extra["layer_s"]
-            out[f"{name}_full"] = evaluate(var, training, cluster, full_b, **kw).extra["layer_s"]
+            out[f"{name}_keep"] = layer_s(var, keep_b)
+            out[f"{name}_full"] = (out[f"{name}_keep"] if full_b is keep_b
+                                   else layer_s(var, full_b))
     return out
+
+
+def _uniform_recompute(batch: ConfigBatch) -> bool:
+    """No row names a per-stage recompute count (``stage_recompute_layers``)."""
+    r = batch.stage_recompute_layers
+    return r is None or bool(np.all(r[:, 0] < 0))
 
 
 def stage_times_s(layers, recomputed, layer_keep_s, layer_full_s, embed_s, logits_s, pp,

@@ -46,6 +46,7 @@ __all__ = [
     "bubble_fraction",
     "inflight_microbatches",
     "balanced_chunk_layers",
+    "balanced_layer_counts",
     "balanced_stage_layers",
     "layout_chunk_times",
     "megatron_layout",
@@ -795,12 +796,25 @@ def stage_layer_table(
     loss_as_layer: bool = False,
 ) -> np.ndarray:
     """Layers of every model chunk of one configuration, shape ``(pp, vp)``: entry ``[r, c]``
-    is virtual stage ``c * pp + r`` (chunk ``c`` of rank ``r``), from :func:`stage_layer_counts`.
+    is virtual stage ``c * pp + r`` (chunk ``c`` of rank ``r``), from :func:`stage_layer_counts`;
+    where the configuration names no layout and ``pp*vp`` does not divide the layers,
+    :func:`megatron_layout`'s (the balanced explicit one included).
 
     >>> stage_layer_table(126, 8, 8, embedding_as_layer=True, loss_as_layer=True)[[0, 7]]
     array([[1, 2, 2, 2, 2, 2, 2, 2],
            [2, 2, 2, 2, 2, 2, 2, 1]])
     """
+    named = first or last or embedding_as_layer or loss_as_layer
+    if not named and num_layers % (pp * vp) and pp > 1:  # the layout the tool gives (pp, vp)
+        lay = {k: x[0] for k, x in megatron_layout(num_layers, pp, vp, explicit=True).items()}
+        if lay["explicit"]:
+            ranks = balanced_stage_layers(num_layers, pp, vp)[0, :pp]
+            chunks = balanced_chunk_layers(ranks, vp)
+            return np.array([[chunks[c * pp + r] for c in range(vp)] for r in range(pp)],
+                            dtype=np.int64)
+        first, last = int(lay["first"]), int(lay["last"])
+        embedding_as_layer = bool(lay["embedding_as_layer"])
+        loss_as_layer = bool(lay["loss_as_layer"])
     c = {k: int(np.asarray(x).ravel()[0]) for k, x in stage_layer_counts(
         num_layers, pp, vp, first, last, embedding_as_layer, loss_as_layer).items()}
     if not c["valid"]:
@@ -843,6 +857,35 @@ def balanced_stage_layers(num_layers: int, pp, vp=1) -> np.ndarray:
     pc, vc, qc, rc = (x[:, None] for x in (p, v, q, r))
     heavy = np.clip(-((s - rc) // pc), 0, vc)  # ceil((r - s) / p), clipped to [0, v]
     return np.where(s < pc, vc * qc + heavy, 0).astype(np.int64)
+
+
+def balanced_layer_counts(num_layers: int, pp, vp=1) -> dict[str, np.ndarray]:
+    """:func:`stage_layer_counts`'s fields for the balanced explicit layout (vectorized): rank
+    0 (the most layers, the embedding), the middle rank with the most, rank ``p-1`` (the
+    fewest, the loss), and the chunk sizes of those ranks (``q + 1`` where a rank holds a
+    heavier chunk). The time and memory models price the slowest rank from these, as for the
+    other layouts.
+
+    >>> {k: int(v[0]) for k, v in balanced_layer_counts(61, 8, 4).items() if k != "valid"}
+    ... # doctest: +NORMALIZE_WHITESPACE
+    {'first': 8, 'middle': 8, 'last': 7, 'max_rank': 8, 'first_chunk0': 2, 'first_chunk': 2,
+     'middle_chunk': 2, 'last_chunk': 2, 'last_chunk_end': 1}
+    """
+    p = np.atleast_1d(np.asarray(pp, dtype=np.int64))
+    v = np.atleast_1d(np.asarray(vp, dtype=np.int64))
+    p, v = np.broadcast_arrays(p, v)
+    ranks = balanced_stage_layers(num_layers, p, v)
+    rows = np.arange(p.shape[0])
+    q, r = num_layers // (p * v), num_layers % (p * v)
+    last = ranks[rows, p - 1]
+    heavy = (r > 0).astype(np.int64)
+    heavy_last = (-((p - 1 - r) // p) > 0).astype(np.int64)  # rank p-1 holds a heavier chunk
+    mid = np.where(p > 2, ranks[:, 1] if ranks.shape[1] > 1 else ranks[:, 0], ranks[:, 0])
+    return {"first": ranks[:, 0], "middle": mid, "last": last, "max_rank": ranks.max(axis=1),
+            "first_chunk0": q + heavy, "first_chunk": q + heavy,
+            "middle_chunk": q + heavy, "last_chunk": q + heavy_last,
+            "last_chunk_end": q.copy(),
+            "valid": (p * v <= num_layers) & (p > 1)}
 
 
 def balanced_chunk_layers(rank_layers, vp: int) -> list[int]:

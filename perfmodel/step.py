@@ -475,8 +475,21 @@ def _with_layouts(model, training, cluster, b, ct, embed_s, head_s, even, *, ker
     hides the gradient reduction is the slowest stage's, whose layers recompute only in part."""
     t_first, t_mid, t_last, t_max, layers_per_stage, layer_bwd_s = even
     lay = b.has_layout
-    st = _layout_stages(model, training, cluster, b, embed_s, head_s, kernels=kernels,
-                        calibration=calibration)
+    n = len(b)
+    if lay.all():
+        st = _layout_stages(model, training, cluster, b, embed_s, head_s, kernels=kernels,
+                            calibration=calibration)
+    else:  # price only the rows with a layout (the rest keep the even split's terms)
+        idx = np.flatnonzero(lay)
+        sub = _layout_stages(model, training, cluster, b.take(idx),
+                             *(np.broadcast_to(np.asarray(x, dtype=np.float64), (n,))[idx]
+                               for x in (embed_s, head_s)),
+                             kernels=kernels, calibration=calibration)
+        st = {}
+        for k, v in sub.items():
+            full = np.zeros(n, dtype=np.float64)
+            full[idx] = np.broadcast_to(v, idx.shape)
+            st[k] = full
     t_first, t_mid, t_last = (np.where(lay, st[k], x) for k, x in
                               (("first", t_first), ("mid", t_mid), ("last", t_last)))
     t_max = np.where(lay, st["max"], t_max)

@@ -39,7 +39,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfmodel.config import ParallelConfig
-from perfmodel.frameworks import FrameworkSpec, capability_refusals, load_framework
+from perfmodel.frameworks import (
+    FrameworkSpec,
+    capability_refusals,
+    explicit_layout_allowed,
+    load_framework,
+)
 from perfmodel.specs import ModelSpec, SpecError, TrainingSpec
 from search.emit_moe import megatron_bridge_moe_fields, megatron_moe_args, torchtitan_moe_fields
 
@@ -110,12 +115,18 @@ def stage_layers(config: ParallelConfig, model: ModelSpec) -> list[int]:
 
     L, pp, vp = model.num_layers, config.pp, config.vp
     if getattr(config, "stage_layers", None):  # a per-stage layout of search/dp.py
-        return [int(config.stage_layers[i % pp]) // vp for i in range(pp * vp)]
+        from perfmodel.pipeline import balanced_chunk_layers
+
+        return balanced_chunk_layers(config.stage_layers, vp)
     first, last, emb, loss = _layout_fields(config)
     if not (first or last or emb or loss) and L % (pp * vp):
-        lay = megatron_layout(L, pp, vp)
+        lay = megatron_layout(L, pp, vp, explicit=True)
         if not bool(lay["valid"][0]):
             raise SpecError(f"no Megatron-LM layout of {L} layers on pp={pp}, vp={vp}")
+        if bool(lay["explicit"][0]):  # the balanced explicit layout, heavier chunks first
+            from perfmodel.pipeline import balanced_chunk_layers, balanced_stage_layers
+
+            return balanced_chunk_layers(balanced_stage_layers(L, pp, vp)[0, :pp], vp)
         first, last = int(lay["first"][0]), int(lay["last"][0])
         emb, loss = bool(lay["embedding_as_layer"][0]), bool(lay["loss_as_layer"][0])
     try:
@@ -123,6 +134,20 @@ def stage_layers(config: ParallelConfig, model: ModelSpec) -> list[int]:
     except ValueError as err:
         raise SpecError(str(err)) from None
     return [int(t[i % pp, i // pp]) for i in range(pp * vp)]
+
+
+def _explicit_layout(config: ParallelConfig, model: ModelSpec) -> bool:
+    """Whether the configuration runs the balanced explicit layout (it names no layout, and
+    only ``--pipeline-model-parallel-layout`` splits its layers: :func:`megatron_layout`'s
+    fifth option) or a per-stage one (``stage_layers``)."""
+    from perfmodel.pipeline import megatron_layout
+
+    if getattr(config, "stage_layers", None):
+        return True
+    L, pp, vp = model.num_layers, config.pp, config.vp
+    if any(_layout_fields(config)) or L % (pp * vp) == 0:
+        return False
+    return bool(megatron_layout(L, pp, vp, explicit=True)["explicit"][0])
 
 
 def _layout_fields(config: ParallelConfig) -> tuple[int, int, bool, bool]:
@@ -216,6 +241,10 @@ def refusals(fmt: str, config: ParallelConfig, model: ModelSpec, training: Train
     if chunks and _is_uneven(chunks) and not fw.uneven_pipeline:
         why.append(f"{name} splits layers evenly over pipeline stages (planned "
                    f"{chunks[0]}/{chunks[1]}/.../{chunks[-1]} layers)")
+    elif (chunks and not getattr(c, "stage_layers", None) and _explicit_layout(c, model)
+          and fw.stack == "megatron" and not explicit_layout_allowed(fw)):
+        why.append(f"{name} has no --pipeline-model-parallel-layout (Megatron-Core >= 0.13) for "
+                   f"the balanced layout of {model.num_layers} layers on pp {c.pp} x vp {c.vp}")
     if recipe not in fw.precisions:
         why.append(f"{name} has no {recipe} precision: it runs {', '.join(fw.precisions)}")
     # what the release adds or lacks ([capabilities]: etp rule, cp with MoE, uneven interleaving)
@@ -280,8 +309,9 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
     # the chunk count per rank (--num-virtual-stages-per-pipeline-rank) where the layout is uneven
     uneven = _is_uneven(chunks)
     first, last, emb, loss = _layout_fields(c)
-    per_stage = bool(getattr(c, "stage_layers", None))
-    if per_stage:  # any per-stage counts (search/dp.py): the layout string, which sets vp too
+    per_stage = _explicit_layout(c, m)
+    if per_stage:  # any per-stage counts (search/dp.py, the balanced explicit layout): the
+        # layout string, which sets vp too
         a.append(f"--pipeline-model-parallel-layout {_layout(chunks)}")
     elif uneven and not (first or last or emb or loss):  # Megatron-LM's default layout, named
         first, last = (chunks[0] if c.vp == 1 else 0), (chunks[-1] if c.vp == 1 else 0)
@@ -403,7 +433,7 @@ def _bridge_sections(config: ParallelConfig, model: ModelSpec, training: Trainin
         "context_parallel_size": c.cp,
         "sequence_parallel": c.sequence_parallel,
     })
-    if getattr(c, "stage_layers", None):  # per-stage counts (search/dp.py): the layout
+    if _explicit_layout(c, m):  # per-stage counts (search/dp.py, balanced): the layout
         mdl["virtual_pipeline_model_parallel_size"] = None  # implied by the layout
         mdl["pipeline_model_parallel_layout"] = _layout(chunks)
     elif uneven and c.vp == 1:

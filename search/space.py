@@ -336,12 +336,8 @@ class SearchSpace:
             cols["last_stage_layers"] = np.where(uneven, lay["last"], 0)
             cols["embedding_as_layer"] = uneven & lay["embedding_as_layer"]
             cols["loss_as_layer"] = uneven & lay["loss_as_layer"]
-            bal = uneven & lay["explicit"]
-            if np.any(bal):  # the balanced explicit layout: its ranks' layer counts
-                from perfmodel.pipeline import balanced_stage_layers
-
-                ranks = balanced_stage_layers(self.model.num_layers, cols["pp"], cols["vp"])
-                cols["stage_layers"] = np.where(bal[:, None], ranks, 0)
+            # the balanced explicit layout (lay["explicit"]) names no field: ConfigBatch's
+            # layer_counts gives its ranks' counts
         return ConfigBatch.from_arrays(**cols)
 
     def iter_chunks(self, chunk_size: int = 2**18, prune: bool = True) -> Iterator[np.ndarray]:
@@ -490,10 +486,6 @@ def _candidates(d: str, model: ModelSpec, training: TrainingSpec, n_gpus: int, s
         v = divisors(model.num_layers)
         if uneven_layers:  # 126 layers on pp=8, vp=8 (the embedding and loss counted as layers)
             v = np.union1d(v, divisors(model.num_layers + 2))
-        if explicit_layout:  # the balanced explicit layout: any vp with pp*vp <= L; the
-            # powers of two the published recipes use (vp 2, 4, 8) added, not every vp (search
-            # time: each vp adds a layout-priced slice of the space)
-            v = np.union1d(v, _powers_of_two(min(max_vp, model.num_layers)))
         return v[v <= max_vp]
     if d == "zero_stage":
         return np.arange(4)
