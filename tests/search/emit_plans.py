@@ -30,6 +30,15 @@ PLANS = {
                                      {"dp": 16, "tp": 8, "pp": 4, "vp": 2, "schedule": "interleaved",
                                           "zero_stage": 1, "micro_batch_size": 1,
                                           "sequence_parallel": True, "recompute": "selective"}),
+    # 126 layers on pp 8 x vp 5 (40 chunks): only the balanced explicit layout fits (6 chunks of
+    # 4 layers, 34 of 3; --pipeline-model-parallel-layout)
+    "llama405b-balanced-interleaved": ("llama3.1-405b", "dgx-h100", 512,
+                                       {"global_batch_size": 512, "seq_len": 8192,
+                                        "precision": "bf16"},
+                                       {"dp": 8, "tp": 8, "pp": 8, "vp": 5,
+                                        "schedule": "interleaved", "zero_stage": 1,
+                                        "micro_batch_size": 1, "sequence_parallel": True,
+                                        "recompute": "selective"}),
     # context parallelism for a long sequence
     "llama-cp": ("llama3.1-8b", "dgx-h100", 64,
                  {"global_batch_size": 64, "seq_len": 32768, "precision": "bf16"},
