@@ -267,6 +267,33 @@ def test_25_09_recipes_token_drop_graphs_and_recompute():
     assert not full_iteration_graph("cuda_graph_scope=['attn', 'moe_router']")
 
 
+def test_25_11_presets_tied_by_layout():
+    """RECIPE_FACTS_BY_LAYOUT: the 25.11 rows the dataset left unmatched take a stored preset
+    version's settings only where that preset has the row's GPUs, layout, MBS and GBS."""
+    from search.validate import VALIDATION_DIR
+    from search.validate_moe import moe_case_from_row, recipe_facts, row_layout
+
+    df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
+    assert row_layout(df.loc["E0018"]) == "n256 t1 p4 v4 ep64 b1 gbs4096"
+    # DeepSeek-V3 GB200 BF16 (deepseek/workload_base_configs.py @d19cb73): mla_up_proj, HybridEP
+    t = moe_case_from_row(df.loc["E0018"], df)
+    assert t.config.recompute == "selective" and t.training.recompute_modules == ("mla_up_proj",)
+    assert t.training.moe_flex_backend == "hybridep"
+    assert t.training.cuda_graph_scope == ("moe_router", "moe_preprocess")
+    # GB300 p2 v4 ep32: HybridEP and TE graphs of attn / router / preprocess, no recompute
+    for rid in ("E0021", "E0022"):
+        c = moe_case_from_row(df.loc[rid], df)
+        assert c.training.cuda_graph_scope == ("attn", "moe_router", "moe_preprocess"), rid
+        assert c.training.moe_token_dispatcher == "flex" and c.config.recompute == "none", rid
+    # GPT-OSS GB200 ep64 b1 GBS 1280 (gpt_oss/workload_base_configs.py @6b296ac)
+    c = moe_case_from_row(df.loc["E0036"], df)
+    assert c.training.recompute_modules == ("layernorm", "moe_act")
+    # rows no stored preset version ties: untouched
+    for rid in ("E0019", "E0025", "E0034", "E0035", "E0038", "E0065", "E0068", "E0074", "E0075"):
+        assert "recompute_modules" not in recipe_facts(df.loc[rid]), rid
+        assert moe_case_from_row(df.loc[rid], df).config.recompute == "none", rid
+
+
 def test_rows_run_the_attention_kernel_their_recipe_leaves_te():
     from search.validate import VALIDATION_DIR
     from search.validate_moe import moe_case_from_row
