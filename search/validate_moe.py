@@ -16,7 +16,9 @@ documented facts of its framework, nothing fitted per row:
   ``moe_a2a_overlap=True``;
   dropless, force-balanced routing (the benchmark footnotes), so load imbalance 1, except the
   25.09 "(tokendrop)" rows, padded to capacity 1.0 as their recipe ran them, Qwen3-30B on B200 /
-  GB200 with the recipe's full-iteration CUDA graph (:data:`RECIPE_FACTS`).
+  GB200 with the recipe's full-iteration CUDA graph (:data:`RECIPE_FACTS`); 25.11 rows the
+  dataset left unmatched take the settings of a stored preset version with their GPUs,
+  layout, MBS and GBS (:data:`RECIPE_FACTS_BY_LAYOUT`).
 * **config**: where the row leaves etp empty, 1 for Megatron-Bridge (its MoE recipes set
   ``expert_tensor_parallel_size=1``) and Megatron-Core's default etp = tp for the others; layers that do not divide into ``pp*vp`` chunks are split
   unevenly (Megatron-Bridge's ``pipeline_model_parallel_layout`` / embedding-aware split).

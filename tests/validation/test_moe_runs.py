@@ -5,7 +5,8 @@ limit; the tuned-recipe check in >= 80 % of settings. Measured at the time of wr
 98 of 100 rows expressed (2 refused: their published layout is not runnable), MAPE 10.40 % (64 %
 of rows within 10 %; leave-one-model-out 11.2 %), tuned check 33 of 52 settings; session 6:
 s6-i14 (the pre-folding expert layout of Megatron-Core 0.8 / 0.9 for the Grok-1 dgxc rows) and
-s6-i18 (the 25.09 recipes as their files set them): MAPE 10.08 % (66 % within 10 %), tuned check 36 of 52, see docs/moe.md.
+s6-i18 (the 25.09 recipes as their files set them): MAPE 10.08 % (66 % within 10 %), tuned check 36 of 52;
+s6-i18b (25.11 presets tied to unmatched rows by layout): MAPE 10.13 %, tuned 36 of 52, see docs/moe.md.
 Neither target is met; the tests below guard what is reached so that a change
 cannot make it worse unnoticed, and check the refusals.
 """
@@ -78,6 +79,10 @@ def test_moe_mape_does_not_regress(report):
     # the "(tokendrop)" rows padded to capacity 1.0, Qwen3-30B on B200 / GB200 replayed as a
     # full-iteration CUDA graph, DeepSeek-V3 B200 / GB200 recomputing mla_up_proj): 10.19 % on
     # its own (E0013 +37 -> +11 %); merged with s6-i14: 10.08 % (66 % within 10 %)
+    # Session 6 (s6-i18b): 10.13 % (66 %) with the 25.11 presets tied to unmatched rows by
+    # their GPUs, layout, MBS and GBS (validate_moe.RECIPE_FACTS_BY_LAYOUT: E0018 mla_up_proj
+    # +1.8 %, now predicted to fit; E0036 layernorm / moe_act recompute 0.0 -> +5.4 %; E0021 /
+    # E0022 TE graphs of attn); source-faithful, so kept though the MAPE rises; floor as is
     assert s["mape"] <= 0.102, f"MAPE {s['mape']:.1%}\n{table}"
     assert s["within_10pct"] >= 0.66
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
