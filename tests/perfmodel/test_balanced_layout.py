@@ -146,3 +146,17 @@ def test_emitted_layout_parses_in_megatron_core():
     parsed.validate_layer_layout(61, 0)
     assert parsed.virtual_pipeline_model_parallel_size == 4
     assert [parsed.layout[i % 8][i // 8].count(LayerType.decoder) for i in range(32)] == chunks
+
+
+def test_moe_layers_of_ranks_not_a_multiple_of_vp():
+    """DeepSeek-V3 (3 dense leading layers) on Bridge's (4, 4) ranks 16 / 16 / 16 / 13: rank 0
+    holds layers 0-3 (3 dense) and three more MoE chunks, rank 3 its 13 layers (chunks of 4, 3,
+    3, 3, all MoE). The balanced (8, 4) layout: virtual stage 0 (rank 0) holds layers 0-1 (both
+    dense), stage 1 (rank 1) layers 2-3 (one dense): 6 and 7 MoE layers of their 8."""
+    from perfmodel.layout import stage_moe_layers
+
+    m = load_model("deepseek-v3")
+    b = ConfigBatch.from_arrays(pp=np.array([4, 8]), vp=np.array([4, 4]), num_microbatches=8)
+    lay = np.array([[16, 16, 16, 13, 0, 0, 0, 0], [8, 8, 8, 8, 8, 7, 7, 7]])
+    assert stage_moe_layers(m, b, lay).tolist() == [[13, 16, 16, 13, 0, 0, 0, 0],
+                                                    [6, 7, 8, 8, 8, 7, 7, 7]]

@@ -87,7 +87,11 @@ def test_moe_mape_does_not_regress(report):
     # (validate_moe.RECIPE_FACTS_BY_LAYOUT: E0018 mla_up_proj -0.2 -> +1.8 %, now predicted to
     # fit; E0036 layernorm / moe_act recompute -0.1 -> +5.4 %; E0021 / E0022 TE graphs of attn
     # +6.8 / +1.3 -> +5.6 / -0.2 %): 10.08 -> 10.13 % on its own, merged with main 9.73 ->
-    # 9.77 % (69 % within 10 %); source-faithful, so kept though the MAPE rises; floors as is
+    # 9.77 % (69 % within 10 %); source-faithful, so kept though the MAPE rises; floors as is.
+    # s6-i17b: 9.79 % (70 % within 10 %): the MoE layers of a rank whose layers are not a
+    # multiple of vp counted on all of them (layout.stage_moe_layers: Bridge's DeepSeek-V3
+    # (4, 4) rank 3, 13 layers, was counted as 12 MoE + 1 dense; E0005 / E0020 / E0042 / E0061
+    # +2 %)
     assert s["mape"] <= 0.0985, f"MAPE {s['mape']:.1%}\n{table}"
     assert s["within_10pct"] >= 0.69
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
@@ -191,8 +195,11 @@ def test_moe_tuned_fraction_does_not_regress():
     # 1.16-1.17 -> 1.08-1.09; fp8 1.23-1.34 -> 1.19-1.22). s6-i15: the 4 Nemotron-3 Nano
     # settings in the band (1.06 / 1.04 / 1.14 / 1.00; 35 of 52 on its own) with
     # mamba.SSD_BANDWIDTH_EFFICIENCY and the per-operand casts; with s6-i14 and s6-i18: 38 of 52;
-    # floor one below
-    assert s["fraction"] >= 37 / 52 - 1e-9, f"{s}\n{table}"
+    # floor one below. s6-i17b: 38 of 52 with the balanced explicit pipeline layout
+    # (--pipeline-model-parallel-layout, Megatron-Core >= 0.13): E0002 (DeepSeek-V3, 1024 H100)
+    # 0.87 -> 1.07 (t2 p16 v3 ep32, 61 layers over 48 chunks); the other DeepSeek-V3 settings
+    # pick vp 3 / 7 / 9 layouts and stay where they were (E0003 1.28 -> 1.34, out before)
+    assert s["fraction"] >= 38 / 52 - 1e-9, f"{s}\n{table}"
     assert set(t["framework"]) >= {"nemo-24.09", "bridge-25.x", "bridge-26.02"}
     grok = t[t["model"] == "Grok-1"]
     assert len(grok) == 6 and (grok["framework"] == "nemo-24.09").all()
