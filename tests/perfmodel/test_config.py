@@ -86,21 +86,23 @@ def test_resolve_fills_num_microbatches():
             "dp*tp*pp*cp (4*2*1*1=8) must equal the cluster's GPU count (16)",
         ),
         (
-            ParallelConfig(dp=1, tp=2, pp=2, vp=3, schedule="interleaved"),
+            ParallelConfig(dp=1, tp=2, pp=16, vp=3, schedule="interleaved"),
             LLAMA7,
             None,
             (
-                "pp*vp (2*3=6) does not divide num_layers (32) and no Megatron-LM layout fits "
-                "(first/last-stage layer counts, or the embedding and the loss counted as layers)"
+                "pp*vp (16*3=48) does not divide num_layers (32) and no Megatron-LM layout fits "
+                "(first/last-stage layer counts, the embedding and the loss counted as layers, or a "
+                "balanced --pipeline-model-parallel-layout, which needs pp*vp <= num_layers)"
             ),
         ),
         (
-            ParallelConfig(pp=4, vp=3, schedule="interleaved"),
+            ParallelConfig(pp=8, vp=5, schedule="interleaved"),
             LLAMA7,
             None,
             (
-                "pp*vp (4*3=12) does not divide num_layers (32) and no Megatron-LM layout fits "
-                "(first/last-stage layer counts, or the embedding and the loss counted as layers)"
+                "pp*vp (8*5=40) does not divide num_layers (32) and no Megatron-LM layout fits "
+                "(first/last-stage layer counts, the embedding and the loss counted as layers, or a "
+                "balanced --pipeline-model-parallel-layout, which needs pp*vp <= num_layers)"
             ),
         ),
         (
