@@ -137,7 +137,7 @@ def stage_moe_layers(model: ModelSpec, batch: ConfigBatch, layers) -> np.ndarray
     chunks (:func:`perfmodel.pipeline.balanced_chunk_layers`); the MoE layers among them are
     counted on :func:`moe_layer_mask`."""
     layers = np.asarray(layers, dtype=np.int64)
-    n, width = layers.shape
+    n = layers.shape[0]
     if not model.is_moe:
         return np.zeros_like(layers)
     # the count depends on (pp, vp, layers) alone: compute it once per distinct row

@@ -43,11 +43,11 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "SCHEDULE",
     "Timeline",
-    "bubble_fraction",
-    "inflight_microbatches",
     "balanced_chunk_layers",
     "balanced_layer_counts",
     "balanced_stage_layers",
+    "bubble_fraction",
+    "inflight_microbatches",
     "layout_chunk_times",
     "megatron_layout",
     "partition_layers",
