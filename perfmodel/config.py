@@ -372,19 +372,6 @@ class ConfigBatch:
             out = {k: v.copy() for k, v in out.items()}
             for k, v in bal.items():
                 out[k][explicit] = v
-        lay = self.has_layout
-        if np.any(lay):  # per-stage layouts: their ranks' counts (the chunk fields unchanged)
-            out = dict(out)
-            rows = np.arange(len(self))
-            mat = self.stage_layers
-            pp = self.pp.astype(np.int64)
-            last_r = mat[rows, np.minimum(pp, mat.shape[1]) - 1]
-            mid = np.where(np.arange(mat.shape[1])[None, :] < (pp - 1)[:, None], mat, 0)
-            mid[:, 0] = 0
-            mid_max = np.where(pp > 2, mid.max(axis=1), mat[:, 0])
-            for k, v in (("first", mat[:, 0]), ("last", last_r), ("middle", mid_max),
-                         ("max_rank", mat.max(axis=1)), ("valid", np.ones(len(self), bool))):
-                out[k] = np.where(lay, v, out[k])
         return out
 
     def __len__(self) -> int:
