@@ -33,12 +33,14 @@ def test_cp_exposed_s():
     # and 5 ms (K/V + dK/dV): forward 3 x (3-2) = 3 ms exposed, 3 x 2 = 6 ms hidden; backward
     # 2 x 0 + 2 x (5-4) = 2 ms exposed, 2 x 3 + 2 x 4 = 14 ms hidden; slowdown 0.1 x 20 ms
     model = SimpleNamespace(is_hybrid=False)
-    b = SimpleNamespace(cp=np.array([1, 4]), recompute=np.array([0, 0]))
-    ct = {"attn_fwd_s": a(8e-3, 8e-3), "attn_bwd_s": a(16e-3, 16e-3)}
-    comm = {"cp_kv_send_s": a(0.0, 3e-3), "cp_kv_dkv_send_s": a(0.0, 5e-3)}
-    cp_s, slow = step.cp_exposed_s(model, b, ct, comm, 0.1)
-    assert cp_s == pytest.approx(a(0.0, 5e-3), rel=1e-12)
-    assert slow == pytest.approx(a(0.0, 2e-3), rel=1e-12)
+    training = SimpleNamespace(recompute_modules=("core_attn",))
+    b = SimpleNamespace(cp=np.array([1, 4, 4]), recompute=np.array([0, 0, 1]))
+    ct = {"attn_fwd_s": a(8e-3, 8e-3, 8e-3), "attn_bwd_s": a(16e-3, 16e-3, 16e-3)}
+    comm = {"cp_kv_send_s": a(0.0, 3e-3, 3e-3), "cp_kv_dkv_send_s": a(0.0, 5e-3, 5e-3)}
+    cp_s, slow = step.cp_exposed_s(model, training, b, ct, comm, 0.1)
+    # selective recompute of core_attn re-runs the forward ring: 3 ms more exposed, 6 hidden
+    assert cp_s == pytest.approx(a(0.0, 5e-3, 8e-3), rel=1e-12)
+    assert slow == pytest.approx(a(0.0, 2e-3, 2.6e-3), rel=1e-12)
 
 
 def test_ep_exposed_s_without_overlap():
