@@ -191,28 +191,35 @@ def moe_comm_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpe
     (:func:`perfmodel.moe.all_to_all_tiered_time`: inside a node, an NVL72 domain, or across
     InfiniBand); ``expert_dp_grad_s``, ``expert_zero3_gather_s``: per step, the routed experts'
     gradient reduction and ZeRO gathers over the expert-data-parallel group (size
-    ``tp*cp*dp/(ep*etp)``, stride ``ep*etp``), on the same links as the dense ones.
+    ``tp*cp*dp/(ep*etp)``), on the same links as the dense ones. The groups sit where the
+    release puts them (:func:`perfmodel.expert_layout.expert_groups`:
+    ``training.moe_parallel_folding``); before folding the all-to-all dispatcher also
+    exchanges the sequence-parallel slices over tp (:func:`perfmodel.expert_layout.
+    sp2hp_all_to_all_bytes`).
 
     References
     ----------
-    :mod:`perfmodel.moe`; Megatron-Core expert rank order ``tp-ep-dp-pp`` with etp.
+    :mod:`perfmodel.moe`; :mod:`perfmodel.expert_layout` (Megatron-Core expert rank order
+    ``tp-ep-dp-pp`` with etp, or ``tp-cp-ep-dp-pp`` before MoE parallel folding).
     """
     n = len(batch)
     zeros = np.zeros(n)
     if not model.is_moe:
         return {"ep_layer_fwd_s": zeros, "ep_layer_bwd_s": zeros, "expert_dp_grad_s": zeros,
                 "expert_zero3_gather_s": zeros}
-    from perfmodel import moe
+    from perfmodel import expert_layout, moe
     from perfmodel.comm_volume import activation_bytes_per_elem, expert_dp_ops
-    from perfmodel.topology import group_placement
 
-    ep, etp = batch.ep, batch.etp
-    groups = {"ep": group_placement(cluster, ep, etp), "etp": group_placement(cluster, etp, 1),
-              "ep_etp": group_placement(cluster, ep * etp, 1)}
-    one = moe.dispatch_time_per_layer(model, training, batch, groups,
-                                      activation_bytes_per_elem(training))
+    folding = training.moe_parallel_folding
+    groups = expert_layout.expert_groups(cluster, batch, folding)
+    bpv = activation_bytes_per_elem(training)
+    one = moe.dispatch_time_per_layer(model, training, batch, groups, bpv)
+    if not folding and training.moe_token_dispatcher == "alltoall":
+        sp2hp = expert_layout.sp2hp_all_to_all_bytes(moe.tokens_per_gpu(training, batch),
+                                                     model.hidden_size, bpv, batch, folding)
+        one = one + moe.all_to_all_tiered_time(sp2hp, groups["etp"])
     fwd_n, bwd_n = moe.a2a_per_layer(batch)
-    g_edp = group_placement(cluster, batch.expert_dp, ep * etp)
+    g_edp = groups["expert_dp"]
     ops = expert_dp_ops(model, training, batch)
     grad = sum(op_time(ops[k], g_edp) for k in ops if k != "zero3_param_all_gather")
     return {

@@ -100,6 +100,10 @@ class Capabilities(Spec):
         "expert mesh from dp_shard * cp, and * tp when etp = 1)")
     moe_context_parallel: Supported | None = Field(
         default=None, description="context parallelism in a MoE model")
+    moe_parallel_folding: Supported | None = Field(
+        default=None, description="the expert groups are laid out by MoE parallel folding "
+        "(Megatron-Core >= 0.10); false: the earlier layout (ep carved out of dp, ep | dp; "
+        "perfmodel.expert_layout), copied into the TrainingSpec's moe_parallel_folding")
     moe_token_dispatchers: Dispatchers | None = None
     moe_flex_backends: FlexBackends | None = None
     cuda_graph_scopes: GraphScopes | None = Field(
@@ -200,6 +204,9 @@ class FrameworkSpec(Spec):
                   "cuda_graph_scope", "attention_backend"):
             if getattr(self, k) is not None:
                 out[k] = getattr(self, k)
+        # the release's expert rank layout (perfmodel.expert_layout), where the preset states it
+        if self.capabilities.moe_parallel_folding is not None:
+            out["moe_parallel_folding"] = self.capabilities.moe_parallel_folding.value
         return out
 
     def describe(self) -> str:
@@ -305,6 +312,15 @@ def _rules(fw: FrameworkSpec, model: ModelSpec) -> list[tuple[Capability, Any, A
     if _off(c.moe_context_parallel):
         rules.append((c.moe_context_parallel, lambda a: a["cp"] == 1,
                       lambda a: f"context parallelism in a MoE model (cp {a['cp']})"))
+    if _off(c.moe_parallel_folding):
+        # initialize_model_parallel before folding: "data_parallel_size ... is not divisible
+        # by expert_model_parallel_size" (ep is carved out of dp, perfmodel.expert_layout)
+        rules.append((c.moe_parallel_folding,
+                      lambda a: (np.asarray(a["dp"]) % a["ep"] == 0) if "dp" in a else (
+                          np.ones(np.shape(a["ep"]), dtype=bool)),
+                      lambda a: (f"ep {a['ep']} that does not divide dp {a.get('dp')}: before "
+                                 "MoE parallel folding expert parallelism is carved out of "
+                                 "data parallelism")))
     return rules
 
 

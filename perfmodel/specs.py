@@ -740,6 +740,12 @@ class TrainingSpec(Spec):
         "host launch (perfmodel.moe_dispatch.graph_saved_launches; 'mamba': the Mamba2 "
         "mixers, perfmodel.mamba.mamba_kernels); () = no CUDA graphs"
     )
+    moe_parallel_folding: bool = Field(
+        default=True, description="the expert groups are laid out by Megatron-Core's MoE "
+        "parallel folding (>= 0.10: etp x ep x expert-dp, ep ranks etp apart); False: the "
+        "layout before it (0.8 / 0.9: order tp-cp-ep-dp-pp, ep carved out of dp, ep ranks "
+        "tp*cp apart, etp = tp; perfmodel.expert_layout)"
+    )
     overlap_moe_comm: bool = Field(
         default=False, description="expert-parallel all-to-all overlaps another micro-batch's "
         "compute (--overlap-moe-expert-parallel-comm, DeepSeek-V3 DualPipe-style overlap)"

@@ -37,7 +37,8 @@ from numpy.typing import ArrayLike
 from perfmodel.config import ConfigBatch
 from perfmodel.specs import ClusterSpec
 
-__all__ = ["GroupPlacement", "group_placement", "parallel_groups", "tier_arrays"]
+__all__ = ["GroupPlacement", "group_placement", "nested_group_placement", "parallel_groups",
+           "tier_arrays"]
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,28 @@ def _flat(
 ) -> tuple[np.ndarray, ...]:
     """Flat placement of groups (g, s) [int64 arrays]: (tier, ring bw, latency, p2p bw, members
     per innermost domain)."""
-    block = g * s
+    return _flat_levels(((g, s),), sizes, bws, lats)
+
+
+def _members_in_domain(levels, d: int) -> np.ndarray:
+    """Members of a nested group inside one aligned domain of ``d`` consecutive ranks (the
+    fewest, where they are uneven): ``prod_i clip(d // s_i, 1, g_i)``."""
+    m = np.ones(np.shape(levels[0][0]), dtype=np.int64)
+    for g, s in levels:
+        m = m * np.clip(d // s, 1, g)
+    return m
+
+
+def _flat_levels(levels, sizes: np.ndarray, bws: np.ndarray, lats: np.ndarray
+                 ) -> tuple[np.ndarray, ...]:
+    """Flat placement of nested groups ``levels = ((g_1, s_1), (g_2, s_2), ...)`` [int64
+    arrays, innermost first, ``s_{i+1} >= g_i * s_i``]: a member for every index combination,
+    rank ``sum_i idx_i * s_i``. (tier, ring bw, latency, p2p bw, members per innermost domain)."""
+    g = np.ones(np.shape(levels[0][0]), dtype=np.int64)
+    block = np.ones_like(g)  # the aligned block of ranks the group spans
+    for gi, si in levels:
+        g = g * gi
+        block = np.maximum(block, np.where(gi > 1, gi * si, 1))
     n_tiers = len(sizes)
     tier = np.full(g.shape, n_tiers - 1, dtype=np.int64)
     found = np.zeros(g.shape, dtype=bool)
@@ -95,10 +117,10 @@ def _flat(
     m0 = g
     for t in range(n_tiers):
         d = int(sizes[t])
-        # inside one tier-t domain: the aligned block of g*s ranks divides the domain
+        # inside one tier-t domain: the aligned block of the group's ranks divides the domain
         inside = (d % block == 0) if t < n_tiers - 1 else np.ones(g.shape, dtype=bool)
         # members of the group inside one tier-t domain (the fewest, where they are uneven)
-        m_t = np.where(inside, g, np.clip(d // s, 1, g))
+        m_t = np.where(inside, g, _members_in_domain(levels, d))
         if t == 0:
             m0 = m_t
         used = (m_t > m_prev) & ~found  # traffic crosses tier-t links
@@ -129,25 +151,47 @@ def group_placement(cluster: ClusterSpec, size: ArrayLike, stride: ArrayLike) ->
     ----------
     Module docstring; Narayanan et al. 2021, Sec. 3.3 and 4.1.
     """
-    g, s = np.broadcast_arrays(
-        np.asarray(np.rint(size), dtype=np.int64), np.asarray(np.rint(stride), dtype=np.int64)
-    )
-    g = np.maximum(g, 1)
-    s = np.maximum(s, 1)
+    return nested_group_placement(cluster, ((size, stride),))
+
+
+def nested_group_placement(cluster: ClusterSpec,
+                           levels: tuple[tuple[ArrayLike, ArrayLike], ...]) -> GroupPlacement:
+    """Placement of groups that are the product of nested strided levels, innermost first:
+    ``levels = ((g_1, s_1), (g_2, s_2), ...)`` with ``s_{i+1} >= g_i * s_i``; the members are
+    the ranks ``sum_i idx_i * s_i`` (``0 <= idx_i < g_i``), ``prod_i g_i`` GPUs. One level is
+    :func:`group_placement`. Example: Megatron-Core 0.9's expert-data-parallel group with
+    context parallelism is ``cp`` ranks ``tp`` apart times ``dp/ep`` ranks ``tp*cp*ep`` apart
+    (:mod:`perfmodel.expert_layout`).
+
+    A tier-``t`` domain of ``D`` consecutive ranks holds ``prod_i clip(D // s_i, 1, g_i)``
+    members (all of them when ``D`` is a multiple of the outermost level's block
+    ``g_n * s_n``); ring bandwidth, tier and latency follow as for one level (module
+    docstring). The hierarchical all-reduce's inter-domain ring keeps one member per innermost
+    domain: level ``i`` becomes ``ceil(g_i / m_i)`` members ``s_i * m_i`` apart, ``m_i`` its
+    members inside one innermost domain.
+    """
+    arrs = np.broadcast_arrays(*[np.asarray(np.rint(x), dtype=np.int64)
+                                 for level in levels for x in level])
+    lv = tuple((np.maximum(arrs[2 * i], 1), np.maximum(arrs[2 * i + 1], 1))
+               for i in range(len(levels)))
     sizes, bws, lats = tier_arrays(cluster)
-    tier, bw, lat, p2p_bw, m0 = _flat(g, s, sizes, bws, lats)
+    tier, bw, lat, p2p_bw, m0 = _flat_levels(lv, sizes, bws, lats)
+    g = np.prod(np.stack([gi for gi, _ in lv]), axis=0)
     # hierarchical: ring inside each innermost domain, then across domains (one member each)
-    intra = m0
-    inter = -(-g // intra)
-    _, inter_bw, inter_lat, _, _ = _flat(inter, s * intra, sizes, bws, lats)
+    d0 = int(sizes[0])
+    inside0 = m0 == g
+    m_lv = [np.where(inside0, gi, np.clip(d0 // si, 1, gi)) for gi, si in lv]
+    inter_lv = tuple((-(-gi // mi), si * mi) for (gi, si), mi in zip(lv, m_lv, strict=True))
+    inter = np.prod(np.stack([gi for gi, _ in inter_lv]), axis=0)
+    _, inter_bw, inter_lat, _, _ = _flat_levels(inter_lv, sizes, bws, lats)
     return GroupPlacement(
         size=g.astype(np.float64),
-        stride=s.astype(np.float64),
+        stride=lv[0][1].astype(np.float64),
         tier=tier,
         bw_bytes_per_s=bw,
         latency_s=lat,
         p2p_bw_bytes_per_s=p2p_bw,
-        intra_size=intra.astype(np.float64),
+        intra_size=m0.astype(np.float64),
         inter_size=inter.astype(np.float64),
         intra_bw_bytes_per_s=np.full(g.shape, bws[0]),
         intra_latency_s=np.full(g.shape, lats[0]),

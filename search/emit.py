@@ -220,7 +220,7 @@ def refusals(fmt: str, config: ParallelConfig, model: ModelSpec, training: Train
         why.append(f"{name} has no {recipe} precision: it runs {', '.join(fw.precisions)}")
     # what the release adds or lacks ([capabilities]: etp rule, cp with MoE, uneven interleaving)
     why += capability_refusals(fw, model, {"tp": c.tp, "pp": c.pp, "vp": c.vp, "cp": c.cp,
-                                           "ep": c.ep, "etp": c.expert_tp})
+                                           "ep": c.ep, "etp": c.expert_tp, "dp": c.dp})
     return why
 
 

@@ -39,6 +39,16 @@ def _layer_freq(model: ModelSpec) -> str:
     return '"' + str(pattern).replace(" ", "") + '"'
 
 
+def _etp_flag(config: ParallelConfig, training: TrainingSpec) -> list[str]:
+    """``--expert-tensor-parallel-size``: only where the release has MoE parallel folding
+    (Megatron-Core 0.10 added it; 0.8 / 0.9 split the experts by tp and have no such flag, 0.10
+    deprecates their ``--moe-extended-tp``: "Deprecated. Use --expert-tensor-parallel-size
+    instead"); ``training.moe_parallel_folding``."""
+    if not training.moe_parallel_folding:
+        return []
+    return [f"--expert-tensor-parallel-size {config.expert_tp}"]
+
+
 def megatron_moe_args(config: ParallelConfig, model: ModelSpec, training: TrainingSpec
                       ) -> list[str]:
     """Megatron-LM flags for the MoE and MLA parts ([] for a dense, non-MLA model)."""
@@ -59,7 +69,7 @@ def megatron_moe_args(config: ParallelConfig, model: ModelSpec, training: Traini
         f"--moe-ffn-hidden-size {model.expert_ffn_size}",
         f"--moe-layer-freq {_layer_freq(model)}",
         f"--expert-model-parallel-size {c.ep}",
-        f"--expert-tensor-parallel-size {c.expert_tp}",
+        *_etp_flag(c, training),
         f"--moe-token-dispatcher-type {training.moe_token_dispatcher}",
         "--moe-grouped-gemm",
         f"--moe-router-dtype {model.moe_router_dtype}",
@@ -89,6 +99,8 @@ def megatron_bridge_moe_fields(config: ParallelConfig, model: ModelSpec,
         "moe_token_dispatcher_type": training.moe_token_dispatcher, "moe_grouped_gemm": True,
         "moe_router_fusion": training.moe_router_fusion,
     }
+    if not training.moe_parallel_folding:  # no such field before Megatron-Core 0.10 (_etp_flag)
+        del out["expert_tensor_parallel_size"]
     if training.moe_token_dispatcher == "flex":
         out["moe_flex_dispatcher_backend"] = training.moe_flex_backend
     if training.cuda_graph_scope:

@@ -396,6 +396,7 @@ def moe_case_from_row(r: pd.Series, siblings: pd.DataFrame | None = None) -> Cas
         precision=_precision(str(r["precision"])), optimizer="adam",
         **{**era_switches(modern=True), **recipe_attention_switches(r, other, cluster.gpu)},
         overlap_moe_comm="moe_a2a_overlap=true" in other,
+        moe_parallel_folding=release_moe_parallel_folding(str(r.get("release", ""))),
         moe_pad_expert_input_to_capacity=pad, **dispatch_switches(r, other),
         recompute_modules=recompute_modules(str(r["activation_recompute"])),
         grad_reduce_in_fp32=recipe_grad_reduce_in_fp32(r) if RECIPE_GRAD_DTYPE else True,
@@ -571,6 +572,16 @@ def release_framework(release: str) -> FrameworkSpec | None:
         if str(release).startswith(prefix):
             return load_framework(name)
     return None
+
+
+def release_moe_parallel_folding(release: str) -> bool:
+    """Whether a row's release lays the experts out with MoE parallel folding: its preset's
+    ``[capabilities.moe_parallel_folding]`` (:data:`RELEASE_FRAMEWORK`; False for Megatron-Core
+    0.8 / 0.9, :mod:`perfmodel.expert_layout`), True where the preset does not say or the
+    release has none."""
+    fw = release_framework(release)
+    cap = None if fw is None else fw.capabilities.moe_parallel_folding
+    return True if cap is None else bool(cap.value)
 
 
 def moe_tuned_report(path: Path | None = None, limit: int | None = None,

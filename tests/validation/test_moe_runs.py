@@ -3,8 +3,9 @@
 Issue targets: step-time MAPE <= 10 % with every row expressible or refused for a stated true
 limit; the tuned-recipe check in >= 80 % of settings. Measured at the time of writing (session 5):
 98 of 100 rows expressed (2 refused: their published layout is not runnable), MAPE 10.40 % (64 %
-of rows within 10 %; leave-one-model-out 11.2 %), tuned check 33 of 52 settings, see
-docs/moe.md. Neither target is met; the tests below guard what is reached so that a change
+of rows within 10 %; leave-one-model-out 11.2 %), tuned check 33 of 52 settings; session 6
+(s6-i14, the pre-folding expert layout of Megatron-Core 0.8 / 0.9 for the Grok-1 dgxc rows):
+MAPE 10.29 % (66 % within 10 %), tuned check 36 of 52, see docs/moe.md. Neither target is met; the tests below guard what is reached so that a change
 cannot make it worse unnoticed, and check the refusals.
 """
 
@@ -68,9 +69,12 @@ def test_moe_mape_does_not_regress(report):
     # Session 5 (s5-host): 10.40 % on 98 rows (64 % within 10 %; the 94 others 10.22 %,
     # 67 %; leave-one-model-out 11.2 %) with TE's multi-stream grouped GEMM
     # (moe.TE_GROUPED_GEMM_SLOWDOWN 0.30), the per-expert term refitted 0.13 -> 0.07 ms and kept
-    # for experts padded to capacity
-    assert s["mape"] <= 0.105, f"MAPE {s['mape']:.1%}\n{table}"
-    assert s["within_10pct"] >= 0.63
+    # for experts padded to capacity.
+    # Session 6 (s6-i14): 10.29 % (66 % within 10 %) with the pre-folding expert layout of
+    # Megatron-Core 0.8 / 0.9 for the releases before MoE parallel folding (the six dgxc
+    # v24.11.1 Grok-1 rows: ep 8 ranks tp*cp = 8 apart, perfmodel.expert_layout)
+    assert s["mape"] <= 0.1035, f"MAPE {s['mape']:.1%}\n{table}"
+    assert s["within_10pct"] >= 0.66
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
     # stage: 10.0 % (9.8 % with every selective row recomputing the attention core instead of
     # the recipes' mla_up_proj; the p16 rows were +14 to +29 % timed at a padded 64-layer split)
@@ -94,10 +98,13 @@ def test_moe_mape_does_not_regress(report):
     # Grok-1 (dgxc, measured iteration times), etp = tp (Megatron-Core's default), experts
     # padded to capacity (no host sync; the per-expert term kept), attention on flash-attn 2
     # (grok1/configure.sh NVTE_FUSED_ATTN=0; NeMo 24.09 / 24.12 ship no flash-attn 3): bf16 rows -3 to -5 %,
-    # fp8 rows -10 to -13 % (MAPE 7.7 %; 8.7 % without the per-expert term for padded experts)
+    # fp8 rows -10 to -13 % (MAPE 7.7 %; 8.7 % without the per-expert term for padded experts).
+    # Session 6 (s6-i14): 6.9 % with the Megatron-Core 0.9 expert layout of the dgxc v24.11.1
+    # rows (E0205-E0210: bf16 -1 to -2 %, fp8 -8 to -10 %); the v25.02.01 rows (Megatron-Core
+    # 0.10, folded) are unchanged
     grok = rows[rows["model"] == "Grok-1"]
-    assert len(grok) == 12 and np.all(np.abs(grok["error"]) <= 0.15)
-    assert np.abs(grok["error"]).mean() <= 0.079
+    assert len(grok) == 12 and np.all(np.abs(grok["error"]) <= 0.14)
+    assert np.abs(grok["error"]).mean() <= 0.070
 
 
 @pytest.mark.slow
@@ -156,8 +163,11 @@ def test_moe_tuned_fraction_does_not_regress():
     # 26 of 52 reached with s5-mamba's Nemotron-3 settings (22 of 48 before).
     # Session 5 (s5-host): 33 of 52 with TE's multi-stream grouped GEMM and the per-expert
     # term 0.13 -> 0.07 ms (larger micro-batches no longer amortise device time as if it were
-    # fixed); floor one setting below
-    assert s["fraction"] >= 32 / 52 - 1e-9, f"{s}\n{table}"
+    # fixed); floor one setting below.
+    # Session 6 (s6-i14): 36 of 52 with the pre-folding expert layout for the Megatron-Core 0.9
+    # Grok-1 settings (the search's in-node ep 8 of t1 cp8 is 8 nodes apart there: bf16 ratios
+    # 1.16-1.17 -> 1.08-1.09; fp8 1.23-1.34 -> 1.19-1.22); floor one setting below
+    assert s["fraction"] >= 35 / 52 - 1e-9, f"{s}\n{table}"
     assert set(t["framework"]) >= {"nemo-24.09", "bridge-25.x", "bridge-26.02"}
     grok = t[t["model"] == "Grok-1"]
     assert len(grok) == 6 and (grok["framework"] == "nemo-24.09").all()
