@@ -72,8 +72,13 @@ def test_moe_mape_does_not_regress(report):
     # for experts padded to capacity.
     # Session 6 (s6-i14): 10.29 % (66 % within 10 %) with the pre-folding expert layout of
     # Megatron-Core 0.8 / 0.9 for the releases before MoE parallel folding (the six dgxc
-    # v24.11.1 Grok-1 rows: ep 8 ranks tp*cp = 8 apart, perfmodel.expert_layout)
-    assert s["mape"] <= 0.1035, f"MAPE {s['mape']:.1%}\n{table}"
+    # v24.11.1 Grok-1 rows: ep 8 ranks tp*cp = 8 apart, perfmodel.expert_layout).
+    # Session 6 (s6-i16b): 10.35 % with the context-parallel ring hidden under the attention
+    # blocks and its bookkeeping kernels (perfmodel.cp_ring): the twelve Grok-1 cp 2 rows
+    # +0.3 % (closer), E0255 (Mixtral 8x22B cp 8 over two nodes, its K/V send and forward
+    # block balanced at 0.34 / 0.33 ms) +4.5 -> -14.4 %: it was right only with the ring
+    # priced fully exposed
+    assert s["mape"] <= 0.1040, f"MAPE {s['mape']:.1%}\n{table}"
     assert s["within_10pct"] >= 0.66
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
     # stage: 10.0 % (9.8 % with every selective row recomputing the attention core instead of
