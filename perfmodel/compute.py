@@ -58,8 +58,10 @@ __all__ = [
     "GemmPrecision",
     "LowPrecisionRecipe",
     "compute_times",
+    "full_iteration_graphed",
     "gemm_precision",
     "gemm_time_s",
+    "graph_launch_cost_s",
     "grouped_gemm_time_s",
     "launch_cost_s",
     "layer_gemms",
@@ -928,6 +930,34 @@ def launch_cost_s(gpu: GPUSpec) -> tuple[float, float]:
     return CPU_FWD_LAUNCH_S, CPU_BWD_LAUNCH_S
 
 
+def full_iteration_graphed(model: ModelSpec, training: TrainingSpec) -> bool:
+    """Whether the step runs as one full-iteration CUDA graph: ``cuda_graph_full_iteration``
+    and nothing in the step stops the host. Megatron-Core's ``FullCudaGraphWrapper``
+    (``--cuda-graph-impl local --cuda-graph-scope full_iteration``) captures the forward and
+    backward of all micro-batches once and replays them with one launch, which needs static
+    shapes: a dropless MoE layer syncs the token counts to the host
+    (:func:`perfmodel.moe_dispatch.dispatch_syncs`), so only token-drop MoE with the expert
+    inputs padded to capacity is captured (Megatron-Bridge's 25.09 Qwen3 recipes pair
+    ``cuda_graph_scope="full_iteration"`` with ``apply_moe_token_drop``: capacity factor 1.0,
+    ``moe_pad_expert_input_to_capacity=True``). Dense models: always.
+
+    Example: Qwen3-30B on 8 B200, 25.09 (token drop, padded, full-iteration graphs) -> True;
+    the same with dropless routing -> False."""
+    return training.cuda_graph_full_iteration and not moe_dispatch.dispatch_syncs(model, training)
+
+
+def graph_launch_cost_s(gpu: GPUSpec, model: ModelSpec, training: TrainingSpec
+                        ) -> tuple[float, float]:
+    """Host dispatch cost per kernel, forward and backward [s], as the step launches them:
+    :func:`launch_cost_s`, or 0 for both where the step is one replayed CUDA graph
+    (:func:`full_iteration_graphed`: the host launches the graph, not its kernels; the
+    kernels' device time, and the per-expert time in series with it,
+    :func:`perfmodel.moe.moe_host_exposed_s`, stay)."""
+    if full_iteration_graphed(model, training):
+        return 0.0, 0.0
+    return launch_cost_s(gpu)
+
+
 def recompute_added_s(rec_gpu_s, rec_cpu_s, bwd_gpu_s, bwd_cpu_s, layer_bwd_s) -> np.ndarray:
     """What a layer's recompute adds to its backward [s]: the recompute runs right before the
     backward and CPU and GPU overlap across both, so the pair is composed together
@@ -1043,7 +1073,7 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     for module in training.recompute_modules:
         _selective_module_forward(c, rec_sel, module)
 
-    cpu_f, cpu_b = launch_cost_s(gpu)
+    cpu_f, cpu_b = graph_launch_cost_s(gpu, model, training)
     layer_fwd_s = fwd.time_s(cpu_f)
     layer_bwd_s = bwd.time_s(cpu_b)
     full_s = recompute_added_s(rec_full.gpu_s, rec_full.cpu_s(cpu_f, CHECKPOINT_CPU_S),

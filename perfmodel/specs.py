@@ -746,6 +746,12 @@ class TrainingSpec(Spec):
         "layout before it (0.8 / 0.9: order tp-cp-ep-dp-pp, ep carved out of dp, ep ranks "
         "tp*cp apart, etp = tp; perfmodel.expert_layout)"
     )
+    cuda_graph_full_iteration: bool = Field(
+        default=False, description="the whole forward-backward step replayed as one CUDA graph "
+        "(--cuda-graph-impl local --cuda-graph-scope full_iteration): no host launch cost per "
+        "kernel; MoE only where the expert inputs are padded to capacity (no device-to-host "
+        "sync), else ignored (perfmodel.compute.full_iteration_graphed)"
+    )
     overlap_moe_comm: bool = Field(
         default=False, description="expert-parallel all-to-all overlaps another micro-batch's "
         "compute (--overlap-moe-expert-parallel-comm, DeepSeek-V3 DualPipe-style overlap)"

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+from perfmodel.compute import full_iteration_graphed
 from perfmodel.config import ParallelConfig
 from perfmodel.specs import ModelSpec, TrainingSpec
 
@@ -74,7 +75,7 @@ def megatron_moe_args(config: ParallelConfig, model: ModelSpec, training: Traini
         "--moe-grouped-gemm",
         f"--moe-router-dtype {model.moe_router_dtype}",
     ]
-    args += _dispatch_switch_args(training)
+    args += _dispatch_switch_args(training, model)
     if model.shared_ffn_size:
         args.append(f"--moe-shared-expert-intermediate-size {model.shared_ffn_size}")
     if model.moe_capacity_factor is not None:
@@ -106,6 +107,9 @@ def megatron_bridge_moe_fields(config: ParallelConfig, model: ModelSpec,
     if training.cuda_graph_scope:
         out["cuda_graph_impl"] = "transformer_engine"
         out["cuda_graph_scope"] = list(training.cuda_graph_scope)
+    elif full_iteration_graphed(model, training):
+        out["cuda_graph_impl"] = "local"
+        out["cuda_graph_scope"] = "full_iteration"
     if model.shared_ffn_size:
         out["moe_shared_expert_intermediate_size"] = model.shared_ffn_size
     return out
@@ -134,9 +138,10 @@ def torchtitan_moe_lines(config: ParallelConfig, model: ModelSpec) -> list[str]:
             f"expert_tensor_parallel_degree = {config.expert_tp}"]
 
 
-def _dispatch_switch_args(training: TrainingSpec) -> list[str]:
+def _dispatch_switch_args(training: TrainingSpec, model: ModelSpec) -> list[str]:
     """Megatron-LM flags of the dispatcher switches the plan assumes
-    (:mod:`perfmodel.moe_dispatch`): the flex backend, router fusion, partial CUDA graphs."""
+    (:mod:`perfmodel.moe_dispatch`): the flex backend, router fusion, partial CUDA graphs (or
+    the full-iteration graph, :func:`perfmodel.compute.full_iteration_graphed`)."""
     args: list[str] = []
     if training.moe_token_dispatcher == "flex":
         args.append(f"--moe-flex-dispatcher-backend {training.moe_flex_backend}")
@@ -145,6 +150,8 @@ def _dispatch_switch_args(training: TrainingSpec) -> list[str]:
     if training.cuda_graph_scope:
         args += ["--cuda-graph-impl transformer_engine",
                  "--cuda-graph-scope " + " ".join(training.cuda_graph_scope)]
+    elif full_iteration_graphed(model, training):  # one graph for the whole step
+        args += ["--cuda-graph-impl local", "--cuda-graph-scope full_iteration"]
     return args
 
 

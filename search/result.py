@@ -408,8 +408,8 @@ def finalize_batch(
                 "flash_attention", "zero3_gather", "grad_reduce_in_fp32", "fp8_params",
                 "cross_entropy", "cpu_offload_layers", "overlap_moe_comm",
                 "moe_token_dispatcher", "moe_flex_backend", "moe_router_fusion",
-                "cuda_graph_scope", "moe_pad_expert_input_to_capacity",
-                "moe_parallel_folding")},
+                "cuda_graph_scope", "cuda_graph_full_iteration",
+                "moe_pad_expert_input_to_capacity", "moe_parallel_folding")},
         },
         extra=dict(extra or {}),
     )

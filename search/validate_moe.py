@@ -14,7 +14,9 @@ documented facts of its framework, nothing fitted per row:
   graphs; a Bridge row without a matched preset takes its sibling recipe's,
   :func:`sibling_recipe_switches`), the all-to-all overlapped only where the row says
   ``moe_a2a_overlap=True``;
-  dropless, force-balanced routing (the benchmark footnotes), so load imbalance 1.
+  dropless, force-balanced routing (the benchmark footnotes), so load imbalance 1, except the
+  25.09 "(tokendrop)" rows, padded to capacity 1.0 as their recipe ran them, Qwen3-30B on B200 /
+  GB200 with the recipe's full-iteration CUDA graph (:data:`RECIPE_FACTS`).
 * **config**: where the row leaves etp empty, 1 for Megatron-Bridge (its MoE recipes set
   ``expert_tensor_parallel_size=1``) and Megatron-Core's default etp = tp for the others; layers that do not divide into ``pp*vp`` chunks are split
   unevenly (Megatron-Bridge's ``pipeline_model_parallel_layout`` / embedding-aware split).
@@ -195,15 +197,70 @@ def _step_from_tflops(r: pd.Series, model: ModelSpec) -> float:
 
 
 #: Settings of recipes the dataset did not enrich, read from the recipe files of the release:
-#: (release, model, GPU) -> other_config text. Megatron-Bridge 25.09: the python recipes
-#: ``scripts/performance/configs/deepseek/deepseek_llm_pretrain.py`` and
-#: ``parallelism_configs.py`` @0132842 (their parallelism matches every 25.09 DeepSeek-V3 table
-#: row, unlike the 25.09 YAML): H100 1024 GPUs ``enable_deepep=True`` and
-#: ``set_moe_a2a_overlap_overrides(cfg)`` (B200 / GB200: neither).
+#: (release, model, GPU) -> other_config text. Megatron-Bridge 25.09 (the dataset leaves these
+#: rows unenriched: its 25.09 YAML presets disagree with the table):
+#:
+#: * DeepSeek-V3: ``scripts/performance/configs/deepseek/deepseek_llm_pretrain.py`` and
+#:   ``parallelism_configs.py`` @0132842 (their parallelism matches every 25.09 DeepSeek-V3
+#:   table row): H100 1024 GPUs ``enable_deepep=True`` and ``set_moe_a2a_overlap_overrides(cfg)``
+#:   (B200 / GB200: neither). ``scripts/performance/run_script.py`` of the 25.09 perf-matrix
+#:   series (``pp_vp_map = {"h100": (8, 4), "b200": (16, 1), "gb200": (4, 4)}``, the table's
+#:   layouts): ``use_tokendrop = bool(args.gpu in ["b200", "gb200"])`` ->
+#:   ``apply_moe_token_drop`` (capacity factor 1.0, ``moe_pad_expert_input_to_capacity=True``;
+#:   the table labels these rows "(tokendrop)", H100 "(dropless)"), and
+#:   ``recompute_modules = ["mla_up_proj"]`` on B200 and with token drop on GB200 (the rows'
+#:   recompute column is empty; also the 25.09 python recipe ``deepseek_v3_gb200_fp8_config``:
+#:   ``["mla_up_proj"]`` with token drop). Its H100 ``["mla_up_proj", "mlp"]`` is not applied:
+#:   the recipe @0132842 that matches the H100 row was not checked for it.
+#: * Qwen3-30B / 235B: the same ``run_script.py`` calls ``apply_moe_token_drop`` for both
+#:   models on every GPU, as do the 25.09 presets' ``set_qwen3_common_configs``
+#:   (``scripts/performance/configs/qwen3/qwen3_llm_pretrain.py``); every 25.09 Qwen3 row is
+#:   labelled "(tokendrop)". Qwen3-30B on B200 and GB200 runs ``cuda_graph_impl="local"``,
+#:   ``cuda_graph_scope="full_iteration"`` (``configs/qwen3/parallelism_configs.py`` /
+#:   ``workload_base_configs.py`` ``QWEN3_30B_A3B_{B200,GB200}_8GPUS_*``: 8 GPUs, ep 8, GBS 512,
+#:   MBS 1 / 4 as the table; the perf-matrix YAML ``qwen3_30b_a3b_llm_pretrain.yaml``: gb200
+#:   ``cuda_graphs: true``, h100 ``cuda_graphs: false``); H100 and the Qwen3-235B layouts of the
+#:   table run no CUDA graphs (235B B200 / H100 presets set none; the table's GB200 235B
+#:   layout, tp 2 ep 64, matches no GB200 preset).
+_TOKEN_DROP = "moe_expert_capacity_factor=1.0; moe_pad_expert_input_to_capacity=True"
+_FULL_GRAPH = "cuda_graph_impl=local; cuda_graph_scope=full_iteration"
 RECIPE_FACTS = {
     ("NeMo container 25.09", "DeepSeek-V3", "H100"):
         "moe_flex_dispatcher_backend=deepep; moe_a2a_overlap=True",
+    ("NeMo container 25.09", "DeepSeek-V3", "B200"): _TOKEN_DROP + "; recompute_modules=mla_up_proj",
+    ("NeMo container 25.09", "DeepSeek-V3", "GB200"):
+        _TOKEN_DROP + "; recompute_modules=mla_up_proj",
+    ("NeMo container 25.09", "Qwen3-235B-A22B", "H100"): _TOKEN_DROP,
+    ("NeMo container 25.09", "Qwen3-235B-A22B", "B200"): _TOKEN_DROP,
+    ("NeMo container 25.09", "Qwen3-235B-A22B", "GB200"): _TOKEN_DROP,
+    ("NeMo container 25.09", "Qwen3-30B-A3B", "H100"): _TOKEN_DROP,
+    ("NeMo container 25.09", "Qwen3-30B-A3B", "B200"): _TOKEN_DROP + "; " + _FULL_GRAPH,
+    ("NeMo container 25.09", "Qwen3-30B-A3B", "GB200"): _TOKEN_DROP + "; " + _FULL_GRAPH,
 }
+
+
+def recipe_recompute(r: pd.Series, other: str) -> str:
+    """The row's ``activation_recompute`` text, or where the row leaves it empty the recipe's
+    ``recompute_modules=a,b`` of :data:`RECIPE_FACTS` (``other``, lower-cased) as
+    ``"selective: a+b"``; '' when neither names one.
+
+    Example: 25.09 DeepSeek-V3 on B200 (empty column, recipe ``["mla_up_proj"]``) ->
+    ``"selective: mla_up_proj"``."""
+    own = r.get("activation_recompute", "")
+    own = "" if not isinstance(own, str) else own.strip()
+    if own:
+        return own
+    m = re.search(r"recompute_modules=([a-z_,]+)", other)
+    return "selective: " + "+".join(m.group(1).split(",")) if m else ""
+
+
+def full_iteration_graph(other: str) -> bool:
+    """Whether a row's recipe (``other``, lower-cased) replays the whole step as one CUDA graph:
+    ``cuda_graph_scope=full_iteration`` (Megatron-Core ``--cuda-graph-impl local
+    --cuda-graph-scope full_iteration``; :data:`RECIPE_FACTS`). Transformer Engine's partial
+    graphs (``cuda_graph_scope=[...]``) are :func:`dispatch_switches`."""
+    return bool(re.search(r"cuda_graph_scope=full_iteration\b", other))
+
 
 #: cuDNN of the NeMo containers (Megatron-Bridge docs/releases/software-versions.md): what
 #: decides whether Transformer Engine's fused attention takes GPT-OSS's learnable sinks
@@ -391,6 +448,7 @@ def moe_case_from_row(r: pd.Series, siblings: pd.DataFrame | None = None) -> Cas
     if cf:  # token-dropping run (Grok-1: 1.0 with the expert inputs padded to capacity)
         model = model.model_copy(update={"moe_capacity_factor": float(cf.group(1))})
     cluster = _cluster(r)
+    recompute_text = recipe_recompute(r, other)
     training = TrainingSpec(
         global_batch_size=int(r["global_batch_size"]), seq_len=int(r["seq_len"]),
         precision=_precision(str(r["precision"])), optimizer="adam",
@@ -398,7 +456,8 @@ def moe_case_from_row(r: pd.Series, siblings: pd.DataFrame | None = None) -> Cas
         overlap_moe_comm="moe_a2a_overlap=true" in other,
         moe_parallel_folding=release_moe_parallel_folding(str(r.get("release", ""))),
         moe_pad_expert_input_to_capacity=pad, **dispatch_switches(r, other),
-        recompute_modules=recompute_modules(str(r["activation_recompute"])),
+        cuda_graph_full_iteration=full_iteration_graph(other),
+        recompute_modules=recompute_modules(recompute_text),
         grad_reduce_in_fp32=recipe_grad_reduce_in_fp32(r) if RECIPE_GRAD_DTYPE else True,
     )
     gpus = int(r["num_gpus"])
@@ -413,7 +472,7 @@ def moe_case_from_row(r: pd.Series, siblings: pd.DataFrame | None = None) -> Cas
     cfg = ParallelConfig(
         dp=dp, tp=t, pp=p, vp=vp, cp=cp, ep=ep, etp=etp, zero_stage=3 if fsdp else 1,
         micro_batch_size=int(r["micro_batch_size"]),
-        recompute=_recompute(str(r["activation_recompute"])), sequence_parallel=t > 1,
+        recompute=_recompute(recompute_text), sequence_parallel=t > 1,
         schedule="interleaved" if vp > 1 else "1f1b",
     )
     # uneven pipelines: check the rest against a layer count that divides, evaluate the real one

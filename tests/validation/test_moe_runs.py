@@ -3,9 +3,10 @@
 Issue targets: step-time MAPE <= 10 % with every row expressible or refused for a stated true
 limit; the tuned-recipe check in >= 80 % of settings. Measured at the time of writing (session 5):
 98 of 100 rows expressed (2 refused: their published layout is not runnable), MAPE 10.40 % (64 %
-of rows within 10 %; leave-one-model-out 11.2 %), tuned check 33 of 52 settings; session 6
-(s6-i14, the pre-folding expert layout of Megatron-Core 0.8 / 0.9 for the Grok-1 dgxc rows):
-MAPE 10.29 % (66 % within 10 %), tuned check 36 of 52, see docs/moe.md. Neither target is met; the tests below guard what is reached so that a change
+of rows within 10 %; leave-one-model-out 11.2 %), tuned check 33 of 52 settings; session 6:
+s6-i14 (the pre-folding expert layout of Megatron-Core 0.8 / 0.9 for the Grok-1 dgxc rows) and
+s6-i18 (the 25.09 recipes as their files set them): MAPE 10.08 % (66 % within 10 %), tuned check 36 of 52, see docs/moe.md.
+Neither target is met; the tests below guard what is reached so that a change
 cannot make it worse unnoticed, and check the refusals.
 """
 
@@ -73,20 +74,27 @@ def test_moe_mape_does_not_regress(report):
     # Session 6 (s6-i14): 10.29 % (66 % within 10 %) with the pre-folding expert layout of
     # Megatron-Core 0.8 / 0.9 for the releases before MoE parallel folding (the six dgxc
     # v24.11.1 Grok-1 rows: ep 8 ranks tp*cp = 8 apart, perfmodel.expert_layout).
-    # Session 6 (s6-i16b): 10.35 % with the context-parallel ring hidden under the attention
-    # blocks and its bookkeeping kernels (perfmodel.cp_ring): the twelve Grok-1 cp 2 rows
-    # +0.3 % (closer), E0255 (Mixtral 8x22B cp 8 over two nodes, its K/V send and forward
-    # block balanced at 0.34 / 0.33 ms) +4.5 -> -14.4 %: it was right only with the ring
-    # priced fully exposed
-    assert s["mape"] <= 0.1040, f"MAPE {s['mape']:.1%}\n{table}"
+    # Session 6 (s6-i18): the 25.09 recipes as their files set them (validate_moe.RECIPE_FACTS:
+    # the "(tokendrop)" rows padded to capacity 1.0, Qwen3-30B on B200 / GB200 replayed as a
+    # full-iteration CUDA graph, DeepSeek-V3 B200 / GB200 recomputing mla_up_proj): 10.19 % on
+    # its own (E0013 +37 -> +11 %); merged with s6-i14: 10.08 % (66 % within 10 %)
+    # Session 6 (s6-i16b): 10.08 -> 10.15 % with the context-parallel ring hidden under the
+    # attention blocks and its bookkeeping kernels (perfmodel.cp_ring): the twelve Grok-1 cp 2
+    # rows +0.3 % (closer), E0255 (Mixtral 8x22B cp 8 over two nodes, its K/V send and forward
+    # block balanced at 0.34 / 0.33 ms) +4.5 -> -14.4 %: it was right only with the ring priced
+    # fully exposed
+    assert s["mape"] <= 0.102, f"MAPE {s['mape']:.1%}\n{table}"
     assert s["within_10pct"] >= 0.66
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
     # stage: 10.0 % (9.8 % with every selective row recomputing the attention core instead of
     # the recipes' mla_up_proj; the p16 rows were +14 to +29 % timed at a padded 64-layer split)
     ds = rows[rows["model"] == "DeepSeek-V3"]
     # (9.3 % since the rows' own fp8 recipes and perfmodel.quantise; 9.7 % with s5-host's
-    # grouped-GEMM slowdown on its 32 local experts)
-    assert len(ds) == 22 and np.abs(ds["error"]).mean() <= 0.097
+    # grouped-GEMM slowdown on its 32 local experts; 9.72 % with the 25.09 B200 / GB200 rows
+    # read as their recipe ran them, token drop padded to capacity and mla_up_proj recomputed:
+    # E0003 / E0004 / E0005 -14.8 / -17.4 / -9.3 -> -15.2 / -17.7 / -10.1 %, the model's
+    # too-fast DeepSeek-V3 B200 m128 rows, docs/moe.md)
+    assert len(ds) == 22 and np.abs(ds["error"]).mean() <= 0.0975
     # the all-to-all-overlapped H100 rows (DeepSeek-V3 on 1024, Qwen3-235B on 256) within 7 %;
     # E0002 (FP8-CS, inferred) +8.2 % since current scaling's amax pass over MLA's five
     # projections is priced (+6.7 % with delayed scaling's casts); s5-host: E0001 +8.0 %,
@@ -229,11 +237,39 @@ def test_recipe_facts_and_default_etp():
     df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
     assert "moe_a2a_overlap=True" in recipe_facts(df.loc["E0002"])  # 25.09 H100 recipe
     assert moe_case_from_row(df.loc["E0002"]).training.overlap_moe_comm
-    assert recipe_facts(df.loc["E0003"]) == ""  # B200: no a2a overlap in that recipe
+    assert "moe_a2a_overlap" not in recipe_facts(df.loc["E0003"])  # B200: no a2a overlap
     # Grok-1 (NeMo launcher, ETP unset): Megatron-Core's default etp = tp = 4
     assert moe_case_from_row(df.loc["E0205"]).config.etp == 4
     # Megatron-Bridge rows without an ETP: its presets' etp = 1
     assert moe_case_from_row(df.loc["E0010"]).config.etp == 1
+
+
+def test_25_09_recipes_token_drop_graphs_and_recompute():
+    """Megatron-Bridge 25.09 (validate_moe.RECIPE_FACTS): the "(tokendrop)" rows run
+    apply_moe_token_drop (capacity 1.0, padded), Qwen3-30B on B200 / GB200 a full-iteration
+    CUDA graph (not on H100), DeepSeek-V3 on B200 / GB200 recompute mla_up_proj."""
+    from search.validate import VALIDATION_DIR
+    from search.validate_moe import full_iteration_graph, moe_case_from_row, recipe_recompute
+
+    df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
+    for rid, graphed in (("E0013", True), ("E0014", True), ("E0012", False), ("E0008", False),
+                         ("E0003", False)):
+        c = moe_case_from_row(df.loc[rid])
+        assert c.model.moe_capacity_factor == 1.0, rid
+        assert c.training.moe_pad_expert_input_to_capacity, rid
+        assert c.training.cuda_graph_full_iteration is graphed, rid
+    # the dropless 25.09 H100 DeepSeek-V3 and the 25.11 rows: no token drop, no full graph
+    for rid in ("E0002", "E0031"):
+        c = moe_case_from_row(df.loc[rid], df)
+        assert c.model.moe_capacity_factor is None and not c.training.cuda_graph_full_iteration
+    c = moe_case_from_row(df.loc["E0003"])
+    assert c.config.recompute == "selective" and c.training.recompute_modules == ("mla_up_proj",)
+    # the row's own column wins over the recipe fact; neither: ''
+    assert recipe_recompute(df.loc["E0016"], "recompute_modules=mlp") == str(
+        df.loc["E0016", "activation_recompute"])
+    assert recipe_recompute(df.loc["E0013"], "") == ""
+    assert full_iteration_graph("cuda_graph_impl=local; cuda_graph_scope=full_iteration")
+    assert not full_iteration_graph("cuda_graph_scope=['attn', 'moe_router']")
 
 
 def test_rows_run_the_attention_kernel_their_recipe_leaves_te():
