@@ -50,6 +50,8 @@ __all__ = [
     "CPU_FWD_LAUNCH_S",
     "LOW_PRECISION_GEMM_RATIO",
     "LOW_PRECISION_RECIPES",
+    "LOW_PRECISION_REF_REDUCTION",
+    "LOW_PRECISION_TILE_K0",
     "MAIN_GRAD_COPY_BYTES_PER_PARAM",
     "OPTIMIZER_BYTES_PER_PARAM",
     "PER_TENSOR_OVERFLOW_CHECK_BYTES_PER_PARAM",
@@ -65,6 +67,7 @@ __all__ = [
     "grouped_gemm_time_s",
     "launch_cost_s",
     "layer_gemms",
+    "low_precision_tile_factor",
     "mlp_activation_share",
     "optimizer_bytes_per_param",
     "optimizer_params_per_gpu",
@@ -98,6 +101,50 @@ LOW_PRECISION_GEMM_RATIO = 0.85
 """fp8 GEMM efficiency (tensor-wise scaled, or MXFP8 on Blackwell) relative to the bf16
 efficiency at the same shape, against the 2x higher fp8 peak. Fitted on the dev split's FP8 rows
 (benchmarks/fit_time_model.py; docs/compute.md)."""
+
+LOW_PRECISION_TILE_K0 = 350.0
+"""Per-tile fixed work of a Hopper fp8 GEMM in units of its reduction length at the fp8 rate:
+the tile's prologue (pipeline fill), bf16 epilogue (output store) and scale handling take what
+they take at bf16 while the main loop runs twice as fast, so short reductions gain less than
+long ones. Fitted to the published per-tensor fp8 sweep of tile-lang on H800 (M = N = 8192,
+K = 2048 / 4096 / 8192 / 16384: 1343 / 1467 / 1507 / 1541 TFLOP/s,
+``benchmarks/published_fp8_gemm_h800.csv``; ``t ~ K + k0`` gives k0 = 352, rate 1574 TFLOP/s).
+DeepGEMM's block-scaled table implies ~800 (its CUDA-core promotion adds to the fixed part).
+Hopper only: the sources are Hopper kernels; Blackwell's MMA accumulates in tensor memory and
+its kernels overlap the epilogue with the next tile. Scored by ``benchmarks/fp8_shape_probe.py``
+(docs/compute.md): dense MAPE 3.54 -> 3.45 %, H100 fp8 rows 4.34 -> 4.08 %, MoE
+low-precision rows 11.36 -> 11.32 %, leave-one-group-out CV 3.46 -> 3.44 %."""
+
+LOW_PRECISION_REF_REDUCTION = 8192.0
+"""Reduction length at which :data:`LOW_PRECISION_GEMM_RATIO` holds unchanged under
+:func:`low_precision_tile_factor` (the ratio was fitted with one value for every shape; 8192 is
+the hidden size / token count most fitted rows' GEMMs reduce over)."""
+
+
+def low_precision_tile_factor(m, n, k, layout: str, gpu: GPUSpec):
+    """Time factor of a low-precision GEMM for its per-tile fixed cost (Hopper):
+    ``(1 + k0 / K) / (1 + k0 / K_ref)`` with ``K`` the reduction length of the layout (``fwd``:
+    ``k``, ``dgrad``: ``n``, ``wgrad``: ``m``, the shape given as the forward GEMM's, as
+    :func:`gemm_time_s`), ``k0`` :data:`LOW_PRECISION_TILE_K0`, ``K_ref``
+    :data:`LOW_PRECISION_REF_REDUCTION`; 1 on other GPUs.
+
+    Example: Llama 3 70B's attention projection at tp 4 (k = 2048) forward on an H100:
+    (1 + 350/2048) / (1 + 350/8192) = 1.1709 / 1.0427 = 1.123.
+
+    References
+    ----------
+    tile-lang ``benchmark/matmul_fp8/README.md`` (H800 per-tensor fp8, K sweep); DeepGEMM
+    README "Normal GEMMs for dense models" (H800, block-scaled); CUTLASS sm90 warp-specialized
+    GEMM (prologue / mainloop / epilogue per tile).
+    """
+    from perfmodel.overlap import gpu_generation
+
+    if gpu_generation(gpu) != "hopper":
+        return 1.0
+    red = {"fwd": k, "dgrad": n, "wgrad": m}[layout]
+    red = np.maximum(np.asarray(red, dtype=np.float64), 1.0)
+    return ((1.0 + LOW_PRECISION_TILE_K0 / red)
+            / (1.0 + LOW_PRECISION_TILE_K0 / LOW_PRECISION_REF_REDUCTION))
 
 
 SUSTAINED_GEMM_FRACTION = {
@@ -669,14 +716,16 @@ def _gemm_phase(c: _LayerContext, ph: _Phase, layouts: tuple[str, ...],
         if name in skip:
             continue
         # the MoE router stays 16-bit under fp8 / fp4 (quantise.BF16_GEMMS)
-        peak, ratio = ((pr.peak16, pr.ratio16) if pr.lowp and name in quantise.BF16_GEMMS
-                       else (pr.peak, pr.ratio))
+        bf16 = pr.lowp and name in quantise.BF16_GEMMS
+        peak, ratio = (pr.peak16, pr.ratio16) if bf16 else (pr.peak, pr.ratio)
+        low = pr.recipe is not None and not bf16  # runs at the fp8 / fp4 rate
         for lay in layouts:
+            tile = low_precision_tile_factor(m_, n_, k_, lay, c.gpu) if low else 1.0
             if name.startswith("expert_"):
                 ph.add(grouped_gemm_time_s(c.cal, count, m_, n_, k_, lay, peak, ratio)
-                       * moe.grouped_gemm_slowdown(c.model, c.batch), count)
+                       * moe.grouped_gemm_slowdown(c.model, c.batch) * tile, count)
             else:
-                ph.add(count * gemm_time_s(c.cal, m_, n_, k_, lay, peak, ratio), count)
+                ph.add(count * gemm_time_s(c.cal, m_, n_, k_, lay, peak, ratio) * tile, count)
 
 
 def _moe_kernels(c: _LayerContext, ph: _Phase, pass_: str) -> None:
@@ -826,23 +875,6 @@ def _mamba_kernels(c: _LayerContext, ph: _Phase, pass_: str) -> None:
                             pass_, c.mb)
 
 
-def _hybrid_gemm_cols(c: _LayerContext, pass_: str):
-    """Values per token the low-precision GEMMs of a hybrid average layer quantise, as the
-    transformer layer's four (inputs forward, output gradients backward), each block weighted by
-    its share of the layers: attention ``a*(h + heads*d/tp)`` forward, ``a*(qkv cols + h)``
-    backward; Mamba2 ``m*(h + di/tp)`` / ``m*(in_proj cols + h)``; the MLP blocks ``(dense +
-    MoE share)*h`` plus the effective FFN columns."""
-    model, h = c.model, c.h
-    a, m = model.attention_layer_fraction, model.mamba_layer_fraction
-    mlp = model.dense_mlp_fraction + model.moe_layer_fraction
-    di = mamba.mamba_d_inner(model) / c.tp
-    if pass_ == "fwd":
-        return a * (h + c.nh_gpu * c.d) + m * (h + di) + mlp * h + c.f_gpu
-    qkv = (c.nh_gpu + 2 * np.maximum(model.kv_heads / c.tp, 1.0)) * c.d
-    return a * (qkv + h) + m * (mamba.mamba_in_proj_size(model) / c.tp + h) + c.act_cols + (
-        mlp * h)
-
-
 def _graph_saved_launches(c: _LayerContext, ph: _Phase, pass_: str) -> None:
     """The host launches an ``attn`` CUDA graph takes off a layer pass (fused kernels only:
     :func:`perfmodel.moe_dispatch.graph_saved_launches`)."""
@@ -854,12 +886,9 @@ def _quantise_casts(c: _LayerContext, ph: _Phase, pass_: str) -> None:
     """The layer's low-precision quantisation casts in ``pass_`` where Transformer Engine runs
     them (:func:`perfmodel.quantise.layer_quantise_terms`: sequence-parallel operands cast on
     their local rows, delayed scaling's cast inside the norm, transposes only on TN-only GPUs),
-    as ``copy``-bandwidth kernels."""
-    if c.model.is_hybrid:
-        # a hybrid average layer's GEMM operands (:func:`_hybrid_gemm_cols`), cast as four
-        # kernels of the recipe's bytes per value (no per-operand sequence-parallel split)
-        ph.mem("copy", quantise_bytes(c.T * _hybrid_gemm_cols(c, pass_), c.pr.recipe) / 4, 4)
-        return
+    as ``copy``-bandwidth kernels. A hybrid's average layer is its GEMM list weighted by the
+    shares of the layers (:func:`layer_gemms`: attention, Mamba2 ``in_proj`` / ``out_proj``,
+    MLP, MoE), each operand cast like the transformer's."""
     name = c.training.low_precision_recipe or "fp8-delayed"
     nbytes, kernels = quantise.layer_quantise_terms(c.gemms, name, c.pr.recipe, c.pr.act_b, c.gpu,
                                                     c.tp, c.batch.sequence_parallel, pass_)

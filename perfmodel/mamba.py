@@ -35,6 +35,7 @@ import numpy as np
 from perfmodel.memory import activation_operands
 
 __all__ = [
+    "SSD_BANDWIDTH_EFFICIENCY",
     "SSD_BWD_COUNTS",
     "SSD_MMA_EFFICIENCY",
     "check_hybrid",
@@ -64,6 +65,21 @@ SSD_MMA_EFFICIENCY = 0.25
 reach. An assumption, not fitted: Dao & Gu 2024 (Sec. 7.3, Fig. 10) report the SSD kernel 2-8x
 faster than Mamba-1's scan and on par with FlashAttention-2 at 2K tokens; for the Nemotron shapes
 the scan is bound by its HBM traffic (:func:`ssd_bytes_per_token`), so this term rarely binds."""
+
+SSD_BANDWIDTH_EFFICIENCY = 0.50
+"""Share of the calibrated copy bandwidth that ``mamba_ssm``'s Triton SSD kernels reach on the
+traffic :func:`ssd_bytes_per_token` counts (the chunk-wise kernels re-read ``C B^T``, ``B`` and
+``C`` per head and stream small ``Q x N`` / ``N x P`` tiles; "mostly bottlenecked by memory
+bandwidth and latency", Astra, Dao, Hoque, "Accelerating Mamba2 with Kernel Fusion", PyTorch blog,
+Feb 2026). Measured, not fitted on the training rows: vLLM PR #27299 (cyang49, 2025-10-25, one
+H100, RishiAstra's ``ssm_benchmark.py``) times ``mamba_ssm``'s five forward kernels
+(``_mamba_chunk_scan_combined_fwd``, the "Original" column) at granite-4.0-h-small dims (128
+heads x 64, 1 group, state 128, chunk 256, no ``z``) at 1.262e7 tokens/s over 8192 tokens and
+1.292e7 over 16384; the 118,272 bytes a token that :func:`ssd_bytes_per_token` counts for that
+shape would take 39.9 ns at the H100's calibrated copy bandwidth (2.96 TB/s), 2.51e7 tokens/s:
+0.50 / 0.52 of it (``tests/perfmodel/test_mamba.py``). The backward kernels
+(``_mamba_chunk_scan_combined_bwd``, the same Triton family, with atomics) are taken at the same
+share, an assumption: no published time of them at a known shape was found."""
 
 #: Backward of the SSD scan (``mamba_ssm`` ``_mamba_chunk_scan_combined_bwd``): it recomputes
 #: the chunk cumsum, ``C B^T``, the chunk states and the state passing (the forward less the
@@ -237,7 +253,7 @@ def mamba_gemms(model, tokens, tp) -> list:
             ("mamba_out_proj", T, hh, mamba_d_inner(model) / tp, m)]
 
 
-def ssd_bytes_per_token(model, tp, act_b: float, pass_: str = "fwd"):
+def ssd_bytes_per_token(model, tp, act_b: float, pass_: str = "fwd", z_in_scan: bool = True):
     """HBM bytes per token of one Mamba2 layer's SSD scan on one GPU (heads and groups split by
     tp). Forward, over its five kernels (``mamba_ssm`` ``_mamba_chunk_scan_combined_fwd``:
     chunk cumsum, chunk state, state passing, ``C B^T``, chunk scan): 16-bit reads of x (twice),
@@ -245,7 +261,9 @@ def ssd_bytes_per_token(model, tp, act_b: float, pass_: str = "fwd"):
     ``out_x`` it saves (``5 di``); fp32 chunk states written, read and rewritten by the state
     passing and read by the scan (4 passes of ``H P N / Q`` values), and the fp32 ``C B^T``
     block written and read (``2 G Q``). Backward: the recompute and gradient kernels of
-    :data:`SSD_BWD_COUNTS`.
+    :data:`SSD_BWD_COUNTS`. ``z_in_scan`` False: no gate inside the scan (``z=None``, as vLLM
+    calls it; Megatron's training path gates inside it), the forward reads no z and writes no
+    ``out_x`` (``3 di``).
 
     Example (Nemotron-3 Nano, tp 1, bf16): forward 2*(5*4096 + 6*1024) + 4*(4*64*64*128/128 +
     2*8*128) = 126,976 bytes per token; backward 2*(16*4096 + 12*1024) + 4*(11*4096 + 6*1024)
@@ -256,7 +274,7 @@ def ssd_bytes_per_token(model, tp, act_b: float, pass_: str = "fwd"):
     state = 4.0 * H * P * N / Q  # one fp32 pass over the chunk states, per token
     cb = 4.0 * G * Q  # one fp32 pass over the C B^T blocks, per token
     if pass_ == "fwd":
-        return act_b * (5.0 * di + 6.0 * G * N) + 4.0 * state + 2.0 * cb
+        return act_b * ((5.0 if z_in_scan else 3.0) * di + 6.0 * G * N) + 4.0 * state + 2.0 * cb
     k = SSD_BWD_COUNTS
     return act_b * (k["di"] * di + k["gn"] * G * N) + k["state_passes"] * state + (
         k["cb_passes"] * cb)
@@ -273,11 +291,13 @@ def ssd_bwd_flops_per_token(model) -> float:
 
 
 def _roofline_s(cal, flops, nbytes, peak16: float):
-    """A memory-bound kernel with tensor-core matmuls inside: the slower of its traffic at the
-    calibrated copy bandwidth and its FLOPs at :data:`SSD_MMA_EFFICIENCY` of the 16-bit peak."""
+    """A memory-bound kernel with tensor-core matmuls inside: the slower of its traffic at
+    :data:`SSD_BANDWIDTH_EFFICIENCY` of the calibrated copy bandwidth and its FLOPs at
+    :data:`SSD_MMA_EFFICIENCY` of the 16-bit peak."""
     from perfmodel.calibration import KERNEL_MIN_S
 
-    t = np.maximum(np.asarray(nbytes, dtype=np.float64) / cal.membw_bytes_per_s("copy"),
+    bw = cal.membw_bytes_per_s("copy") * SSD_BANDWIDTH_EFFICIENCY
+    t = np.maximum(np.asarray(nbytes, dtype=np.float64) / bw,
                    np.asarray(flops, dtype=np.float64) / (peak16 * SSD_MMA_EFFICIENCY))
     return np.maximum(t, KERNEL_MIN_S)
 

@@ -52,9 +52,11 @@ __all__ = [
 #: GEMMs whose input is a norm's output (column-parallel; TELayerNormColumnParallelLinear). MLA's
 #: down projections are plain TELinear modules after a separate TENorm (Megatron-Core
 #: ``gpt_layer_specs``: ``linear_q_down_proj`` / ``linear_kv_down_proj``), so each casts its input.
-NORM_FED_GEMMS = frozenset({"qkv", "q", "q_up", "kv_up", "fc1", "shared_fc1"})
+#: The Mamba2 ``in_proj`` is one too (Megatron-Core ``mamba_layer_specs``: ``MambaMixerSubmodules(
+#: in_proj=TELayerNormColumnParallelLinear, out_proj=TERowParallelLinear)``).
+NORM_FED_GEMMS = frozenset({"qkv", "q", "q_up", "kv_up", "fc1", "shared_fc1", "mamba_in_proj"})
 #: Row-parallel GEMMs whose output gradient arrives on the sequence-parallel rows.
-ROW_PARALLEL_GEMMS = frozenset({"proj", "fc2", "shared_fc2"})
+ROW_PARALLEL_GEMMS = frozenset({"proj", "fc2", "shared_fc2", "mamba_out_proj"})
 #: GEMMs Megatron-Core runs in 16 bit under an fp8 recipe (not Transformer Engine modules).
 BF16_GEMMS = frozenset({"router"})
 #: Recipes with one per-tensor scale (the column-wise copy is a transpose of the fp8 data).

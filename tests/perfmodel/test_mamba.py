@@ -55,7 +55,8 @@ def test_ssd_flops_and_bytes_hand_computed():
 def test_mamba_mixer_kernel_time_hand_computed():
     """One forward pass of the Mamba2 kernels of a half-Mamba model ('M-'), 8192 tokens on one
     GPU at 1 TB/s and a 1 PFLOP/s 16-bit peak: conv1d 2*2*8192*6144 B, SSD max(126,976*8192 B
-    / 1 TB/s, 3,416,064*8192 FLOP / 0.25 PFLOP/s), norm 2*2*8192*4096 B, each times 1/2."""
+    / (0.5 * 1 TB/s), 3,416,064*8192 FLOP / 0.25 PFLOP/s), norm 2*2*8192*4096 B, each times
+    1/2 (the SSD kernels at SSD_BANDWIDTH_EFFICIENCY of the copy bandwidth)."""
 
     class Cal:
         def membw_bytes_per_s(self, op):
@@ -68,15 +69,81 @@ def test_mamba_mixer_kernel_time_hand_computed():
     mamba.mamba_kernels(m, load_training(), Cal(), ph, np.array([8192.0]), np.array([1.0]),
                         2.0, 1e15, "fwd")
     conv = 2 * 2 * 8192 * 6144 / 1e12
-    ssd = max(126_976 * 8192 / 1e12, 3_416_064 * 8192 / 0.25e15)
+    ssd = max(126_976 * 8192 / 0.5e12, 3_416_064 * 8192 / 0.25e15)
     norm = 2 * 2 * 8192 * 4096 / 1e12
+    assert mamba.SSD_BANDWIDTH_EFFICIENCY == 0.5
     assert ph.gpu_s[0] == pytest.approx(0.5 * (conv + ssd + norm))
-    assert ph.gpu_s[0] == pytest.approx(687.866e-6, rel=1e-5)
+    assert ph.gpu_s[0] == pytest.approx(1_207_960e-9, rel=1e-5)
     # a micro-batch of 2 adds the layout copies of zxBCdt and y: 2 * 2 * 8192 * (10304 + 4096)
     ph2 = _Phase(Cal(), 1)
     mamba.mamba_kernels(m, load_training(), Cal(), ph2, np.array([8192.0]), np.array([1.0]),
                         2.0, 1e15, "fwd", mb=2)
     assert ph2.gpu_s[0] - ph.gpu_s[0] == pytest.approx(0.5 * 2 * 2 * 8192 * 14_400 / 1e12)
+
+
+def test_ssd_bandwidth_efficiency_from_the_published_forward_benchmark():
+    """SSD_BANDWIDTH_EFFICIENCY from its source: vLLM PR #27299's H100 microbenchmark of
+    mamba_ssm's five forward SSD kernels at granite-4.0-h-small dims (128 heads x 64, 1 group,
+    state 128, chunk 256, no z): 1.262e7 tokens/s at 8192 tokens, 1.292e7 at 16384. The traffic
+    ssd_bytes_per_token counts for that shape, 2*(3*8192 + 6*128) + 4*(4*128*64*128/256 +
+    2*1*256) = 118,272 bytes a token, at the H100's calibrated copy bandwidth gives 2.51e7
+    tokens/s: the kernels reach 0.50 (0.52) of it."""
+    from perfmodel.compute import sustained_calibration
+    from perfmodel.specs import load_gpu
+
+    granite = NANO.model_copy(update={"mamba_num_heads": 128, "mamba_num_groups": 1,
+                                      "mamba_chunk_size": 256})
+    nbytes = float(mamba.ssd_bytes_per_token(granite, 1, 2.0, z_in_scan=False))
+    assert nbytes == 2 * (3 * 8192 + 6 * 128) + 4 * (4 * 128 * 64 * 128 / 256 + 2 * 256)
+    assert nbytes == 118_272
+    bw = sustained_calibration(load_gpu("H100-SXM5-80GB")).membw_bytes_per_s("copy")
+    roofline_tokens_per_s = bw / nbytes
+    assert roofline_tokens_per_s == pytest.approx(2.51e7, rel=0.01)
+    measured = {8192: 1.262327e7, 16384: 1.292440e7}
+    eff = {n: t / roofline_tokens_per_s for n, t in measured.items()}
+    assert eff[8192] == pytest.approx(0.503, abs=0.005)
+    assert eff[16384] == pytest.approx(0.515, abs=0.005)
+    assert mamba.SSD_BANDWIDTH_EFFICIENCY == pytest.approx(eff[8192], abs=0.02)
+    # with the gate inside the scan (Megatron's training path) the forward reads z and writes
+    # the ungated out_x: two more 16-bit passes over d_inner
+    assert float(mamba.ssd_bytes_per_token(granite, 1, 2.0)) == nbytes + 2 * 2 * 8192
+
+
+def test_hybrid_quantise_casts_are_the_per_operand_terms_by_hand():
+    """A hybrid layer's fp8 casts are the per-GEMM operand casts of perfmodel.quantise (as for a
+    transformer), weighted by the layers' shares. 'M-' (half Mamba2, half MLP) at tp 1 under
+    MXFP8 on a B200, 8192 tokens: every operand reads 2 bytes and writes two 1 + 1/32 byte
+    copies (4.0625 bytes an element), one kernel each. Forward inputs in_proj h 2688, out_proj
+    d_inner 4096, fc1 h 2688, fc2 f 1856; backward output gradients in_proj 10304, out_proj
+    2688, fc1 1856, fc2 2688; each in 1/2 of the layers."""
+    from perfmodel import compute, quantise
+    from perfmodel.compute import LOW_PRECISION_RECIPES, layer_gemms
+    from perfmodel.specs import load_gpu
+
+    assert "mamba_in_proj" in quantise.NORM_FED_GEMMS  # TELayerNormColumnParallelLinear
+    assert "mamba_out_proj" in quantise.ROW_PARALLEL_GEMMS  # TERowParallelLinear
+    m = NANO.model_copy(update={"hybrid_override_pattern": "M-", "num_layers": 2,
+                                "num_experts": 1, "moe_top_k": 1, "num_shared_experts": 0,
+                                "moe_shared_ffn_hidden_size": None})
+    T, tp = np.array([8192.0]), np.array([1.0])
+    g = layer_gemms(m, T, tp)
+    mx = LOW_PRECISION_RECIPES["mxfp8"]
+    per = 2 + 2 * (1 + 1 / 32)
+    b200 = load_gpu("B200")
+    for pass_, cols in (("fwd", 2688 + 4096 + 2688 + 1856), ("bwd", 10_304 + 2688 + 1856 + 2688)):
+        nb, nk = quantise.layer_quantise_terms(g, "mxfp8", mx, 2.0, b200, tp, False, pass_)
+        assert float(nb[0]) == pytest.approx(0.5 * 8192 * per * cols)
+        assert float(nk[0]) == pytest.approx(2.0)  # four operands, each in half the layers
+    # and the layer forward prices exactly these as copy kernels
+    tr = load_training(precision="fp8", low_precision_recipe="mxfp8", seq_len=8192)
+    batch = ConfigBatch.from_arrays(dp=1, micro_batch_size=1, num_microbatches=1)
+    cal = compute.sustained_calibration(b200)
+    c = compute._layer_context(m, tr, b200, batch, cal, False)
+    ph = _Phase(cal, 1)
+    compute._quantise_casts(c, ph, "fwd")
+    want = 2.0 * max(0.5 * 8192 * per * 11_328 / 2.0 / cal.membw_bytes_per_s("copy"),
+                     compute.KERNEL_MIN_S)
+    assert ph.gpu_s[0] == pytest.approx(want) and ph.launches[0] == pytest.approx(2.0)
 
 
 def test_mamba_activation_bytes_hand_computed():

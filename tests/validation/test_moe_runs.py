@@ -77,14 +77,17 @@ def test_moe_mape_does_not_regress(report):
     # Session 6 (s6-i18): the 25.09 recipes as their files set them (validate_moe.RECIPE_FACTS:
     # the "(tokendrop)" rows padded to capacity 1.0, Qwen3-30B on B200 / GB200 replayed as a
     # full-iteration CUDA graph, DeepSeek-V3 B200 / GB200 recomputing mla_up_proj): 10.19 % on
-    # its own (E0013 +37 -> +11 %); merged with s6-i14: 10.08 % (66 % within 10 %)
-    # Session 6 (s6-i16b): 10.08 -> 10.15 % with the context-parallel ring hidden under the
-    # attention blocks and its bookkeeping kernels (perfmodel.cp_ring): the twelve Grok-1 cp 2
-    # rows +0.3 % (closer), E0255 (Mixtral 8x22B cp 8 over two nodes, its K/V send and forward
+    # its own (E0013 +37 -> +11 %); merged with s6-i14: 10.08 % (66 % within 10 %).
+    # s6-i15: 10.10 % on its own (67 %) with the Nemotron-3 Nano rows' SSD kernel efficiency and
+    # per-operand casts (the 94 others unchanged); with s6-i14 9.99 %; all three (main +
+    # s6-i15): 9.78 % (69 % within 10 %)
+    # Session 6 (s6-i16b): 9.73 -> 9.79 % (69 -> 68 % within 10 %) with the context-parallel
+    # ring hidden under the attention blocks and its bookkeeping kernels (perfmodel.cp_ring):
+    # the twelve Grok-1 cp 2 rows +0.3 % (closer), E0255 (Mixtral 8x22B cp 8 over two nodes, its K/V send and forward
     # block balanced at 0.34 / 0.33 ms) +4.5 -> -14.4 %: it was right only with the ring priced
     # fully exposed
-    assert s["mape"] <= 0.102, f"MAPE {s['mape']:.1%}\n{table}"
-    assert s["within_10pct"] >= 0.66
+    assert s["mape"] <= 0.0985, f"MAPE {s['mape']:.1%}\n{table}"
+    assert s["within_10pct"] >= 0.68
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
     # stage: 10.0 % (9.8 % with every selective row recomputing the attention core instead of
     # the recipes' mla_up_proj; the p16 rows were +14 to +29 % timed at a padded 64-layer split)
@@ -93,15 +96,19 @@ def test_moe_mape_does_not_regress(report):
     # grouped-GEMM slowdown on its 32 local experts; 9.72 % with the 25.09 B200 / GB200 rows
     # read as their recipe ran them, token drop padded to capacity and mla_up_proj recomputed:
     # E0003 / E0004 / E0005 -14.8 / -17.4 / -9.3 -> -15.2 / -17.7 / -10.1 %, the model's
-    # too-fast DeepSeek-V3 B200 m128 rows, docs/moe.md)
-    assert len(ds) == 22 and np.abs(ds["error"]).mean() <= 0.0975
+    # too-fast DeepSeek-V3 B200 m128 rows, docs/moe.md; 9.79 % since Hopper fp8 GEMMs pay
+    # their per-tile fixed cost, compute.low_precision_tile_factor: its H100 rows E0001 / E0002
+    # +0.7 pt, while all rows improve 10.08 -> 10.03 % and the low-precision ones 10.99 -> 10.91 %)
+    assert len(ds) == 22 and np.abs(ds["error"]).mean() <= 0.0985
     # the all-to-all-overlapped H100 rows (DeepSeek-V3 on 1024, Qwen3-235B on 256) within 7 %;
     # E0002 (FP8-CS, inferred) +8.2 % since current scaling's amax pass over MLA's five
     # projections is priced (+6.7 % with delayed scaling's casts); s5-host: E0001 +8.0 %,
-    # E0002 +9.5 % (DeepSeek-V3's 32 local experts pay the grouped-GEMM slowdown)
+    # E0002 +9.5 % (DeepSeek-V3's 32 local experts pay the grouped-GEMM slowdown); session 6:
+    # E0001 +8.8 %, E0002 +10.2 % (Hopper fp8 per-tile cost: MLA's projections and the
+    # experts' fc2 reduce over 1536-2048)
     ov = rows.set_index("row_id").loc[["E0001", "E0002", "E0024", "E0044", "E0064"], "error"]
-    assert np.all(np.abs(ov.drop("E0002")) <= 0.085), ov
-    assert abs(ov["E0002"]) <= 0.10, ov
+    assert np.all(np.abs(ov.drop("E0002")) <= 0.09), ov
+    assert abs(ov["E0002"]) <= 0.105, ov
     # GPT-OSS-120B: unfused elementwise ops, the recipes' layernorm + moe_act recompute, the
     # experts' fc2 bias outside the grouped GEMM, the exp-bound forward at head dim 64 on
     # Blackwell and the 128-token window on every other layer: MAPE 13.0 % (13.6 % before the
@@ -179,8 +186,11 @@ def test_moe_tuned_fraction_does_not_regress():
     # fixed); floor one setting below.
     # Session 6 (s6-i14): 36 of 52 with the pre-folding expert layout for the Megatron-Core 0.9
     # Grok-1 settings (the search's in-node ep 8 of t1 cp8 is 8 nodes apart there: bf16 ratios
-    # 1.16-1.17 -> 1.08-1.09; fp8 1.23-1.34 -> 1.19-1.22); floor one setting below
-    assert s["fraction"] >= 35 / 52 - 1e-9, f"{s}\n{table}"
+    # 1.16-1.17 -> 1.08-1.09; fp8 1.23-1.34 -> 1.19-1.22). s6-i15: the 4 Nemotron-3 Nano
+    # settings in the band (1.06 / 1.04 / 1.14 / 1.00; 35 of 52 on its own) with
+    # mamba.SSD_BANDWIDTH_EFFICIENCY and the per-operand casts; with s6-i14 and s6-i18: 38 of 52;
+    # floor one below
+    assert s["fraction"] >= 37 / 52 - 1e-9, f"{s}\n{table}"
     assert set(t["framework"]) >= {"nemo-24.09", "bridge-25.x", "bridge-26.02"}
     grok = t[t["model"] == "Grok-1"]
     assert len(grok) == 6 and (grok["framework"] == "nemo-24.09").all()
@@ -369,8 +379,13 @@ def test_hybrid_nemotron3_nano_rows(report):
     rows, _ = report
     nano = rows[rows["model"] == "Nemotron-3-Nano-30B-A3B"]
     assert len(nano) == 4
-    # s5-host (per-expert term 0.13 -> 0.07 ms with the grouped-GEMM slowdown): 14.7 %
-    assert np.all(np.abs(nano["error"]) <= 0.22) and np.abs(nano["error"]).mean() <= 0.155
+    # s5-host (per-expert term 0.13 -> 0.07 ms with the grouped-GEMM slowdown): 14.7 %.
+    # s6-i15: 7.3 % (-7.7, -6.0, -3.7, -12.0 %) with the SSD Triton kernels at
+    # mamba.SSD_BANDWIDTH_EFFICIENCY 0.50 of the copy bandwidth (measured on mamba_ssm's forward
+    # kernels, vLLM PR #27299; 9.0 % alone) and the hybrid's fp8 casts per operand
+    # (quantise.layer_quantise_terms; 13.0 % alone); still all too fast
+    assert np.all(nano["error"] < 0)
+    assert np.all(np.abs(nano["error"]) <= 0.13) and np.abs(nano["error"]).mean() <= 0.08
 
 
 @pytest.mark.slow
