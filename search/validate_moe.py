@@ -16,7 +16,9 @@ documented facts of its framework, nothing fitted per row:
   ``moe_a2a_overlap=True``;
   dropless, force-balanced routing (the benchmark footnotes), so load imbalance 1, except the
   25.09 "(tokendrop)" rows, padded to capacity 1.0 as their recipe ran them, Qwen3-30B on B200 /
-  GB200 with the recipe's full-iteration CUDA graph (:data:`RECIPE_FACTS`).
+  GB200 with the recipe's full-iteration CUDA graph (:data:`RECIPE_FACTS`); 25.11 rows the
+  dataset left unmatched take the settings of a stored preset version with their GPUs,
+  layout, MBS and GBS (:data:`RECIPE_FACTS_BY_LAYOUT`).
 * **config**: where the row leaves etp empty, 1 for Megatron-Bridge (its MoE recipes set
   ``expert_tensor_parallel_size=1``) and Megatron-Core's default etp = tp for the others; layers that do not divide into ``pp*vp`` chunks are split
   unevenly (Megatron-Bridge's ``pipeline_model_parallel_layout`` / embedding-aware split).
@@ -239,6 +241,65 @@ RECIPE_FACTS = {
 }
 
 
+#: Facts of the 25.11 presets for rows the dataset left unmatched (``config_source`` "no preset
+#: ... matched": it searched the release tags and the summary commits), keyed by (release,
+#: model, GPU, ``row_layout``: GPUs, t/p/v/ep, MBS, GBS) and taken from a stored version of the
+#: release's preset file whose preset of that model and GPU has every one of these numbers:
+#:
+#: * DeepSeek-V3, 25.11 table of @1804c076f (E0018 GB200 BF16, E0021 / E0022 GB300):
+#:   Megatron-Bridge ``scripts/performance/configs/deepseek/workload_base_configs.py``
+#:   @d19cb73c80ae (the 25.11 file name; 26.02 renamed it ``deepseek_workload_base_configs.py``).
+#:   ``DEEPSEEK_V3_GB200_BASE_CONFIG`` (= its BF16 / FP8_CS / FP8_MX presets): 256 GPUs, GBS
+#:   4096, p4 v4 ep64, ``moe_flex_dispatcher_backend="hybridep"``, ``moe_a2a_overlap=False``,
+#:   ``recompute_modules=["mla_up_proj"]``, TE graphs of ``moe_router`` / ``moe_preprocess``;
+#:   ``DEEPSEEK_V3_GB300_BASE_CONFIG``: 256 GPUs, GBS 4096, p2 v4 ep32, HybridEP, no a2a
+#:   overlap, TE graphs of ``attn`` / ``moe_router`` / ``moe_preprocess``,
+#:   ``recompute_modules=[]``. Its B200 preset (p16 ep8, GBS 2048, ``["mla_up_proj"]``) is what
+#:   the table's B200 row E0016 matched at v0.2.1, so the one file fits every row of that table
+#:   that any preset fits (E0019, GB200 p8 v4 ep32, fits none: left).
+#: * GPT-OSS-120B, E0036 (GB200, 64 GPUs, ep64, MBS 1, GBS 1280; sequence 8192):
+#:   ``configs/gpt_oss/workload_base_configs.py`` @6b296ac1061f ``GPT_OSS_120B_GB200_BF16_
+#:   BASE_CONFIG``: ``recompute_modules=["layernorm", "moe_act"]`` (the v0.2.1 preset E0037
+#:   matched, ep64 MBS 4 GBS 512, recomputes the same). Its other presets fit no other row:
+#:   E0034 (H100 MBS 4; the presets' MBS 1), E0035 (B200 ep8; the presets' ep64), E0038 (GB300
+#:   MBS 2; MBS 4) are left.
+#:
+#: Left as well, where no stored version can be tied to the row's release:
+#: * E0025 (Qwen3-235B, 25.11, 64 B200 p8 v2 ep8 GBS 1024): ``configs/qwen3/
+#:   workload_base_configs.py`` @767255d2f5c7 has this layout with ``moe_a2a_overlap=True``,
+#:   but its Qwen3-30B B200 / GB200 presets graph ``attn`` too, unlike the v0.2.1 presets the
+#:   same table's E0031 / E0032 matched (and the 25.09 file has the layout without overlap).
+#: * E0074 / E0075 (GPT-OSS-120B, 26.02.01, ep8 on B200 / B300): only versions of
+#:   ``configs/gpt_oss/gpt_oss_workload_base_configs.py`` later than v0.3.1 have ep 8 there
+#:   (``_B200_BF16_V2``: recompute ``layernorm`` / ``moe_act`` inherited from V1, HybridEP in
+#:   one version and not in @07eea52d4523; ``_B300_BF16_V2``: HybridEP, TE graphs of ``attn``
+#:   / ``moe_router`` / ``moe_preprocess``), and both give ``_GB200_BF16_V2`` the
+#:   ``moe_a2a_overlap=True`` that v0.3.1's, which E0076 of the same table matched, lacks.
+#: * E0065 / E0068 (Qwen3, 26.02.01): no stored version has their layouts. No Qwen3 preset of
+#:   25.11-26.02.01 names recompute modules (``set_qwen3_common_configs``:
+#:   ``recompute_granularity = None``).
+RECIPE_FACTS_BY_LAYOUT = {
+    ("NeMo container 25.11", "DeepSeek-V3", "GB200", "n256 t1 p4 v4 ep64 b1 gbs4096"):
+        "moe_flex_dispatcher_backend=hybridep; cuda_graph_impl=transformer_engine; "
+        "cuda_graph_scope=['moe_router', 'moe_preprocess']; recompute_modules=mla_up_proj",
+    ("NeMo container 25.11", "DeepSeek-V3", "GB300", "n256 t1 p2 v4 ep32 b1 gbs4096"):
+        "moe_flex_dispatcher_backend=hybridep; cuda_graph_impl=transformer_engine; "
+        "cuda_graph_scope=['attn', 'moe_router', 'moe_preprocess']",
+    ("NeMo container 25.11", "GPT-OSS-120B", "GB200", "n64 t1 p1 v1 ep64 b1 gbs1280"):
+        "recompute_modules=layernorm,moe_act",
+}
+
+
+def row_layout(r: pd.Series) -> str:
+    """A row's GPUs, parallel layout and batch as :data:`RECIPE_FACTS_BY_LAYOUT` keys them
+    (``n256 t1 p4 v4 ep64 b1 gbs4096``)."""
+    def n(col: str) -> int:
+        return int(_f(r.get(col)) or 1)
+    return (f"n{n('num_gpus')} t{n('tensor_parallel')} p{n('pipeline_parallel')} "
+            f"v{n('virtual_pipeline_stages')} ep{n('expert_parallel')} "
+            f"b{n('micro_batch_size')} gbs{n('global_batch_size')}")
+
+
 def recipe_recompute(r: pd.Series, other: str) -> str:
     """The row's ``activation_recompute`` text, or where the row leaves it empty the recipe's
     ``recompute_modules=a,b`` of :data:`RECIPE_FACTS` (``other``, lower-cased) as
@@ -289,9 +350,11 @@ def recipe_attention_switches(r: pd.Series, other: str, gpu) -> dict:
 
 
 def recipe_facts(r: pd.Series) -> str:
-    """The :data:`RECIPE_FACTS` of a row ('' when none)."""
-    return RECIPE_FACTS.get((str(r.get("release", "")), str(r["model"]),
-                             str(r.get("gpu_type", "")).upper()), "")
+    """The :data:`RECIPE_FACTS` of a row, and those of :data:`RECIPE_FACTS_BY_LAYOUT` where
+    its release, model, GPU and parallel layout have one ('' when none)."""
+    key = (str(r.get("release", "")), str(r["model"]), str(r.get("gpu_type", "")).upper())
+    facts = [RECIPE_FACTS.get(key, ""), RECIPE_FACTS_BY_LAYOUT.get((*key, row_layout(r)), "")]
+    return "; ".join(f for f in facts if f)
 
 
 #: Megatron-Bridge releases with workload presets, in order (the dataset matched presets from

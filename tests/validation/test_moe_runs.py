@@ -5,9 +5,11 @@ limit; the tuned-recipe check in >= 80 % of settings. Measured at the time of wr
 98 of 100 rows expressed (2 refused: their published layout is not runnable), MAPE 10.40 % (64 %
 of rows within 10 %; leave-one-model-out 11.2 %), tuned check 33 of 52 settings; session 6:
 s6-i14 (the pre-folding expert layout of Megatron-Core 0.8 / 0.9 for the Grok-1 dgxc rows) and
-s6-i18 (the 25.09 recipes as their files set them): MAPE 10.08 % (66 % within 10 %), tuned check 36 of 52, see docs/moe.md.
-Neither target is met; the tests below guard what is reached so that a change
-cannot make it worse unnoticed, and check the refusals.
+s6-i18 (the 25.09 recipes as their files set them): MAPE 10.08 % (66 % within 10 %), tuned check 36 of 52;
+s6-i18b (25.11 presets tied to unmatched rows by layout): MAPE 10.13 %, tuned 36 of 52; merged
+with s6-i15 (Nemotron-3 Nano kernels) and s6-i17 on main: MAPE 9.77 % (69 % within 10 %), see
+docs/moe.md. The MAPE target is met, the tuned one is not; the tests below guard what is reached
+so that a change cannot make it worse unnoticed, and check the refusals.
 """
 
 import numpy as np
@@ -81,11 +83,16 @@ def test_moe_mape_does_not_regress(report):
     # s6-i15: 10.10 % on its own (67 %) with the Nemotron-3 Nano rows' SSD kernel efficiency and
     # per-operand casts (the 94 others unchanged); with s6-i14 9.99 %; all three (main +
     # s6-i15): 9.78 % (69 % within 10 %)
-    # Session 6 (s6-i16b): 9.73 -> 9.79 % (69 -> 68 % within 10 %) with the context-parallel
+    # s6-i18b: the 25.11 presets tied to unmatched rows by their GPUs, layout, MBS and GBS
+    # (validate_moe.RECIPE_FACTS_BY_LAYOUT: E0018 mla_up_proj -0.2 -> +1.8 %, now predicted to
+    # fit; E0036 layernorm / moe_act recompute -0.1 -> +5.4 %; E0021 / E0022 TE graphs of attn
+    # +6.8 / +1.3 -> +5.6 / -0.2 %): 10.08 -> 10.13 % on its own, merged with main 9.73 ->
+    # 9.77 % (69 % within 10 %); source-faithful, so kept though the MAPE rises; floors as is
+    # Session 6 (s6-i16b): 9.77 -> 9.84 % (69 -> 68 % within 10 %) with the context-parallel
     # ring hidden under the attention blocks and its bookkeeping kernels (perfmodel.cp_ring):
-    # the twelve Grok-1 cp 2 rows +0.3 % (closer), E0255 (Mixtral 8x22B cp 8 over two nodes, its K/V send and forward
-    # block balanced at 0.34 / 0.33 ms) +4.5 -> -14.4 %: it was right only with the ring priced
-    # fully exposed
+    # the twelve Grok-1 cp 2 rows +0.3 % (closer), E0255 (Mixtral 8x22B cp 8 over two nodes,
+    # its K/V send and forward block balanced at 0.34 / 0.33 ms) +4.5 -> -14.4 %: it was right
+    # only with the ring priced fully exposed
     assert s["mape"] <= 0.0985, f"MAPE {s['mape']:.1%}\n{table}"
     assert s["within_10pct"] >= 0.68
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
@@ -280,6 +287,33 @@ def test_25_09_recipes_token_drop_graphs_and_recompute():
     assert recipe_recompute(df.loc["E0013"], "") == ""
     assert full_iteration_graph("cuda_graph_impl=local; cuda_graph_scope=full_iteration")
     assert not full_iteration_graph("cuda_graph_scope=['attn', 'moe_router']")
+
+
+def test_25_11_presets_tied_by_layout():
+    """RECIPE_FACTS_BY_LAYOUT: the 25.11 rows the dataset left unmatched take a stored preset
+    version's settings only where that preset has the row's GPUs, layout, MBS and GBS."""
+    from search.validate import VALIDATION_DIR
+    from search.validate_moe import moe_case_from_row, recipe_facts, row_layout
+
+    df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
+    assert row_layout(df.loc["E0018"]) == "n256 t1 p4 v4 ep64 b1 gbs4096"
+    # DeepSeek-V3 GB200 BF16 (deepseek/workload_base_configs.py @d19cb73): mla_up_proj, HybridEP
+    t = moe_case_from_row(df.loc["E0018"], df)
+    assert t.config.recompute == "selective" and t.training.recompute_modules == ("mla_up_proj",)
+    assert t.training.moe_flex_backend == "hybridep"
+    assert t.training.cuda_graph_scope == ("moe_router", "moe_preprocess")
+    # GB300 p2 v4 ep32: HybridEP and TE graphs of attn / router / preprocess, no recompute
+    for rid in ("E0021", "E0022"):
+        c = moe_case_from_row(df.loc[rid], df)
+        assert c.training.cuda_graph_scope == ("attn", "moe_router", "moe_preprocess"), rid
+        assert c.training.moe_token_dispatcher == "flex" and c.config.recompute == "none", rid
+    # GPT-OSS GB200 ep64 b1 GBS 1280 (gpt_oss/workload_base_configs.py @6b296ac)
+    c = moe_case_from_row(df.loc["E0036"], df)
+    assert c.training.recompute_modules == ("layernorm", "moe_act")
+    # rows no stored preset version ties: untouched
+    for rid in ("E0019", "E0025", "E0034", "E0035", "E0038", "E0065", "E0068", "E0074", "E0075"):
+        assert "recompute_modules" not in recipe_facts(df.loc[rid]), rid
+        assert moe_case_from_row(df.loc[rid], df).config.recompute == "none", rid
 
 
 def test_rows_run_the_attention_kernel_their_recipe_leaves_te():
