@@ -90,7 +90,9 @@ def comm_times(
         ``tp_layer_fwd_s``, ``tp_layer_bwd_s``: tensor-parallel collectives of one layer and one
         micro-batch (the backward includes the recomputed forward's under full recomputation);
         ``cp_layer_fwd_s``, ``cp_layer_bwd_s``: ring-attention K/V exchanges of one layer and one
-        micro-batch (``cp - 1`` sequential sends; backward incl. recompute);
+        micro-batch (link time of the ``cp - 1`` ring sends; backward incl. recompute; what the
+        attention hides of them: :mod:`perfmodel.cp_ring`); ``cp_kv_send_s``: one K/V chunk
+        sent to the next ring rank, ``cp_kv_dkv_send_s``: K/V and dK/dV together (0 at cp = 1);
         ``pp_p2p_s``: one activation send of one micro-batch between adjacent stages;
         ``dp_grad_s``: per step, the gradient all-reduce, or reduce-scatter(s) + parameter
         all-gather under ZeRO-1/2, or the reduce-scatters under ZeRO-3;
@@ -120,10 +122,11 @@ def comm_times(
     tp_one = np.where(batch.sequence_parallel, ag_rs, ar)
     tp_fwd_n, tp_bwd_n = tp_collectives_per_layer(batch, model)
 
-    # context parallel: sequential ring sends of the K/V chunk to the next rank
-    kv_send = coll.p2p_time(
-        cp_kv_chunk_bytes(model, training, batch), g_cp.p2p_bw_bytes_per_s, g_cp.latency_s
-    )
+    # context parallel: ring sends of the K/V chunk to the next rank (the backward's middle
+    # steps send K/V and the accumulated dK/dV together: two chunks, perfmodel.cp_ring)
+    kv_bytes = cp_kv_chunk_bytes(model, training, batch)
+    kv_send = coll.p2p_time(kv_bytes, g_cp.p2p_bw_bytes_per_s, g_cp.latency_s)
+    kv_dkv_send = coll.p2p_time(2.0 * kv_bytes, g_cp.p2p_bw_bytes_per_s, g_cp.latency_s)
     cp_fwd_n, cp_bwd_n = cp_sends_per_layer(batch)
 
     # pipeline: one send between neighbouring stages
@@ -161,6 +164,8 @@ def comm_times(
         "tp_layer_bwd_s": tp_bwd_n * tp_one,
         "cp_layer_fwd_s": cp_fwd_n * kv_send,
         "cp_layer_bwd_s": cp_bwd_n * kv_send,
+        "cp_kv_send_s": np.where(batch.cp > 1, kv_send, 0.0),
+        "cp_kv_dkv_send_s": np.where(batch.cp > 1, kv_dkv_send, 0.0),
         "pp_p2p_s": pp_send,
         "dp_grad_s": np.asarray(dp_grad, dtype=np.float64),
         "zero3_gather_s": zero3,

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from perfmodel import attention_kernels, mamba, moe, moe_dispatch, quantise
+from perfmodel import attention_kernels, cp_ring, mamba, moe, moe_dispatch, quantise
 from perfmodel import eager as eager_kernels
 from perfmodel.calibration import KERNEL_MIN_S, Calibration, calibration_for
 from perfmodel.config import ConfigBatch
@@ -559,7 +559,9 @@ def compute_times(
     -------
     dict of arrays [s]: ``layer_fwd_s``, ``layer_bwd_s`` (one layer, recompute not included),
     ``layer_recompute_s``, ``embed_fwd_s``, ``embed_bwd_s``, ``logits_fwd_s``,
-    ``logits_bwd_s`` (incl. the loss), ``optimizer_s`` (per step).
+    ``logits_bwd_s`` (incl. the loss), ``optimizer_s`` (per step); ``attn_fwd_s``,
+    ``attn_bwd_s``: the attention core of one layer on the device, part of the layer times
+    (what hides the context-parallel ring, :mod:`perfmodel.cp_ring`).
 
     References
     ----------
@@ -792,6 +794,26 @@ def _attention(c: _LayerContext, ph: _Phase, pass_: str) -> None:
         ph.mem("softmax", 3 * act_b * scores)
 
 
+def _cp_ring_kernels(c: _LayerContext, ph: _Phase, pass_: str) -> None:
+    """The context-parallel ring's own memory-bound kernels around the attention blocks
+    (half-tensor copies, the fp32 merge of the partial outputs, the dQ / dK / dV sums:
+    :func:`perfmodel.cp_ring.ring_bookkeeping`), Transformer Engine attention with cp > 1
+    only; in the attention layers of a hybrid model."""
+    if c.eager or not c.training.flash_attention or not np.any(c.cp > 1):
+        return
+    from perfmodel.comm_volume import cp_kv_chunk_bytes
+
+    model = c.model
+    rows = c.mb * c.s / c.cp * c.nh_gpu
+    copy_b, add_b, kernels = cp_ring.ring_bookkeeping(
+        c.cp, rows * model.qk_head_size, rows * model.v_head_size,
+        cp_kv_chunk_bytes(model, c.training, c.batch), c.pr.act_b, model.v_head_size, pass_)
+    a = model.attention_layer_fraction if model.is_hybrid else 1.0
+    half = np.maximum(kernels, 1.0) / 2  # launches, split between the copies and the sums
+    ph.mem("copy", copy_b / half, a * half)
+    ph.mem("add", add_b / half, a * half)
+
+
 def _mlp_activation(c: _LayerContext, ph: _Phase, pass_: str, share: float = 1.0) -> None:
     """The MLP's bias + activation (``share`` of it): one fused kernel reading the fc1 output
     and writing the activation, ``(act_cols + f) * act_b * T`` bytes forward,
@@ -828,6 +850,7 @@ def _selective_module_forward(c: _LayerContext, ph: _Phase, module: str) -> None
     model, act_b, T = c.model, c.pr.act_b, c.T
     if module == "core_attn":
         _attention(c, ph, "fwd")
+        _cp_ring_kernels(c, ph, "fwd")
     elif module == "layernorm":
         ph.mem("layernorm", 2 * act_b * c.Tn * c.h, model.norms_per_layer)
     elif module in ("moe_act", "mlp", "shared_experts"):
@@ -882,6 +905,7 @@ def _layer_forward(c: _LayerContext, ph: _Phase, early_stop: bool = False) -> No
     pr, T, Tn, h, act_b = c.pr, c.T, c.Tn, c.h, c.pr.act_b
     _gemm_phase(c, ph, ("fwd",), skip=("fc2",) if early_stop else ())
     _attention(c, ph, "fwd")
+    _cp_ring_kernels(c, ph, "fwd")
     if c.eager:
         ph.terms(eager_kernels.layer_terms(c.model, T, Tn, c.tp, c.f_gpu, c.gemms[0][2], c.s,
                                            act_b, pr.res_b, pr.w_b, pr.autocast, "fwd",
@@ -905,6 +929,7 @@ def _layer_backward(c: _LayerContext, ph: _Phase) -> None:
     pr, T, Tn, h, act_b, model = c.pr, c.T, c.Tn, c.h, c.pr.act_b, c.model
     _gemm_phase(c, ph, ("dgrad", "wgrad"))
     _attention(c, ph, "bwd")
+    _cp_ring_kernels(c, ph, "bwd")
     _moe_kernels(c, ph, "bwd")
     _graph_saved_launches(c, ph, "bwd")
     if c.eager:
@@ -1092,6 +1117,9 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     ef, eb = _embedding_phases(c)  # first stage
     lf, lb = _logits_phases(c)  # last stage
     optimizer_s = _optimizer_s(model, training, gpu, batch, kernels, cal)
+    attn_f, attn_b = _Phase(cal, n), _Phase(cal, n)  # the attention core alone (device time)
+    _attention(c, attn_f, "fwd")
+    _attention(c, attn_b, "bwd")
 
     return {
         "layer_fwd_s": layer_fwd_s,
@@ -1102,4 +1130,6 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
         "logits_fwd_s": lf.time_s(cpu_f),
         "logits_bwd_s": lb.time_s(cpu_b),
         "optimizer_s": optimizer_s,
+        "attn_fwd_s": attn_f.gpu_s,
+        "attn_bwd_s": attn_b.gpu_s,
     }

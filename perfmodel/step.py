@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfmodel import comm_time as comm_time_mod
-from perfmodel import comm_volume, compute, flops, memory, moe, overlap, zero3_deepspeed
+from perfmodel import comm_volume, compute, cp_ring, flops, memory, moe, overlap, zero3_deepspeed
 from perfmodel.config import ConfigBatch
 from perfmodel.mtp import mtp_stage_s
 from perfmodel.specs import ClusterSpec, ModelSpec, TrainingSpec
@@ -317,11 +317,19 @@ def tp_exposed_s(tp_link_s, layer_compute_s, overlapped: bool, slowdown):
     return tp_comm_s, overlap.overlap_slowdown_s(tp_link_s - tp_comm_s, gemm_window_s, slowdown)
 
 
-def cp_exposed_s(cp, cp_layer_fwd_s, cp_layer_bwd_s) -> np.ndarray:
-    """Exposed ring-attention K/V exchange of one layer [s]: forward + backward where cp > 1
-    (what the ring leaves exposed after overlapping each step with the previous block's
-    attention, :func:`perfmodel.comm_time.comm_times`; Liu et al. 2023, Ring Attention)."""
-    return np.where(cp > 1, cp_layer_fwd_s + cp_layer_bwd_s, 0.0)
+def cp_exposed_s(model, training, b, ct, comm, slowdown):
+    """Exposed ring-attention K/V exchange of one layer and the slowdown of the attention
+    kernels that hide the rest [s], as ``(cp_comm_s, cp_overlap_s)``: Transformer Engine's
+    ``AttnFuncWithCPAndKVP2P`` runs each ring step's send under the current step's attention
+    block (:func:`perfmodel.cp_ring.ring_layer_s`, blocks from the layer's attention time
+    ``ct["attn_fwd_s"]`` / ``ct["attn_bwd_s"]``). Full recompute, and selective recompute of
+    ``core_attn`` (Megatron-Core checkpoints the whole ``core_attention``, ring included),
+    re-run the forward ring."""
+    a = model.attention_layer_fraction if model.is_hybrid else 1.0
+    rerun = (b.recompute == 2) | ((b.recompute == 1)
+                                  & ("core_attn" in training.recompute_modules))
+    return cp_ring.ring_layer_s(b.cp, ct["attn_fwd_s"], ct["attn_bwd_s"], comm["cp_kv_send_s"],
+                                comm["cp_kv_dkv_send_s"], rerun, slowdown, a)
 
 
 def ep_exposed_s(model, training, b, ep_layer_fwd_s, ep_layer_bwd_s, layer_compute_s
@@ -568,7 +576,8 @@ def evaluate(
     slowdown = overlap.overlap_slowdown_for(cluster.gpu)
     tp_comm_s, tp_overlap_s = tp_exposed_s(tp_link_s, layer_fwd_s + layer_bwd_s,
                                            training.overlap_tp_comm, slowdown)
-    cp_comm_s = cp_exposed_s(b.cp, comm["cp_layer_fwd_s"], comm["cp_layer_bwd_s"])
+    cp_comm_s, cp_overlap_s = cp_exposed_s(model, training, b, ct, comm, slowdown)
+    tp_overlap_s = tp_overlap_s + cp_overlap_s  # both: compute slowed by the comm it hides
     ep_comm_s = ep_exposed_s(model, training, b, comm["ep_layer_fwd_s"], comm["ep_layer_bwd_s"],
                              layer_fwd_s + layer_bwd_s)
     layer_s = (layer_fwd_s + layer_bwd_s + tp_comm_s + cp_comm_s + ep_comm_s

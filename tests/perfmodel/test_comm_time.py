@@ -25,6 +25,8 @@ KEYS = {
     "tp_layer_bwd_s",
     "cp_layer_fwd_s",
     "cp_layer_bwd_s",
+    "cp_kv_send_s",
+    "cp_kv_dkv_send_s",
     "pp_p2p_s",
     "dp_grad_s",
     "zero3_gather_s",
@@ -74,6 +76,8 @@ def test_context_parallel_and_zero3_hand():
     send = 8e-6 + chunk / 25e9
     assert t["cp_layer_fwd_s"][0] == pytest.approx(3 * send)
     assert t["cp_layer_bwd_s"][0] == pytest.approx(6 * send)
+    assert t["cp_kv_send_s"][0] == pytest.approx(send)
+    assert t["cp_kv_dkv_send_s"][0] == pytest.approx(8e-6 + 2 * chunk / 25e9)  # K/V + dK/dV
     # ZeRO-3 over dp*cp = 8 GPUs at stride 4 (2 per node): ring bw min(300, 2*25) = 50 GB/s
     psi = params_per_gpu(GPT3, b)[0]
     ag = 7 * 8e-6 + 7 / 8 * psi * 2 / 50e9

@@ -12,7 +12,7 @@ from perfmodel.config import ConfigBatch
 from perfmodel.specs import load_gpu, load_model, load_training
 
 KEYS = {"layer_fwd_s", "layer_bwd_s", "layer_recompute_s", "embed_fwd_s", "embed_bwd_s",
-        "logits_fwd_s", "logits_bwd_s", "optimizer_s"}
+        "logits_fwd_s", "logits_bwd_s", "optimizer_s", "attn_fwd_s", "attn_bwd_s"}
 
 GPT175 = load_model("gpt3-175b")
 A100 = load_gpu("a100-sxm4-80gb")
@@ -32,6 +32,17 @@ def test_keys_and_shapes():
     assert all(v.shape == (3,) and np.all(v > 0) | (k == "layer_recompute_s")
                for k, v in out.items())
     assert out["layer_recompute_s"][0] == 0
+
+
+def test_attention_core_is_part_of_the_layer_and_splits_over_cp():
+    """The attention core alone (what hides the cp ring) is inside the layer's time, and cp 2
+    halves it (each rank attends half the queries to the whole sequence)."""
+    tr = load_training(seq_len=8192, precision="bf16", global_batch_size=64)
+    out = C.compute_times(GPT175, tr, H200, batch(cp=np.array([1, 2])))
+    assert np.all(out["attn_fwd_s"] < out["layer_fwd_s"])
+    assert np.all(out["attn_bwd_s"] < out["layer_bwd_s"])
+    assert out["attn_fwd_s"][1] == pytest.approx(out["attn_fwd_s"][0] / 2, rel=1e-9)
+    assert out["attn_bwd_s"][0] > out["attn_fwd_s"][0]
 
 
 def test_gemm_time_by_hand():

@@ -29,7 +29,18 @@ def test_tp_exposed_s_blocking_and_overlapped():
 
 
 def test_cp_exposed_s():
-    assert step.cp_exposed_s(np.array([1, 2]), a(1.0, 1.0), a(2.0, 2.0)).tolist() == [0.0, 3.0]
+    # cp 1: nothing. cp 4, attention 8 ms fwd / 16 ms bwd -> blocks 2 / 4 ms; sends 3 ms (K/V)
+    # and 5 ms (K/V + dK/dV): forward 3 x (3-2) = 3 ms exposed, 3 x 2 = 6 ms hidden; backward
+    # 2 x 0 + 2 x (5-4) = 2 ms exposed, 2 x 3 + 2 x 4 = 14 ms hidden; slowdown 0.1 x 20 ms
+    model = SimpleNamespace(is_hybrid=False)
+    training = SimpleNamespace(recompute_modules=("core_attn",))
+    b = SimpleNamespace(cp=np.array([1, 4, 4]), recompute=np.array([0, 0, 1]))
+    ct = {"attn_fwd_s": a(8e-3, 8e-3, 8e-3), "attn_bwd_s": a(16e-3, 16e-3, 16e-3)}
+    comm = {"cp_kv_send_s": a(0.0, 3e-3, 3e-3), "cp_kv_dkv_send_s": a(0.0, 5e-3, 5e-3)}
+    cp_s, slow = step.cp_exposed_s(model, training, b, ct, comm, 0.1)
+    # selective recompute of core_attn re-runs the forward ring: 3 ms more exposed, 6 hidden
+    assert cp_s == pytest.approx(a(0.0, 5e-3, 8e-3), rel=1e-12)
+    assert slow == pytest.approx(a(0.0, 2e-3, 2.6e-3), rel=1e-12)
 
 
 def test_ep_exposed_s_without_overlap():

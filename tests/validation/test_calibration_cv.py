@@ -13,7 +13,7 @@ import pytest
 from search.calibrate import cross_validate
 
 #: Groups above the 8 % per-group target, with why, and the calibrated MAPE they must stay
-#: under (the measured value plus 0.2-0.3 pt: 10.5, 9.3, 10.2 %). Each is a per-model miss
+#: under (the measured value plus 0.2-0.3 pt: 10.8, 9.3, 10.3 %). Each is a per-model miss
 #: of the base model that no cluster-wide efficiency expresses. The three Megatron-Bridge FP8
 #: groups hold out one row each (three rows, two to calibrate on); even fitted in-sample on all
 #: three rows with every profile parameter free, the exact fit needs values far outside the
@@ -34,9 +34,11 @@ KNOWN_OVER_8 = {
     # per kernel class explains both (the 8B row is 19 % 16-bit attention / 66 % fp8 GEMM / 18 %
     # memory-bound, the 70B 12 / 77 / 11 %, HBM equal: solving for the two rates gives a negative
     # attention time).
-    # (10.7 -> 10.5 % since perfmodel.quantise)
+    # (10.7 -> 10.5 % since perfmodel.quantise; 10.5 -> 10.8 % since perfmodel.cp_ring: the
+    # ring's bookkeeping kernels make the cp 2 calibration row R0157 0.9 % slower still, and the
+    # uniform correction carries that onto R0156)
     "NVIDIA Megatron-Bridge performance summary | NeMo 25.11 / Megatron-Bridge + Megatron-Core "
-    "| GB300 | fp8": 0.107,
+    "| GB300 | fp8": 0.110,
     # Llama 3 70B FP8 on 64 H100 (t4 p8 v5) is predicted 11-12 % slow in both releases while
     # the calibration rows disagree in sign (8B slow, 405B fast): the fit stays near neutral
     # (10.9 -> 10.3 %, 12.0 -> 10.9 %). The 70B's measured step (10.23 s, 64 micro-batches) is
@@ -90,7 +92,8 @@ def test_cross_validated_mape_at_most_4_percent(cv):
           f"MAPE uncalibrated {before:.1%} -> calibrated on 2 rows/group {after:.1%}")
     for g in groups[groups.held_out > 0].itertuples():
         print(f"  {g.mape_before:6.1%} -> {g.mape_after:6.1%}  ({g.held_out:2d} rows)  {g.group}")
-    # issue 17's target: 4 % (achieved: 3.55 % uncalibrated -> 3.44 % since Hopper's fp8 per-tile
+    # issue 17's target: 4 % (achieved: 3.43 % uncalibrated -> 3.34 % with perfmodel.cp_ring;
+    # 3.55 % uncalibrated -> 3.44 % since Hopper's fp8 per-tile
     # cost, compute.low_precision_tile_factor; 3.64 -> 3.46 % before it; 3.67 -> 3.48 %; 3.66 -> 3.51 % before
     # perfmodel.quantise; 3.74 -> 3.69 % before
     # the Megatron-LM 2020-22 gradient dtype and NCCL NVLink terms, 4.2 -> 4.0 % before

