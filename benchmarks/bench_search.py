@@ -8,10 +8,14 @@ Run: ``.venv/bin/python benchmarks/bench_search.py`` (single process; pin to one
 - the whole grid path (decode, evaluate, top-k, Pareto) per valid configuration;
 - the full grid search of Llama-3.1-405B on 16,384 H100s (goal: < 10 s) and GPT-3 175B on
   1024 A100s, with the goal ratios;
+- issue 15's DeepSeek-V3 plan on 256 GB200 (``plan --model deepseek-v3 --cluster gb200-nvl72
+  --gpus 256 --global-batch 8192 --seq-len 4096``, goal: < 10 s);
+- the real-time planner on 32 identical models (feasible and infeasible with degraded mode;
+  goal: < 10 s each; exponential over subsets before, > 120 s for 16 models);
 - the GPT-3 175B search on an idle machine and with a busy neighbour (one process spinning
   on every core), with the BLAS / OpenMP threads limited to one inside the search (the default,
   :func:`search.api.search_threads`) and without the limit (goal: busy within 3x of idle).
-  ``--busy-only`` runs just this part.
+  ``--busy-only`` runs just this part, ``--moe-only`` the DeepSeek-V3 and real-time lines.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ GOAL_405B_S = 10.0
 
 
 GOAL_DP_405B_S = 30.0  # issue 19: --strategy dp on 16,384 H100
+GOAL_DEEPSEEK_S = 10.0  # issue 15: the README's DeepSeek-V3 plan on 256 GB200
+GOAL_REALTIME_S = 10.0  # 32 models on the real-time planner
 
 
 def _best_of(fn, repeat: int = 3) -> float:
@@ -109,7 +115,39 @@ def busy_report(repeat: int = 5) -> dict[str, list[float]]:
     return res
 
 
+def realtime_spec(n: int, bound_ms: float, devices: int = 2, gflops: float = 2000.0) -> dict:
+    """``n`` identical models (``gflops`` each, priorities 1..n) on ``devices`` identical
+    100 TFLOP/s devices: the shape of tests/search/test_realtime.py's 32-model cases."""
+    dev = {"peak_tflops": 100.0, "mem_bw_gbyte_per_s": 1000.0, "memory_gib": 10.0,
+           "compute_efficiency": 1.0, "memory_efficiency": 1.0}
+    return {"devices": [{"name": f"d{j}", **dev} for j in range(devices)],
+            "models": [{"name": f"m{i:02d}", "gflops": gflops, "weights_mib": 1.0, "layers": 10,
+                        "latency_ms": bound_ms, "period_ms": 100.0, "priority": i + 1}
+                       for i in range(n)]}
+
+
+def moe_and_realtime_report() -> None:
+    """Issue 15's DeepSeek-V3 plan and the 32-model real-time plans, with their goal ratios."""
+    from search.realtime import plan_realtime
+
+    r = plan("deepseek-v3", "gb200-nvl72", gpus=256, global_batch_size=8192, seq_len=4096,
+             top=3)
+    print(f"grid, DeepSeek-V3 on 256 GB200 (B=8192, seq 4096): {r.evaluated:,} valid of "
+          f"{r.space_size:,} in {r.seconds:.2f} s (goal < {GOAL_DEEPSEEK_S:.0f} s: ratio "
+          f"{r.seconds / GOAL_DEEPSEEK_S:.2f})")
+    for label, spec in (("infeasible, degraded", realtime_spec(32, 70.0)),
+                        ("feasible", realtime_spec(32, 100.0, devices=4, gflops=100.0))):
+        t0 = time.perf_counter()
+        plan_realtime(spec)
+        t = time.perf_counter() - t0
+        print(f"real-time, 32 models ({label}): {t:.2f} s (goal < {GOAL_REALTIME_S:.0f} s: "
+              f"ratio {t / GOAL_REALTIME_S:.2f})")
+
+
 def main() -> None:
+    if "--moe-only" in sys.argv:
+        moe_and_realtime_report()
+        return
     if "--busy-only" in sys.argv:
         busy_report()
         return
@@ -152,6 +190,7 @@ def main() -> None:
           f"{r.seconds:.2f} s (goal < {GOAL_DP_405B_S:.0f} s: ratio "
           f"{r.seconds / GOAL_DP_405B_S:.2f}); best {r.rows[0]['step_time_s']:.3f} s vs grid "
           f"{g_best:.3f} s, layout {r.rows[0]['config']['stage_layers']}")
+    moe_and_realtime_report()
     busy_report()
 
 

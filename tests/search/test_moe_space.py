@@ -72,19 +72,15 @@ def test_dense_search_unchanged_by_expert_dims():
 
 @pytest.mark.slow
 def test_cli_deepseek_v3_plan_shows_ep_and_etp():
-    import time
-
     from typer.testing import CliRunner
 
     from search.cli import app
 
-    t0 = time.perf_counter()
     r = CliRunner().invoke(app, ["--model", "deepseek-v3", "--cluster", "gb200-nvl72", "--gpus",
                                  "256", "--global-batch", "8192", "--seq-len", "4096", "--top",
                                  "3"])
-    elapsed = time.perf_counter() - t0
     assert r.exit_code == 0, r.output
     header = next(line for line in r.output.splitlines() if "why below #1" in line)
     assert " ep " in header and " etp " in header
     assert "ep=" in r.output and "ep_comm" in r.output
-    assert elapsed < 30  # the target is 10 s on an idle machine (measured ~3-6 s)
+    # The 10 s goal is timed by benchmarks/bench_search.py, not here.
