@@ -262,7 +262,10 @@ RECIPE_FACTS = {
 #:   BASE_CONFIG``: ``recompute_modules=["layernorm", "moe_act"]`` (the v0.2.1 preset E0037
 #:   matched, ep64 MBS 4 GBS 512, recomputes the same). Its other presets fit no other row:
 #:   E0034 (H100 MBS 4; the presets' MBS 1), E0035 (B200 ep8; the presets' ep64), E0038 (GB300
-#:   MBS 2; MBS 4) are left.
+#:   MBS 2; MBS 4) are left. E0035 read as the B200 preset (ep 64 + the recompute) would be
+#:   -3.7 % instead of -23.7 %, and its tokens/s equal the ep-64 26.02 row E0055's within 2 %;
+#:   a what-if only, since the table prints ep 8 (docs/moe.md "The 25.x B200 rows against their
+#:   26.x siblings", ``benchmarks/b200_release_probe.py``).
 #:
 #: Left as well, where no stored version can be tied to the row's release:
 #: * E0025 (Qwen3-235B, 25.11, 64 B200 p8 v2 ep8 GBS 1024): ``configs/qwen3/
