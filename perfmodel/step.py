@@ -407,10 +407,13 @@ def amax_exposed_s(training: TrainingSpec, cluster: ClusterSpec, b: ConfigBatch,
                                              else "fp8-delayed")
     if name not in quantise.AMAX_REDUCED_RECIPES:
         return np.zeros(n)
-    size = (b.tp * b.cp * b.dp).astype(np.float64)
-    group = group_placement(cluster, size, np.ones(n))
-    ar_s = np.where(size > 1, comm_time_mod.all_reduce_auto_time(np.zeros(n), group), 0.0)
-    return quantise.amax_reduction_s(b.num_microbatches, b.vp, ar_s, KERNEL_MIN_S)
+    # a search batch has few distinct group sizes: place each once, spread back
+    sizes, codes = np.unique((b.tp * b.cp * b.dp).astype(np.float64), return_inverse=True)
+    group = group_placement(cluster, sizes, np.ones(len(sizes)))
+    ar_s = np.where(sizes > 1, comm_time_mod.all_reduce_auto_time(np.zeros(len(sizes)), group),
+                    0.0)
+    return quantise.amax_reduction_s(b.num_microbatches, b.vp, ar_s[codes.reshape(n)],
+                                     KERNEL_MIN_S)
 
 
 def stage_comm_shares(layers_per_stage, t_max, tp_comm_s, cp_comm_s, ep_comm_s, tp_overlap_s
