@@ -39,11 +39,13 @@ from perfmodel.overlap import gpu_generation
 from perfmodel.specs import GPUSpec
 
 __all__ = [
+    "AMAX_REDUCED_RECIPES",
     "BF16_GEMMS",
     "NORM_FED_GEMMS",
     "NORM_FUSED_RECIPES",
     "ROW_PARALLEL_GEMMS",
     "TENSOR_SCALED_RECIPES",
+    "amax_reduction_s",
     "layer_quantise_terms",
     "operand_quantise",
     "transpose_copy_needed",
@@ -63,6 +65,41 @@ BF16_GEMMS = frozenset({"router"})
 TENSOR_SCALED_RECIPES = frozenset({"fp8-delayed", "fp8-cs"})
 #: Recipes whose norm kernel writes the quantised output itself.
 NORM_FUSED_RECIPES = frozenset({"fp8-delayed"})
+#: Recipes that reduce an amax history across the fp8 group at every autocast exit and first-
+#: module backward (:func:`amax_reduction_s`): delayed scaling only (current and block scalings
+#: take each tensor's amax when they cast it).
+AMAX_REDUCED_RECIPES = frozenset({"fp8-delayed"})
+
+
+def amax_reduction_s(num_microbatches, model_chunks, all_reduce_s, kernel_s) -> np.ndarray:
+    """Step time [s] of fp8 delayed scaling's amax reductions on one pipeline rank:
+    ``2 * m * vp * (all_reduce_s + 2 * kernel_s)``.
+
+    Megatron-Core wraps each model chunk's ``TransformerBlock.forward`` in one
+    ``fp8_autocast(fp8_group=get_amax_reduction_group(with_context_parallel=True))`` (the
+    tensor x data x context parallel ranks of the stage). Transformer Engine, delayed scaling:
+    at the outermost autocast exit ``FP8GlobalStateManager.reduce_and_update_fp8_tensors
+    (forward=True)`` concatenates the chunk's amaxes (``torch.cat``), all-reduces them with
+    ``ReduceOp.MAX`` over that group (``async_op=False``: the compute stream waits) and runs the
+    fused amax-history / scale update; the backward does the same once per chunk, in the first
+    module's backward (``reduce_and_update_bwd_fp8_tensors``). So per micro-batch and model
+    chunk two latency-bound all-reduces of a few hundred bytes (``all_reduce_s``, the caller's
+    price on the group) and two small kernels each (``kernel_s``), in series with the chunk's
+    work: ``m`` micro-batches x ``vp`` chunks x 2 passes on every rank.
+
+    Example: Grok-1 on 512 H100 (tp 4, cp 2, dp 8: a 64-GPU group over 8 nodes, about 90 us a
+    reduction), m = 128, vp = 8, 2 us kernels: 2 * 128 * 8 * (90 + 4) us = 0.1925 s.
+
+Source: Transformer Engine ``pytorch/fp8.py`` (``FP8GlobalStateManager.fp8_autocast_exit`` ->
+``reduce_and_update_fp8_tensors``, ``reduce_tensor_across_group_op_max``), ``module/base.py`` /
+``linear.py`` backward (``reduce_and_update_bwd_fp8_tensors``); Megatron-Core
+``transformer/transformer_block.py`` (``fp8_autocast`` around the block,
+``parallel_state.get_amax_reduction_group``).
+    """
+    m = np.asarray(num_microbatches, dtype=np.float64)
+    vp = np.asarray(model_chunks, dtype=np.float64)
+    per = np.asarray(all_reduce_s, dtype=np.float64) + 2.0 * float(kernel_s)
+    return 2.0 * m * vp * per
 
 
 def transpose_copy_needed(gpu: GPUSpec) -> bool:

@@ -22,11 +22,22 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfmodel import comm_time as comm_time_mod
-from perfmodel import comm_volume, compute, cp_ring, flops, memory, moe, overlap, zero3_deepspeed
+from perfmodel import (
+    comm_volume,
+    compute,
+    cp_ring,
+    flops,
+    memory,
+    moe,
+    overlap,
+    quantise,
+    zero3_deepspeed,
+)
+from perfmodel.calibration import KERNEL_MIN_S
 from perfmodel.config import ConfigBatch
 from perfmodel.mtp import mtp_stage_s
 from perfmodel.specs import ClusterSpec, ModelSpec, TrainingSpec
-from perfmodel.topology import parallel_groups
+from perfmodel.topology import group_placement, parallel_groups
 
 # Order of the time terms in the breakdown; they add up to ``step_time_s``.
 TIME_TERMS = (
@@ -381,6 +392,30 @@ def slowest_stage_s(t_first, t_mid, t_last, n_first, n_mid, n_last):
     return t_max, np.select([t_max == t_first, t_max == t_last], [n_first, n_last], n_mid)
 
 
+def amax_exposed_s(training: TrainingSpec, cluster: ClusterSpec, b: ConfigBatch,
+                   kernels: str = "fused") -> np.ndarray:
+    """Step time of fp8 delayed scaling's amax reductions [s] (0 for other precisions and
+    recipes, and for eager PyTorch without Transformer Engine):
+    :func:`perfmodel.quantise.amax_reduction_s` with the latency-bound all-reduce of a few
+    hundred bytes over Megatron-Core's amax-reduction group, the ``tp*cp*dp`` ranks of a
+    pipeline stage (``get_amax_reduction_group(with_context_parallel=True)``; stride 1), at
+    the fastest algorithm (:func:`perfmodel.comm_time.all_reduce_auto_time`)."""
+    n = len(b)
+    if kernels != "fused" or training.precision not in ("fp8", "fp4"):
+        return np.zeros(n)
+    name = training.low_precision_recipe or ("nvfp4" if training.precision == "fp4"
+                                             else "fp8-delayed")
+    if name not in quantise.AMAX_REDUCED_RECIPES:
+        return np.zeros(n)
+    # a search batch has few distinct group sizes: place each once, spread back
+    sizes, codes = np.unique((b.tp * b.cp * b.dp).astype(np.float64), return_inverse=True)
+    group = group_placement(cluster, sizes, np.ones(len(sizes)))
+    ar_s = np.where(sizes > 1, comm_time_mod.all_reduce_auto_time(np.zeros(len(sizes)), group),
+                    0.0)
+    return quantise.amax_reduction_s(b.num_microbatches, b.vp, ar_s[codes.reshape(n)],
+                                     KERNEL_MIN_S)
+
+
 def stage_comm_shares(layers_per_stage, t_max, tp_comm_s, cp_comm_s, ep_comm_s, tp_overlap_s
                       ) -> dict[str, np.ndarray]:
     """Shares of the slowest stage's time spent in exposed TP, CP and EP communication and in
@@ -638,8 +673,12 @@ def evaluate(
                               dp_grad_s, dp_exposed_s, z3_s, zero3_exposed_s)
     overlap_s = overlap.overlap_slowdown_s(hidden_s, makespan_s, slowdown)
 
+    # 4e. fp8 delayed scaling: the amax all-reduce of every model chunk's forward and backward,
+    # in series on each rank (counted with the data-parallel group's communication).
+    amax_s = amax_exposed_s(training, cluster, b, kernels)
+
     step_s = (makespan_s + pp_exposed_s + dp_exposed_s + zero3_exposed_s + optimizer_s
-              + overlap_s)
+              + overlap_s + amax_s)
 
     # 4d. shared links: each tier's port must carry all its streams; the stream-by-stream
     # exposed terms above assumed each had the link to itself. Whatever does not fit in the
@@ -647,7 +686,7 @@ def evaluate(
     link_shared_s = comm_time_mod.shared_link_excess_s(tier_busy_s, step_s, optimizer_s)
     step_s = step_s + link_shared_s
 
-    time_s = time_breakdown_s(makespan_s, steady_s, shares, pp_exposed_s, dp_exposed_s,
+    time_s = time_breakdown_s(makespan_s, steady_s, shares, pp_exposed_s, dp_exposed_s + amax_s,
                               zero3_exposed_s, optimizer_s, overlap_s, link_shared_s)
     # Per-tier port busy time over the step (not a term of the sum: it runs under the others).
     extra = {f"link_busy_{t.name}_s": tier_busy_s[i] for i, t in enumerate(cluster.tiers)}

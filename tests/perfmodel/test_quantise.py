@@ -94,3 +94,37 @@ def test_router_stays_16_bit():
 ])
 def test_precision_from_text(text, name):
     assert precision_from_text(text) == name
+
+
+def test_amax_reduction_s_docstring_example():
+    # Grok-1 on 512 H100: m 128, vp 8, a 90 us reduction and two 2 us kernels per chunk pass
+    t = quantise.amax_reduction_s(128, 8, 90e-6, 2e-6)
+    assert float(t) == pytest.approx(2 * 128 * 8 * 94e-6)  # 0.192512 s
+
+
+def test_amax_exposed_s_delayed_scaling_only():
+    from perfmodel import step
+    from perfmodel.calibration import KERNEL_MIN_S
+    from perfmodel.comm_time import all_reduce_auto_time
+    from perfmodel.config import ConfigBatch, ParallelConfig
+    from perfmodel.specs import TrainingSpec, load_cluster
+    from perfmodel.topology import group_placement
+
+    cluster = load_cluster("dgx-h100")
+    cfg = ParallelConfig(dp=8, tp=4, pp=8, vp=8, cp=2, micro_batch_size=1,
+                         num_microbatches=128, schedule="interleaved")
+    b = ConfigBatch.from_configs([cfg])
+
+    def tr(precision, recipe=None):
+        return TrainingSpec(global_batch_size=1024, seq_len=8192, precision=precision,
+                            low_precision_recipe=recipe)
+
+    # the 64 ranks of a stage (tp 4 x cp 2 x dp 8, stride 1): one latency-bound all-reduce each
+    ar = float(all_reduce_auto_time(np.zeros(1), group_placement(cluster, np.array([64.0]),
+                                                                 np.ones(1)))[0])
+    got = float(step.amax_exposed_s(tr("fp8"), cluster, b)[0])
+    assert got == pytest.approx(2 * 128 * 8 * (ar + 2 * KERNEL_MIN_S))
+    assert 0.0 < ar < 1e-3
+    for t in (tr("bf16"), tr("fp8", "fp8-cs"), tr("fp8", "mxfp8")):
+        assert float(step.amax_exposed_s(t, cluster, b)[0]) == 0.0
+    assert float(step.amax_exposed_s(tr("fp8"), cluster, b, kernels="eager")[0]) == 0.0

@@ -98,7 +98,10 @@ def test_moe_mape_does_not_regress(report):
     # layers over 4 chunks, was counted over 15-layer windows as 12 MoE + 1 dense); E0005 /
     # E0020 / E0042 / E0061 +2 % (E0005 / E0020 closer, E0042 / E0061 further); a counting fix,
     # kept; floor 0.0985 -> 0.0990
-    assert s["mape"] <= 0.0990, f"MAPE {s['mape']:.1%}\n{table}"
+    # Session 7 (s7-i1): 9.86 -> 9.78 % (69 -> 71 % within 10 %) with fp8 delayed scaling's
+    # amax all-reduce per model chunk and pass (quantise.amax_reduction_s; the six Grok-1 fp8
+    # rows +1.1..+1.5 pt, closer; E0068 +0.2 pt); floor 0.0990 -> 0.0985
+    assert s["mape"] <= 0.0985, f"MAPE {s['mape']:.1%}\n{table}"
     assert s["within_10pct"] >= 0.68
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
     # stage: 10.0 % (9.8 % with every selective row recomputing the attention core instead of
@@ -134,9 +137,11 @@ def test_moe_mape_does_not_regress(report):
     # Session 6 (s6-i14): 6.9 % with the Megatron-Core 0.9 expert layout of the dgxc v24.11.1
     # rows (E0205-E0210: bf16 -1 to -2 %, fp8 -8 to -10 %); the v25.02.01 rows (Megatron-Core
     # 0.10, folded) are unchanged
+    # Session 7 (s7-i1): 5.8 % (fp8 rows -7 to -11 %, bf16 unchanged) with delayed scaling's
+    # amax reductions: 2 x 128 micro-batches x 8 one-layer chunks a step over 64-256 ranks
     grok = rows[rows["model"] == "Grok-1"]
-    assert len(grok) == 12 and np.all(np.abs(grok["error"]) <= 0.14)
-    assert np.abs(grok["error"]).mean() <= 0.070
+    assert len(grok) == 12 and np.all(np.abs(grok["error"]) <= 0.12)
+    assert np.abs(grok["error"]).mean() <= 0.062
 
 
 @pytest.mark.slow
