@@ -76,6 +76,7 @@ __all__ = [
     "recompute_added_s",
     "sustained_gemm_fraction",
     "unfused_cross_entropy",
+    "unfused_grad_accumulation_bytes",
 ]
 
 # Eager PyTorch CPU cost per launched kernel (Python module call, autocast and autograd record
@@ -271,6 +272,24 @@ write 4 bytes): Megatron-LM ``_copy_model_grads_to_main_grads`` (megatron/core/o
 optimizer.py; 2020: ``FP16_Optimizer._model_grads_to_master_grads``, megatron/fp16/fp16.py).
 Only when the gradient buffer is 16-bit (``grad_reduce_in_fp32`` off); with an fp32 main-grad
 buffer the weight-gradient GEMMs accumulate into it directly."""
+
+def unfused_grad_accumulation_bytes(weight_elements, grad_reduce_in_fp32: bool):
+    """Bytes moved per micro-batch by the gradient staging that ``gradient_accumulation_fusion``
+    off leaves to a separate kernel under FSDP, for ``weight_elements`` weights on this GPU.
+
+    Fused (Megatron-Core's default, TE ``fuse_wgrad_accumulation``): the weight-gradient GEMM
+    writes into ``main_grad`` in its epilogue. Unfused: the GEMM writes a 16-bit ``param.grad``
+    and Megatron-FSDP's post-backward hook stages it into the main-grad buffer before the
+    reduce-scatter (``megatron_fsdp`` post-backward gradient processing: ``torch._foreach_copy_``
+    of the gradients into ``get_main_grad()`` when the buffer holds no accumulated value, as
+    under ``optim_grads_params``, which reduce-scatters every micro-batch): read 2 bytes, write
+    the main gradient's 2 (bf16 buffer, ``grad_reduce_in_fp32`` off) or 4 (fp32). The GEMM's own
+    2-byte write replaces the fused epilogue's and is not counted.
+
+    Example: 1e9 weights, bf16 main gradients -> 4e9 bytes; fp32 -> 6e9."""
+    g_b = 4.0 if grad_reduce_in_fp32 else 2.0
+    return np.asarray(weight_elements, dtype=np.float64) * (2.0 + g_b)
+
 
 UNSCALE_BYTES_PER_PARAM = 8.0
 """fp16 loss scaling: the fp32 main gradients read and written once to divide by the loss scale
@@ -948,6 +967,10 @@ def _layer_backward(c: _LayerContext, ph: _Phase) -> None:
     _rope_kernels(c, ph)
     if pr.lowp:  # quantise the GEMMs' output gradients
         _quantise_casts(c, ph, "bwd")
+    if not c.training.fsdp_gradient_accumulation_fusion:  # param.grad copied into main_grad
+        w = sum(count * n_ * k_ for _, _, n_, k_, count in c.gemms)
+        w = np.where(c.batch.zero_stage >= 3, w, 0.0)  # only the FSDP configurations
+        ph.mem("copy", unfused_grad_accumulation_bytes(w, c.training.grad_reduce_in_fp32))
 
 
 def launch_cost_s(gpu: GPUSpec) -> tuple[float, float]:

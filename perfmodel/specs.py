@@ -772,6 +772,14 @@ class TrainingSpec(Spec):
         "main-grad buffer; --grad-reduce-in-bf16 / NeMo performance recipes' "
         "grad_reduce_in_fp32=False: bf16 buffer and traffic)",
     )
+    fsdp_gradient_accumulation_fusion: bool = Field(
+        default=True,
+        description="under FSDP (zero_stage 3) the weight-gradient GEMMs accumulate into the "
+        "main-grad buffer in their epilogue (Megatron-Core gradient_accumulation_fusion, the "
+        "default); False: they write a 16-bit param.grad that the backward hook copies into "
+        "main_grad, one more memory-bound pass per weight and micro-batch (Megatron-Bridge's "
+        "performance configs turn it off when use_megatron_fsdp: 'Disabled to avoid "
+        "functional errors'); other configurations keep the fused accumulation")
     fp16_overflow_check: Literal["fused", "per-tensor"] = Field(
         default="fused",
         description="fp16 loss scaling's inf/nan check of the gradients before the step: one fused "

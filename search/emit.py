@@ -364,6 +364,8 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
     n_off = getattr(training, "cpu_offload_layers", 0)
     if n_off:  # Megatron-Core CPU activation offloading (TE cpu_offload context per layer)
         a += ["--cpu-offloading", f"--cpu-offloading-num-layers {n_off}"]
+    if not getattr(training, "fsdp_gradient_accumulation_fusion", True) and c.zero_stage >= 3:
+        a.append("--no-gradient-accumulation-fusion")  # wgrad added to main_grad by the hook
     # precision
     if recipe == "fp16":
         a.append("--fp16")

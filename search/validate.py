@@ -367,6 +367,12 @@ def case_from_row(r: pd.Series) -> Case:
     n_off = _bridge_cpu_offload_layers(r, zero_txt, src_txt, precision)
     if n_off:
         sw["cpu_offload_layers"] = n_off
+    if "megatron-bridge" in src_txt and "megatron-fsdp" in zero_txt:
+        # Megatron-Bridge's performance scripts turn the fused weight-gradient accumulation off
+        # with Megatron-FSDP (scripts/performance/configs/llama/llama3_llm_pretrain.py, 70B
+        # and 8B, and llama31_llm_pretrain.py, 405B: "if cfg.ddp.use_megatron_fsdp: ...
+        # cfg.model.gradient_accumulation_fusion = False  # Disabled to avoid functional errors")
+        sw["fsdp_gradient_accumulation_fusion"] = False
     if "deepspeed" in zero_txt and not modern:
         # DeepSpeed ZeRO-3 (2021) gathers parameter by parameter (perfmodel.zero3_deepspeed)
         sw["zero3_gather"] = load_framework("deepspeed-2021").zero3_gather

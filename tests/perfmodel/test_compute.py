@@ -176,3 +176,26 @@ def test_more_tokens_never_faster(tp, mb):
     out = C.compute_times(m, TR, H200, b)
     for k in ("layer_fwd_s", "layer_bwd_s", "logits_fwd_s", "logits_bwd_s"):
         assert out[k][1] >= out[k][0]
+
+
+def test_unfused_gradient_accumulation_adds_one_pass_per_weight():
+    """gradient_accumulation_fusion off under FSDP (Megatron-Bridge's Megatron-FSDP configs): the
+    backward gains one memory-bound add over the layer's weights on this GPU, nothing else
+    changes; a ZeRO-1 configuration keeps the fused accumulation.
+    Llama 3.1 8B, tp 1: 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336 = 218.1e6
+    weights, 4 bytes each with bf16 main gradients (0.87 GB: read 2, write 2)."""
+    m = load_model("llama3.1-8b")
+    tr = load_training(seq_len=8192, precision="bf16", grad_reduce_in_fp32=False)
+    b = batch(tp=1, pp=1, dp=8, zero_stage=3)
+    off = tr.model_copy(update={"fsdp_gradient_accumulation_fusion": False})
+    fused = C.compute_times(m, tr, H200, b)
+    unfused = C.compute_times(m, off, H200, b)
+    z1 = batch(tp=1, pp=1, dp=8, zero_stage=1)
+    assert C.compute_times(m, off, H200, z1)["layer_bwd_s"][0] == pytest.approx(
+        C.compute_times(m, tr, H200, z1)["layer_bwd_s"][0], rel=1e-12)
+    w = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336
+    assert w == 218_103_808
+    cal = C.sustained_calibration(H200)
+    extra = 4.0 * w / cal.membw_bytes_per_s("copy")
+    assert unfused["layer_bwd_s"][0] - fused["layer_bwd_s"][0] == pytest.approx(extra, rel=1e-6)
+    assert unfused["layer_fwd_s"][0] == fused["layer_fwd_s"][0]

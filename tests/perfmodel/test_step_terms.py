@@ -215,3 +215,9 @@ def test_rope_kernels():
     compute._rope_kernels(_ctx(), ph)
     assert ph.launches[0] == 1
     assert ph.gpu_s[0] == pytest.approx(10.24e6 / 1e9, rel=1e-12)
+
+
+def test_unfused_grad_accumulation_bytes():
+    # Megatron-FSDP copies param.grad into main_grad: read 2 bytes, write 2 (bf16) or 4 (fp32)
+    assert compute.unfused_grad_accumulation_bytes(1e9, False) == pytest.approx(4e9)
+    assert compute.unfused_grad_accumulation_bytes(1e9, True) == pytest.approx(6e9)

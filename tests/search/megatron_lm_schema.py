@@ -50,7 +50,8 @@ _STORE_TRUE = ["--group-query-attention", "--swiglu", "--squared-relu",
 # (flag, dest, action) for the flags whose dest differs from the flag name
 _DEST = [("--disable-bias-linear", "add_bias_linear", "store_false"),
          ("--add-qkv-bias", "add_qkv_bias", "store_true"),
-         ("--no-overlap-p2p-communication", "overlap_p2p_comm", "store_false")]
+         ("--no-overlap-p2p-communication", "overlap_p2p_comm", "store_false"),
+         ("--no-gradient-accumulation-fusion", "gradient_accumulation_fusion", "store_false")]
 
 
 def parser() -> argparse.ArgumentParser:

@@ -13,7 +13,8 @@ import pytest
 from search.calibrate import cross_validate
 
 #: Groups above the 8 % per-group target, with why, and the calibrated MAPE they must stay
-#: under (the measured value plus 0.2-0.3 pt: 10.8, 9.3, 10.3 %). Each is a per-model miss
+#: under (the measured value plus 0.2-0.3 pt: 9.7, 9.1, 9.8 % since session 7's unfused
+#: weight-gradient staging of the Megatron-FSDP rows; 10.8, 9.3, 10.1 % before). Each is a per-model miss
 #: of the base model that no cluster-wide efficiency expresses. The three Megatron-Bridge FP8
 #: groups hold out one row each (three rows, two to calibrate on); even fitted in-sample on all
 #: three rows with every profile parameter free, the exact fit needs values far outside the
@@ -37,8 +38,12 @@ KNOWN_OVER_8 = {
     # (10.7 -> 10.5 % since perfmodel.quantise; 10.5 -> 10.8 % since perfmodel.cp_ring: the
     # ring's bookkeeping kernels make the cp 2 calibration row R0157 0.9 % slower still, and the
     # uniform correction carries that onto R0156)
+    # (10.8 -> 9.7 % since compute.unfused_grad_accumulation_bytes: Megatron-Bridge's
+    # Megatron-FSDP configs turn gradient_accumulation_fusion off, so R0156 pays one copy of
+    # every 16-bit weight gradient into the main-grad buffer per micro-batch, -8.7 -> -7.6 %
+    # uncalibrated; the calibration rows are DDP and do not move)
     "NVIDIA Megatron-Bridge performance summary | NeMo 25.11 / Megatron-Bridge + Megatron-Core "
-    "| GB300 | fp8": 0.110,
+    "| GB300 | fp8": 0.100,
     # Llama 3 70B FP8 on 64 H100 (t4 p8 v5) is predicted 11-12 % slow in both releases while
     # the calibration rows disagree in sign (8B slow, 405B fast): the fit stays near neutral
     # (10.9 -> 10.3 %, 12.0 -> 10.9 %). The 70B's measured step (10.23 s, 64 micro-batches) is
@@ -71,10 +76,17 @@ KNOWN_OVER_8 = {
     # table noise, not adopted); fp8-cs vs fp8-delayed: -2.2 / -1.3 / -0.9 %
     # on 8B / 70B / 405B. The 405B shapes (t8 cp2) are +5-6 % in DGX Cloud NeMo 24.09 and -5 to
     # -8 % here: the gap is per release at one shape, not a GEMM rate.
+    # Session 7 (docs/compute.md "Issue 17's Megatron-Bridge FP8 groups"): the 8B calibration
+    # row is Megatron-FSDP, whose unfused weight-gradient staging makes it 1.5 % slower
+    # (+8.6 -> +10.1 %, +5.8 -> +7.3 %); the uniform correction moves a little further
+    # (9.3 -> 9.1 %, 10.1 -> 9.8 %). The 70B is also 5-11 % slow against the same layout's
+    # NeMo 24.09 neighbour (t4 p4 v5 cp2, -4 %): Bridge's t4 p8 v5 cp1 ran 9 % faster than
+    # 24.09's t4 p4 v5 cp2 where the model puts it 6 % slower (the last stage's bf16 output
+    # layer + loss, 23 ms on 148 ms of layers, paces 8 stages more than 4).
     "NVIDIA Megatron-Bridge performance summary | NeMo 25.11 / Megatron-Bridge + Megatron-Core "
-    "| H100 | fp8": 0.095,
+    "| H100 | fp8": 0.093,
     "NVIDIA Megatron-Bridge performance summary | NeMo 25.09 / Megatron-Bridge + Megatron-Core "
-    "| H100 | fp8": 0.105,
+    "| H100 | fp8": 0.100,
 }
 
 
@@ -92,7 +104,8 @@ def test_cross_validated_mape_at_most_4_percent(cv):
           f"MAPE uncalibrated {before:.1%} -> calibrated on 2 rows/group {after:.1%}")
     for g in groups[groups.held_out > 0].itertuples():
         print(f"  {g.mape_before:6.1%} -> {g.mape_after:6.1%}  ({g.held_out:2d} rows)  {g.group}")
-    # issue 17's target: 4 % (achieved: 3.43 % uncalibrated -> 3.34 % with perfmodel.cp_ring;
+    # issue 17's target: 4 % (achieved: 3.40 % uncalibrated -> 3.32 % with the Megatron-FSDP
+    # rows' unfused weight-gradient staging; 3.43 % uncalibrated -> 3.34 % with perfmodel.cp_ring;
     # 3.55 % uncalibrated -> 3.44 % since Hopper's fp8 per-tile
     # cost, compute.low_precision_tile_factor; 3.64 -> 3.46 % before it; 3.67 -> 3.48 %; 3.66 -> 3.51 % before
     # perfmodel.quantise; 3.74 -> 3.69 % before
