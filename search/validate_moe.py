@@ -352,6 +352,28 @@ def recipe_attention_switches(r: pd.Series, other: str, gpu) -> dict:
         cudnn_version=CUDNN_BY_RELEASE.get(str(r.get("release", ""))), mla="mla" in att)
 
 
+#: Whether the Megatron-Bridge MoE rows run Transformer Engine's fused cross-entropy, as their
+#: recipes set it and the dense Bridge rows run it (:func:`search.validate.case_from_row`).
+#: Off: applied alone it takes all MoE rows 9.86 -> 10.33 % (B200 12.5 -> 14.9 %, rows that are
+#: already too fast; docs/moe.md "Qwen3-235B on the NVL72 racks"), so it waits for the missing
+#: time those rows lack; a switch so a refit can turn it on.
+BRIDGE_FUSED_CROSS_ENTROPY = False
+
+
+def recipe_loss_switches(r: pd.Series) -> dict:
+    """The loss kernel of a row: Megatron-Bridge's recipes fuse the cross-entropy with
+    Transformer Engine's kernel (``recipes/qwen/qwen3_moe.py``, ``deepseek/deepseek_v3.py``,
+    ``gpt_oss``: ``cross_entropy_loss_fusion = True``, ``cross_entropy_fusion_impl = "te"``), so
+    only the 16-bit logits are read (:func:`perfmodel.compute.fused_cross_entropy`) instead of
+    the fp32 vocab-parallel softmax; other sources keep the era default.
+
+    Example: Qwen3-235B on 256 GB200 (p8, 4096 tokens x 151936 columns on the last stage):
+    34.8 GB moved per micro-batch unfused, 3.7 GB fused."""
+    if BRIDGE_FUSED_CROSS_ENTROPY and "megatron-bridge" in str(r.get("source", "")).lower():
+        return {"cross_entropy": "fused"}
+    return {}
+
+
 def recipe_facts(r: pd.Series) -> str:
     """The :data:`RECIPE_FACTS` of a row, and those of :data:`RECIPE_FACTS_BY_LAYOUT` where
     its release, model, GPU and parallel layout have one ('' when none)."""
@@ -518,7 +540,8 @@ def moe_case_from_row(r: pd.Series, siblings: pd.DataFrame | None = None) -> Cas
     training = TrainingSpec(
         global_batch_size=int(r["global_batch_size"]), seq_len=int(r["seq_len"]),
         precision=_precision(str(r["precision"])), optimizer="adam",
-        **{**era_switches(modern=True), **recipe_attention_switches(r, other, cluster.gpu)},
+        **{**era_switches(modern=True), **recipe_attention_switches(r, other, cluster.gpu),
+           **recipe_loss_switches(r)},
         overlap_moe_comm="moe_a2a_overlap=true" in other,
         moe_parallel_folding=release_moe_parallel_folding(str(r.get("release", ""))),
         moe_pad_expert_input_to_capacity=pad, **dispatch_switches(r, other),
@@ -541,10 +564,14 @@ def moe_case_from_row(r: pd.Series, siblings: pd.DataFrame | None = None) -> Cas
         recompute=_recompute(recompute_text), sequence_parallel=t > 1,
         schedule="interleaved" if vp > 1 else "1f1b",
     )
-    # uneven pipelines: check the rest against a layer count that divides, evaluate the real one
+    # uneven pipelines: the recipe's own layout where it names one (the embedding and the loss
+    # counted as layers), else check the rest against a layer count that divides and evaluate
+    # the real one
     chunks = p * vp
     check_model = model
-    if model.num_layers % chunks:
+    if bridge_accounts_embedding_and_loss(r, model, p, vp):
+        cfg = cfg.model_copy(update={"embedding_as_layer": True, "loss_as_layer": True})
+    elif model.num_layers % chunks:
         check_model = model.model_copy(update={"num_layers": chunks * -(-model.num_layers
                                                                          // chunks)})
     try:
@@ -566,18 +593,43 @@ def moe_case_from_row(r: pd.Series, siblings: pd.DataFrame | None = None) -> Cas
                 float(measured), "step", str(r.get("status", "")))
 
 
+#: Whether the Megatron-Bridge Qwen3-235B rows are timed on the recipe's pipeline split (the
+#: embedding and the loss counted as layers); False: the padded even split of
+#: :func:`slowest_rank_model`, as before session 7 (a switch for the refit and the docs).
+BRIDGE_QWEN3_235B_SPLIT = True
+
+
+def bridge_accounts_embedding_and_loss(r: pd.Series, model: ModelSpec, pp: int, vp: int) -> bool:
+    """Whether a row runs Megatron-Bridge's Qwen3-235B pipeline split: ``qwen3_235b_a22b_
+    pretrain_config`` (``recipes/qwen/qwen3_moe.py``, which the performance scripts build on)
+    sets ``account_for_embedding_in_pipeline_split = True`` and ``account_for_loss_in_pipeline_
+    split = True``, so Megatron-Core (``transformer_block.get_num_layers_to_build``) splits
+    ``L + 2`` over the ``pp*vp`` chunks and the first chunk holds one decoder layer fewer (the
+    embedding), the last one fewer (the loss). 94 layers on pp 8: ranks 11, 12 x 6, 11; on
+    pp 8 x vp 3: chunks of 4, ranks 0 and 7 hold 3 + 4 + 4; pp 4 x vp 12: ranks of 24, the
+    first and last 23. Only where ``L`` does not divide ``pp*vp`` and ``L + 2`` does."""
+    if not BRIDGE_QWEN3_235B_SPLIT or pp <= 1:
+        return False
+    if not (str(r["model"]).lower().startswith("qwen3-235b")
+            and "megatron-bridge" in str(r.get("source", "")).lower()):
+        return False
+    chunks = pp * vp
+    return model.num_layers % chunks != 0 and (model.num_layers + 2) % chunks == 0
+
+
 def slowest_rank_model(model: ModelSpec, cfg: ParallelConfig) -> ModelSpec:
     """The model whose even split paces the published uneven pipeline: Megatron puts at most
     ``ceil(L / (pp*vp))`` layers in each of the ``pp*vp`` model chunks (Megatron-Bridge's
     ``pipeline_model_parallel_layout`` maps, e.g. DeepSeek-V3 ``(4, 4)``: ``[E + 4 decoder]``,
-    14 x ``[4]``, ``[1 decoder + MTP + loss]``; ``account_for_embedding/loss_in_pipeline_split``
-    for 94-layer Qwen3-235B on pp 8: 12 a stage, 11 next to the embedding and the loss), and the
-    pipeline runs at the pace of a rank with full chunks. So a model of ``pp*vp*ceil(L/(pp*vp))``
-    layers split evenly has that rank's time (61 DeepSeek-V3 layers on pp 4 x vp 4: 16 a rank,
-    not 15.25). Unchanged when the layers divide."""
+    14 x ``[4]``, ``[1 decoder + MTP + loss]``), and the pipeline runs at the pace of a rank with
+    full chunks. So a model of ``pp*vp*ceil(L/(pp*vp))`` layers split evenly has that rank's time
+    (61 DeepSeek-V3 layers on pp 4 x vp 4: 16 a rank, not 15.25). Unchanged when the layers
+    divide or the config names its layout (the embedding / loss counted as layers: Bridge's
+    Qwen3-235B, :func:`bridge_accounts_embedding_and_loss`; padded, its last rank had carried 12
+    layers and the logits instead of 11 and the logits)."""
     chunks = cfg.pp * cfg.vp
-    if model.num_layers % chunks == 0:
-        return model
+    if model.num_layers % chunks == 0 or cfg.embedding_as_layer or cfg.loss_as_layer:
+        return model  # divides, or the row names its layout (bridge_accounts_embedding_and_loss)
     return model.model_copy(update={"num_layers": chunks * -(-model.num_layers // chunks)})
 
 

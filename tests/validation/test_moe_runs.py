@@ -101,8 +101,15 @@ def test_moe_mape_does_not_regress(report):
     # Session 7 (s7-i1): 9.86 -> 9.78 % (69 -> 71 % within 10 %) with fp8 delayed scaling's
     # amax all-reduce per model chunk and pass (quantise.amax_reduction_s; the six Grok-1 fp8
     # rows +1.1..+1.5 pt, closer; E0068 +0.2 pt); floor 0.0990 -> 0.0985
+    # Session 7 (s7-i4): 9.86 -> 9.90 % (69.4 -> 70.4 % within 10 %) with the Megatron-Bridge
+    # Qwen3-235B rows timed on their recipe's pipeline split (account_for_embedding/loss_in_
+    # pipeline_split: p8 ranks 11, 12 x 6, 11; validate_moe.bridge_accounts_embedding_and_loss)
+    # instead of a padded 96-layer split with the logits on top: the NVL72 rows +8..+23 ->
+    # +4..+14 %, the DGX B200 / H100 ones 0..+3 -> -4..-8 % (right before only by the padding);
+    # source-faithful, so kept. Both merged: 9.83 % (72 % within 10 %); floor 0.0990 -> 0.0985,
+    # within-10 % 0.68 -> 0.71
     assert s["mape"] <= 0.0985, f"MAPE {s['mape']:.1%}\n{table}"
-    assert s["within_10pct"] >= 0.68
+    assert s["within_10pct"] >= 0.71
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
     # stage: 10.0 % (9.8 % with every selective row recomputing the attention core instead of
     # the recipes' mla_up_proj; the p16 rows were +14 to +29 % timed at a padded 64-layer split)
@@ -258,6 +265,44 @@ def test_slowest_rank_model_by_hand():
     q = load_model("qwen3-235b-a22b")  # 94 layers; pp 8: 12 a stage
     assert slowest_rank_model(q, ParallelConfig(dp=8, pp=8, ep=8, etp=1)).num_layers == 96
     assert slowest_rank_model(q, ParallelConfig(dp=64, pp=2, ep=8, etp=1)) is q  # divides
+
+
+def test_bridge_qwen3_235b_pipeline_split_by_hand():
+    """Megatron-Bridge's qwen3_235b_a22b_pretrain_config counts the embedding and the loss as
+    layers (account_for_embedding/loss_in_pipeline_split): 94 + 2 = 96 over the chunks, one
+    decoder layer fewer in the first and the last chunk."""
+    from perfmodel.pipeline import stage_layer_counts
+    from search.validate import VALIDATION_DIR
+    from search.validate_moe import bridge_accounts_embedding_and_loss, moe_case_from_row
+
+    df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
+    r = df.loc["E0047"]  # 256 GB200, t1 p8 v1 ep32
+    q = moe_case_from_row(r, df)
+    assert q.config.embedding_as_layer and q.config.loss_as_layer
+    assert q.model.num_layers == 94
+    lay = stage_layer_counts(94, 8, 1, 0, 0, True, True)  # 96 / 8 = 12: ranks 11, 12 x 6, 11
+    assert (int(lay["first"]), int(lay["middle"]), int(lay["last"])) == (11, 12, 11)
+    lay = stage_layer_counts(94, 8, 3, 0, 0, True, True)  # chunks of 96 / 24 = 4: rank 0 3+4+4
+    assert (int(lay["first"]), int(lay["first_chunk0"]), int(lay["middle_chunk"])) == (11, 3, 4)
+    lay = stage_layer_counts(94, 4, 12, 0, 0, True, True)  # chunks of 2, ranks 23, 24, 24, 23
+    assert (int(lay["first"]), int(lay["middle"])) == (23, 24)
+    assert not bridge_accounts_embedding_and_loss(r, q.model, 1, 1)  # pp 1: nothing to split
+    assert not bridge_accounts_embedding_and_loss(r, q.model, 2, 1)  # 94 divides by 2
+    assert not bridge_accounts_embedding_and_loss(df.loc["E0005"], q.model, 8, 1)  # DeepSeek-V3
+    assert not moe_case_from_row(df.loc["E0010"], df).config.loss_as_layer  # t2 p1
+
+
+def test_recipe_loss_switches(monkeypatch):
+    """Megatron-Bridge's recipes fuse the loss (cross_entropy_fusion_impl = "te"); the switch
+    is off (docs/moe.md: the rows it would speed up are already too fast)."""
+    import search.validate_moe as vm
+    from search.validate import VALIDATION_DIR
+
+    df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
+    assert vm.recipe_loss_switches(df.loc["E0047"]) == {}
+    monkeypatch.setattr(vm, "BRIDGE_FUSED_CROSS_ENTROPY", True)
+    assert vm.recipe_loss_switches(df.loc["E0047"]) == {"cross_entropy": "fused"}
+    assert vm.recipe_loss_switches(df.loc["E0205"]) == {}  # dgxc Grok-1: NeMo launcher
 
 
 def test_recipe_facts_and_default_etp():
