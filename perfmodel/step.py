@@ -401,11 +401,7 @@ def amax_exposed_s(training: TrainingSpec, cluster: ClusterSpec, b: ConfigBatch,
     pipeline stage (``get_amax_reduction_group(with_context_parallel=True)``; stride 1), at
     the fastest algorithm (:func:`perfmodel.comm_time.all_reduce_auto_time`)."""
     n = len(b)
-    if kernels != "fused" or training.precision not in ("fp8", "fp4"):
-        return np.zeros(n)
-    name = training.low_precision_recipe or ("nvfp4" if training.precision == "fp4"
-                                             else "fp8-delayed")
-    if name not in quantise.AMAX_REDUCED_RECIPES:
+    if kernels != "fused" or training.precision_name not in quantise.AMAX_REDUCED_RECIPES:
         return np.zeros(n)
     # a search batch has few distinct group sizes: place each once, spread back
     sizes, codes = np.unique((b.tp * b.cp * b.dp).astype(np.float64), return_inverse=True)
