@@ -44,18 +44,18 @@ def _folder_with(tmp_path, ratio_of_k):
     return d
 
 
-def _gemm_phase_s(model, training, gpu, cal, layouts=LAYOUTS):
+def _gemm_phase_s(model, training, gpu, cal, layouts=LAYOUTS, batch=BATCH, skip=()):
     """Device time of one layer's linear GEMMs (compute._gemm_phase) under ``cal``."""
-    c = compute._layer_context(model, training, gpu, BATCH, cal, False)
-    ph = compute._Phase(cal, len(BATCH))
-    compute._gemm_phase(c, ph, layouts)
+    c = compute._layer_context(model, training, gpu, batch, cal, False)
+    ph = compute._Phase(cal, len(batch))
+    compute._gemm_phase(c, ph, layouts, skip)
     return ph.gpu_s[0], c
 
 
 # ---- (a) the script's fp8 part, smoke mode on the CPU
 
-def _load_script(out):
-    os.environ["OUT"] = str(out)  # the script creates its OUT folder on import
+def _load_script(out, monkeypatch):
+    monkeypatch.setenv("OUT", str(out))  # the script creates its OUT folder on import
     spec = importlib.util.spec_from_file_location("calibrate_gpu_fp8", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -63,14 +63,14 @@ def _load_script(out):
 
 
 @pytest.mark.torch
-def test_smoke_run_writes_a_table_the_calibration_loads(tmp_path):
+def test_smoke_run_writes_a_table_the_calibration_loads(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out), CUDA_VISIBLE_DEVICES="")
     subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--parts", "fp8"], env=env,
                    check=True, capture_output=True, timeout=120)
     df = pd.read_csv(out / FP8_GEMM_FILE)
-    n_shapes = len(_load_script(tmp_path / "unused").fp8_shapes(True))
+    n_shapes = len(_load_script(tmp_path / "unused", monkeypatch).fp8_shapes(True))
     assert len(df) == 3 * n_shapes
     assert {"seconds", "bf16_seconds", "a_dtype", "b_dtype"} <= set(df.columns)
     assert (df["seconds"] > 0).all() and (df["bf16_seconds"] > 0).all()
@@ -84,9 +84,9 @@ def test_smoke_run_writes_a_table_the_calibration_loads(tmp_path):
     assert np.isfinite(r).all() and (r > 0).all()
 
 
-def test_fp8_cases_are_the_models_layer_gemms(tmp_path):
+def test_fp8_cases_are_the_models_layer_gemms(tmp_path, monkeypatch):
     pytest.importorskip("torch")
-    cases = {c[0]: c for c in _load_script(tmp_path).FP8_CASES}
+    cases = {c[0]: c for c in _load_script(tmp_path, monkeypatch).FP8_CASES}
     for case, name, ep in (("llama3.1-8b tp1", "llama3.1-8b", 1),
                            ("llama3.1-70b tp4", "llama3.1-70b", 1),
                            ("llama3.1-405b tp8 cp2", "llama3.1-405b", 1),
@@ -136,6 +136,21 @@ def test_layer_gemms_take_the_measured_ratio(tmp_path, gpu):
     t8, c = _gemm_phase_s(model, _training(), gpu, cal)
     t16, _ = _gemm_phase_s(model, _training("bf16"), gpu, cal)
     assert c.pr.fp8_table
+    assert t8 == pytest.approx(0.7 * t16, rel=1e-9)
+
+
+def test_grouped_expert_gemms_take_the_measured_ratio(tmp_path):
+    # MoE: the routed experts' grouped GEMMs (with the multi-stream slowdown) at 0.7 x bf16
+    cal = compute.sustained_calibration(
+        H100, load_calibration(_folder_with(tmp_path, lambda k: 0.7)).scaled_to(H100))
+    model = load_model("qwen3-30b-a3b")
+    batch = ConfigBatch.from_configs([ParallelConfig(dp=8, tp=1, pp=1, ep=8, etp=1,
+                                                     micro_batch_size=1, num_microbatches=8)])
+    dense = tuple(g[0] for g in compute.layer_gemms(model, 4096, 1) if not
+                  g[0].startswith("expert_"))
+    t8, c = _gemm_phase_s(model, _training(), H100, cal, batch=batch, skip=dense)
+    t16, _ = _gemm_phase_s(model, _training("bf16"), H100, cal, batch=batch, skip=dense)
+    assert c.pr.fp8_table and t16 > 0
     assert t8 == pytest.approx(0.7 * t16, rel=1e-9)
 
 
