@@ -30,6 +30,16 @@ bandwidths scale with the datasheet HBM bandwidth. Parts differ in the ceiling a
 (the "maximum achievable matmul FLOPS", MAMF): when the GPU spec gives ``mamf_tflops``, the
 efficiency curve is scaled by (target MAMF / target peak) / (measured 8192^3 GEMM / H200 peak).
 ``gemm_scale`` (default 1) adjusts the curve further by hand.
+
+fp8 GEMMs (optional ``gemm_fp8.csv``, ``calibrate_gpu.py --parts fp8``): each row holds the time
+of a per-tensor-scaled fp8 GEMM and of the bf16 GEMM of the same shape and layout, timed side by
+side. :meth:`Calibration.fp8_time_ratio` is their ratio (dispatch subtracted from both),
+interpolated as the bf16 efficiency is (piecewise-linear in ``log`` over ``(log2 m, log2 n,
+log2 k)``, nearest point outside the hull; no tile model). It multiplies the bf16 GEMM time of
+the part the table is used for, so a transferred table (:meth:`Calibration.scaled_to`) carries
+the bf16 curve's transfer (MAMF, sustained fraction) to its fp8 GEMMs. Without the file the
+calibration has no fp8 table (``gemm_fp8_points`` None) and fp8 GEMMs are priced by the fitted
+ratio (:data:`perfmodel.compute.LOW_PRECISION_GEMM_RATIO`).
 """
 
 from __future__ import annotations
@@ -47,10 +57,12 @@ from scipy.spatial import Delaunay
 
 from hardware_specs import calibration_dir
 from perfmodel.gemm_tiles import TileParams, fit_tile_params, tile_time_s
+from perfmodel.overlap import gpu_generation
 from perfmodel.specs import GPUSpec, SpecError, load_gpu
 
 __all__ = [
     "BENCH_DISPATCH_S",
+    "FP8_GEMM_FILE",
     "KERNEL_MIN_S",
     "LAYOUTS",
     "MEMOPS",
@@ -74,6 +86,9 @@ MAX_EFFICIENCY = 0.95
 """No kernel is credited with more than this fraction of the datasheet peak."""
 
 _REFERENCE_GPU = {"h200": "h200-sxm-141gb"}
+
+FP8_GEMM_FILE = "gemm_fp8.csv"
+"""Optional file of a calibration folder: paired fp8 / bf16 GEMM times (``calibrate_gpu.py``)."""
 
 
 def _read_csv(folder: Path, name: str) -> pd.DataFrame:
@@ -118,15 +133,22 @@ class Calibration:
     """The measured log efficiencies without the tile model, for GPUs the table is transferred
     to (:meth:`scaled_to`): the tile quantization is the measured part's (its SM count and tile
     grid), not the target's, and the transfer is validated without it."""
+    gemm_fp8_points: dict | None = None
+    """layout -> (log2 (m, n, k) points, log(fp8 time / bf16 time)) from ``gemm_fp8.csv``;
+    None when the folder has no such file."""
+    gemm_fp8_generation: str | None = None
+    """GPU generation (:func:`perfmodel.overlap.gpu_generation`) the fp8 table was measured on:
+    it prices that generation's per-tensor fp8 GEMMs only."""
     _interp: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        for name, (pts, vals) in self.gemm_points.items():
-            self._interp[("gemm", name)] = (
-                Delaunay(pts),
-                np.asarray(vals, dtype=np.float64),
-                NearestNDInterpolator(pts, vals),
-            )
+        for key, table in (("gemm", self.gemm_points), ("fp8", self.gemm_fp8_points or {})):
+            for name, (pts, vals) in table.items():
+                self._interp[(key, name)] = (
+                    _delaunay_or_none(pts),
+                    np.asarray(vals, dtype=np.float64),
+                    NearestNDInterpolator(pts, vals),
+                )
 
     def _lookup(self, key: str, name: str, pts: np.ndarray) -> np.ndarray:
         """``exp`` of the piecewise-linear interpolant at each row of ``pts``, elementwise.
@@ -145,6 +167,8 @@ class Calibration:
         # A batch has few distinct shapes (they depend on tp, cp and the micro-batch only):
         # interpolate each distinct point once (exact float rows, no rounding).
         uniq, inv = np.unique(pts, axis=0, return_inverse=True)
+        if tri is None:  # too few or coplanar points to triangulate: nearest measured point
+            return np.exp(near(uniq))[inv.reshape(-1)]
         simplex = tri.find_simplex(uniq, bruteforce=True)
         inside = simplex >= 0
         s = np.where(inside, simplex, 0)
@@ -198,6 +222,31 @@ class Calibration:
         bytes_ = 2.0 * (m * k + k * n + m * n)
         roof = flops / (bytes_ / self.hbm_bw_bytes_per_s) / self.peak_flops_bf16
         return np.clip(np.minimum(eff, roof), 1e-4, MAX_EFFICIENCY)
+
+    def fp8_time_ratio(self, m, n, k, layout: str = "fwd") -> np.ndarray:
+        """Measured time of a per-tensor-scaled fp8 GEMM over that of the bf16 GEMM of the same
+        shape and layout (``gemm_fp8.csv``), elementwise.
+
+        ``exp`` of the piecewise-linear interpolant of ``log(t_fp8 / t_bf16)`` over the measured
+        ``(log2 m, log2 n, log2 k)`` (nearest measured point outside their hull), ``m`` scaled by
+        ``gemm_m_scale`` as in :meth:`gemm_efficiency`. Shape arguments as there.
+
+        Example: measured 0.5 at k = 1024 and 0.8 at k = 4096 (same m, n): at k = 2048 the
+        ratio is exp((ln 0.5 + ln 0.8) / 2) = sqrt(0.4) = 0.632.
+
+        References
+        ----------
+        Measured: ``gemm_fp8.csv`` (``benchmarks/calibrate_gpu.py --parts fp8``).
+        """
+        if self.gemm_fp8_points is None:
+            raise ValueError(f"calibration '{self.name}' has no fp8 GEMM table ({FP8_GEMM_FILE})")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout {layout!r}: expected one of {LAYOUTS}")
+        m, n, k = (np.maximum(np.asarray(x, dtype=np.float64), 1.0) for x in (m, n, k))
+        m, n, k = np.broadcast_arrays(m, n, k)
+        pts = np.stack([np.log2(m * self.gemm_m_scale).ravel(), np.log2(n).ravel(),
+                        np.log2(k).ravel()], axis=1)
+        return self._lookup("fp8", layout, pts).reshape(m.shape)
 
     def attention_time_s(
         self, batch_heads, seq, head_dim=128, pass_: str = "fwd", causal: bool = True
@@ -339,6 +388,38 @@ def _gemm_points(df: pd.DataFrame, peak: float, tiles: dict | None = None) -> di
     return out
 
 
+def _delaunay_or_none(pts) -> Delaunay | None:
+    """Delaunay triangulation of ``pts``, or None when they span less than 3 dimensions (a
+    smoke-test table: too few points, or one value of m)."""
+    pts = np.asarray(pts, dtype=np.float64)
+    if len(pts) < 4 or np.linalg.matrix_rank(pts[1:] - pts[0]) < 3:
+        return None
+    return Delaunay(pts)
+
+
+def _fp8_ratio_points(df: pd.DataFrame, peak16: float, peak8: float) -> dict:
+    """layout -> (log2 (m, n, k) points, log(fp8 / bf16 time)) of ``gemm_fp8.csv``.
+
+    Both times less :data:`BENCH_DISPATCH_S`, each at least the GEMM at :data:`MAX_EFFICIENCY`
+    of its own peak (``peak16`` bf16, ``peak8`` fp8 [FLOP/s]); rows of one shape averaged in
+    log. Example: fp8 18 us, bf16 28 us measured -> (18 - 8) / (28 - 8) = 0.5.
+    """
+    missing = {"m", "n", "k", "layout", "seconds", "bf16_seconds"} - set(df.columns)
+    if missing:
+        raise SpecError(f"{FP8_GEMM_FILE}: missing columns {sorted(missing)}")
+    flops = 2.0 * df["m"] * df["n"] * df["k"]
+    t8 = np.maximum(df["seconds"] - BENCH_DISPATCH_S, flops / (peak8 * MAX_EFFICIENCY))
+    t16 = np.maximum(df["bf16_seconds"] - BENCH_DISPATCH_S, flops / (peak16 * MAX_EFFICIENCY))
+    df = df.assign(lr=np.log(t8 / t16))
+    out = {}
+    for layout in LAYOUTS:
+        g = df[df["layout"] == layout].groupby(["m", "n", "k"], as_index=False)["lr"].mean()
+        if g.empty:
+            raise SpecError(f"{FP8_GEMM_FILE}: no rows with layout '{layout}'")
+        out[layout] = (np.log2(g[["m", "n", "k"]].to_numpy(dtype=np.float64)), g["lr"].to_numpy())
+    return out
+
+
 def _attention_points(df: pd.DataFrame, peak: float) -> dict:
     """Per sequence length and pass: ``t = t0 + flops / rate`` (least squares over the rows).
 
@@ -440,12 +521,19 @@ def _load_cached(path: str, gpu_json: str) -> Calibration:
     gemm = _read_csv(folder, "gemm.csv")
     tiles = fit_tile_params(gemm["m"], gemm["n"], gemm["k"], gemm["layout"], gemm["seconds"],
                             sms=int(env.get("sms", 132)))  # env.json: the measured part's SMs
+    fp8_points, fp8_gen = None, None
+    if (folder / FP8_GEMM_FILE).exists():
+        peak8 = gpu.peak_flops("fp8") if gpu.peak_tflops.fp8 is not None else 2.0 * peak
+        fp8_points = _fp8_ratio_points(pd.read_csv(folder / FP8_GEMM_FILE), peak, peak8)
+        fp8_gen = gpu_generation(gpu)
     return Calibration(
         name=folder.name,
         gemm_points=_gemm_points(gemm, peak, tiles),
         gemm_tiles=tiles,
         gemm_tiles_peak_flops=peak,
         gemm_points_plain=_gemm_points(gemm, peak),
+        gemm_fp8_points=fp8_points,
+        gemm_fp8_generation=fp8_gen,
         attention_points=_attention_points(_read_csv(folder, "attention.csv"), peak),
         membw_bytes_per_s_table=_membw(_read_csv(folder, "memops.csv")),
         hbm_bw_bytes_per_s=gpu.hbm_bw_bytes_per_s,

@@ -26,7 +26,9 @@ dispatch time (:data:`CPU_FWD_LAUNCH_S`, :data:`CPU_BWD_LAUNCH_S`, :data:`CHECKP
 a phase takes ``max(GPU time, CPU time)`` (the CPU runs ahead of the GPU when it can).
 
 Precision: ``bf16``/``fp16`` GEMMs at the 16-bit tensor peak; ``fp8``/``fp4`` GEMMs at that
-peak times :data:`LOW_PRECISION_GEMM_RATIO` (plus the quantisation casts); ``fp32`` GEMMs at the
+peak times :data:`LOW_PRECISION_GEMM_RATIO` (plus the quantisation casts), or, for per-tensor fp8
+with a measured ``gemm_fp8.csv`` of the GPU's generation, at the measured fp8 / bf16 time ratio of
+their shape (:func:`fp8_table_gemm_time_s`); ``fp32`` GEMMs at the
 TF32 tensor peak with fused kernels (Megatron in NGC containers allows TF32) and at the fp32
 CUDA-core peak in eager PyTorch (``torch.backends.cuda.matmul.allow_tf32`` is False by default).
 """
@@ -48,6 +50,7 @@ __all__ = [
     "COMPOSE_P",
     "CPU_BWD_LAUNCH_S",
     "CPU_FWD_LAUNCH_S",
+    "FP8_TABLE_RECIPES",
     "LOW_PRECISION_GEMM_RATIO",
     "LOW_PRECISION_RECIPES",
     "LOW_PRECISION_REF_REDUCTION",
@@ -60,6 +63,8 @@ __all__ = [
     "GemmPrecision",
     "LowPrecisionRecipe",
     "compute_times",
+    "fp8_table_applies",
+    "fp8_table_gemm_time_s",
     "full_iteration_graphed",
     "gemm_precision",
     "gemm_time_s",
@@ -324,6 +329,45 @@ def optimizer_bytes_per_param(training: TrainingSpec, kernels: str = "fused") ->
 
 
 _RECOMPUTE_SELECTIVE, _RECOMPUTE_FULL = 1, 2
+
+
+FP8_TABLE_RECIPES = ("fp8-delayed", "fp8-cs")
+"""Recipes a measured ``gemm_fp8.csv`` prices (per-tensor scales, as ``torch._scaled_mm`` times
+them there); block-scaled and fp4 recipes keep the fitted ratio."""
+
+
+def fp8_table_applies(training: TrainingSpec, gpu: GPUSpec, cal: Calibration) -> bool:
+    """Whether the layer GEMMs of ``training`` on ``gpu`` are priced by the calibration's
+    measured fp8 table (:func:`fp8_table_gemm_time_s`): fp8 with a per-tensor recipe
+    (:data:`FP8_TABLE_RECIPES`), a table present, measured on the GPU's generation."""
+    from perfmodel.overlap import gpu_generation
+
+    if training.precision != "fp8" or getattr(cal, "gemm_fp8_points", None) is None:
+        return False
+    recipe = training.low_precision_recipe or "fp8-delayed"
+    return recipe in FP8_TABLE_RECIPES and gpu_generation(gpu) == cal.gemm_fp8_generation
+
+
+def fp8_table_gemm_time_s(cal: Calibration, m, n, k, layout: str, peak16_flops: float,
+                          groups=None):
+    """Time [s] of a per-tensor-scaled fp8 GEMM from the measured fp8 / bf16 time ratio at its
+    shape: ``r(m, n, k, layout) * t_bf16``, ``t_bf16`` the bf16 GEMM time of the calibration
+    (:func:`gemm_time_s` at the 16-bit peak ``peak16_flops``, or :func:`grouped_gemm_time_s` of
+    ``groups`` problems), floored at one kernel. In place of :data:`LOW_PRECISION_GEMM_RATIO`
+    and :func:`low_precision_tile_factor`; a transferred calibration's bf16 time carries the
+    transfer (MAMF, sustained fraction) and ``r`` is the measured part's.
+
+    Example: measured ratio 0.6 where the bf16 GEMM takes 1.0 ms: 0.6 ms.
+
+    References
+    ----------
+    Ratio: :meth:`perfmodel.calibration.Calibration.fp8_time_ratio` (``gemm_fp8.csv``,
+    ``benchmarks/calibrate_gpu.py --parts fp8``).
+    """
+    inv_r = 1.0 / cal.fp8_time_ratio(m, n, k, layout)  # an efficiency factor on the bf16 peak
+    if groups is None:
+        return gemm_time_s(cal, m, n, k, layout, peak16_flops, inv_r)
+    return grouped_gemm_time_s(cal, groups, m, n, k, layout, peak16_flops, inv_r)
 
 
 def gemm_time_s(cal: Calibration, m, n, k, layout: str, peak_flops: float, ratio: float = 1.0):
@@ -620,7 +664,8 @@ class GemmPrecision:
     ``peak16`` / ``ratio16`` of what stays 16-bit (attention core, logit layer); ``act_b``,
     ``res_b``, ``w_b`` [bytes] per activation, residual-stream and stored-weight element;
     ``attn_slowdown`` of fp32 attention; ``autocast`` (eager under ``torch.autocast``);
-    ``lowp`` (fp8 / fp4 with fused kernels: quantisation casts); ``recipe`` (or None).
+    ``lowp`` (fp8 / fp4 with fused kernels: quantisation casts); ``recipe`` (or None);
+    ``fp8_table``: the low-precision GEMMs take the measured fp8 table (:func:`fp8_table_applies`).
     """
 
     peak: float
@@ -634,6 +679,7 @@ class GemmPrecision:
     w_b: float
     lowp: bool
     recipe: LowPrecisionRecipe | None
+    fp8_table: bool = False
 
 
 def gemm_precision(training: TrainingSpec, gpu: GPUSpec, cal: Calibration, eager: bool
@@ -669,7 +715,8 @@ def gemm_precision(training: TrainingSpec, gpu: GPUSpec, cal: Calibration, eager
     w_b = 4.0 if eager else 2.0  # bytes per stored weight element
     lowp = prec in ("fp8", "fp4") and not eager
     return GemmPrecision(peak, ratio, act_b, res_b, peak16, ratio16, attn_slowdown, autocast,
-                         w_b, lowp, recipe)
+                         w_b, lowp, recipe, recipe is not None and fp8_table_applies(training,
+                                                                                     gpu, cal))
 
 
 @dataclass(frozen=True)
@@ -739,6 +786,12 @@ def _gemm_phase(c: _LayerContext, ph: _Phase, layouts: tuple[str, ...],
         peak, ratio = (pr.peak16, pr.ratio16) if bf16 else (pr.peak, pr.ratio)
         low = pr.recipe is not None and not bf16  # runs at the fp8 / fp4 rate
         for lay in layouts:
+            if low and pr.fp8_table:  # measured fp8 / bf16 ratio at this shape
+                groups = count if name.startswith("expert_") else None
+                t = fp8_table_gemm_time_s(c.cal, m_, n_, k_, lay, pr.peak16, groups)
+                ph.add(t * moe.grouped_gemm_slowdown(c.model, c.batch) if groups is not None
+                       else count * t, count)
+                continue
             tile = low_precision_tile_factor(m_, n_, k_, lay, c.gpu) if low else 1.0
             if name.startswith("expert_"):
                 ph.add(grouped_gemm_time_s(c.cal, count, m_, n_, k_, lay, peak, ratio)
