@@ -553,6 +553,312 @@ def _deepspeed_zero3_exposed_s(model, training, cluster, b, ct, layers_per_stage
             np.where(z3, dp_grad_s, dp_exposed_s))
 
 
+@dataclass(frozen=True)
+class _StepContext:
+    """What every term of one :func:`evaluate` call reads: the specs, the batch, the kernels
+    (``"fused"`` or ``"eager"``) and the calibration; ``m`` micro-batches per step and ``pp``,
+    ``vp`` as floats; the layers of the first, a middle and the last pipeline rank
+    (``n_first``, ``n_mid``, ``n_last``: Megatron-LM's layout, even, uneven first/last, or the
+    embedding and the loss counted as layers, :func:`perfmodel.pipeline.stage_layer_counts`);
+    one layer's kernel times ``ct`` [s] (:func:`perfmodel.compute.compute_times`) and link
+    times ``comm`` [s] (:func:`perfmodel.comm_time.comm_times`); the GPU's ``slowdown`` of
+    compute next to communication (:func:`perfmodel.overlap.overlap_slowdown_for`)."""
+
+    model: ModelSpec
+    training: TrainingSpec
+    cluster: ClusterSpec
+    batch: ConfigBatch
+    kernels: str
+    calibration: object
+    m: np.ndarray
+    pp: np.ndarray
+    vp: np.ndarray
+    n_first: np.ndarray
+    n_mid: np.ndarray
+    n_last: np.ndarray
+    ct: dict[str, np.ndarray]
+    comm: dict[str, np.ndarray]
+    slowdown: float
+
+
+def _step_context(model, training, cluster, b, kernels, calibration) -> _StepContext:
+    """The inputs of every term (:class:`_StepContext`): the layers per pipeline rank, then the
+    compute (:func:`perfmodel.compute.compute_times`) and link times
+    (:func:`perfmodel.comm_time.comm_times`) of one layer and one micro-batch."""
+    m = b.num_microbatches.astype(np.float64)
+    pp = b.pp.astype(np.float64)
+    vp = b.vp.astype(np.float64)
+    # layers per pipeline rank, Megatron-LM's layout (even, uneven first/last, or the embedding
+    # and the loss counted as layers): perfmodel.pipeline.stage_layer_counts
+    lc = b.layer_counts(model.num_layers)
+    n_first, n_mid, n_last = (lc[k].astype(np.float64) for k in ("first", "middle", "last"))
+    ct = compute.compute_times(model, training, cluster.gpu, b, kernels=kernels,
+                               calibration=calibration)
+    comm = comm_time_mod.comm_times(model, training, cluster, b)
+    return _StepContext(model=model, training=training, cluster=cluster, batch=b,
+                        kernels=kernels, calibration=calibration, m=m, pp=pp, vp=vp,
+                        n_first=n_first, n_mid=n_mid, n_last=n_last, ct=ct, comm=comm,
+                        slowdown=overlap.overlap_slowdown_for(cluster.gpu))
+
+
+@dataclass(frozen=True)
+class _LayerTerms:
+    """One layer, one micro-batch [s]: forward ``fwd_s``, backward ``bwd_s`` (recompute
+    included), the tensor-parallel link time ``tp_link_s``, the exposed TP / CP / EP
+    communication, ``overlap_s`` (compute slowed by the TP and CP communication it hides) and
+    their sum ``total_s``."""
+
+    fwd_s: np.ndarray
+    bwd_s: np.ndarray
+    tp_link_s: np.ndarray
+    tp_comm_s: np.ndarray
+    cp_comm_s: np.ndarray
+    ep_comm_s: np.ndarray
+    overlap_s: np.ndarray
+    total_s: np.ndarray
+
+
+def _layer_terms_s(c: _StepContext) -> _LayerTerms:
+    """Step 1, one layer and one micro-batch [s]: its compute (forward, and backward with the
+    recompute), plus what tensor- (:func:`tp_exposed_s`), context- (:func:`cp_exposed_s`) and
+    expert-parallel (:func:`ep_exposed_s`) communication leaves exposed, plus the slowdown of
+    the compute that hides TP and CP communication (Narayanan et al. 2021, Sec. 3; Korthikanti
+    et al. 2022, Sec. 5)."""
+    model, training, b, ct, comm = c.model, c.training, c.batch, c.ct, c.comm
+    layer_fwd_s = ct["layer_fwd_s"]
+    layer_bwd_s = ct["layer_bwd_s"] + ct["layer_recompute_s"]
+    tp_link_s = comm["tp_layer_fwd_s"] + comm["tp_layer_bwd_s"]
+    tp_comm_s, tp_overlap_s = tp_exposed_s(tp_link_s, layer_fwd_s + layer_bwd_s,
+                                           training.overlap_tp_comm, c.slowdown)
+    cp_comm_s, cp_overlap_s = cp_exposed_s(model, training, b, ct, comm, c.slowdown)
+    tp_overlap_s = tp_overlap_s + cp_overlap_s  # both: compute slowed by the comm it hides
+    ep_comm_s = ep_exposed_s(model, training, b, comm["ep_layer_fwd_s"], comm["ep_layer_bwd_s"],
+                             layer_fwd_s + layer_bwd_s)
+    layer_s = (layer_fwd_s + layer_bwd_s + tp_comm_s + cp_comm_s + ep_comm_s
+               + tp_overlap_s)
+    return _LayerTerms(fwd_s=layer_fwd_s, bwd_s=layer_bwd_s, tp_link_s=tp_link_s,
+                       tp_comm_s=tp_comm_s, cp_comm_s=cp_comm_s, ep_comm_s=ep_comm_s,
+                       overlap_s=tp_overlap_s, total_s=layer_s)
+
+
+@dataclass(frozen=True)
+class _StageTerms:
+    """One micro-batch, forward + backward [s]: the embedding ``embed_s``, logits + loss
+    ``logits_s``, the last stage's head ``head_s`` (:func:`head_stage_s`) and the first, a
+    middle and the last stage's time."""
+
+    embed_s: np.ndarray
+    logits_s: np.ndarray
+    head_s: np.ndarray
+    first_s: np.ndarray
+    mid_s: np.ndarray
+    last_s: np.ndarray
+
+
+def _stage_terms_s(c: _StepContext, layer: _LayerTerms) -> _StageTerms:
+    """Step 2, the per-stage time of one micro-batch (forward + backward) [s]: the stage's
+    layers, the embedding on the first and the head on the last stage (:func:`stage_times_s`,
+    Narayanan et al. 2021, Sec. 2.2), plus the exposed CPU activation-offload copies with fused
+    kernels (:func:`_offload_s`)."""
+    ct = c.ct
+    embed_s = ct["embed_fwd_s"] + ct["embed_bwd_s"]
+    logits_s = ct["logits_fwd_s"] + ct["logits_bwd_s"]
+    head_s = head_stage_s(c.model, layer.total_s, logits_s)
+    t_first, t_mid, t_last = stage_times_s(c.n_first, c.n_mid, c.n_last, layer.total_s, embed_s,
+                                           head_s, c.pp)
+    if c.training.cpu_offload_layers and c.kernels == "fused":  # CPU activation offloading
+        t_first, t_mid, t_last = (t + _offload_s(c.model, c.training, c.cluster, c.batch, n, ct)
+                                  for t, n in ((t_first, c.n_first), (t_mid, c.n_mid),
+                                               (t_last, c.n_last)))
+    return _StageTerms(embed_s=embed_s, logits_s=logits_s, head_s=head_s, first_s=t_first,
+                       mid_s=t_mid, last_s=t_last)
+
+
+@dataclass(frozen=True)
+class _PipelineTerms:
+    """The pipelined step [s]: ``makespan_s`` and its steady (bubble-free) part ``steady_s``;
+    the slowest stage's time ``t_max_s``, its layers ``layers_per_stage`` and their backward
+    per layer ``layer_bwd_s`` (the window that hides the gradient reduction); the stage's
+    communication shares (:func:`stage_comm_shares`); the hardware FLOPs of per-stage layouts
+    ``hardware_flops_layout`` [FLOP] (None without layouts)."""
+
+    makespan_s: np.ndarray
+    steady_s: np.ndarray
+    t_max_s: np.ndarray
+    layers_per_stage: np.ndarray
+    layer_bwd_s: np.ndarray
+    shares: dict[str, np.ndarray]
+    hardware_flops_layout: np.ndarray | None
+
+
+def _pipeline_terms_s(c: _StepContext, layer: _LayerTerms, stages: _StageTerms
+                      ) -> _PipelineTerms:
+    """Step 3, the pipeline makespan over ``m`` micro-batches with the schedule's bubble, paced
+    by the slowest stage (:func:`slowest_stage_s`, or a per-stage layout's,
+    :func:`_with_layouts`; :func:`pipeline_makespan_s`, Narayanan et al. 2021, Sec. 2.2; ZB-H1's
+    forward and weight-gradient shares from :func:`backward_fractions`, Qi et al. 2024), and
+    how the slowest stage splits into compute and communication (:func:`stage_comm_shares`)."""
+    b = c.batch
+    t_first, t_mid, t_last = stages.first_s, stages.mid_s, stages.last_s
+    layer_bwd_s = layer.bwd_s
+    fwd_fraction, w_fraction = backward_fractions(layer.fwd_s, layer_bwd_s, c.ct["layer_bwd_s"])
+    t_max, layers_per_stage = slowest_stage_s(t_first, t_mid, t_last, c.n_first, c.n_mid,
+                                              c.n_last)
+    hflops_layout = None
+    if b.stage_layers is not None and np.any(b.has_layout):  # per-stage layouts
+        (t_first, t_mid, t_last, t_max, layers_per_stage, layer_bwd_s,
+         hflops_layout) = _with_layouts(
+            c.model, c.training, c.cluster, b, c.ct, stages.embed_s, stages.head_s,
+            (t_first, t_mid, t_last, t_max, layers_per_stage, layer_bwd_s),
+            kernels=c.kernels, calibration=c.calibration)
+    makespan_s, steady_s = pipeline_makespan_s(t_first, t_mid, t_last, c.pp, c.vp, c.m,
+                                               b.schedule, fwd_fraction, w_fraction,
+                                               t_max_s=t_max)
+    shares = stage_comm_shares(layers_per_stage, t_max, layer.tp_comm_s, layer.cp_comm_s,
+                               layer.ep_comm_s, layer.overlap_s)
+    return _PipelineTerms(makespan_s=makespan_s, steady_s=steady_s, t_max_s=t_max,
+                          layers_per_stage=layers_per_stage, layer_bwd_s=layer_bwd_s,
+                          shares=shares, hardware_flops_layout=hflops_layout)
+
+
+@dataclass(frozen=True)
+class _P2PTerms:
+    """Pipeline p2p: ``sends`` per micro-batch per stage boundary, the link time ``link_s`` of
+    one send [s] (0 where pp = 1) and the exposed p2p over the step ``exposed_s`` [s]."""
+
+    sends: np.ndarray
+    link_s: np.ndarray
+    exposed_s: np.ndarray
+
+
+def _p2p_terms_s(c: _StepContext) -> _P2PTerms:
+    """Step 4a, pipeline p2p [s]: the sends of a micro-batch (:func:`pp_sends_per_microbatch`)
+    and what stays exposed when blocking or overlapped (:func:`exposed_p2p_s`)."""
+    sends = pp_sends_per_microbatch(c.batch.schedule, c.vp)
+    p2p_s = np.where(c.pp > 1, c.comm["pp_p2p_s"], 0.0)
+    pp_exposed_s = exposed_p2p_s(c.training.overlap_p2p_comm, c.pp, c.m, sends, p2p_s)
+    return _P2PTerms(sends=sends, link_s=p2p_s, exposed_s=pp_exposed_s)
+
+
+@dataclass(frozen=True)
+class _DataParallelTerms:
+    """Data-parallel communication over the step [s]: the link time of the gradient reduction
+    ``grad_link_s`` (+ ZeRO-1/2 parameter all-gather) and of the ZeRO-3 gathers
+    ``zero3_link_s``, each tier's port busy time ``tier_busy_s`` (tiers x configs), and what
+    stays exposed, ``dp_exposed_s`` and ``zero3_exposed_s``."""
+
+    grad_link_s: np.ndarray
+    zero3_link_s: np.ndarray
+    tier_busy_s: np.ndarray
+    dp_exposed_s: np.ndarray
+    zero3_exposed_s: np.ndarray
+
+
+def _dp_terms_s(c: _StepContext, layer: _LayerTerms, pipe: _PipelineTerms, p2p: _P2PTerms
+                ) -> _DataParallelTerms:
+    """Steps 4b-4c [s]: the data-parallel gradient reduction (and ZeRO-1/2 parameter
+    all-gather, :func:`dp_grad_link_s`), sharing its window with the other streams on its tier
+    (:func:`_link_streams`, :func:`perfmodel.comm_time.link_busy_s`, :func:`_exposed_dp_s`);
+    the ZeRO-3 parameter gathers (:func:`zero3_gather_link_s`, :func:`exposed_zero3_gather_s`;
+    DeepSpeed ZeRO-3 of 2021, :func:`_deepspeed_zero3_exposed_s`)."""
+    model, training, cluster, b, comm = c.model, c.training, c.cluster, c.batch, c.comm
+    dp_grad_s = dp_grad_link_s(b, comm)
+    z3_s = zero3_gather_link_s(b, comm)
+    tiers = {k: g.tier for k, g in parallel_groups(cluster, b, ("tp", "cp", "pp", "dp_cp")).items()}
+    streams = _link_streams(comm, tiers, b, c.m, pipe.layers_per_stage, p2p.sends, p2p.link_s,
+                            layer.tp_link_s, dp_grad_s, z3_s)
+    tier_busy_s = comm_time_mod.link_busy_s(streams, len(cluster.tiers))
+    last_bwd_s = pipe.layers_per_stage * pipe.layer_bwd_s
+    dp_exposed_s = _exposed_dp_s(training, tier_busy_s, tiers, dp_grad_s, last_bwd_s,
+                                 pipe.makespan_s)
+    # 4c. ZeRO-3 parameter gathers.
+    zero3_exposed_s = exposed_zero3_gather_s(training.overlap_grad_reduce, z3_s, pipe.steady_s)
+    if training.zero3_gather == "tensor":  # DeepSpeed ZeRO-3 of 2021
+        zero3_exposed_s, dp_exposed_s = _deepspeed_zero3_exposed_s(
+            model, training, cluster, b, c.ct, pipe.layers_per_stage, dp_grad_s, dp_exposed_s,
+            zero3_exposed_s)
+    return _DataParallelTerms(grad_link_s=dp_grad_s, zero3_link_s=z3_s, tier_busy_s=tier_busy_s,
+                              dp_exposed_s=dp_exposed_s, zero3_exposed_s=zero3_exposed_s)
+
+
+def _comm_overlap_slowdown_s(c: _StepContext, pipe: _PipelineTerms, p2p: _P2PTerms,
+                             dp: _DataParallelTerms) -> np.ndarray:
+    """Step 6, compute slowed by the communication it hides over the step [s] (NCCL kernels
+    hold SMs and HBM): the hidden pipeline sends, gradient reduction and ZeRO-3 gathers
+    (:func:`_hidden_comm_s`) next to the makespan's compute
+    (:func:`perfmodel.overlap.overlap_slowdown_s`)."""
+    hidden_s = _hidden_comm_s(c.training, c.m, pipe.layers_per_stage, p2p.sends, p2p.link_s,
+                              p2p.exposed_s, dp.grad_link_s, dp.dp_exposed_s, dp.zero3_link_s,
+                              dp.zero3_exposed_s)
+    return overlap.overlap_slowdown_s(hidden_s, pipe.makespan_s, c.slowdown)
+
+
+def step_time_s(makespan_s, pp_comm_s, dp_comm_s, zero3_comm_s, optimizer_s, overlap_s, amax_s,
+                tier_busy_s) -> tuple[np.ndarray, np.ndarray]:
+    """The step time [s] and its shared-link part, as ``(step_s, link_shared_s)``.
+
+    The sum of the pipeline makespan, the exposed pipeline p2p, data-parallel and ZeRO-3
+    communication, the optimizer step, the overlap slowdown and fp8's amax reductions
+    (``amax_s``); then step 4d, shared links: each tier's port must carry all its streams
+    (``tier_busy_s``, tiers x configs); the stream-by-stream exposed terms assumed each had the
+    link to itself. Whatever does not fit in the step so far is exposed too (the optimizer step
+    cannot overlap the gradient traffic; :func:`perfmodel.comm_time.shared_link_excess_s`).
+    """
+    step_s = (makespan_s + pp_comm_s + dp_comm_s + zero3_comm_s + optimizer_s
+              + overlap_s + amax_s)
+    link_shared_s = comm_time_mod.shared_link_excess_s(tier_busy_s, step_s, optimizer_s)
+    return step_s + link_shared_s, link_shared_s
+
+
+def _flops_and_utilisation(c: _StepContext, step_s, hardware_flops_layout
+                           ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+    """Model and hardware FLOPs of a step [FLOP] and their utilisation of the GPUs' dense peak
+    (:func:`peak_flops_for`, :func:`utilisation`; :data:`MFU_CONVENTION`), as
+    ``(model_flops, hardware_flops, mfu, hfu)``. Flash attention skips the masked upper
+    triangle of causal attention: the hardware runs the causal count. Unfused attention
+    computes (and masks) the whole s x s square. Rows with a per-stage layout take the
+    layout's hardware FLOPs (:func:`_layout_stages`)."""
+    model, training, b = c.model, c.training, c.batch
+    gpus = b.gpus.astype(np.float64)
+    model_flops = flops.model_flops_per_step(model, training)
+    hardware_flops = flops.hardware_flops_per_step(model, training, b.recompute,
+                                                   causal=training.flash_attention)
+    if hardware_flops_layout is not None:
+        hardware_flops = np.where(b.has_layout, hardware_flops_layout, hardware_flops)
+    peak_flops = peak_flops_for(c.cluster, training.precision, c.kernels)
+    return (model_flops, hardware_flops, utilisation(model_flops, step_s, gpus, peak_flops),
+            utilisation(hardware_flops, step_s, gpus, peak_flops))
+
+
+def _memory_and_comm_bytes(c: _StepContext
+                           ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
+    """Memory per GPU by term [bytes] and whether it fits
+    (:func:`perfmodel.memory.memory_breakdown`), and the bytes each GPU sends per step by
+    parallel dimension (:func:`perfmodel.comm_volume.comm_bytes_per_gpu`), as
+    ``(memory_bytes, comm_bytes_per_gpu, fits)``."""
+    training, b = c.training, c.batch
+    mem = memory.memory_breakdown(c.model, training, c.cluster, b, kernels=c.kernels,
+                                  flash_attention=training.flash_attention)
+    vol = comm_volume.comm_bytes_per_gpu(c.model, training, b)
+    return ({k: np.asarray(mem[k], dtype=np.float64) for k in MEMORY_TERMS},
+            {k: np.asarray(vol[k], dtype=np.float64) for k in COMM_DIMS},
+            np.asarray(mem["fits"], dtype=bool))
+
+
+def _extra_terms_s(c: _StepContext, tier_busy_s, layer: _LayerTerms, stages: _StageTerms
+                   ) -> dict[str, np.ndarray]:
+    """``StepResult.extra`` [s]: per-tier port busy time over the step (not a term of the sum:
+    it runs under the others), and the one-layer and head terms that per-stage layouts re-use
+    (:func:`_layout_stages`), one value per configuration."""
+    m = c.m
+    extra = {f"link_busy_{t.name}_s": tier_busy_s[i] for i, t in enumerate(c.cluster.tiers)}
+    return {**extra, "layer_s": np.asarray(layer.total_s, dtype=np.float64),
+            "layer_fwd_s": np.asarray(layer.fwd_s, dtype=np.float64) + 0.0 * m,
+            "embed_s": np.asarray(stages.embed_s, dtype=np.float64) + 0.0 * m,
+            "logits_s": np.asarray(stages.logits_s, dtype=np.float64) + 0.0 * m,
+            "head_s": np.asarray(stages.head_s, dtype=np.float64) + 0.0 * m}
+
+
 def evaluate(
     model: ModelSpec,
     training: TrainingSpec,
@@ -574,13 +880,18 @@ def evaluate(
     calibration : a :class:`perfmodel.calibration.Calibration`, or None for the GPU's shipped one
         (or datasheet scaling when there is none).
 
-    The recipe: one layer (:func:`tp_exposed_s`, :func:`cp_exposed_s`, :func:`ep_exposed_s`),
-    the stages (:func:`head_stage_s`, :func:`stage_times_s`, :func:`_offload_s`), the pipeline
-    (:func:`backward_fractions`, :func:`slowest_stage_s`, :func:`pipeline_makespan_s`,
-    :func:`stage_comm_shares`), the exposed communication (:func:`pp_sends_per_microbatch`,
-    :func:`exposed_p2p_s`, :func:`dp_grad_link_s`, :func:`zero3_gather_link_s`,
-    :func:`_exposed_dp_s`, :func:`exposed_zero3_gather_s`), the optimizer, the overlap
-    slowdown and shared links, then :func:`time_breakdown_s`.
+    The recipe: the inputs (:func:`_step_context`: compute and link times of one layer), one
+    layer (:func:`_layer_terms_s`: :func:`tp_exposed_s`, :func:`cp_exposed_s`,
+    :func:`ep_exposed_s`), the stages (:func:`_stage_terms_s`: :func:`head_stage_s`,
+    :func:`stage_times_s`, :func:`_offload_s`), the pipeline (:func:`_pipeline_terms_s`:
+    :func:`backward_fractions`, :func:`slowest_stage_s`, :func:`pipeline_makespan_s`,
+    :func:`stage_comm_shares`), the exposed communication (:func:`_p2p_terms_s`:
+    :func:`pp_sends_per_microbatch`, :func:`exposed_p2p_s`; :func:`_dp_terms_s`:
+    :func:`dp_grad_link_s`, :func:`zero3_gather_link_s`, :func:`_exposed_dp_s`,
+    :func:`exposed_zero3_gather_s`), the optimizer, the overlap slowdown
+    (:func:`_comm_overlap_slowdown_s`), fp8's amax reductions (:func:`amax_exposed_s`), the sum
+    with the shared links (:func:`step_time_s`), then :func:`time_breakdown_s`, MFU / HFU
+    (:func:`_flops_and_utilisation`) and memory (:func:`_memory_and_comm_bytes`).
 
     References
     ----------
@@ -588,140 +899,51 @@ def evaluate(
     Korthikanti et al. 2022, Sec. 5 (recompute and sequence parallelism);
     Qi et al. 2024 (zero-bubble schedules).
     """
-    b = batch
-    m = b.num_microbatches.astype(np.float64)
-    pp = b.pp.astype(np.float64)
-    vp = b.vp.astype(np.float64)
-    # layers per pipeline rank, Megatron-LM's layout (even, uneven first/last, or the embedding
-    # and the loss counted as layers): perfmodel.pipeline.stage_layer_counts
-    lc = b.layer_counts(model.num_layers)
-    n_first, n_mid, n_last = (lc[k].astype(np.float64) for k in ("first", "middle", "last"))
-
+    c = _step_context(model, training, cluster, batch, kernels, calibration)
     # 1. one layer, one micro-batch: compute, plus what TP/CP/EP communication leaves exposed.
-    ct = compute.compute_times(model, training, cluster.gpu, b, kernels=kernels,
-                               calibration=calibration)
-    comm = comm_time_mod.comm_times(model, training, cluster, b)
-    layer_fwd_s = ct["layer_fwd_s"]
-    layer_bwd_s = ct["layer_bwd_s"] + ct["layer_recompute_s"]
-    tp_link_s = comm["tp_layer_fwd_s"] + comm["tp_layer_bwd_s"]
-    slowdown = overlap.overlap_slowdown_for(cluster.gpu)
-    tp_comm_s, tp_overlap_s = tp_exposed_s(tp_link_s, layer_fwd_s + layer_bwd_s,
-                                           training.overlap_tp_comm, slowdown)
-    cp_comm_s, cp_overlap_s = cp_exposed_s(model, training, b, ct, comm, slowdown)
-    tp_overlap_s = tp_overlap_s + cp_overlap_s  # both: compute slowed by the comm it hides
-    ep_comm_s = ep_exposed_s(model, training, b, comm["ep_layer_fwd_s"], comm["ep_layer_bwd_s"],
-                             layer_fwd_s + layer_bwd_s)
-    layer_s = (layer_fwd_s + layer_bwd_s + tp_comm_s + cp_comm_s + ep_comm_s
-               + tp_overlap_s)
-
+    layer = _layer_terms_s(c)
     # 2. per-stage time of one micro-batch (forward + backward).
-    embed_s = ct["embed_fwd_s"] + ct["embed_bwd_s"]
-    logits_s = ct["logits_fwd_s"] + ct["logits_bwd_s"]
-    head_s = head_stage_s(model, layer_s, logits_s)
-    t_first, t_mid, t_last = stage_times_s(n_first, n_mid, n_last, layer_s, embed_s, head_s, pp)
-    if training.cpu_offload_layers and kernels == "fused":  # CPU activation offloading
-        t_first, t_mid, t_last = (t + _offload_s(model, training, cluster, b, n, ct)
-                                  for t, n in ((t_first, n_first), (t_mid, n_mid),
-                                               (t_last, n_last)))
-
+    stages = _stage_terms_s(c, layer)
     # 3. pipeline makespan with the schedule's bubble, paced by the slowest stage.
-    fwd_fraction, w_fraction = backward_fractions(layer_fwd_s, layer_bwd_s, ct["layer_bwd_s"])
-    t_max, layers_per_stage = slowest_stage_s(t_first, t_mid, t_last, n_first, n_mid, n_last)
-    hflops_layout = None
-    if b.stage_layers is not None and np.any(b.has_layout):  # per-stage layouts
-        (t_first, t_mid, t_last, t_max, layers_per_stage, layer_bwd_s,
-         hflops_layout) = _with_layouts(
-            model, training, cluster, b, ct, embed_s, head_s,
-            (t_first, t_mid, t_last, t_max, layers_per_stage, layer_bwd_s),
-            kernels=kernels, calibration=calibration)
-    makespan_s, steady_s = pipeline_makespan_s(t_first, t_mid, t_last, pp, vp, m, b.schedule,
-                                               fwd_fraction, w_fraction, t_max_s=t_max)
-    shares = stage_comm_shares(layers_per_stage, t_max, tp_comm_s, cp_comm_s, ep_comm_s,
-                               tp_overlap_s)
-
+    pipe = _pipeline_terms_s(c, layer, stages)
     # 4a. pipeline p2p.
-    sends = pp_sends_per_microbatch(b.schedule, vp)
-    p2p_s = np.where(pp > 1, comm["pp_p2p_s"], 0.0)
-    pp_exposed_s = exposed_p2p_s(training.overlap_p2p_comm, pp, m, sends, p2p_s)
-
-    # 4b. data-parallel gradient reduction (and ZeRO-1/2 parameter all-gather), sharing its
-    # window with the other streams on its tier (shared links, 4d).
-    dp_grad_s = dp_grad_link_s(b, comm)
-    z3_s = zero3_gather_link_s(b, comm)
-    tiers = {k: g.tier for k, g in parallel_groups(cluster, b, ("tp", "cp", "pp", "dp_cp")).items()}
-    streams = _link_streams(comm, tiers, b, m, layers_per_stage, sends, p2p_s, tp_link_s,
-                            dp_grad_s, z3_s)
-    tier_busy_s = comm_time_mod.link_busy_s(streams, len(cluster.tiers))
-    last_bwd_s = layers_per_stage * layer_bwd_s
-    dp_exposed_s = _exposed_dp_s(training, tier_busy_s, tiers, dp_grad_s, last_bwd_s, makespan_s)
-    # 4c. ZeRO-3 parameter gathers.
-    zero3_exposed_s = exposed_zero3_gather_s(training.overlap_grad_reduce, z3_s, steady_s)
-    if training.zero3_gather == "tensor":  # DeepSpeed ZeRO-3 of 2021
-        zero3_exposed_s, dp_exposed_s = _deepspeed_zero3_exposed_s(
-            model, training, cluster, b, ct, layers_per_stage, dp_grad_s, dp_exposed_s,
-            zero3_exposed_s)
-
+    p2p = _p2p_terms_s(c)
+    # 4b-4c. data-parallel gradient reduction (and ZeRO-1/2 parameter all-gather), sharing its
+    # window with the other streams on its tier (shared links, 4d); ZeRO-3 parameter gathers.
+    dp = _dp_terms_s(c, layer, pipe, p2p)
     # 5. optimizer step over this GPU's shard.
-    optimizer_s = ct["optimizer_s"]
-
+    optimizer_s = c.ct["optimizer_s"]
     # 6. compute slowed by the communication it hides (NCCL kernels hold SMs and HBM).
-    hidden_s = _hidden_comm_s(training, m, layers_per_stage, sends, p2p_s, pp_exposed_s,
-                              dp_grad_s, dp_exposed_s, z3_s, zero3_exposed_s)
-    overlap_s = overlap.overlap_slowdown_s(hidden_s, makespan_s, slowdown)
-
+    overlap_s = _comm_overlap_slowdown_s(c, pipe, p2p, dp)
     # 4e. fp8 delayed scaling: the amax all-reduce of every model chunk's forward and backward,
     # in series on each rank (counted with the data-parallel group's communication).
-    amax_s = amax_exposed_s(training, cluster, b, kernels)
-
-    step_s = (makespan_s + pp_exposed_s + dp_exposed_s + zero3_exposed_s + optimizer_s
-              + overlap_s + amax_s)
-
-    # 4d. shared links: each tier's port must carry all its streams; the stream-by-stream
-    # exposed terms above assumed each had the link to itself. Whatever does not fit in the
-    # step so far is exposed too (the optimizer step cannot overlap the gradient traffic).
-    link_shared_s = comm_time_mod.shared_link_excess_s(tier_busy_s, step_s, optimizer_s)
-    step_s = step_s + link_shared_s
-
-    time_s = time_breakdown_s(makespan_s, steady_s, shares, pp_exposed_s, dp_exposed_s + amax_s,
-                              zero3_exposed_s, optimizer_s, overlap_s, link_shared_s)
-    # Per-tier port busy time over the step (not a term of the sum: it runs under the others).
-    extra = {f"link_busy_{t.name}_s": tier_busy_s[i] for i, t in enumerate(cluster.tiers)}
-
-    # Throughput and utilisation.
+    amax_s = amax_exposed_s(training, cluster, batch, kernels)
+    # the sum of the terms, then 4d. shared links: what the tiers' ports cannot carry in it.
+    step_s, link_shared_s = step_time_s(pipe.makespan_s, p2p.exposed_s, dp.dp_exposed_s,
+                                        dp.zero3_exposed_s, optimizer_s, overlap_s, amax_s,
+                                        dp.tier_busy_s)
+    time_s = time_breakdown_s(pipe.makespan_s, pipe.steady_s, pipe.shares, p2p.exposed_s,
+                              dp.dp_exposed_s + amax_s, dp.zero3_exposed_s, optimizer_s,
+                              overlap_s, link_shared_s)
+    # Throughput, utilisation, memory (and whether it fits) and bytes sent.
+    model_flops, hardware_flops, mfu, hfu = _flops_and_utilisation(c, step_s,
+                                                                   pipe.hardware_flops_layout)
+    memory_bytes, comm_bytes_per_gpu, fits = _memory_and_comm_bytes(c)
     tokens = float(training.global_batch_size * training.seq_len)
-    gpus = b.gpus.astype(np.float64)
-    mflops = flops.model_flops_per_step(model, training)
-    # Flash attention skips the masked upper triangle of causal attention: the hardware runs
-    # the causal count. Unfused attention computes (and masks) the whole s x s square.
-    hflops = flops.hardware_flops_per_step(model, training, b.recompute,
-                                           causal=training.flash_attention)
-    if hflops_layout is not None:
-        hflops = np.where(b.has_layout, hflops_layout, hflops)
-    peak = peak_flops_for(cluster, training.precision, kernels)
-    mfu = utilisation(mflops, step_s, gpus, peak)
-    hfu = utilisation(hflops, step_s, gpus, peak)
-
-    mem = memory.memory_breakdown(model, training, cluster, b, kernels=kernels,
-                                  flash_attention=training.flash_attention)
-    vol = comm_volume.comm_bytes_per_gpu(model, training, b)
-    n = len(b)
+    n = len(batch)
     return StepResult(
-        batch=b,
+        batch=batch,
         step_time_s=step_s,
         tokens_per_s=tokens / step_s,
-        model_flops=np.broadcast_to(np.asarray(mflops, dtype=np.float64), (n,)),
-        hardware_flops=np.broadcast_to(np.asarray(hflops, dtype=np.float64), (n,)),
+        model_flops=np.broadcast_to(np.asarray(model_flops, dtype=np.float64), (n,)),
+        hardware_flops=np.broadcast_to(np.asarray(hardware_flops, dtype=np.float64), (n,)),
         mfu=mfu,
         hfu=hfu,
         time_s=time_s,
-        memory_bytes={k: np.asarray(mem[k], dtype=np.float64) for k in MEMORY_TERMS},
-        comm_bytes_per_gpu={k: np.asarray(vol[k], dtype=np.float64) for k in COMM_DIMS},
-        fits=np.asarray(mem["fits"], dtype=bool),
-        extra={**extra, "layer_s": np.asarray(layer_s, dtype=np.float64),
-               "layer_fwd_s": np.asarray(layer_fwd_s, dtype=np.float64) + 0.0 * m,
-               "embed_s": np.asarray(embed_s, dtype=np.float64) + 0.0 * m,
-               "logits_s": np.asarray(logits_s, dtype=np.float64) + 0.0 * m,
-               "head_s": np.asarray(head_s, dtype=np.float64) + 0.0 * m},
+        memory_bytes=memory_bytes,
+        comm_bytes_per_gpu=comm_bytes_per_gpu,
+        fits=fits,
+        extra=_extra_terms_s(c, dp.tier_busy_s, layer, stages),
     )
 
 

@@ -124,6 +124,21 @@ def test_time_breakdown_s_adds_up():
                                                           + 0.0625 + 0.03125, rel=1e-12)
 
 
+def test_step_time_s_sum_and_shared_links():
+    # makespan 10 + p2p 1 + dp 0.5 + ZeRO-3 0.25 + optimizer 0.5 + overlap 0.125 + amax 0.125
+    # = 12.5 s. Two tiers: the busier port of config 0 needs 8 + 0.5 (optimizer) = 8.5 s, fits;
+    # config 1's needs 14 + 0.5 = 14.5 s, 2 s beyond the sum, exposed as link_shared.
+    busy = np.array([[8.0, 14.0], [3.0, 1.0]])
+    step_s, shared_s = step.step_time_s(a(10.0, 10.0), a(1.0, 1.0), a(0.5, 0.5), a(0.25, 0.25),
+                                        a(0.5, 0.5), a(0.125, 0.125), a(0.125, 0.125), busy)
+    assert shared_s.tolist() == [0.0, 2.0]
+    assert step_s.tolist() == [12.5, 14.5]
+    # a cluster without tiers shares nothing
+    step_s, shared_s = step.step_time_s(a(10.0), a(1.0), a(0.5), a(0.25), a(0.5), a(0.125),
+                                        a(0.125), np.zeros((0, 1)))
+    assert step_s.tolist() == [12.5] and shared_s.tolist() == [0.0]
+
+
 def test_utilisation():
     # 6e15 FLOPs in 2 s on 8 GPUs of 1e15 FLOP/s peak: 37.5 %
     assert step.utilisation(6e15, a(2.0), a(8.0), 1e15)[0] == pytest.approx(0.375, rel=1e-12)
