@@ -24,6 +24,7 @@ Narayanan et al. 2021 (SC21), Sec. 2.2. Dao et al. 2022 (FlashAttention: O(s) ex
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -1317,6 +1318,12 @@ def memory_breakdown(
        allocator allowance (:func:`allocator_allowance_bytes`,
        :data:`ALLOCATOR_ALLOWANCE_FRACTION` of what churns).
 
+    The body applies these as steps, one private function each, on the operands of
+    :class:`_MemoryContext`: :func:`_stage_param_counts`, :func:`_stage_model_state_bytes`,
+    :func:`_stage_activation_bytes`, :func:`_stage_other_bytes` (with
+    :func:`_without_bucketed_gradients`), :func:`_fused_peak_terms_bytes` or
+    :func:`_eager_peak_terms_bytes`, and :func:`_peak_and_fit_bytes`.
+
     Fused kernels hold all of this at once. Eager PyTorch creates the gradients during the
     backward and keeps bf16 autocast copies of the GEMM weights while they are saved, so its
     peak is the largest of three moments (see docs/memory.md): the loss forward (all
@@ -1364,121 +1371,407 @@ def memory_breakdown(
         return layout_memory_breakdown(model, training, cluster, batch,
                                        flash_attention=flash_attention, dropout=dropout,
                                        headroom=headroom)
+    ctx = _memory_context(model, training, cluster.gpu, batch, eager, flash_attention, dropout)
+    # 1. Parameters per GPU on the first, last and a middle rank, routed experts apart.
+    params = _stage_param_counts(ctx)
+    # 2. Weights, gradients and optimizer states by ZeRO stage.
+    states = _stage_model_state_bytes(ctx, params)
+    # 3. Activations: the layers kept, the layer being recomputed, the embedding and the loss.
+    acts = _stage_activation_bytes(ctx, params)
+    # 4. Other buffers; gradients that live in eager DDP's bucket copy are counted there.
+    other = _stage_other_bytes(ctx, params, states, acts)
+    states = _without_bucketed_gradients(states, other.grads_in_buffer)
+    # 5. The peak: the rank (fused) or the moment of the step (eager) that needs most.
+    peak_terms = (_eager_peak_terms_bytes if eager else _fused_peak_terms_bytes)(
+        ctx, params, states, acts, other)
+    # 6. The allocator allowance, and whether the peak fits the usable HBM.
+    return _peak_and_fit_bytes(ctx, peak_terms, headroom)
+
+
+# ---------------------------------------------------------------------------------------------
+# The steps of memory_breakdown
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _MemoryContext:
+    """What every step of :func:`memory_breakdown` reads: the specs, the kernel family and, as
+    float64 arrays (one entry per configuration), the parallel sizes ``tp pp vp cp dp``, the
+    micro-batch size ``mbs`` and count ``m``; the codes ``zero``, ``rc`` (recompute), ``sched``;
+    ``sp`` (bool), ``sp_div`` (divisor of the sequence-sharded parts: tp with sequence
+    parallelism, else 1), ``shard`` (``dp * cp`` ranks sharing one copy of the stage's
+    parameters), ``seq`` (tokens per sequence on this GPU), ``tokens`` (per micro-batch on this
+    GPU), ``logits`` (per micro-batch, vocab-parallel [values]) and ``h`` (hidden size)."""
+
+    model: ModelSpec
+    training: TrainingSpec
+    gpu: GPUSpec
+    batch: ConfigBatch
+    eager: bool
+    flash_attention: bool
+    dropout: bool
+    tp: np.ndarray
+    pp: np.ndarray
+    vp: np.ndarray
+    cp: np.ndarray
+    dp: np.ndarray
+    mbs: np.ndarray
+    m: np.ndarray
+    zero: np.ndarray
+    rc: np.ndarray
+    sched: np.ndarray
+    sp: np.ndarray
+    sp_div: np.ndarray
+    shard: np.ndarray
+    seq: np.ndarray
+    tokens: np.ndarray
+    logits: np.ndarray
+    h: float
+    precision: str
+
+
+def _memory_context(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, batch: ConfigBatch,
+                    eager: bool, flash_attention: bool, dropout: bool | None) -> _MemoryContext:
+    """The operands of :class:`_MemoryContext`. ``dropout=None``: on for GPT-style models with
+    learned positions, off for RoPE models and for eager (see :func:`memory_breakdown`)."""
     c = batch
     tp, pp, vp, cp, dp, mbs, m = (np.asarray(x, dtype=np.float64) for x in (
         c.tp, c.pp, c.vp, c.cp, c.dp, c.micro_batch_size, c.num_microbatches))
-    zero, rc, sched = np.asarray(c.zero_stage), np.asarray(c.recompute), np.asarray(c.schedule)
     sp = np.asarray(c.sequence_parallel, dtype=bool)
-    sp_div = np.where(sp, tp, 1.0)  # divisor of the sequence-sharded parts
-    shard = dp * cp  # ranks sharing one copy of the stage's parameters
     seq = training.seq_len / cp  # tokens per sequence on this GPU
     tokens = seq * mbs  # tokens per micro-batch on this GPU
-    logits = tokens * float(model.vocab_size) / tp  # per micro-batch (vocab-parallel) [values]
-    h = float(model.hidden_size)
-    precision = training.precision
     if dropout is None:
         dropout = (not eager) and model.position_embedding == "learned"
+    return _MemoryContext(
+        model=model, training=training, gpu=gpu, batch=c, eager=eager,
+        flash_attention=flash_attention, dropout=dropout,
+        tp=tp, pp=pp, vp=vp, cp=cp, dp=dp, mbs=mbs, m=m,
+        zero=np.asarray(c.zero_stage), rc=np.asarray(c.recompute), sched=np.asarray(c.schedule),
+        sp=sp,
+        sp_div=np.where(sp, tp, 1.0),  # divisor of the sequence-sharded parts
+        shard=dp * cp,  # ranks sharing one copy of the stage's parameters
+        seq=seq, tokens=tokens,
+        logits=tokens * float(model.vocab_size) / tp,  # per micro-batch (vocab-parallel)
+        h=float(model.hidden_size), precision=training.precision,
+    )
 
-    # 1. Parameters per GPU, with Megatron-LM's layer layout (uneven first/last stages, or the
-    # embedding and the loss counted as layers: perfmodel.pipeline.stage_layer_counts).
+
+@dataclass(frozen=True)
+class _StageParamCounts:
+    """Parameters per GPU [count] and transformer layers of the first, last and a middle rank:
+    ``stage`` is :func:`stage_params`' dict; ``experts_*`` the rank's routed expert parameters
+    (:func:`stage_expert_params`), ``experts_layer`` one MoE layer's share."""
+
+    stage: dict
+    params_first: np.ndarray
+    params_last: np.ndarray
+    params_mid: np.ndarray
+    layers_first: np.ndarray
+    layers_last: np.ndarray
+    layers_mid: np.ndarray
+    experts_first: np.ndarray
+    experts_last: np.ndarray
+    experts_mid: np.ndarray
+    experts_layer: np.ndarray
+
+
+def _stage_param_counts(ctx: _MemoryContext) -> _StageParamCounts:
+    """Step 1 of :func:`memory_breakdown`: parameters per GPU [count], with Megatron-LM's layer
+    layout (uneven first/last stages, or the embedding and the loss counted as layers:
+    :func:`perfmodel.pipeline.stage_layer_counts`), and each rank's routed experts
+    (:func:`stage_dense_layers`, :func:`stage_expert_params`).
+
+    References
+    ----------
+    Narayanan et al. 2021 (SC21), Sec. 2-3; Megatron-LM ``theoretical_memory_usage.py``.
+    """
+    model, c = ctx.model, ctx.batch
     lc = c.layer_counts(model.num_layers)
-    stage = stage_params(model, tp, pp, lc["first"], lc["last"], lc["middle"])
-    params_first, params_last, params_mid = stage["first"], stage["last"], stage["middle"]
+    stage = stage_params(model, ctx.tp, ctx.pp, lc["first"], lc["last"], lc["middle"])
     layers_first, layers_last, layers_mid = (
         stage["layers_first"], stage["layers_last"], stage["layers_middle"])
-    dense_first, dense_last = stage_dense_layers(model, pp, lc["first_chunk0"])
-    experts_first = stage_expert_params(model, c, layers_first, dense_first)
-    experts_last = stage_expert_params(model, c, layers_last, dense_last)
-    experts_mid = stage_expert_params(model, c, layers_mid, 0.0)
-    experts_layer = stage_expert_params(model, c, 1.0)  # one MoE layer's share
+    dense_first, dense_last = stage_dense_layers(model, ctx.pp, lc["first_chunk0"])
+    return _StageParamCounts(
+        stage=stage,
+        params_first=stage["first"], params_last=stage["last"], params_mid=stage["middle"],
+        layers_first=layers_first, layers_last=layers_last, layers_mid=layers_mid,
+        experts_first=stage_expert_params(model, c, layers_first, dense_first),
+        experts_last=stage_expert_params(model, c, layers_last, dense_last),
+        experts_mid=stage_expert_params(model, c, layers_mid, 0.0),
+        experts_layer=stage_expert_params(model, c, 1.0),  # one MoE layer's share
+    )
 
-    # 2. Model states by ZeRO stage [bytes per parameter -> bytes].
-    w_bpp, g_bpp, o_bpp, copy_bpp, fp8_params = kernel_state_bytes_per_param(training, eager)
-    state = (shard, c.expert_dp, zero, w_bpp, g_bpp, o_bpp)
-    w1, g1, o1 = rank_state_bytes(params_first, experts_first, *state)
-    w2, g2, o2 = rank_state_bytes(params_last, experts_last, *state)
-    if eager:
-        w1 = w1 + fsdp2_zero2_sharded_weight_bytes(params_first, dp, cp, zero, w_bpp)
-        w2 = w2 + fsdp2_zero2_sharded_weight_bytes(params_last, dp, cp, zero, w_bpp)
 
-    # 3. Activations: one layer (kept under the recompute mode, plus MoE extras), the layer
-    # being recomputed (fused), times the layers of a stage kept on the GPU times the
-    # micro-batches in flight, plus the embedding's and the loss's tensors.
+@dataclass(frozen=True)
+class _StageStateBytes:
+    """Model states of the first and last rank, ``(weights, gradients, optimizer)`` [bytes];
+    the bytes per parameter of :func:`kernel_state_bytes_per_param` (``w_bpp``, ``g_bpp``,
+    ``o_bpp``, ``copy_bpp``, ``fp8_params``) and ``state``, the ZeRO operands of
+    :func:`rank_state_bytes` after the parameter counts."""
+
+    w_bpp: float
+    g_bpp: float
+    o_bpp: float
+    copy_bpp: float
+    fp8_params: bool
+    state: tuple
+    first: tuple
+    last: tuple
+
+
+def _stage_model_state_bytes(ctx: _MemoryContext, par: _StageParamCounts) -> _StageStateBytes:
+    """Step 2 of :func:`memory_breakdown`: weights, gradients and optimizer states by ZeRO stage
+    [bytes per parameter -> bytes] (:func:`kernel_state_bytes_per_param`,
+    :func:`rank_state_bytes`: :func:`zero_state_bytes` over the ``dp * cp`` ranks that hold the
+    same parameters, :func:`expert_state_bytes` over expert-dp; eager FSDP2 ZeRO-2 adds
+    :func:`fsdp2_zero2_sharded_weight_bytes`).
+
+    References
+    ----------
+    Rajbhandari et al. 2020 (ZeRO), Sec. 5 and Table 1; Megatron-LM
+    ``theoretical_memory_usage.py``.
+    """
+    w_bpp, g_bpp, o_bpp, copy_bpp, fp8_params = kernel_state_bytes_per_param(ctx.training,
+                                                                             ctx.eager)
+    state = (ctx.shard, ctx.batch.expert_dp, ctx.zero, w_bpp, g_bpp, o_bpp)
+    w1, g1, o1 = rank_state_bytes(par.params_first, par.experts_first, *state)
+    w2, g2, o2 = rank_state_bytes(par.params_last, par.experts_last, *state)
+    if ctx.eager:
+        w1 = w1 + fsdp2_zero2_sharded_weight_bytes(par.params_first, ctx.dp, ctx.cp, ctx.zero,
+                                                   w_bpp)
+        w2 = w2 + fsdp2_zero2_sharded_weight_bytes(par.params_last, ctx.dp, ctx.cp, ctx.zero,
+                                                   w_bpp)
+    return _StageStateBytes(w_bpp=w_bpp, g_bpp=g_bpp, o_bpp=o_bpp, copy_bpp=copy_bpp,
+                            fp8_params=fp8_params, state=state, first=(w1, g1, o1),
+                            last=(w2, g2, o2))
+
+
+def _without_bucketed_gradients(states: _StageStateBytes, grads_in_buffer) -> _StageStateBytes:
+    """The model states with the gradients set to 0 where they live in the gradient bucket
+    buffer (eager DDP's bucket copy of every gradient, :func:`gradient_bucket_bytes`), which
+    :func:`_stage_other_bytes` counts instead [bytes]."""
+    (w1, g1, o1), (w2, g2, o2) = states.first, states.last
+    g1, g2 = np.where(grads_in_buffer, 0.0, g1), np.where(grads_in_buffer, 0.0, g2)
+    return replace(states, first=(w1, g1, o1), last=(w2, g2, o2))
+
+
+@dataclass(frozen=True)
+class _StageActivationBytes:
+    """Activations of the first and last rank (``first``, ``last``) [bytes] and the operands the
+    later steps reuse: one layer's kept (``layer_bytes``) and whole (``layer_full_bytes``)
+    activations, the layer being recomputed (``recompute_bytes``), the bytes per saved value
+    ``e`` and per GEMM input ``gi``, the in-flight micro-batches of the first and last rank,
+    the layers offloaded to the CPU (``n_offload``) and one micro-batch's transient 16-bit
+    logits (``logits_transient_bytes``)."""
+
+    layer_bytes: np.ndarray
+    layer_full_bytes: np.ndarray
+    recompute_bytes: np.ndarray
+    e: float
+    gi: float | None
+    infl_first: np.ndarray
+    infl_last: np.ndarray
+    n_offload: int
+    logits_transient_bytes: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+
+
+def _stage_activation_bytes(ctx: _MemoryContext, par: _StageParamCounts
+                            ) -> _StageActivationBytes:
+    """Step 3 of :func:`memory_breakdown`: activations [bytes]. One layer (kept under the
+    recompute mode, plus MoE extras: :func:`stage_layer_activation_bytes`,
+    :func:`moe_layer_activation_bytes`), the layer being recomputed (fused), times the layers of
+    a stage kept on the GPU times the micro-batches in flight
+    (:func:`stage_inflight_microbatches`, :func:`stage_activation_bytes`), plus the embedding's
+    (:func:`embedding_activation_bytes`) and the loss's tensors
+    (:func:`final_layer_activation_bytes`, :func:`loss_buffer_bytes`,
+    :func:`loss_inflight_microbatches`).
+
+    References
+    ----------
+    Korthikanti et al. 2022, Table 2 and Sec. 4.2.3; Narayanan et al. 2021, Sec. 2.2.
+    """
+    model, training, c, eager, rc = ctx.model, ctx.training, ctx.batch, ctx.eager, ctx.rc
     layer_bytes, layer_full_bytes, e, gi = stage_layer_activation_bytes(
-        model, training, seq, mbs, tp, sp, rc, eager=eager, flash_attention=flash_attention,
-        dropout=dropout)
+        model, training, ctx.seq, ctx.mbs, ctx.tp, ctx.sp, rc, eager=eager,
+        flash_attention=ctx.flash_attention, dropout=ctx.dropout)
     moe_kept_bytes, moe_full_bytes = moe_layer_activation_bytes(model, training, c, rc, e, gi)
     layer_bytes = layer_bytes + moe_kept_bytes
     layer_full_bytes = layer_full_bytes + moe_full_bytes
     recompute_bytes = np.where(rc == _CODE_FULL, 0.0 if eager else layer_full_bytes, 0.0)
-    infl_first, infl_last = stage_inflight_microbatches(training, c, pp, m, sched, vp,
-                                                        eager=eager)
-    embed_bytes = embedding_activation_bytes(tokens, h, sp_div, dropout, eager=eager)
-    final_bytes = final_layer_activation_bytes(tokens, h, sp_div, e, eager=eager)
-    logits_held_bytes, logits_transient_bytes = loss_buffer_bytes(training, logits, eager=eager)
+    infl_first, infl_last = stage_inflight_microbatches(training, c, ctx.pp, ctx.m, ctx.sched,
+                                                        ctx.vp, eager=eager)
+    embed_bytes = embedding_activation_bytes(ctx.tokens, ctx.h, ctx.sp_div, ctx.dropout,
+                                             eager=eager)
+    final_bytes = final_layer_activation_bytes(ctx.tokens, ctx.h, ctx.sp_div, e, eager=eager)
+    logits_held_bytes, logits_transient_bytes = loss_buffer_bytes(training, ctx.logits,
+                                                                  eager=eager)
     n_offload = 0 if eager else training.cpu_offload_layers  # CPU activation offloading
-    mb_loss = np.ceil(infl_last) if eager else loss_inflight_microbatches(sched, m, infl_last)
+    mb_loss = (np.ceil(infl_last) if eager
+               else loss_inflight_microbatches(ctx.sched, ctx.m, infl_last))
     loss_bytes = mb_loss * (final_bytes + logits_held_bytes)
     act_first, act_last = single_stage_activation_bytes(
-        stage_activation_bytes(infl_first, layers_first, n_offload, layer_bytes, recompute_bytes,
-                               np.ceil(infl_first) * embed_bytes),
-        stage_activation_bytes(infl_last, layers_last, n_offload, layer_bytes, recompute_bytes,
-                               loss_bytes),
-        loss_bytes, pp)
+        stage_activation_bytes(infl_first, par.layers_first, n_offload, layer_bytes,
+                               recompute_bytes, np.ceil(infl_first) * embed_bytes),
+        stage_activation_bytes(infl_last, par.layers_last, n_offload, layer_bytes,
+                               recompute_bytes, loss_bytes),
+        loss_bytes, ctx.pp)
+    return _StageActivationBytes(
+        layer_bytes=layer_bytes, layer_full_bytes=layer_full_bytes,
+        recompute_bytes=recompute_bytes, e=e, gi=gi, infl_first=infl_first,
+        infl_last=infl_last, n_offload=n_offload,
+        logits_transient_bytes=logits_transient_bytes, first=act_first, last=act_last)
 
-    # 4. Other buffers: workspaces, gradient buckets, ZeRO-3 gathers, fp8 weight caches, MoE
-    # dispatch buffers (perfmodel.moe), eager torch pipelining's receive buffers and outputs.
-    bucket_bytes, grads_in_buffer = gradient_bucket_bytes(params_first, zero, shard, g_bpp,
-                                                          eager=eager)
-    g1, g2 = np.where(grads_in_buffer, 0.0, g1), np.where(grads_in_buffer, 0.0, g2)
-    zero3_first, zero3_last = zero3_gathered_bytes(stage, experts_layer, vp, zero, shard,
-                                                   w_bpp + g_bpp, eager=eager)
-    fp8 = (stage["gemm_layer"], experts_layer, zero, shard, c.expert_dp, fp8_params)
-    fp8_first = 0.0 if eager else stage_fp8_weight_cache_bytes(precision, layers_first,
-                                                                experts_first, *fp8)
-    fp8_last = 0.0 if eager else stage_fp8_weight_cache_bytes(precision, layers_last,
-                                                               experts_last, *fp8)
-    dispatch_bytes = moe.moe_dispatch_buffer_bytes(model, training, c, e)
-    base_other = library_workspace_bytes(cluster.gpu, tp) + bucket_bytes
+
+@dataclass(frozen=True)
+class _StageOtherBytes:
+    """Other buffers of the first and last rank (``first``, ``last``) [bytes], whether the
+    gradients live in the bucket buffer (``grads_in_buffer``), and the parts a middle rank
+    shares: ``base`` (workspaces and buckets), ``zero3_first`` (ZeRO-3 gathers), ``fp8`` (the
+    operands of :func:`stage_fp8_weight_cache_bytes` after the layer and expert counts),
+    ``dispatch`` (MoE dispatch buffers)."""
+
+    grads_in_buffer: np.ndarray
+    base: np.ndarray
+    zero3_first: np.ndarray
+    fp8: tuple
+    dispatch: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+
+
+def _stage_other_bytes(ctx: _MemoryContext, par: _StageParamCounts, states: _StageStateBytes,
+                       acts: _StageActivationBytes) -> _StageOtherBytes:
+    """Step 4 of :func:`memory_breakdown`: other buffers [bytes]. Workspaces
+    (:func:`library_workspace_bytes`), gradient buckets (:func:`gradient_bucket_bytes`), ZeRO-3
+    gathers (:func:`zero3_gathered_bytes`), fp8 weight caches
+    (:func:`stage_fp8_weight_cache_bytes`), MoE dispatch buffers
+    (:func:`perfmodel.moe.moe_dispatch_buffer_bytes`), eager torch pipelining's receive buffers
+    and outputs (:func:`eager_pipeline_receive_bytes`,
+    :func:`eager_pipeline_held_output_bytes`).
+
+    References
+    ----------
+    docs/memory.md; Megatron-LM ``--ddp-bucket-size`` (:data:`BUCKET_PARAMS`); DeepSpeed /
+    FSDP prefetch (:data:`ZERO3_LIVE_LAYERS`).
+    """
+    eager, zero, shard, precision = ctx.eager, ctx.zero, ctx.shard, ctx.precision
+    bucket_bytes, grads_in_buffer = gradient_bucket_bytes(par.params_first, zero, shard,
+                                                          states.g_bpp, eager=eager)
+    zero3_first, zero3_last = zero3_gathered_bytes(par.stage, par.experts_layer, ctx.vp, zero,
+                                                   shard, states.w_bpp + states.g_bpp,
+                                                   eager=eager)
+    fp8 = (par.stage["gemm_layer"], par.experts_layer, zero, shard, ctx.batch.expert_dp,
+           states.fp8_params)
+    fp8_first = 0.0 if eager else stage_fp8_weight_cache_bytes(precision, par.layers_first,
+                                                                par.experts_first, *fp8)
+    fp8_last = 0.0 if eager else stage_fp8_weight_cache_bytes(precision, par.layers_last,
+                                                               par.experts_last, *fp8)
+    dispatch_bytes = moe.moe_dispatch_buffer_bytes(ctx.model, ctx.training, ctx.batch, acts.e)
+    base_other = library_workspace_bytes(ctx.gpu, ctx.tp) + bucket_bytes
     other_first = base_other + zero3_first + fp8_first + dispatch_bytes
     other_last = base_other + zero3_last + fp8_last + dispatch_bytes
     if eager:
-        p2p_first, p2p_last = eager_pipeline_receive_bytes(tokens, h, sp_div, pp, m, vp,
-                                                           infl_first, infl_last)
+        p2p_first, p2p_last = eager_pipeline_receive_bytes(ctx.tokens, ctx.h, ctx.sp_div, ctx.pp,
+                                                           ctx.m, ctx.vp, acts.infl_first,
+                                                           acts.infl_last)
         other_first = other_first + p2p_first
         other_last = other_last + p2p_last
-        other_last = other_last + eager_pipeline_held_output_bytes(precision, pp, m, logits)
+        other_last = other_last + eager_pipeline_held_output_bytes(precision, ctx.pp, ctx.m,
+                                                                   ctx.logits)
+    return _StageOtherBytes(grads_in_buffer=grads_in_buffer, base=base_other,
+                            zero3_first=zero3_first, fp8=fp8, dispatch=dispatch_bytes,
+                            first=other_first, last=other_last)
 
-    # 5. The peak: fused kernels hold everything at once (the rank needing most: first, last or
-    # a middle rank); eager PyTorch peaks at the largest moment of the step (_eager_moments).
-    first = (w1, g1, o1, act_first, other_first)
-    last = (w2, g2, o2, act_last, other_last)
-    if not eager:
-        infl_mid = inflight_microbatches(pp, m, sched, vp, stage=1) + (
-            moe.a2a_overlap_extra_inflight(training, c))
-        middle = (
-            *rank_state_bytes(params_mid, experts_mid, *state),
-            stage_activation_bytes(infl_mid, layers_mid, n_offload, layer_bytes,
-                                   recompute_bytes, 0.0),
-            base_other + zero3_first + stage_fp8_weight_cache_bytes(
-                precision, layers_mid, experts_mid, *fp8) + dispatch_bytes,
-        )
-        weights, grads, opt, acts, other, peak_stage = fused_peak_stage(
-            first, last, middle, pp, logits_transient_bytes)
-        peak_params = np.where(peak_stage == 1, params_last,
-                               np.where(peak_stage == 2, params_mid, params_first))
-        opt = opt + optimizer_grad_copy_excess_bytes(copy_bpp, zero, shard, peak_params, acts)
-    else:
-        zb_last = eager_zero_bubble_gradient_bytes(model, precision, tokens, tp, sp_div, pp, m,
-                                                   sched, layers_last, logits)
-        weights, grads, opt, acts, other, peak_stage = _eager_moments(
-            model, stage, rc, pp, tp, logits, (layers_first, layers_last), layer_full_bytes,
-            g_bpp, first, last, autocast=precision != "fp32", zb_last=zb_last,
-            accumulating=eager_accumulating_gradients(sched, m, infl_first, infl_last))
+
+def _middle_rank_bytes(ctx: _MemoryContext, par: _StageParamCounts, states: _StageStateBytes,
+                       acts: _StageActivationBytes, other: _StageOtherBytes) -> tuple:
+    """Fused kernels: a middle rank's (weights, gradients, optimizer, activations, other)
+    [bytes], rank 1 (:func:`fused_peak_stage`), with its in-flight micro-batches
+    (:func:`perfmodel.pipeline.inflight_microbatches`, plus
+    :func:`perfmodel.moe.a2a_overlap_extra_inflight`).
+
+    References
+    ----------
+    Narayanan et al. 2021, Sec. 2.2.
+    """
+    infl_mid = inflight_microbatches(ctx.pp, ctx.m, ctx.sched, ctx.vp, stage=1) + (
+        moe.a2a_overlap_extra_inflight(ctx.training, ctx.batch))
+    return (
+        *rank_state_bytes(par.params_mid, par.experts_mid, *states.state),
+        stage_activation_bytes(infl_mid, par.layers_mid, acts.n_offload, acts.layer_bytes,
+                               acts.recompute_bytes, 0.0),
+        other.base + other.zero3_first + stage_fp8_weight_cache_bytes(
+            ctx.precision, par.layers_mid, par.experts_mid, *other.fp8) + other.dispatch,
+    )
+
+
+def _fused_peak_terms_bytes(ctx: _MemoryContext, par: _StageParamCounts,
+                            states: _StageStateBytes, acts: _StageActivationBytes,
+                            other: _StageOtherBytes) -> tuple:
+    """Step 5 of :func:`memory_breakdown`, fused kernels: everything is held at once, so the
+    peak is the plain sum on the rank needing most, first, last or a middle rank
+    (:func:`fused_peak_stage`), plus the optimizer step's gradient copy
+    (:func:`optimizer_grad_copy_excess_bytes`). Returns (weights, gradients, optimizer,
+    activations, other) [bytes] and ``peak_stage``.
+
+    References
+    ----------
+    Megatron-LM ``theoretical_memory_usage.py``; docs/memory.md.
+    """
+    first = (*states.first, acts.first, other.first)
+    last = (*states.last, acts.last, other.last)
+    middle = _middle_rank_bytes(ctx, par, states, acts, other)
+    weights, grads, opt, act, oth, peak_stage = fused_peak_stage(
+        first, last, middle, ctx.pp, acts.logits_transient_bytes)
+    peak_params = np.where(peak_stage == 1, par.params_last,
+                           np.where(peak_stage == 2, par.params_mid, par.params_first))
+    opt = opt + optimizer_grad_copy_excess_bytes(states.copy_bpp, ctx.zero, ctx.shard,
+                                                 peak_params, act)
+    return weights, grads, opt, act, oth, peak_stage
+
+
+def _eager_peak_terms_bytes(ctx: _MemoryContext, par: _StageParamCounts,
+                            states: _StageStateBytes, acts: _StageActivationBytes,
+                            other: _StageOtherBytes) -> tuple:
+    """Step 5 of :func:`memory_breakdown`, eager PyTorch: the largest moment of the step
+    (:func:`_eager_moments`) on the first or last rank, with the zero-bubble GEMM output
+    gradients (:func:`eager_zero_bubble_gradient_bytes`) and the gradients of earlier
+    micro-batches (:func:`eager_accumulating_gradients`). Returns (weights, gradients,
+    optimizer, activations, other) [bytes] and ``peak_stage``.
+
+    References
+    ----------
+    docs/memory.md (the eager moments, checked against the harness).
+    """
+    first = (*states.first, acts.first, other.first)
+    last = (*states.last, acts.last, other.last)
+    zb_last = eager_zero_bubble_gradient_bytes(ctx.model, ctx.precision, ctx.tokens, ctx.tp,
+                                               ctx.sp_div, ctx.pp, ctx.m, ctx.sched,
+                                               par.layers_last, ctx.logits)
+    return _eager_moments(
+        ctx.model, par.stage, ctx.rc, ctx.pp, ctx.tp, ctx.logits,
+        (par.layers_first, par.layers_last), acts.layer_full_bytes, states.g_bpp, first, last,
+        autocast=ctx.precision != "fp32", zb_last=zb_last,
+        accumulating=eager_accumulating_gradients(ctx.sched, ctx.m, acts.infl_first,
+                                                  acts.infl_last))
+
+
+def _peak_and_fit_bytes(ctx: _MemoryContext, peak_terms: tuple, headroom: float
+                        ) -> dict[str, np.ndarray]:
+    """Step 6 of :func:`memory_breakdown`: the allocator allowance
+    (:func:`allocator_allowance_bytes`, :data:`ALLOCATOR_ALLOWANCE_FRACTION` of what churns:
+    all allocated bytes for eager, activations and buffers for fused), the peak [bytes] and
+    whether it fits the usable HBM (:func:`usable_hbm_bytes`); :func:`memory_breakdown`'s dict.
+
+    References
+    ----------
+    PyTorch ``c10/cuda/CUDACachingAllocator.cpp``; calibration/h200 e2e runs.
+    """
+    weights, grads, opt, acts, other, peak_stage = peak_terms
     allocated = weights + grads + opt + acts + other
-    allowance = allocator_allowance_bytes(cluster.gpu, allocated if eager else acts + other)
+    allowance = allocator_allowance_bytes(ctx.gpu, allocated if ctx.eager else acts + other)
     peak = allocated + allowance
-    usable = usable_hbm_bytes(cluster.gpu, headroom)
+    usable = usable_hbm_bytes(ctx.gpu, headroom)
     return {
         "weights": weights,
         "gradients": grads,

@@ -45,6 +45,19 @@ def test_expert_and_rank_state_bytes():
     assert (w, g, o) == (4e9, 8e9, 1.5e9 + 3e9)
 
 
+def test_stage_model_state_bytes_tiny_tp2_pp2():
+    # TINY (GPT-style, tied, learned positions): a layer 172 parameters, 16 of them norms, so
+    # 156/2 + 16 = 94 at tp 2; pp 2, one layer a stage. First rank: 94 + 10*4/2 + 8*4 = 146;
+    # last: 94 + final norm 8 + its own output table 10*4/2 = 122. Fused bf16 Adam, fp32 main
+    # grads (2, 4, 12 bytes), ZeRO-1 over dp 2: optimizer 12/2 = 6 bytes per parameter.
+    batch = ConfigBatch.from_arrays(dp=2, tp=2, pp=2, zero_stage=1, num_microbatches=4)
+    training = load_training(global_batch_size=8, seq_len=8)
+    ctx = mem._memory_context(TINY, training, H100.gpu, batch, False, True, None)
+    states = mem._stage_model_state_bytes(ctx, mem._stage_param_counts(ctx))
+    np.testing.assert_array_equal(np.concatenate(states.first), [292.0, 584.0, 876.0])
+    np.testing.assert_array_equal(np.concatenate(states.last), [244.0, 488.0, 732.0])
+
+
 def test_fsdp2_zero2_sharded_weight_bytes():
     out = mem.fsdp2_zero2_sharded_weight_bytes(1e9, np.array([8.0, 8.0, 1.0]), 1.0,
                                                np.array([2, 1, 2]), 4.0)
