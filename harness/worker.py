@@ -47,6 +47,7 @@ import statistics
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -652,9 +653,35 @@ def _measured_steps(train_step, mem: PeakMemMeter, warmup: int, timed: int, t: d
     return losses_per_step, comm, peaks, steady_bytes, step_s
 
 
-def run(job: dict, out_dir: Path) -> dict:
-    """One rank's whole job, as the module docstring's recipe: mesh, data, stages, optimizer,
-    schedule, then the instrumented and timed steps; returns the rank's report."""
+@dataclass(frozen=True)
+class _JobSettings:
+    """What every step of :func:`run` reads from the job: ``par`` (the ``parallel`` block) and
+    ``hz`` (the ``harness`` block) as given, the validated ``spec``, the global batch ``gb``
+    and ``seq_len`` ``seq``, this ``rank`` and the ``world`` size, ``dp tp pp vp``, the
+    schedule name, ``nmb`` micro-batches, the data-parallel implementation ``impl`` and the
+    ``seed``."""
+
+    par: dict
+    hz: dict
+    spec: ModelSpec
+    gb: int
+    seq: int
+    rank: int
+    world: int
+    dp: int
+    tp: int
+    pp: int
+    vp: int
+    sched_name: str
+    nmb: int
+    impl: str
+    seed: int
+
+
+def _job_settings(job: dict) -> _JobSettings:
+    """The job's settings, checked as :func:`harness.launch.run_config` checks them
+    (:func:`check_config`), and the mesh against the world size; :class:`ConfigRefused`
+    otherwise."""
     par = job["parallel"]
     hz = job.get("harness", {})
     spec = ModelSpec.model_validate(job["model"])
@@ -665,73 +692,105 @@ def run(job: dict, out_dir: Path) -> dict:
     dp, tp, pp, vp = par["dp"], par["tp"], par["pp"], par.get("vp", 1)
     if dp * tp * pp != world:
         raise ConfigRefused(f"dp*tp*pp ({dp}*{tp}*{pp}) must equal the world size ({world})")
-    sched_name = par.get("schedule", "1f1b")
-    nmb = par["num_microbatches"]
-    impl = dp_implementation(par, dp_impl)
-    seed = hz.get("seed", 0)
-    t = {"imported_s": T_IMPORTED - T_START}
+    return _JobSettings(
+        par=par, hz=hz, spec=spec, gb=gb, seq=seq, rank=rank, world=world, dp=dp, tp=tp, pp=pp,
+        vp=vp, sched_name=par.get("schedule", "1f1b"), nmb=par["num_microbatches"],
+        impl=dp_implementation(par, dp_impl), seed=hz.get("seed", 0),
+    )  # fmt: skip
 
-    mesh, coords, ids, n_stages, emb_group, dim_of_group = _mesh_and_groups(
-        spec, dp, tp, pp, vp, sched_name)
-    t["mesh_s"] = time.perf_counter() - T_START
-    x, y = _local_batch(spec, gb, seq, dp, coords["dp"], seed)
-    mods, raw, sp_names = _parallel_stages(spec, par, ids, n_stages, mesh, impl, seed)
-    t["parallelized_s"] = time.perf_counter() - T_START
+
+def _stage_params(raw: list, sp_names: list[set]) -> tuple[list, list]:
+    """This rank's parameters (all local stages) and, of them, the sequence-parallel ones
+    (replicated over tp, their partial gradients all-reduced once per step)."""
     params = [p for m in raw for p in m.parameters()]
     sp_params = [p for m, ns in zip(raw, sp_names) for n, p in m.named_parameters() if n in ns]
+    return params, sp_params
+
+
+def _metered_optimizer(c: _JobSettings, x, y, params: list, raw: list, sp_params: list, mesh):
+    """The memory meter (:class:`PeakMemMeter`) and, built under it, the optimizer
+    (:func:`_optimizer`); returns the meter, the optimizer and the local parameter bytes."""
     # tensors made before the meter is entered are tracked explicitly; everything later
     # (optimizer states, FSDP buffers, activations, gradients, p2p buffers) is seen by the mode
     mem = PeakMemMeter()
     mem.track(x, y, params, [b for m in raw for b in m.buffers()])
-    with mem:
-        opt = _optimizer(impl, params, raw, spec, mesh["dp"].get_group(), hz, sp_params)
+    with mem:  # mesh["dp"] sliced in here: outside, the measured bytes are 8-16 B lower
+        opt = _optimizer(c.impl, params, raw, c.spec, mesh["dp"].get_group(), c.hz, sp_params)
         param_bytes = sum(_local(p).numel() * _local(p).element_size() for p in params)
+    return mem, opt, param_bytes
 
-    tp_group = mesh["tp"].get_group()
+
+def _loss_fn(tp: int, tp_group):
+    """Cross-entropy on the last stage's logits: :func:`vocab_parallel_cross_entropy` when
+    they are sharded over the vocabulary (tp > 1), ``F.cross_entropy`` otherwise."""
 
     def ce(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if tp > 1:  # logits sharded over the vocabulary
             return vocab_parallel_cross_entropy(logits, target, tp_group)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
 
-    sched = None
-    if pp > 1:
-        sched = _pipeline_schedule(sched_name, mods, ids, n_stages, mesh["pp"].get_group(),
-                                   impl, opt, nmb, ce)
-    t["built_s"] = time.perf_counter() - T_START
+    return ce
 
-    def train_step(step: int) -> float | None:
-        _inject_fault(hz.get("inject") or {}, rank, step)
+
+@dataclass(frozen=True)
+class _TrainStep:
+    """One training step of this rank, ``train_step(step)``: the fault injection, forward and
+    backward (the pipeline schedule's ``step``, or :func:`_no_pipeline_step`), the tied and
+    sequence-parallel gradient sums, the optimizer step and ``zero_grad``; returns the step's
+    mean micro-batch loss on the last stage's tp rank 0, else None."""
+
+    c: _JobSettings
+    tp_rank: int
+    ids: list
+    n_stages: int
+    mods: list
+    raw: list
+    emb_group: object
+    sp_params: list
+    tp_group: object
+    opt: object
+    sched: object
+    loss_fn: object
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __call__(self, step: int) -> float | None:
+        c, opt = self.c, self.opt
+        _inject_fault(c.hz.get("inject") or {}, c.rank, step)
         losses: list = []
-        if sched is not None:
-            args = (x,) if 0 in ids else ()
-            kw = {"target": y, "losses": losses} if n_stages - 1 in ids else {}
-            sched.step(*args, **kw)
+        if self.sched is not None:
+            args = (self.x,) if 0 in self.ids else ()
+            kw = {"target": self.y, "losses": losses} if self.n_stages - 1 in self.ids else {}
+            self.sched.step(*args, **kw)
         else:
-            _no_pipeline_step(mods[0], impl, x, y, nmb, ce, losses)
-        sum_tied_grads(raw, emb_group, spec)
-        if sp_params:
-            allreduce_sequence_parallel_grads(sp_params, tp_group)
+            _no_pipeline_step(self.mods[0], c.impl, self.x, self.y, c.nmb, self.loss_fn, losses)
+        sum_tied_grads(self.raw, self.emb_group, c.spec)
+        if self.sp_params:
+            allreduce_sequence_parallel_grads(self.sp_params, self.tp_group)
         opt.step()
         if isinstance(opt, FlatDP):
             opt.zero_grad()
         else:
             opt.zero_grad(set_to_none=True)
-        if losses and coords["tp"] == 0:
+        if losses and self.tp_rank == 0:
             return float(torch.stack([torch.as_tensor(v).detach().float() for v in losses]).mean())
         return None
 
-    warmup, timed = int(hz.get("warmup_steps", 2)), int(hz.get("timed_steps", 3))
-    losses_per_step, comm, peaks, steady_bytes, step_s = _measured_steps(
-        train_step, mem, warmup, timed, t)
-    t["done_s"] = time.perf_counter() - T_START
+
+def _rank_report(c: _JobSettings, coords: dict, ids: list[int], n_stages: int,
+                 dim_of_group: dict, measured: tuple, mem: PeakMemMeter, param_bytes: int,
+                 t: dict) -> dict:
+    """The rank's ``rank_<r>.json``: coordinates and stages, losses, step times, communication
+    records (:meth:`CommMeter.records`), memory (peaks of the warm-up steps, steady state,
+    parameters, ``ru_maxrss``) and the phase timestamps."""
+    losses_per_step, comm, peaks, steady_bytes, step_s = measured
     return {
-        "rank": rank,
-        "world": world,
+        "rank": c.rank,
+        "world": c.world,
         "coords": coords,
         "stages": ids,
         "num_stages": n_stages,
-        "dp_impl": impl,
+        "dp_impl": c.impl,
         "last_stage": n_stages - 1 in ids,
         "losses": losses_per_step,
         "step_times_s": step_s,
@@ -747,6 +806,38 @@ def run(job: dict, out_dir: Path) -> dict:
         },
         "phases_s": t,
     }
+
+
+def run(job: dict, out_dir: Path) -> dict:
+    """One rank's whole job, as the module docstring's recipe: mesh, data, stages, optimizer,
+    schedule, then the instrumented and timed steps (numbered as there); returns the rank's
+    report."""
+    c = _job_settings(job)
+    t = {"imported_s": T_IMPORTED - T_START}
+    # 1. mesh (pp, dp, tp), this rank's stages, the tied-embedding group
+    mesh, coords, ids, n_stages, emb_group, dim_of_group = _mesh_and_groups(
+        c.spec, c.dp, c.tp, c.pp, c.vp, c.sched_name)
+    t["mesh_s"] = time.perf_counter() - T_START
+    x, y = _local_batch(c.spec, c.gb, c.seq, c.dp, coords["dp"], c.seed)
+    # 2-5. full model from the seed, stages, recompute, tensor parallel, data parallel
+    mods, raw, sp_names = _parallel_stages(c.spec, c.par, ids, n_stages, mesh, c.impl, c.seed)
+    t["parallelized_s"] = time.perf_counter() - T_START
+    params, sp_params = _stage_params(raw, sp_names)
+    mem, opt, param_bytes = _metered_optimizer(c, x, y, params, raw, sp_params, mesh)
+    tp_group = mesh["tp"].get_group()
+    ce = _loss_fn(c.tp, tp_group)
+    # 6. PipelineStage per local stage and the schedule
+    sched = _pipeline_schedule(c.sched_name, mods, ids, n_stages, mesh["pp"].get_group(),
+                               c.impl, opt, c.nmb, ce) if c.pp > 1 else None
+    t["built_s"] = time.perf_counter() - T_START
+    train_step = _TrainStep(c=c, tp_rank=coords["tp"], ids=ids, n_stages=n_stages, mods=mods,
+                            raw=raw, emb_group=emb_group, sp_params=sp_params, tp_group=tp_group,
+                            opt=opt, sched=sched, loss_fn=ce, x=x, y=y)
+    # warm-up steps instrumented, then the timed steps
+    measured = _measured_steps(train_step, mem, int(c.hz.get("warmup_steps", 2)),
+                               int(c.hz.get("timed_steps", 3)), t)
+    t["done_s"] = time.perf_counter() - T_START
+    return _rank_report(c, coords, ids, n_stages, dim_of_group, measured, mem, param_bytes, t)
 
 
 def _sharded_grad_stage_class():
