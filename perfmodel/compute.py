@@ -43,6 +43,7 @@ from perfmodel import attention_kernels, cp_ring, mamba, moe, moe_dispatch, quan
 from perfmodel import eager as eager_kernels
 from perfmodel.calibration import KERNEL_MIN_S, Calibration, calibration_for
 from perfmodel.config import ConfigBatch
+from perfmodel.overlap import gpu_generation
 from perfmodel.specs import GPUSpec, ModelSpec, TrainingSpec
 
 __all__ = [
@@ -143,8 +144,6 @@ def low_precision_tile_factor(m, n, k, layout: str, gpu: GPUSpec):
     README "Normal GEMMs for dense models" (H800, block-scaled); CUTLASS sm90 warp-specialized
     GEMM (prologue / mainloop / epilogue per tile).
     """
-    from perfmodel.overlap import gpu_generation
-
     if gpu_generation(gpu) != "hopper":
         return 1.0
     red = {"fwd": k, "dgrad": n, "wgrad": m}[layout]
@@ -173,8 +172,6 @@ running dense GEMMs on all 8 GPUs of a node holds lower clocks than a single-GPU
 def sustained_gemm_fraction(gpu: GPUSpec) -> float:
     """The GPU spec's ``sustained_gemm_fraction`` when given, else
     :data:`SUSTAINED_GEMM_FRACTION` of its generation."""
-    from perfmodel.overlap import gpu_generation
-
     own = getattr(gpu, "sustained_gemm_fraction", None)
     return float(own) if own is not None else SUSTAINED_GEMM_FRACTION[gpu_generation(gpu)]
 
@@ -340,12 +337,11 @@ def fp8_table_applies(training: TrainingSpec, gpu: GPUSpec, cal: Calibration) ->
     """Whether the layer GEMMs of ``training`` on ``gpu`` are priced by the calibration's
     measured fp8 table (:func:`fp8_table_gemm_time_s`): fp8 with a per-tensor recipe
     (:data:`FP8_TABLE_RECIPES`), a table present, measured on the GPU's generation."""
-    from perfmodel.overlap import gpu_generation
-
     if training.precision != "fp8" or getattr(cal, "gemm_fp8_points", None) is None:
         return False
-    recipe = training.low_precision_recipe or "fp8-delayed"
-    return recipe in FP8_TABLE_RECIPES and gpu_generation(gpu) == cal.gemm_fp8_generation
+    table_recipes = [LOW_PRECISION_RECIPES[r] for r in FP8_TABLE_RECIPES]
+    return (any(recipe_of(training) is r for r in table_recipes)
+            and gpu_generation(gpu) == cal.gemm_fp8_generation)
 
 
 def fp8_table_gemm_time_s(cal: Calibration, m, n, k, layout: str, peak16_flops: float,

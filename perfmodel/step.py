@@ -677,14 +677,13 @@ def _stage_terms_s(c: _StepContext, layer: _LayerTerms) -> _StageTerms:
 @dataclass(frozen=True)
 class _PipelineTerms:
     """The pipelined step [s]: ``makespan_s`` and its steady (bubble-free) part ``steady_s``;
-    the slowest stage's time ``t_max_s``, its layers ``layers_per_stage`` and their backward
-    per layer ``layer_bwd_s`` (the window that hides the gradient reduction); the stage's
+    the slowest stage's layers ``layers_per_stage`` and their backward per layer
+    ``layer_bwd_s`` (the window that hides the gradient reduction); the stage's
     communication shares (:func:`stage_comm_shares`); the hardware FLOPs of per-stage layouts
     ``hardware_flops_layout`` [FLOP] (None without layouts)."""
 
     makespan_s: np.ndarray
     steady_s: np.ndarray
-    t_max_s: np.ndarray
     layers_per_stage: np.ndarray
     layer_bwd_s: np.ndarray
     shares: dict[str, np.ndarray]
@@ -716,7 +715,7 @@ def _pipeline_terms_s(c: _StepContext, layer: _LayerTerms, stages: _StageTerms
                                                t_max_s=t_max)
     shares = stage_comm_shares(layers_per_stage, t_max, layer.tp_comm_s, layer.cp_comm_s,
                                layer.ep_comm_s, layer.overlap_s)
-    return _PipelineTerms(makespan_s=makespan_s, steady_s=steady_s, t_max_s=t_max,
+    return _PipelineTerms(makespan_s=makespan_s, steady_s=steady_s,
                           layers_per_stage=layers_per_stage, layer_bwd_s=layer_bwd_s,
                           shares=shares, hardware_flops_layout=hflops_layout)
 
