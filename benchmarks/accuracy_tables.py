@@ -3,8 +3,8 @@
 ``python benchmarks/accuracy_tables.py`` rewrites, in README.md, the text between each pair of
 markers ``<!-- accuracy:NAME -->`` / ``<!-- /accuracy:NAME -->`` (NAME = summary, groups, tuned,
 rows) with what ``plan validate`` / ``plan validate --tuned`` compute now
-(:func:`search.validate.training_runs_report`, :func:`search.validate.group_table`,
-:func:`search.validate.tuned_report`). ``--check`` only reports whether the README is current.
+(:func:`validation.validate.training_runs_report`, :func:`validation.validate.group_table`,
+:func:`validation.validate.tuned_report`). ``--check`` only reports whether the README is current.
 About a minute (the tuned-recipe searches).
 """
 
@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-from search.validate import group_table, summary, training_runs_report, tuned_report
+from validation.validate import group_table, summary, training_runs_report, tuned_report
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

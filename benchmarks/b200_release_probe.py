@@ -28,10 +28,10 @@ import math
 
 import pandas as pd
 
-from perfmodel import moe
-from perfmodel.step import TIME_TERMS, evaluate
-from search import validate_moe as vm
-from search.validate import VALIDATION_DIR
+from perfmodel.moe import experts as moe
+from perfmodel.step.evaluate import TIME_TERMS, evaluate
+from validation import validate_moe as vm
+from validation.validate import VALIDATION_DIR
 
 #: Same model, B200, same layout, different release (earlier first).
 SLOT_GROUPS = (("DeepSeek-V3 p16 ep8", ("E0003", "E0004", "E0016", "E0040", "E0059")),

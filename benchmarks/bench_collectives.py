@@ -11,11 +11,11 @@ import time
 
 import numpy as np
 
-from perfmodel import collectives as c
-from perfmodel.comm_time import comm_times
-from perfmodel.comm_volume import comm_bytes_per_gpu
-from perfmodel.config import ConfigBatch
-from perfmodel.specs import load_cluster, load_model, load_training
+from perfmodel.comm.comm_time import comm_times
+from perfmodel.comm.comm_volume import comm_bytes_per_gpu
+from perfmodel.hardware import collectives as c
+from perfmodel.parallel.config import ConfigBatch
+from perfmodel.spec.specs import load_cluster, load_model, load_training
 
 
 def random_batch(n: int, rng: np.random.Generator) -> ConfigBatch:

@@ -4,7 +4,7 @@ Run: ``.venv/bin/python benchmarks/bench_search.py`` (single process; pin to one
 ``taskset -c 0`` to measure per-core throughput). Prints:
 
 - decode + constraint masks only (configurations of the raw space per second);
-- the cost model alone (``perfmodel.step.evaluate`` on one batch of valid configurations);
+- the cost model alone (``perfmodel.step.evaluate.evaluate`` on one batch of valid configurations);
 - the whole grid path (decode, evaluate, top-k, Pareto) per valid configuration;
 - the full grid search of Llama-3.1-405B on 16,384 H100s (goal: < 10 s) and GPT-3 175B on
   1024 A100s, with the goal ratios;
@@ -29,8 +29,8 @@ import time
 
 import numpy as np
 
-from perfmodel.specs import load_cluster, load_model, load_training
-from perfmodel.step import evaluate
+from perfmodel.spec.specs import load_cluster, load_model, load_training
+from perfmodel.step.evaluate import evaluate
 from search.api import plan
 from search.space import make_space
 
@@ -77,7 +77,7 @@ def busy_neighbours(n: int | None = None):
 
 
 def _search_s(limit_threads: bool, repeat: int = 5) -> list[float]:
-    import search.api as api
+    from search import api
 
     saved = api.search_threads
     if not limit_threads:
@@ -117,7 +117,7 @@ def busy_report(repeat: int = 5) -> dict[str, list[float]]:
 
 def realtime_spec(n: int, bound_ms: float, devices: int = 2, gflops: float = 2000.0) -> dict:
     """``n`` identical models (``gflops`` each, priorities 1..n) on ``devices`` identical
-    100 TFLOP/s devices: the shape of tests/search/test_realtime.py's 32-model cases."""
+    100 TFLOP/s devices: the shape of tests/realtime/test_realtime.py's 32-model cases."""
     dev = {"peak_tflops": 100.0, "mem_bw_gbyte_per_s": 1000.0, "memory_gib": 10.0,
            "compute_efficiency": 1.0, "memory_efficiency": 1.0}
     return {"devices": [{"name": f"d{j}", **dev} for j in range(devices)],
@@ -128,7 +128,7 @@ def realtime_spec(n: int, bound_ms: float, devices: int = 2, gflops: float = 200
 
 def moe_and_realtime_report() -> None:
     """Issue 15's DeepSeek-V3 plan and the 32-model real-time plans, with their goal ratios."""
-    from search.realtime import plan_realtime
+    from realtime.placement import plan_realtime
 
     r = plan("deepseek-v3", "gb200-nvl72", gpus=256, global_batch_size=8192, seq_len=4096,
              top=3)
@@ -165,7 +165,7 @@ def main() -> None:
     n = len(batch)
     t = _best_of(lambda: evaluate(model, training, cluster, batch))
     rate_eval = n / t
-    print(f"perfmodel.step.evaluate: {rate_eval:,.0f} configurations/s ({n:,} in {t:.3f} s), "
+    print(f"perfmodel.step.evaluate.evaluate: {rate_eval:,.0f} configurations/s ({n:,} in {t:.3f} s), "
           f"goal {GOAL_CONFIGS_PER_S:,.0f}/s: ratio {rate_eval / GOAL_CONFIGS_PER_S:.2f}")
 
     r = plan(model, cluster, training)

@@ -10,7 +10,7 @@ smooth maximum as the other phases. Only the scale is fitted on the H200 rows
 (``CPU_FWD_LAUNCH_S``: one forward kernel on the H200's host), optionally with a second scale on
 the checkpoint. Objective: mean absolute log ratio predicted / measured over the 29 rows of
 ``hardware_specs/calibration/h200/e2e_dev.csv``. Reported: in-sample MAPE / worst row and
-leave-one-model-out cross-validation, against the shipped model (``perfmodel.compute``:
+leave-one-model-out cross-validation, against the shipped model (``perfmodel.compute.layer``:
 17 / 38 us per kernel, 1.5 ms per checkpoint, no optimizer host term), and the predictions of
 gpt-350m (not in the dev rows) and of the script's Llama models.
 Run: ``python benchmarks/fit_eager_host.py`` (about a minute).
@@ -29,16 +29,16 @@ from scipy.optimize import minimize
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perfmodel import compute
-from perfmodel.compute import compute_times
-from perfmodel.config import ConfigBatch
-from perfmodel.specs import ModelSpec, load_gpu, load_training
+from perfmodel.compute import layer as compute
+from perfmodel.compute.layer import compute_times
+from perfmodel.parallel.config import ConfigBatch
+from perfmodel.spec.specs import ModelSpec, load_gpu, load_training
 
 GPU = load_gpu("h200-sxm-141gb")
 STRUCTURE_CSV = ROOT / "hardware_specs" / "calibration" / "host_structure_cpu.csv"
 GPT_LAYER_KERNELS = (20, 35)
-"""Forward / backward kernels of the script's GPT layer as :mod:`perfmodel.compute` counts them
-(``tests/perfmodel/test_eager.py`` asserts them against a recorded step)."""
+"""Forward / backward kernels of the script's GPT layer as :mod:`perfmodel.compute.layer` counts them
+(``tests/perfmodel/compute/test_eager.py`` asserts them against a recorded step)."""
 GPT_LAYER_TENSORS, GPT_OUTSIDE_TENSORS = 12, 4
 """Parameter tensors of the script's GPT layer (4 weights, 4 biases, 2 LayerNorms x 2) and
 outside the layers (token and position embeddings, final LayerNorm x 2; the head is tied)."""

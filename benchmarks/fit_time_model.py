@@ -2,14 +2,14 @@
 
 Parameters (each a named constant with a meaning, not a per-row factor):
 
-* ``perfmodel.overlap.OVERLAP_SLOWDOWN["hopper"]``, ``["blackwell"]``: compute slowdown while
+* ``perfmodel.hardware.overlap.OVERLAP_SLOWDOWN["hopper"]``, ``["blackwell"]``: compute slowdown while
   overlapped communication runs (Calculon ``processor_usage``; Galvatron 1.1-1.3x);
-* ``perfmodel.compute.LOW_PRECISION_GEMM_RATIO``: fp8 GEMM efficiency relative to bf16 at the
+* ``perfmodel.compute.layer.LOW_PRECISION_GEMM_RATIO``: fp8 GEMM efficiency relative to bf16 at the
   same shape (against the 2x fp8 peak);
-* ``perfmodel.compute.LOW_PRECISION_RECIPES["mxfp8"].gemm_ratio``: MXFP8 GEMM efficiency
+* ``perfmodel.compute.layer.LOW_PRECISION_RECIPES["mxfp8"].gemm_ratio``: MXFP8 GEMM efficiency
   relative to the tensor-wise fp8 one, from the Megatron-Bridge rows that differ only in the
   recipe (``MX_CS_PAIRS``);
-* ``perfmodel.compute.SUSTAINED_GEMM_FRACTION["hopper"]``: GEMM throughput of a node training at
+* ``perfmodel.compute.layer.SUSTAINED_GEMM_FRACTION["hopper"]``: GEMM throughput of a node training at
   its power limit relative to the one-GPU matmul ceiling (MAMF); for the Blackwell parts, each
   GPU spec's ``sustained_gemm_fraction``, fitted on that part's Megatron-Bridge rows alone (no
   calibration is published for them).
@@ -32,8 +32,9 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
-from perfmodel import compute, overlap
-from search import validate
+from perfmodel.compute import layer as compute
+from perfmodel.hardware import overlap
+from validation import validate
 
 HOPPER = ("H100", "H200")
 BLACKWELL = ("B200", "GB200", "GB300")

@@ -22,7 +22,7 @@ scores the two shape terms published FP8 kernels suggest the way issue 17 does (
 
 Prints per variant: the dense MAPE (147 rows), the H100 fp8 rows' MAPE, the MoE low-precision
 rows' MAPE, the Megatron-Bridge H100 Llama 3 rows, and with ``--cv`` the leave-one-group-out
-cross-validation (``search.calibrate.cross_validate``, ~30 s per variant).
+cross-validation (``validation.calibrate.cross_validate``, ~30 s per variant).
 
 Run: ``python -m benchmarks.fp8_shape_probe [--cv] [--variants flat,shipped,k0=800,tn]``.
 """
@@ -34,8 +34,8 @@ import contextlib
 
 import numpy as np
 
-from perfmodel import compute
-from perfmodel.overlap import gpu_generation
+from perfmodel.compute import layer as compute
+from perfmodel.hardware.overlap import gpu_generation
 
 BRIDGE_H100_ROWS = ("R0166", "R0167", "R0168", "R0179", "R0180", "R0181")
 
@@ -104,8 +104,8 @@ def fp8_variant(name: str):
 
 
 def score(cv: bool) -> dict:
-    from search.validate import training_runs_report
-    from search.validate_moe import moe_runs_report
+    from validation.validate import training_runs_report
+    from validation.validate_moe import moe_runs_report
 
     rep, _ = training_runs_report()
     h100 = rep[rep.precision.str.contains("fp8") & rep.gpu_type.str.contains("H100")]
@@ -114,7 +114,7 @@ def score(cv: bool) -> dict:
            "moe_lowp": moe[moe.precision != "bf16"].error.abs().mean(),
            "rows": {r.row_id: r.error for r in rep.itertuples() if r.row_id in BRIDGE_H100_ROWS}}
     if cv:
-        from search.calibrate import cross_validate
+        from validation.calibrate import cross_validate
 
         groups, rows = cross_validate()
         scored = groups[groups.held_out > 0]

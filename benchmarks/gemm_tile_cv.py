@@ -2,10 +2,10 @@
 
 Models compared (time of each measured row, as the calibration timed it):
 
-* ``interp``: the shipped :class:`perfmodel.calibration.Calibration` interpolation
+* ``interp``: the shipped :class:`perfmodel.hardware.calibration.Calibration` interpolation
   (piecewise-linear ``log efficiency`` over ``(log m, log n, log k)``), built from the other
   hidden sizes' rows;
-* ``tile``: :func:`perfmodel.gemm_tiles.tile_time_s` (wave quantization over candidate CTA tiles,
+* ``tile``: :func:`perfmodel.hardware.gemm_tiles.tile_time_s` (wave quantization over candidate CTA tiles,
   split-K, launch latency), 7 named parameters fitted on the other hidden sizes;
 * ``hybrid``: the tile model times the interpolated residual ``measured / tile`` (measured points
   exact, the tile model shapes between them).
@@ -27,8 +27,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perfmodel.calibration import BENCH_DISPATCH_S, LAYOUTS, _gemm_points, load_calibration
-from perfmodel.gemm_tiles import fit_tile_params, tile_time_s
+from perfmodel.hardware.calibration import BENCH_DISPATCH_S, LAYOUTS, _gemm_points, load_calibration
+from perfmodel.hardware.gemm_tiles import fit_tile_params, tile_time_s
 
 CAL = load_calibration("h200")
 PEAK = CAL.peak_flops_bf16

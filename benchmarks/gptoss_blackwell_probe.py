@@ -7,7 +7,7 @@ Three checks, each printed as a table:
    (``m``): the measured step ``t = m * slope + fixed`` through the two points, against the
    same two numbers of the prediction. Only meaningful where both rows ran the same recipe;
    the table says which release each row comes from.
-2. **The predicted time terms** of the GPT-OSS rows (:data:`perfmodel.step.TIME_TERMS`), to
+2. **The predicted time terms** of the GPT-OSS rows (:data:`perfmodel.step.evaluate.TIME_TERMS`), to
    see where the per-step part sits (``dp_comm``: the routed experts' gradient reduce-scatter
    and parameter all-gather over expert-dp).
 3. **A what-if on the B300 scale-out tier**: the rows re-evaluated with DGX B300's compute
@@ -24,10 +24,10 @@ import dataclasses
 
 import pandas as pd
 
-from perfmodel.specs import SpecError
-from perfmodel.step import TIME_TERMS, evaluate
-from search import validate_moe as vm
-from search.validate import VALIDATION_DIR
+from perfmodel.spec.specs import SpecError
+from perfmodel.step.evaluate import TIME_TERMS, evaluate
+from validation import validate_moe as vm
+from validation.validate import VALIDATION_DIR
 
 #: Row pairs (fewer micro-batches first) with the same GPU, layout and micro-batch size.
 PAIRS = (("E0035", "E0074"), ("E0037", "E0057"), ("E0039", "E0058"))

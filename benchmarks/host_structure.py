@@ -1,6 +1,6 @@
 """Host-side structure of the calibration script's eager training step, measured on this CPU.
 
-The H200 eager model (:mod:`perfmodel.compute`, host terms) charges the CPU time that eager
+The H200 eager model (:mod:`perfmodel.compute.layer`, host terms) charges the CPU time that eager
 PyTorch spends dispatching a step. Only one model of ``hardware_specs/calibration/h200/
 e2e_dev.csv`` is host-bound (gpt-125m), so those rows cannot say how the host time splits into
 a per-step part (autocast, the loss, the autograd engine start, ``optimizer.step``'s Python,

@@ -1,16 +1,16 @@
 """Joint refit of the MoE time constants fitted on ``moe_runs_dev.csv`` (s4-grads).
 
 Parameters (each a named constant with its meaning in its docstring):
-``perfmodel.moe.MOE_EXPERT_HOST_S`` (host time per local expert and layer pass),
-``perfmodel.moe.MOE_A2A_OVERLAP_HIDDEN`` (share of the all-to-all the EP overlap hides),
-``perfmodel.moe.MOE_HOST_SYNC_S`` (per layer pass hook, shipped 0) and
-``perfmodel.moe_dispatch.TE_KERNEL_HOST_S`` (per TE kernel of a synced layer, hook, shipped 0).
+``perfmodel.moe.experts.MOE_EXPERT_HOST_S`` (host time per local expert and layer pass),
+``perfmodel.moe.experts.MOE_A2A_OVERLAP_HIDDEN`` (share of the all-to-all the EP overlap hides),
+``perfmodel.moe.experts.MOE_HOST_SYNC_S`` (per layer pass hook, shipped 0) and
+``perfmodel.moe.dispatch.TE_KERNEL_HOST_S`` (per TE kernel of a synced layer, hook, shipped 0).
 Objective: the MAPE of the step time over the expressible rows; scipy Nelder-Mead from the
 shipped point (bounded by clipping). Leave-one-model-out: refit on the other models, score the
 held-out model's rows.
 
 ``--grid``: the joint grid of ``MOE_EXPERT_HOST_S`` (per local expert and pass, host / series)
-and ``perfmodel.moe.TE_GROUPED_GEMM_SLOWDOWN`` (TE's multi-stream grouped GEMM over the
+and ``perfmodel.moe.experts.TE_GROUPED_GEMM_SLOWDOWN`` (TE's multi-stream grouped GEMM over the
 calibrated single GEMM), the other constants at their shipped values; in-sample best and
 leave-one-model-out (each fold picks its grid point on the other models).
 
@@ -25,11 +25,13 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
-from perfmodel import calibration, moe, moe_dispatch
-from perfmodel.specs import SpecError
-from perfmodel.step import evaluate
-from search import validate_moe as vm
-from search.validate import VALIDATION_DIR
+from perfmodel.hardware import calibration
+from perfmodel.moe import dispatch as moe_dispatch
+from perfmodel.moe import experts as moe
+from perfmodel.spec.specs import SpecError
+from perfmodel.step.evaluate import evaluate
+from validation import validate_moe as vm
+from validation.validate import VALIDATION_DIR
 
 NAMES = ("MOE_EXPERT_HOST_S", "MOE_A2A_OVERLAP_HIDDEN", "MOE_HOST_SYNC_S", "TE_KERNEL_HOST_S")
 MODULES = (moe, moe, moe, moe_dispatch)

@@ -1,7 +1,7 @@
 """Shipped spec data: GPU, cluster and model presets (TOML) and GPU calibration tables (CSV).
 
 The files live inside this package so they are found after ``pip install``. This module only
-lists and locates them; parsing and validation live in :mod:`perfmodel.specs`.
+lists and locates them; parsing and validation live in :mod:`perfmodel.spec.specs`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ once (as in a training run, where 8 ranks share the cores):
   ``t = alpha + 2 (g-1)/g * bytes / bw`` (Hockney 1994; ring all-reduce, Patarasuk & Yuan 2009).
 
 The results are cached to a JSON file (default ``~/.cache/llm-planner/local_calibration.json``)
-and turned into a :class:`~perfmodel.specs.ClusterSpec` by :func:`local_cluster`: one "GPU" per
+and turned into a :class:`~perfmodel.spec.specs.ClusterSpec` by :func:`local_cluster`: one "GPU" per
 process whose ``peak_tflops`` is the measured per-process matmul rate, ``hbm_gib`` = RAM / N, and
 one link tier of kind ``gloo`` with the fitted bandwidth and latency. The per-op overhead has no
 field in ClusterSpec; it is kept in the JSON (``op_overhead_s``) and in the spec's description.
@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from perfmodel import units
-from perfmodel.specs import ClusterSpec, GPUSpec, LinkTier, PeakTflops
+from perfmodel.core import units
+from perfmodel.spec.specs import ClusterSpec, GPUSpec, LinkTier, PeakTflops
 
 __all__ = ["DEFAULT_PATH", "calibrate", "fit_alpha_beta", "local_cluster"]
 

@@ -1,6 +1,6 @@
 """Record the eager kernels of one training step of the calibration script's own models.
 
-The H200 eager model (:mod:`perfmodel.eager`) counts, per kernel family, the kernels and HBM
+The H200 eager model (:mod:`perfmodel.compute.eager`) counts, per kernel family, the kernels and HBM
 bytes of plain eager PyTorch. This module records them from the code that was timed:
 ``benchmarks/calibrate_gpu.py`` (imported from the repository, not copied: ``Block`` / ``GPT``
 and ``LlamaBlock`` / ``Llama``), one step as the script's ``e2e`` / ``e2e_llama`` runs it
@@ -20,7 +20,7 @@ Run on CPU. What differs from the CUDA run, and what is assumed:
   CUDA's flash kernel; its kernels are counted as the CUDA launches (fwd 1, bwd 3:
   FlashAttention-2's ``dot(dO, O)`` preprocessing, main and dq-convert kernels).
 * Embedding backward, ``nll_loss`` and the fused AdamW are one dispatcher op each here; their
-  CUDA kernel counts are taken from the CUDA sources in :mod:`perfmodel.eager`.
+  CUDA kernel counts are taken from the CUDA sources in :mod:`perfmodel.compute.eager`.
 
 Bytes of an op = bytes of its tensor inputs + bytes of its outputs (each streamed once; an
 expanded, stride-0 input counts the storage it reads), which is what a memory-bound kernel moves.

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.watchdog import RDZV_TIMEOUT_S, launcher_env, terminate_as_interrupt
-from perfmodel.config import ParallelConfig
-from perfmodel.specs import ModelSpec
+from perfmodel.parallel.config import ParallelConfig
+from perfmodel.spec.specs import ModelSpec
 
 __all__ = ["descendants", "job_spec", "run_config", "summarize"]
 

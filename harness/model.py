@@ -1,4 +1,4 @@
-"""A small GPT-style decoder built from a :class:`~perfmodel.specs.ModelSpec`.
+"""A small GPT-style decoder built from a :class:`~perfmodel.spec.specs.ModelSpec`.
 
 The layer structure follows the spec exactly, so the planner's parameter, FLOP, memory and
 communication formulas apply to it unchanged:
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
-from perfmodel.specs import ModelSpec
+from perfmodel.spec.specs import ModelSpec
 
 __all__ = ["Block", "TinyGPT", "build_model", "make_stage", "tied_pairs", "tiny_spec"]
 

@@ -2,7 +2,7 @@
 
 :func:`verify` runs each configuration with :func:`harness.launch.run_config` (one torchrun job
 each, failures reported and skipped), predicts the same configurations with
-:func:`perfmodel.step.evaluate` on the calibrated ``local`` cluster (:mod:`harness.calibrate`),
+:func:`perfmodel.step.evaluate.evaluate` on the calibrated ``local`` cluster (:mod:`harness.calibrate`),
 and returns predicted versus measured step time, communication bytes per dimension and peak
 memory per configuration, with the Spearman rank correlation of step times.
 
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from perfmodel.config import ConfigBatch, ParallelConfig, resolve_config
-from perfmodel.specs import ClusterSpec, ModelSpec, SpecError, TrainingSpec
+from perfmodel.parallel.config import ConfigBatch, ParallelConfig, resolve_config
+from perfmodel.spec.specs import ClusterSpec, ModelSpec, SpecError, TrainingSpec
 
 __all__ = ["harness_training", "select_configs", "spearman", "verify"]
 
@@ -133,7 +133,7 @@ def verify(
     """
     from harness.calibrate import calibrate, local_cluster
     from harness.launch import job_spec, run_config
-    from perfmodel.step import evaluate
+    from perfmodel.step.evaluate import evaluate
 
     training = training or harness_training()
     if cluster is None:

@@ -53,8 +53,8 @@ where the step time and the memory go, and check the model against a published m
 """),
     code(SETUP),
     code("""
-from perfmodel.specs import load_cluster, load_model, load_training
-from perfmodel.units import fmt_bytes, fmt_count
+from perfmodel.spec.specs import load_cluster, load_model, load_training
+from perfmodel.core.units import fmt_bytes, fmt_count
 from search import evaluate_config
 
 model = load_model("gpt3-175b")
@@ -85,14 +85,14 @@ for kind, rows in r.breakdown().items():
     print(pd.DataFrame(rows, columns=["term", unit, "share"]).to_string(index=False), "\\n")
 """),
     md("""
-The same for a few configurations at once: `perfmodel.step.evaluate` takes a `ConfigBatch`
+The same for a few configurations at once: `perfmodel.step.evaluate.evaluate` takes a `ConfigBatch`
 (struct of arrays) and returns a `StepResult` whose `to_frame()` is a DataFrame. The plots take a
 `StepResult`, a `SearchResult` or a DataFrame.
 """),
     code("""
-from perfmodel.config import ConfigBatch
-from perfmodel.step import evaluate
-from search.plots import plot_memory_breakdown, plot_time_breakdown
+from perfmodel.parallel.config import ConfigBatch
+from perfmodel.step.evaluate import evaluate
+from plots.figures import plot_memory_breakdown, plot_time_breakdown
 
 batch = ConfigBatch.from_arrays(
     dp=[8, 16, 8, 4], tp=[8, 8, 8, 8], pp=[16, 8, 16, 32], vp=[3, 1, 1, 1],
@@ -177,7 +177,7 @@ print(f"exhaustive: {exhaustive.evaluated} configurations evaluated, {len(exhaus
       f"{on_front} of them on the exact front")
 """),
     code("""
-from search.plots import plot_pareto_front
+from plots.figures import plot_pareto_front
 
 plot_pareto_front(exhaustive, nsga, labels=["exhaustive (grid)", "NSGA-II"],
                   title="GPT-3 1.3B, global batch 64, up to 16 A100: colour = GPUs used")
@@ -192,7 +192,7 @@ exhaustive.pareto[["gpus", "dp", "tp", "pp", "zero_stage", "micro_batch_size", "
 The best configuration at each GPU count (one `plan` per count; ZeRO-1 pinned to keep it small).
 """),
     code("""
-from search.plots import plot_scaling_curve, scaling_frame
+from plots.figures import plot_scaling_curve, scaling_frame
 
 scaling = scaling_frame("gpt3-1.3b", "dgx-a100-80g", [8, 16, 32, 64, 128],
                         global_batch_size=256, zero_stage=1)
@@ -221,13 +221,13 @@ NOTEBOOKS["03_pipeline"] = [
 # 3. Pipeline schedules: GPipe, 1F1B, interleaved and zero-bubble
 
 The same model, the same 4 stages and 8 micro-batches under four schedules, simulated op by op
-(`perfmodel.pipeline.simulate`), then the bubble share against the number of micro-batches.
+(`perfmodel.pipeline.schedules.simulate`), then the bubble share against the number of micro-batches.
 """),
     code(SETUP),
     code("""
-from perfmodel import compute
-from perfmodel.config import ConfigBatch
-from perfmodel.specs import load_cluster, load_model, load_training
+from perfmodel.compute import layer as compute
+from perfmodel.parallel.config import ConfigBatch
+from perfmodel.spec.specs import load_cluster, load_model, load_training
 
 model = load_model("gpt3-1.3b")            # 24 layers -> 6 per stage
 training = load_training(global_batch_size=64, seq_len=2048)
@@ -244,8 +244,8 @@ pd.DataFrame({"forward_ms": fwd * 1e3, "backward_ms": bwd * 1e3},
              index=[f"stage {s}" for s in range(p)])
 """),
     code("""
-from perfmodel.pipeline import simulate
-from search.plots import plot_pipeline_timeline
+from perfmodel.pipeline.schedules import simulate
+from plots.figures import plot_pipeline_timeline
 
 schedules = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb", 1)]
 timelines = {s: simulate(fwd, bwd, m, s, v=v, p2p_s=20e-6) for s, v in schedules}
@@ -277,7 +277,7 @@ fills it with deferred weight-gradient work (Qi et al. 2024).
 ## Bubble share versus micro-batch count
 """),
     code("""
-from perfmodel.pipeline import bubble_fraction, pipeline_efficiency
+from perfmodel.pipeline.schedules import bubble_fraction, pipeline_efficiency
 
 ms = np.arange(1, 129)
 P = 8
@@ -313,7 +313,7 @@ means *smaller* ones, and a smaller micro-batch runs its GEMMs less efficiently,
 activation memory (`m` micro-batches in flight). The full step model shows the trade-off:
 """),
     code("""
-from perfmodel.step import evaluate
+from perfmodel.step.evaluate import evaluate
 
 cluster = load_cluster("dgx-a100-80g", gpus=8)
 b = np.array([1, 2, 4, 8, 16])
@@ -338,15 +338,15 @@ NOTEBOOKS["04_collectives"] = [
     md("""
 # 4. All-reduce: ring versus tree versus hierarchical
 
-Alpha-beta model (`perfmodel.collectives`): ring `2(n-1)a + 2(n-1)/n S/B`, double binary tree
+Alpha-beta model (`perfmodel.hardware.collectives`): ring `2(n-1)a + 2(n-1)/n S/B`, double binary tree
 `2 ceil(log2 n) a + 2 S/B`, hierarchical = reduce-scatter inside each scale-up domain, all-reduce
 of the shard across domains, all-gather inside. The group is placed on the cluster's link tiers by
-`perfmodel.topology.group_placement`. Filled dots mark where the fastest algorithm changes.
+`perfmodel.parallel.topology.group_placement`. Filled dots mark where the fastest algorithm changes.
 """),
     code(SETUP),
     code("""
-from perfmodel.collectives import all_reduce_time
-from search.plots import allreduce_crossovers, allreduce_frame, plot_allreduce_vs_size
+from perfmodel.hardware.collectives import all_reduce_time
+from plots.figures import allreduce_crossovers, allreduce_frame, plot_allreduce_vs_size
 
 # the textbook's exercise 9.1 as a sanity check: 175e9 fp16 parameters, 8 GPUs, 100 GB/s ring
 print(f"{float(all_reduce_time(175e9 * 2, 8, 100e9)):.3f} s")
@@ -391,14 +391,14 @@ the row's own model, cluster and parallel configuration; nothing is fitted per r
 """),
     code(SETUP),
     code("""
-from search.validate import summary, training_runs_report
+from validation.validate import summary, training_runs_report
 
 report, skipped = training_runs_report()
 print(summary(report))
 report[["row_id", "model", "gpus", "config", "measured_s", "predicted_s", "error"]]
 """),
     code("""
-from search.plots import plot_validation_scatter
+from plots.figures import plot_validation_scatter
 
 plot_validation_scatter(report, color_by="reliability")
 """),
@@ -412,9 +412,9 @@ public API predicts them with `kernels="eager"`.
 """),
     code("""
 from hardware_specs import ROOT
-from perfmodel.config import ConfigBatch
-from perfmodel.specs import ModelSpec, load_cluster, load_training
-from perfmodel.step import evaluate
+from perfmodel.parallel.config import ConfigBatch
+from perfmodel.spec.specs import ModelSpec, load_cluster, load_training
+from perfmodel.step.evaluate import evaluate
 
 e2e = pd.read_csv(ROOT / "calibration" / "h200" / "e2e_dev.csv")
 h200 = load_cluster("dgx-h200", gpus=1)
@@ -466,7 +466,7 @@ Ring all-reduce = reduce-scatter + all-gather: each GPU sends and receives `2(n-
 bytes (Thakur et al. 2005; NCCL-tests `PERFORMANCE.md`). `S = 175e9 * 2` bytes.
 """),
     code("""
-from perfmodel.collectives import all_reduce_time
+from perfmodel.hardware.collectives import all_reduce_time
 
 S = 175e9 * 2
 t = float(all_reduce_time(S, 8, 100e9))
@@ -483,7 +483,7 @@ Bubble share of the step `(p-1)/(m+p-1)` (Huang et al. 2019); the 48 layers only
 size (6 layers each) and do not enter the share.
 """),
     code("""
-from perfmodel.pipeline import bubble_fraction, simulate
+from perfmodel.pipeline.schedules import bubble_fraction, simulate
 
 bf = float(bubble_fraction(8, 32, "gpipe"))
 tl = simulate(np.full(8, 6 * 1.0), np.full(8, 6 * 2.0), 32, "gpipe")  # 6 layers per stage
@@ -501,7 +501,7 @@ parameter (no separate master copy). ZeRO-2 shards gradients and optimizer state
 `4 Psi + (4 + 8) Psi / N_d`.
 """),
     code("""
-from perfmodel.memory import model_state_bytes
+from perfmodel.memory.breakdown import model_state_bytes
 
 psi = 70e9
 got = float(model_state_bytes(psi, 16, 2, "fp32", "adam"))
@@ -525,10 +525,10 @@ The chapter's recurrence *adds* stage costs, which is the same for every split. 
 embedding on the first stage and a heavy logits layer on the last, costs from the compute model.
 """),
     code("""
-from perfmodel import compute
-from perfmodel.config import ConfigBatch
-from perfmodel.pipeline import partition_layers
-from perfmodel.specs import load_cluster, load_model, load_training
+from perfmodel.compute import layer as compute
+from perfmodel.parallel.config import ConfigBatch
+from perfmodel.pipeline.schedules import partition_layers
+from perfmodel.spec.specs import load_cluster, load_model, load_training
 
 model = load_model("llama3.1-8b")          # 128k vocabulary: a heavy output layer
 tr = load_training(global_batch_size=32, seq_len=8192)
@@ -560,7 +560,7 @@ and step, 2 forward + 2 backward (Shoeybi et al. 2019); PP: one activation send 
 gradient send backward per sequence.) Compare with `comm_bytes_per_gpu`:
 """),
     code("""
-from perfmodel.comm_volume import comm_bytes_per_gpu
+from perfmodel.comm.comm_volume import comm_bytes_per_gpu
 
 model = load_model("gpt3-175b")
 tr = load_training(global_batch_size=1536, seq_len=2048, precision="bf16")
@@ -590,7 +590,7 @@ fixed-priority scheduling, and checks deadlines and the end-to-end chain.
 """),
     code("""
 from hardware_specs import ROOT
-from search.realtime import plan_realtime
+from realtime.placement import plan_realtime
 
 rt = plan_realtime(ROOT / "realtime" / "exercise_9_6.toml")
 print("feasible:", rt.feasible, "|", rt.binding)

@@ -5,10 +5,10 @@ NSGA-II (and so pymoo) is imported only when used.
 """
 
 from search.api import evaluate_config, make_problem, plan
-from search.evolutionary import GeneticSearch
-from search.grid import GridSearch
 from search.result import Diagnostic, SearchResult
 from search.space import Problem, SearchSpace, make_space
+from search.strategies.evolutionary import GeneticSearch
+from search.strategies.grid import GridSearch
 
 __all__ = [
     "Diagnostic",
@@ -27,7 +27,7 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "NSGA2Search":
-        from search.nsga2 import NSGA2Search
+        from search.strategies.nsga2 import NSGA2Search
 
         return NSGA2Search
     raise AttributeError(name)

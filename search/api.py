@@ -6,7 +6,7 @@
 
 Model and cluster are preset names, spec file paths or spec objects. Every parallel dimension
 left out is searched; one given as a value is pinned, one given as a list (or range) is searched
-over those values. All user errors raise :class:`perfmodel.specs.SpecError` with a one-line
+over those values. All user errors raise :class:`perfmodel.spec.specs.SpecError` with a one-line
 message.
 """
 
@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from perfmodel.config import ParallelConfig, resolve_config
-from perfmodel.frameworks import FrameworkSpec, apply_framework, load_framework
-from perfmodel.profile import evaluate as profile_evaluate
-from perfmodel.profile import load_profile
-from perfmodel.specs import (
+from perfmodel.hardware.profile import evaluate as profile_evaluate
+from perfmodel.hardware.profile import load_profile
+from perfmodel.parallel.config import ParallelConfig, resolve_config
+from perfmodel.spec.frameworks import FrameworkSpec, apply_framework, load_framework
+from perfmodel.spec.specs import (
     ClusterSpec,
     ModelSpec,
     SpecError,
@@ -39,9 +39,9 @@ from perfmodel.specs import (
     load_model,
     load_training,
 )
-from search.grid import GridSearch, Progress
 from search.result import SearchResult
 from search.space import SEARCH_DIMS, Problem, SearchSpace, make_space
+from search.strategies.grid import GridSearch, Progress
 
 __all__ = [
     "DEFAULT_CLUSTER",
@@ -120,7 +120,7 @@ def _check_arguments(*, gpus=None, global_batch_size=None, seq_len=None, precisi
             lo = 0 if name in ("zero_stage", "zero") else 1
             _int_arg(name, v, lo, MAX_COUNT)
 #: Training-setup switches that :func:`plan` takes one by one (they override ``training`` and
-#: the ``framework``'s values); see :class:`perfmodel.specs.TrainingSpec`.
+#: the ``framework``'s values); see :class:`perfmodel.spec.specs.TrainingSpec`.
 TRAINING_SWITCHES = ("flash_attention", "overlap_grad_reduce", "overlap_tp_comm",
                      "overlap_p2p_comm", "zero3_gather")
 
@@ -164,7 +164,7 @@ def search_threads():
 
 
 def _default_evaluator() -> Callable[..., Any]:
-    from perfmodel.step import evaluate
+    from perfmodel.step.evaluate import evaluate
 
     return evaluate
 
@@ -176,15 +176,15 @@ def _strategy(strategy: Any, top: int) -> Any:
     if name == "grid":
         return GridSearch(top=top)
     if name == "dp":
-        from search.dp import DPSearch
+        from search.strategies.dp import DPSearch
 
         return DPSearch(top=top)
     if name == "ga":
-        from search.evolutionary import GeneticSearch
+        from search.strategies.evolutionary import GeneticSearch
 
         return GeneticSearch(top=top)
     if name == "nsga2":
-        from search.nsga2 import NSGA2Search
+        from search.strategies.nsga2 import NSGA2Search
 
         return NSGA2Search(top=top)
     raise SpecError(f"strategy = {strategy!r}: expected one of {', '.join(STRATEGIES)}")
@@ -314,7 +314,7 @@ def make_problem(
     kernels = getattr(kernels, "value", kernels)
     if kernels not in ("fused", "eager"):
         raise SpecError(f"kernels = {kernels!r}: expected fused or eager")
-    from perfmodel.memory import SEARCH_MEMORY_HEADROOM
+    from perfmodel.memory.breakdown import SEARCH_MEMORY_HEADROOM
 
     headroom = SEARCH_MEMORY_HEADROOM if memory_headroom is None else float(memory_headroom)
     evaluator = evaluator or _default_evaluator()
@@ -338,7 +338,7 @@ def _check_single(space: SearchSpace) -> None:
                 f"cluster's GPU count ({n})"
             )
         v["dp"] = n // model_par
-    from perfmodel.config import RECOMPUTE, SCHEDULE
+    from perfmodel.parallel.config import RECOMPUTE, SCHEDULE
 
     v["recompute"] = RECOMPUTE[v["recompute"]]
     v["schedule"] = SCHEDULE[v["schedule"]]
@@ -406,7 +406,7 @@ def plan(
         Scale the cluster to this many GPUs.
     strategy
         ``"grid"`` (exhaustive), ``"dp"`` (the grid's outer choices with per-stage layer
-        counts and block recompute chosen by dynamic programming, :mod:`search.dp`; implies
+        counts and block recompute chosen by dynamic programming, :mod:`search.strategies.dp`; implies
         ``uneven_layers``), ``"nsga2"`` (multi-objective, pymoo), ``"ga"`` (genetic), or a
         strategy object with ``run(problem, seed, progress)``.
     objective
@@ -417,35 +417,35 @@ def plan(
     seed
         Seed of the stochastic strategies (same seed, same answer).
     kernels
-        ``"fused"`` or ``"eager"`` (see ``perfmodel.step.evaluate``).
+        ``"fused"`` or ``"eager"`` (see ``perfmodel.step.evaluate.evaluate``).
     allow_idle_gpus, allow_tp_across_nodes, uneven_layers
         Relax the constraints ``dp*tp*pp*cp == gpus`` and ``tp <= scale-up domain``;
         ``uneven_layers`` (default on) admits ``pp*vp`` that does not divide the layers with
-        Megatron-LM's uneven layout (``perfmodel.pipeline.megatron_layout``); off: even splits
+        Megatron-LM's uneven layout (``perfmodel.pipeline.schedules.megatron_layout``); off: even splits
         only.
     memory_headroom
-        Fraction of HBM kept free (default ``perfmodel.memory.SEARCH_MEMORY_HEADROOM``): a
+        Fraction of HBM kept free (default ``perfmodel.memory.breakdown.SEARCH_MEMORY_HEADROOM``): a
         configuration fits when its peak is at most HBM less the reserve less this.
     max_step_time_s, max_memory_bytes
         Constraints: configurations slower or larger than these do not count (for example
         ``objective="memory", max_step_time_s=20``).
     evaluator
-        Replace ``perfmodel.step.evaluate`` (same signature), e.g. in tests.
+        Replace ``perfmodel.step.evaluate.evaluate`` (same signature), e.g. in tests.
     progress
         ``progress(done, total)`` callback.
     framework
         The training stack to be launched (preset name such as ``"megatron-2022"``,
         ``"nemo-24.09"``, ``"deepspeed"``, ``"torchtitan"``, a TOML path or a FrameworkSpec):
         sets its switches (overlaps, flash attention) on the training setup, before the single
-        overrides above, and keeps the search to what it runs (see ``perfmodel.frameworks``).
+        overrides above, and keeps the search to what it runs (see ``perfmodel.spec.frameworks``).
     flash_attention, overlap_grad_reduce, overlap_tp_comm, overlap_p2p_comm, zero3_gather
-        Single training switches (:class:`perfmodel.specs.TrainingSpec`); ``None`` keeps the
+        Single training switches (:class:`perfmodel.spec.specs.TrainingSpec`); ``None`` keeps the
         framework's (or the training spec's) value.
     profile
         An efficiency profile fitted to measured runs (``plan calibrate``): a shipped name
-        (``"nemo-24.09"``), a TOML path or an :class:`perfmodel.profile.EfficiencyProfile`;
+        (``"nemo-24.09"``), a TOML path or an :class:`perfmodel.hardware.profile.EfficiencyProfile`;
         it scales kernel rates and link bandwidths and adds a per-step host time (see
-        ``perfmodel.profile``). None: the uncalibrated model.
+        ``perfmodel.hardware.profile``). None: the uncalibrated model.
     **fixed
         Pin parallel dimensions: ``dp tp pp vp cp zero_stage micro_batch_size recompute
         sequence_parallel schedule ep etp num_microbatches`` (ep, etp: expert parallel and

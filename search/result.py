@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfmodel import units
-from perfmodel.config import COMPRESSION, RECOMPUTE, SCHEDULE, ConfigBatch
+from perfmodel.core import units
+from perfmodel.parallel.config import COMPRESSION, RECOMPUTE, SCHEDULE, ConfigBatch
 
 __all__ = [
     "Diagnostic",
@@ -94,7 +94,7 @@ def _rows(batch: ConfigBatch, res: Any) -> tuple[pd.DataFrame, list[dict[str, An
             "memory_bytes": {k: float(v[i]) for k, v in res.memory_bytes.items()},
             "time_s": {k: float(v[i]) for k, v in res.time_s.items()},
             "comm_bytes_per_gpu": {k: float(v[i]) for k, v in res.comm_bytes_per_gpu.items()},
-            # per-tier port busy time over the step (perfmodel.step: shared links)
+            # per-tier port busy time over the step (perfmodel.step.evaluate: shared links)
             "link_busy_s": {k[len("link_busy_"):-2]: float(np.asarray(v)[i])
                             for k, v in getattr(res, "extra", {}).items()
                             if k.startswith("link_busy_")},
@@ -352,7 +352,7 @@ def finalize_batch(
     """:func:`finalize` from the configurations themselves: ``batch`` holds the top (best
     first), then the Pareto front, then at most one smallest-footprint configuration. For
     strategies whose configurations are not points of the space (the layouts of
-    :mod:`search.dp`)."""
+    :mod:`search.strategies.dp`)."""
     space = problem.space
     res = problem.evaluate_batch(batch)
     frame, rows = _rows(batch, res)

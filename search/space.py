@@ -3,7 +3,7 @@
 A :class:`SearchSpace` holds, for each searched dimension, the list of candidate values; a
 configuration is a vector of indices into those lists (the *genes*), and the whole space is the
 Cartesian product, numbered by ``np.ravel_multi_index``. Decoding a block of indices into a
-:class:`~perfmodel.config.ConfigBatch` and checking every structural constraint are whole-array
+:class:`~perfmodel.parallel.config.ConfigBatch` and checking every structural constraint are whole-array
 numpy operations, so the grid search enumerates millions of configurations without a Python loop
 per configuration, and the evolutionary strategies use the very same integer encoding.
 
@@ -12,7 +12,7 @@ When the GPU count is exact (the default), ``dp`` is not a gene: it is derived a
 constraint is ``dp * tp * pp * cp <= gpus``.
 
 A :class:`Problem` couples a space with the one vectorized evaluation path
-(``perfmodel.step.evaluate`` or an injected function with the same signature) and the objective.
+(``perfmodel.step.evaluate.evaluate`` or an injected function with the same signature) and the objective.
 """
 
 from __future__ import annotations
@@ -25,8 +25,14 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from perfmodel.config import RECOMPUTE, SCHEDULE, ConfigBatch, ParallelConfig, resolve_config
-from perfmodel.frameworks import (
+from perfmodel.parallel.config import (
+    RECOMPUTE,
+    SCHEDULE,
+    ConfigBatch,
+    ParallelConfig,
+    resolve_config,
+)
+from perfmodel.spec.frameworks import (
     FrameworkSpec,
     capability_mask,
     capability_refusals,
@@ -35,7 +41,13 @@ from perfmodel.frameworks import (
     framework_pins,
     zero_pp_allowed,
 )
-from perfmodel.specs import ClusterSpec, ModelSpec, SpecError, TrainingSpec, format_validation_error
+from perfmodel.spec.specs import (
+    ClusterSpec,
+    ModelSpec,
+    SpecError,
+    TrainingSpec,
+    format_validation_error,
+)
 
 __all__ = [
     "OBJECTIVES",
@@ -98,11 +110,11 @@ CONSTRAINTS = (
 
 
 def _hybrid_ok(model: ModelSpec, tp: np.ndarray, cp: np.ndarray) -> np.ndarray:
-    """The tp / cp a hybrid Mamba2 model runs (:func:`perfmodel.mamba.unsupported_parallelism`;
+    """The tp / cp a hybrid Mamba2 model runs (:func:`perfmodel.compute.mamba.unsupported_parallelism`;
     everything for a transformer)."""
     if not model.is_hybrid:
         return np.ones(np.shape(tp), dtype=bool)
-    from perfmodel.mamba import unsupported_parallelism
+    from perfmodel.compute.mamba import unsupported_parallelism
 
     return unsupported_parallelism(model, tp, cp) == ""
 
@@ -162,8 +174,8 @@ class SearchSpace:
     def explicit_layout(self) -> bool:
         """Whether a ``pp*vp`` that no Megatron-LM first/last or embedding/loss layout fits may
         take the balanced explicit layout (``--pipeline-model-parallel-layout``,
-        :func:`perfmodel.pipeline.balanced_stage_layers`): uneven layers allowed and the
-        release runs it (:func:`perfmodel.frameworks.explicit_layout_allowed`)."""
+        :func:`perfmodel.pipeline.schedules.balanced_stage_layers`): uneven layers allowed and the
+        release runs it (:func:`perfmodel.spec.frameworks.explicit_layout_allowed`)."""
         return self.uneven_layers and explicit_layout_allowed(self.framework)
 
     @property
@@ -230,7 +242,7 @@ class SearchSpace:
         a["num_microbatches"] = np.maximum(nmb, 1)
         sched, sp, zero = a["schedule"], a["sequence_parallel"].astype(bool), a["zero_stage"]
         if self.uneven_layers:
-            from perfmodel.pipeline import megatron_layout
+            from perfmodel.pipeline.schedules import megatron_layout
 
             layers_ok = m.num_layers % (pp * vp) == 0
             if not np.all(layers_ok):
@@ -249,7 +261,7 @@ class SearchSpace:
             "tp_domain": (tp <= self.cluster.scale_up_size) | self.allow_tp_across_nodes,
             "layers": layers_ok,
             "cp_seq": (cp == 1) | (t.seq_len % (2 * cp) == 0),
-            # Mamba2 layers: tp divides heads and groups, no cp (perfmodel.mamba)
+            # Mamba2 layers: tp divides heads and groups, no cp (perfmodel.compute.mamba)
             "hybrid": _hybrid_ok(m, tp, cp),
             "sequence_parallel": ~sp | ((tp > 1) & (t.seq_len % tp == 0)),
             "batch": batch_ok,
@@ -275,7 +287,7 @@ class SearchSpace:
         return masks
 
     def _expert_mask(self, a, tp, cp, dp, sp) -> np.ndarray:
-        """MoE parallel folding (see :func:`perfmodel.config.check_expert_parallel`): ``ep*etp``
+        """MoE parallel folding (see :func:`perfmodel.parallel.config.check_expert_parallel`): ``ep*etp``
         divides the stage's ``tp*cp*dp`` GPUs, etp fits the scale-up domain, tp > 1 has
         sequence parallelism. A dense model has ep = 1 and etp = tp (set here)."""
         if not self.model.is_moe:
@@ -328,7 +340,7 @@ class SearchSpace:
         # Megatron-LM's layout where pp*vp does not divide the layers
         uneven = self.model.num_layers % (cols["pp"] * cols["vp"]) != 0
         if np.any(uneven):
-            from perfmodel.pipeline import megatron_layout
+            from perfmodel.pipeline.schedules import megatron_layout
 
             lay = megatron_layout(self.model.num_layers, cols["pp"], cols["vp"],
                                   explicit=self.explicit_layout)
@@ -451,7 +463,7 @@ class SearchSpace:
             out.append(f"framework {fw.name} always uses sequence parallelism with tp > 1 "
                        f"(tp {cfg['tp']})")
         if not self.explicit_layout:
-            from perfmodel.pipeline import megatron_layout
+            from perfmodel.pipeline.schedules import megatron_layout
 
             L, pp, vp = self.model.num_layers, int(cfg["pp"]), int(cfg["vp"])
             if L % (pp * vp) and not bool(megatron_layout(L, pp, vp)["valid"][0]):
@@ -564,7 +576,7 @@ def make_space(
         Let tp exceed the scale-up (NVLink) domain.
     uneven_layers
         Accept ``pp*vp`` that does not divide the layer count, with Megatron-LM's uneven layout
-        (:func:`perfmodel.pipeline.megatron_layout`: the embedding and the loss counted as
+        (:func:`perfmodel.pipeline.schedules.megatron_layout`: the embedding and the loss counted as
         layers, or lighter first/last stages). On by default; off: even splits only.
     max_micro_batch_size, max_vp, max_cp
         Caps of the default candidate lists (micro-batch sizes and cp are powers of two; vp
@@ -575,7 +587,7 @@ def make_space(
         (or micro_batch) recompute sequence_parallel schedule ep etp num_microbatches.
         ``None`` means "search it".
     framework
-        Keep to what this training stack runs (:func:`perfmodel.frameworks.framework_pins`,
+        Keep to what this training stack runs (:func:`perfmodel.spec.frameworks.framework_pins`,
         intersected with the pins); ZeRO-with-pipeline and sequence-parallel rules become the
         ``framework`` constraint.
 
@@ -695,7 +707,7 @@ class Problem:
 
     ``evaluator(model, training, cluster, batch, *, kernels=..., calibration=...)`` returns an
     object with arrays ``step_time_s``, ``fits`` and a dict ``memory_bytes`` holding ``peak``
-    (the contract of ``perfmodel.step.evaluate``).
+    (the contract of ``perfmodel.step.evaluate.evaluate``).
     """
 
     space: SearchSpace
@@ -704,7 +716,7 @@ class Problem:
     kernels: str = "fused"
     calibration: Any = None
     #: fraction of HBM kept free: a configuration fits when its peak is at most the usable HBM
-    #: (HBM less the non-allocator reserve less this headroom, perfmodel.memory.usable_hbm_bytes)
+    #: (HBM less the non-allocator reserve less this headroom, perfmodel.memory.breakdown.usable_hbm_bytes)
     memory_headroom: float = 0.0
     #: constraints on the objective: configurations slower / larger than these do not count
     max_step_time_s: float | None = None
@@ -730,7 +742,7 @@ class Problem:
     @property
     def usable_bytes(self) -> float:
         """HBM a configuration may fill: capacity less the reserve less the headroom."""
-        from perfmodel.memory import usable_hbm_bytes
+        from perfmodel.memory.breakdown import usable_hbm_bytes
 
         return float(usable_hbm_bytes(self.space.cluster.gpu, self.memory_headroom))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hardware_specs import calibration_dir, find_preset, list_presets, preset_dir
-from perfmodel.specs import (
+from perfmodel.spec.specs import (
     ClusterSpec,
     GPUSpec,
     ModelSpec,

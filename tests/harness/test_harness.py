@@ -219,9 +219,9 @@ def test_verify_bytes_and_memory_targets(reference, tmp_path):
 def test_verify_cli_registered_and_user_error():
     from typer.testing import CliRunner
 
-    from search.cli import SUBCOMMANDS, app
+    from cli.main import SUBCOMMANDS, app
 
-    assert SUBCOMMANDS["verify"] == "harness.cli_verify:verify_cmd"
+    assert SUBCOMMANDS["verify"] == "cli.verify:verify_cmd"
     r = CliRunner().invoke(app, ["verify", "--model", "no-such-model"])
     assert r.exit_code == 2
     assert "plan verify: error:" in r.output and len(r.output.strip().splitlines()) == 1
@@ -231,7 +231,7 @@ def test_verify_cli_registered_and_user_error():
 @pytest.mark.torch
 def test_select_configs_top_and_poor(tmp_path):
     from harness.verify import select_configs
-    from perfmodel.specs import ClusterSpec, GPUSpec, LinkTier, PeakTflops
+    from perfmodel.spec.specs import ClusterSpec, GPUSpec, LinkTier, PeakTflops
 
     gpu = GPUSpec(name="cpu", vendor="cpu", peak_tflops=PeakTflops(fp32=0.01, tf32=0.01,
                   bf16=0.01, fp16=0.01), hbm_gib=1.0, hbm_tbyte_per_s=0.001,

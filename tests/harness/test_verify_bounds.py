@@ -7,8 +7,8 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from harness.cli_verify import max_nproc
-from search.cli import app
+from cli.main import app
+from cli.verify import max_nproc
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perfmodel.specs import SpecError
+from perfmodel.spec.specs import SpecError
 from search import evaluate_config, plan
 from search.result import diagnose
 from tests.search.test_space import fake_evaluate
@@ -87,8 +87,8 @@ def test_diagnostics_thresholds():
 
 
 def test_real_evaluator_small_space():
-    """Through perfmodel.step.evaluate: a pinned neighbourhood of the Megatron GPT-3 setup."""
-    pytest.importorskip("perfmodel.step")
+    """Through perfmodel.step.evaluate.evaluate: a pinned neighbourhood of the Megatron GPT-3 setup."""
+    pytest.importorskip("perfmodel.step.evaluate")
     r = plan(**GPT3, tp=8, pp=[8, 16], cp=1, zero_stage=1, recompute="selective",
              sequence_parallel=True, micro_batch_size=1, top=3)
     assert r.fits_any and r.evaluated >= 2

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from perfmodel import attention_kernels as ak
-from perfmodel.frameworks import (
+from perfmodel.compute import attention_kernels as ak
+from perfmodel.spec.frameworks import (
     Capabilities,
     FrameworkSpec,
     capability_refusals,
     load_framework,
 )
-from perfmodel.specs import (
+from perfmodel.spec.specs import (
     GPUSpec,
     SpecError,
     _build,
@@ -215,7 +215,7 @@ def test_fully_pinned_configuration_refused_by_the_api():
 
 
 def test_cli_exits_2_naming_framework_release_and_setting():
-    from search.cli import app
+    from cli.main import app
 
     res = CliRunner().invoke(app, ["--model", "mixtral-8x7b", "--cluster", "dgx-h100",
                                    "--gpus", "64", "--framework", "nemo-24.09", "--tp", "4",

@@ -16,13 +16,13 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import search.api
+from cli.main import app
 from hardware_specs import find_preset
-from perfmodel.pipeline import bubble_fraction, partition_layers
-from perfmodel.specs import MAX_GPUS, SpecError, load_cluster
-from search.cli import app
+from perfmodel.pipeline.schedules import bubble_fraction, partition_layers
+from perfmodel.spec.specs import MAX_GPUS, SpecError, load_cluster
 from search.space import divisors
-from search.validate import VALIDATION_DIR, training_runs_report
 from tests.search.test_space import fake_evaluate
+from validation.validate import VALIDATION_DIR, training_runs_report
 
 runner = CliRunner()
 
@@ -318,7 +318,7 @@ def test_verify_table_fits_a_narrow_terminal_and_checks_the_loss(fake_verify):
 
 def test_loss_check_numbers():
     pytest.importorskip("torch")
-    from harness.cli_verify import loss_check
+    from cli.verify import loss_check
 
     cfg = {"dp": 1, "tp": 1, "pp": 1, "zero_stage": 0, "micro_batch_size": 1,
            "num_microbatches": 1}
@@ -338,7 +338,7 @@ def test_tier_validator_message_names_the_tier(tmp_path):
 
 def test_verify_explains_the_zero_bubble_memory_row():
     pytest.importorskip("torch")
-    from harness.cli_verify import memory_notes
+    from cli.verify import memory_notes
 
     def run(schedule, m, pred, meas):
         return {"ok": True, "config": {"dp": 1, "tp": 2, "pp": 2, "zero_stage": 0,

@@ -1,16 +1,16 @@
 """Releases before MoE parallel folding (Megatron-Core 0.8 / 0.9: NeMo 24.07 / 24.09): the
 presets state it with its source, it reaches the TrainingSpec, the search keeps ep | dp, the
 launch config has no --expert-tensor-parallel-size, and the validation rows of those releases
-use the layout (perfmodel.expert_layout)."""
+use the layout (perfmodel.moe.expert_layout)."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from perfmodel.config import ParallelConfig
-from perfmodel.frameworks import apply_framework, load_framework
-from perfmodel.specs import SpecError, TrainingSpec, load_cluster, load_model, load_training
-from search.emit_moe import megatron_bridge_moe_fields, megatron_moe_args
+from emit.moe import megatron_bridge_moe_fields, megatron_moe_args
+from perfmodel.parallel.config import ParallelConfig
+from perfmodel.spec.frameworks import apply_framework, load_framework
+from perfmodel.spec.specs import SpecError, TrainingSpec, load_cluster, load_model, load_training
 from search.space import make_space
 
 MIX = load_model("mixtral-8x7b")
@@ -31,7 +31,7 @@ def test_pre_folding_presets_state_it_with_a_source(name):
                                   "deepspeed", "torchtitan"])
 def test_other_presets_keep_the_folded_layout(name):
     # DeepSpeed-MoE carves ep out of dp too, but without cp that is the folded layout with
-    # etp = tp (perfmodel.expert_layout)
+    # etp = tp (perfmodel.moe.expert_layout)
     assert apply_framework(TR, load_framework(name)).moe_parallel_folding is True
 
 
@@ -72,8 +72,8 @@ def test_launch_config_has_no_etp_flag_before_folding():
 
 
 def test_plan_records_the_layout_for_the_emitter():
+    from emit.launch import training_from_setup
     from search.api import plan
-    from search.emit import training_from_setup
 
     r = plan("mixtral-8x7b", "dgx-h100", gpus=64, global_batch_size=256, seq_len=4096,
              framework="nemo-24.09", top=1, tp=2, pp=1, cp=1, ep=8)
@@ -82,8 +82,8 @@ def test_plan_records_the_layout_for_the_emitter():
 
 
 def test_validation_rows_of_those_releases_use_the_layout():
-    from search.validate import VALIDATION_DIR
-    from search.validate_moe import moe_case_from_row, release_moe_parallel_folding
+    from validation.validate import VALIDATION_DIR
+    from validation.validate_moe import moe_case_from_row, release_moe_parallel_folding
 
     assert release_moe_parallel_folding("MCore v0.8") is False
     assert release_moe_parallel_folding("dgxc v24.11.1") is False  # taken as NeMo 24.09

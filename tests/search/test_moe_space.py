@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import search
-from perfmodel.config import ConfigBatch, ParallelConfig, resolve_config
-from perfmodel.specs import SpecError, load_cluster, load_model, load_training
+from perfmodel.parallel.config import ConfigBatch, ParallelConfig, resolve_config
+from perfmodel.spec.specs import SpecError, load_cluster, load_model, load_training
 from search.space import make_space
 
 MIX = load_model("mixtral-8x7b")
@@ -56,7 +56,7 @@ def test_space_searches_ep_etp_for_moe_only():
 def test_dense_search_unchanged_by_expert_dims():
     """A dense model searches no expert dimension, and its configurations evaluate exactly as a
     ConfigBatch that names no ep / etp (the dense path of before the MoE work)."""
-    from perfmodel.step import evaluate
+    from perfmodel.step.evaluate import evaluate
 
     m, tr = load_model("llama2-7b"), load_training(global_batch_size=576, seq_len=4096)
     cl = load_cluster("gb200-nvl72", gpus=72)
@@ -74,7 +74,7 @@ def test_dense_search_unchanged_by_expert_dims():
 def test_cli_deepseek_v3_plan_shows_ep_and_etp():
     from typer.testing import CliRunner
 
-    from search.cli import app
+    from cli.main import app
 
     r = CliRunner().invoke(app, ["--model", "deepseek-v3", "--cluster", "gb200-nvl72", "--gpus",
                                  "256", "--global-batch", "8192", "--seq-len", "4096", "--top",

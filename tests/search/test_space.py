@@ -1,5 +1,5 @@
 """The search space: enumeration as arrays, constraints, pinning; plus the fake evaluator that
-the other search tests share (a cheap analytic stand-in for ``perfmodel.step.evaluate``)."""
+the other search tests share (a cheap analytic stand-in for ``perfmodel.step.evaluate.evaluate``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perfmodel.config import SCHEDULE, ParallelConfig, resolve_config
-from perfmodel.specs import ModelSpec, SpecError, TrainingSpec, load_cluster
+from perfmodel.parallel.config import SCHEDULE, ParallelConfig, resolve_config
+from perfmodel.spec.specs import ModelSpec, SpecError, TrainingSpec, load_cluster
 from search.space import Problem, divisors, make_space
 
 
@@ -100,7 +100,7 @@ def test_divisors():
 def test_default_candidates_gpt3_1024():
     """GPT-3 175B on 1024 A100: tp divides 96 heads within the 8-GPU NVLink domain."""
     model, _training, cluster = small_setup()
-    from perfmodel.specs import load_model
+    from perfmodel.spec.specs import load_model
 
     model = load_model("gpt3-175b")
     cluster = load_cluster("dgx-a100-80g")
@@ -146,7 +146,7 @@ def test_rejected_configs_do_not_resolve():
     assert real_bad.size > 0
     from pydantic import ValidationError
 
-    from perfmodel.config import RECOMPUTE
+    from perfmodel.parallel.config import RECOMPUTE
 
     for i in real_bad[:: max(1, real_bad.size // 40)]:
         d = {k: a[k][i].item() for k in ("dp", "tp", "pp", "vp", "cp", "zero_stage",

@@ -11,7 +11,7 @@
 
 import pytest
 
-from search.validate import group_table, summary, training_runs_report, tuned_report
+from validation.validate import group_table, summary, training_runs_report, tuned_report
 
 
 @pytest.fixture(scope="module")

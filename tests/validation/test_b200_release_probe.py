@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from search.validate import VALIDATION_DIR
+from validation.validate import VALIDATION_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 

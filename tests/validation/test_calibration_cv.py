@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from search.calibrate import cross_validate
+from validation.calibrate import cross_validate
 
 #: Groups above the 8 % per-group target, with why, and the calibrated MAPE they must stay
 #: under (the measured value plus 0.2-0.3 pt: 9.7, 9.1, 9.8 % since session 7's unfused
@@ -35,7 +35,7 @@ KNOWN_OVER_8 = {
     # per kernel class explains both (the 8B row is 19 % 16-bit attention / 66 % fp8 GEMM / 18 %
     # memory-bound, the 70B 12 / 77 / 11 %, HBM equal: solving for the two rates gives a negative
     # attention time).
-    # (10.7 -> 10.5 % since perfmodel.quantise; 10.5 -> 10.8 % since perfmodel.cp_ring: the
+    # (10.7 -> 10.5 % since perfmodel.compute.quantise; 10.5 -> 10.8 % since perfmodel.comm.cp_ring: the
     # ring's bookkeeping kernels make the cp 2 calibration row R0157 0.9 % slower still, and the
     # uniform correction carries that onto R0156)
     # (10.8 -> 9.7 % since compute.unfused_grad_accumulation_bytes: Megatron-Bridge's
@@ -60,7 +60,7 @@ KNOWN_OVER_8 = {
     # 12.0 %, CV 10.3 -> 9.3 % / 10.9 -> 9.2 %, dense MAPE 3.7 -> 4.4 % (NeMo 24.09 405B FP8
     # +12-16 %); GEMM efficiency flattened over the H200 table's shape noise: 8B / 70B / 405B
     # +9.5 / +9.3 / -5.2 % (the pattern stays).
-    # Since perfmodel.quantise (TE's casts on the sequence-parallel rows, delayed scaling's
+    # Since perfmodel.compute.quantise (TE's casts on the sequence-parallel rows, delayed scaling's
     # cast inside the norm): 10.3 -> 9.3 % (25.11), 10.9 -> 10.2 % (25.09). Also probed for
     # FP8 (session 5, docs/compute.md "The measured FP8 speed-up"): each userbuffer collective
     # hidden by its own GEMM (<= 0.02 ms a layer exposed), the amax all-reduce per autocast
@@ -105,12 +105,12 @@ def test_cross_validated_mape_at_most_4_percent(cv):
     for g in groups[groups.held_out > 0].itertuples():
         print(f"  {g.mape_before:6.1%} -> {g.mape_after:6.1%}  ({g.held_out:2d} rows)  {g.group}")
     # issue 17's target: 4 % (achieved: 3.40 % uncalibrated -> 3.32 % with the Megatron-FSDP
-    # rows' unfused weight-gradient staging; 3.43 % uncalibrated -> 3.34 % with perfmodel.cp_ring;
+    # rows' unfused weight-gradient staging; 3.43 % uncalibrated -> 3.34 % with perfmodel.comm.cp_ring;
     # 3.55 % uncalibrated -> 3.44 % since Hopper's fp8 per-tile
     # cost, compute.low_precision_tile_factor; 3.64 -> 3.46 % before it; 3.67 -> 3.48 %; 3.66 -> 3.51 % before
-    # perfmodel.quantise; 3.74 -> 3.69 % before
+    # perfmodel.compute.quantise; 3.74 -> 3.69 % before
     # the Megatron-LM 2020-22 gradient dtype and NCCL NVLink terms, 4.2 -> 4.0 % before
-    # perfmodel.zero3_deepspeed)
+    # perfmodel.comm.zero3_deepspeed)
     assert after <= 0.04
     assert after < before
 
@@ -136,11 +136,11 @@ def test_every_group_at_most_8_percent(cv):
 @pytest.mark.slow
 def test_shipped_profiles_still_improve_their_era():
     """Each shipped era profile lowers the MAPE of the rows it was fitted on. Fails when the base
-    model changes enough that the profiles are stale: refit with ``python -m search.calibrate``."""
+    model changes enough that the profiles are stale: refit with ``python -m validation.calibrate``."""
     import numpy as np
 
-    from perfmodel.profile import EfficiencyProfile, load_profile
-    from search.calibrate import ERAS, _predict, dev_cases, era_of
+    from perfmodel.hardware.profile import EfficiencyProfile, load_profile
+    from validation.calibrate import ERAS, _predict, dev_cases, era_of
 
     df, cases = dev_cases()
     eras = [era_of(r) for _, r in df.iterrows()]

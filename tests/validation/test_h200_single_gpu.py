@@ -3,16 +3,16 @@ time of the eager PyTorch GPT (fp32 weights under bf16 autocast, tied embeddings
 positions, vocab 50304, seq 2048, fused AdamW) within 10 % of the measured step for every row.
 
 Predicted step = L * (fwd + bwd + recompute) + embedding + logits (fp32 cross-entropy) +
-optimizer, from :func:`perfmodel.compute.compute_times` with ``kernels="eager"``, tp=pp=dp=1.
+optimizer, from :func:`perfmodel.compute.layer.compute_times` with ``kernels="eager"``, tp=pp=dp=1.
 """
 
 import numpy as np
 import pandas as pd
 
 from hardware_specs import calibration_dir
-from perfmodel.compute import compute_times
-from perfmodel.config import ConfigBatch
-from perfmodel.specs import ModelSpec, load_gpu, load_training
+from perfmodel.compute.layer import compute_times
+from perfmodel.parallel.config import ConfigBatch
+from perfmodel.spec.specs import ModelSpec, load_gpu, load_training
 
 TOLERANCE = 0.10
 

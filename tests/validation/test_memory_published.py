@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 
 from hardware_specs import ROOT
-from perfmodel import memory as mem
-from perfmodel.config import ConfigBatch
-from perfmodel.specs import ModelSpec, load_cluster, load_training
-from perfmodel.units import GIB
+from perfmodel.core.units import GIB
+from perfmodel.memory import breakdown as mem
+from perfmodel.parallel.config import ConfigBatch
+from perfmodel.spec.specs import ModelSpec, load_cluster, load_training
 
 POINTS = pd.read_csv(ROOT / "validation" / "memory_points_dev.csv")
 E2E = pd.read_csv(ROOT / "calibration" / "h200" / "e2e_dev.csv")

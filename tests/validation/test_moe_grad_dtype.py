@@ -1,11 +1,11 @@
-"""Gradient-reduction dtype of the MoE dev rows, read per source (search.validate_moe)."""
+"""Gradient-reduction dtype of the MoE dev rows, read per source (validation.validate_moe)."""
 
 import pandas as pd
 import pytest
 
-from perfmodel.memory import optimizer_grad_copy_bytes, state_bytes_per_param
-from search import validate_moe as vm
-from search.validate import VALIDATION_DIR
+from perfmodel.memory.breakdown import optimizer_grad_copy_bytes, state_bytes_per_param
+from validation import validate_moe as vm
+from validation.validate import VALIDATION_DIR
 
 
 @pytest.fixture(scope="module")

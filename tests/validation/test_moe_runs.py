@@ -16,7 +16,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from search.validate_moe import moe_runs_report, moe_summary, moe_tuned_report, moe_tuned_summary
+from validation.validate_moe import (
+    moe_runs_report,
+    moe_summary,
+    moe_tuned_report,
+    moe_tuned_summary,
+)
 
 #: the stated limits a row may be refused for (substrings of the reason)
 TRUE_LIMITS = (
@@ -36,7 +41,7 @@ def test_every_moe_row_expressed_or_refused_for_a_true_limit(report):
     rows, skipped = report
     assert len(rows) + len(skipped) == 100
     # TFLOP/s-only rows converted with the source's FLOP formula; the 4 hybrid Mamba2 Nemotron-3
-    # Nano rows expressed (perfmodel.mamba); the 2 DeepSeek-V3 rows left are not runnable
+    # Nano rows expressed (perfmodel.compute.mamba); the 2 DeepSeek-V3 rows left are not runnable
     assert len(rows) >= 98
     for reason in skipped["reason"]:
         assert any(k in reason for k in TRUE_LIMITS), reason
@@ -58,16 +63,16 @@ def test_moe_mape_does_not_regress(report):
     s = moe_summary(rows)
     table = rows[["row_id", "config", "measured_s", "predicted_s", "error"]].to_string()
     # 94 rows: 11.2 % (57 % within 10 %; leave-one-model-out 11.3 %) with the dispatcher
-    # switches each row names (perfmodel.moe_dispatch), the rows' selective-recompute modules,
+    # switches each row names (perfmodel.moe.dispatch), the rows' selective-recompute modules,
     # the experts' output bias, the exponential floor and GPT-OSS's sliding-window layers (10.8 %
     # without the window, which makes the too-fast GPT-OSS rows faster); 11.5 % (52 %) before;
     # 16.0 % on 89 rows with the per-pass host-sync constant and a fully hiding all-to-all overlap;
     # 10.9 % with the flash-attn 2 kernel of the dgxc Grok-1 recipe (NVTE_FUSED_ATTN=0);
-    # 98 rows with the hybrid Nemotron-3 Nano ones (perfmodel.mamba: -13, -16, -9, -21 %):
+    # 98 rows with the hybrid Nemotron-3 Nano ones (perfmodel.compute.mamba: -13, -16, -9, -21 %):
     # 11.06 % (the 94 others 10.89 %); session 5 (s5-fp8): each row priced with its own
     # published recipe (MXFP8 / FP8-CS / blockwise instead of delayed scaling for all: the
     # Blackwell MXFP8 rows move +2..+7 %, both the too-fast and the too-slow ones), TE's
-    # quantisation casts where TE runs them (perfmodel.quantise: the routed experts' inputs on
+    # quantisation casts where TE runs them (perfmodel.compute.quantise: the routed experts' inputs on
     # their top-k rows, MLA's five projections each cast) and the 16-bit router: 11.08 %, 50 %.
     # Session 5 (s5-host): 10.40 % on 98 rows (64 % within 10 %; the 94 others 10.22 %,
     # 67 %; leave-one-model-out 11.2 %) with TE's multi-stream grouped GEMM
@@ -75,7 +80,7 @@ def test_moe_mape_does_not_regress(report):
     # for experts padded to capacity.
     # Session 6 (s6-i14): 10.29 % (66 % within 10 %) with the pre-folding expert layout of
     # Megatron-Core 0.8 / 0.9 for the releases before MoE parallel folding (the six dgxc
-    # v24.11.1 Grok-1 rows: ep 8 ranks tp*cp = 8 apart, perfmodel.expert_layout).
+    # v24.11.1 Grok-1 rows: ep 8 ranks tp*cp = 8 apart, perfmodel.moe.expert_layout).
     # Session 6 (s6-i18): the 25.09 recipes as their files set them (validate_moe.RECIPE_FACTS:
     # the "(tokendrop)" rows padded to capacity 1.0, Qwen3-30B on B200 / GB200 replayed as a
     # full-iteration CUDA graph, DeepSeek-V3 B200 / GB200 recomputing mla_up_proj): 10.19 % on
@@ -89,7 +94,7 @@ def test_moe_mape_does_not_regress(report):
     # +6.8 / +1.3 -> +5.6 / -0.2 %): 10.08 -> 10.13 % on its own, merged with main 9.73 ->
     # 9.77 % (69 % within 10 %); source-faithful, so kept though the MAPE rises; floors as is
     # Session 6 (s6-i16b): 9.77 -> 9.84 % (69 -> 68 % within 10 %) with the context-parallel
-    # ring hidden under the attention blocks and its bookkeeping kernels (perfmodel.cp_ring):
+    # ring hidden under the attention blocks and its bookkeeping kernels (perfmodel.comm.cp_ring):
     # the twelve Grok-1 cp 2 rows +0.3 % (closer), E0255 (Mixtral 8x22B cp 8 over two nodes,
     # its K/V send and forward block balanced at 0.34 / 0.33 ms) +4.5 -> -14.4 %: it was right
     # only with the ring priced fully exposed.
@@ -114,7 +119,7 @@ def test_moe_mape_does_not_regress(report):
     # stage: 10.0 % (9.8 % with every selective row recomputing the attention core instead of
     # the recipes' mla_up_proj; the p16 rows were +14 to +29 % timed at a padded 64-layer split)
     ds = rows[rows["model"] == "DeepSeek-V3"]
-    # (9.3 % since the rows' own fp8 recipes and perfmodel.quantise; 9.7 % with s5-host's
+    # (9.3 % since the rows' own fp8 recipes and perfmodel.compute.quantise; 9.7 % with s5-host's
     # grouped-GEMM slowdown on its 32 local experts; 9.72 % with the 25.09 B200 / GB200 rows
     # read as their recipe ran them, token drop padded to capacity and mla_up_proj recomputed:
     # E0003 / E0004 / E0005 -14.8 / -17.4 / -9.3 -> -15.2 / -17.7 / -10.1 %, the model's
@@ -173,7 +178,7 @@ def test_tuned_check_runs_on_two_settings():
     # what `plan validate --tuned` prints and puts in its JSON
     from rich.console import Console
 
-    from search.validate_moe import moe_tuned_summary, print_moe_tuned
+    from validation.validate_moe import moe_tuned_summary, print_moe_tuned
 
     s = moe_tuned_summary(t)
     assert s["settings"] == 2 and s["within"] == int(t["ok"].sum()) and s["band"] == [0.90, 1.15]
@@ -193,7 +198,7 @@ def test_moe_tuned_fraction_does_not_regress():
     s = moe_tuned_summary(t)
     table = t[["model", "gpu", "gpus", "ratio", "recipe_predicted_s", "search_gain",
                "best_config"]].to_string()
-    # 52 settings with the 4 hybrid Nemotron-3 Nano ones (perfmodel.mamba): the search picks the
+    # 52 settings with the 4 hybrid Nemotron-3 Nano ones (perfmodel.compute.mamba): the search picks the
     # recipe's layout on B300 / GB200 / GB300 (ratios 1.19 / 1.10 / 1.27, the time error) and on
     # H100 a pp 2 layout (1.06): 26 of 52 within the band (24 of 48 without them)
     assert s["settings"] == 52
@@ -232,15 +237,15 @@ def test_moe_tuned_fraction_does_not_regress():
 def test_plan_validate_has_the_tuned_switch():
     from typer.testing import CliRunner
 
-    from search.cli import app
+    from cli.main import app
 
     res = CliRunner().invoke(app, ["validate", "--help"])
     assert res.exit_code == 0 and "--tuned" in res.output
 
 
 def test_case_of_a_row_by_hand():
-    from search.validate import VALIDATION_DIR
-    from search.validate_moe import moe_case_from_row
+    from validation.validate import VALIDATION_DIR
+    from validation.validate_moe import moe_case_from_row
 
     df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
     c = moe_case_from_row(df.loc["E0061"])  # DeepSeek-V3, 256 GB200, t1 p4 v4 ep64, MXFP8
@@ -252,9 +257,9 @@ def test_case_of_a_row_by_hand():
 
 
 def test_slowest_rank_model_by_hand():
-    from perfmodel.config import ParallelConfig
-    from perfmodel.specs import load_model
-    from search.validate_moe import slowest_rank_model
+    from perfmodel.parallel.config import ParallelConfig
+    from perfmodel.spec.specs import load_model
+    from validation.validate_moe import slowest_rank_model
 
     ds = load_model("deepseek-v3")  # 61 layers
     # pp 4 x vp 4 = 16 chunks of at most ceil(61/16) = 4 layers: 64 layers, 16 a rank
@@ -271,9 +276,9 @@ def test_bridge_qwen3_235b_pipeline_split_by_hand():
     """Megatron-Bridge's qwen3_235b_a22b_pretrain_config counts the embedding and the loss as
     layers (account_for_embedding/loss_in_pipeline_split): 94 + 2 = 96 over the chunks, one
     decoder layer fewer in the first and the last chunk."""
-    from perfmodel.pipeline import stage_layer_counts
-    from search.validate import VALIDATION_DIR
-    from search.validate_moe import bridge_accounts_embedding_and_loss, moe_case_from_row
+    from perfmodel.pipeline.schedules import stage_layer_counts
+    from validation.validate import VALIDATION_DIR
+    from validation.validate_moe import bridge_accounts_embedding_and_loss, moe_case_from_row
 
     df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
     r = df.loc["E0047"]  # 256 GB200, t1 p8 v1 ep32
@@ -295,8 +300,8 @@ def test_bridge_qwen3_235b_pipeline_split_by_hand():
 def test_recipe_loss_switches(monkeypatch):
     """Megatron-Bridge's recipes fuse the loss (cross_entropy_fusion_impl = "te"); the switch
     is off (docs/moe.md: the rows it would speed up are already too fast)."""
-    import search.validate_moe as vm
-    from search.validate import VALIDATION_DIR
+    import validation.validate_moe as vm
+    from validation.validate import VALIDATION_DIR
 
     df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
     assert vm.recipe_loss_switches(df.loc["E0047"]) == {}
@@ -306,8 +311,8 @@ def test_recipe_loss_switches(monkeypatch):
 
 
 def test_recipe_facts_and_default_etp():
-    from search.validate import VALIDATION_DIR
-    from search.validate_moe import moe_case_from_row, recipe_facts
+    from validation.validate import VALIDATION_DIR
+    from validation.validate_moe import moe_case_from_row, recipe_facts
 
     df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
     assert "moe_a2a_overlap=True" in recipe_facts(df.loc["E0002"])  # 25.09 H100 recipe
@@ -323,8 +328,8 @@ def test_25_09_recipes_token_drop_graphs_and_recompute():
     """Megatron-Bridge 25.09 (validate_moe.RECIPE_FACTS): the "(tokendrop)" rows run
     apply_moe_token_drop (capacity 1.0, padded), Qwen3-30B on B200 / GB200 a full-iteration
     CUDA graph (not on H100), DeepSeek-V3 on B200 / GB200 recompute mla_up_proj."""
-    from search.validate import VALIDATION_DIR
-    from search.validate_moe import full_iteration_graph, moe_case_from_row, recipe_recompute
+    from validation.validate import VALIDATION_DIR
+    from validation.validate_moe import full_iteration_graph, moe_case_from_row, recipe_recompute
 
     df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
     for rid, graphed in (("E0013", True), ("E0014", True), ("E0012", False), ("E0008", False),
@@ -350,8 +355,8 @@ def test_25_09_recipes_token_drop_graphs_and_recompute():
 def test_25_11_presets_tied_by_layout():
     """RECIPE_FACTS_BY_LAYOUT: the 25.11 rows the dataset left unmatched take a stored preset
     version's settings only where that preset has the row's GPUs, layout, MBS and GBS."""
-    from search.validate import VALIDATION_DIR
-    from search.validate_moe import moe_case_from_row, recipe_facts, row_layout
+    from validation.validate import VALIDATION_DIR
+    from validation.validate_moe import moe_case_from_row, recipe_facts, row_layout
 
     df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
     assert row_layout(df.loc["E0018"]) == "n256 t1 p4 v4 ep64 b1 gbs4096"
@@ -375,8 +380,8 @@ def test_25_11_presets_tied_by_layout():
 
 
 def test_rows_run_the_attention_kernel_their_recipe_leaves_te():
-    from search.validate import VALIDATION_DIR
-    from search.validate_moe import moe_case_from_row
+    from validation.validate import VALIDATION_DIR
+    from validation.validate_moe import moe_case_from_row
 
     df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
     # dgxc Grok-1 (NVTE_FUSED_ATTN=0): flash-attn 2, bf16 and fp8 rows alike
@@ -391,8 +396,12 @@ def test_rows_run_the_attention_kernel_their_recipe_leaves_te():
 
 
 def test_bridge_deepseek_layout_and_mtp_by_hand():
-    from search.validate import VALIDATION_DIR
-    from search.validate_moe import bridge_stage_layers, moe_case_from_row, timed_model_and_batch
+    from validation.validate import VALIDATION_DIR
+    from validation.validate_moe import (
+        bridge_stage_layers,
+        moe_case_from_row,
+        timed_model_and_batch,
+    )
 
     df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
     # E0061: t1 p4 v4, Megatron-Bridge layout (4, 4): chunks [E+4], 14 x [4], [1 + MTP + loss];
@@ -417,8 +426,8 @@ def test_bridge_deepseek_layout_and_mtp_by_hand():
 
 
 def test_grok_rows_pad_experts_to_capacity():
-    from search.validate import VALIDATION_DIR
-    from search.validate_moe import moe_case_from_row
+    from validation.validate import VALIDATION_DIR
+    from validation.validate_moe import moe_case_from_row
 
     df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
     c = moe_case_from_row(df.loc["E0205"])  # dgxc Grok-1: capacity 1.0, padded
@@ -430,12 +439,12 @@ def test_grok_rows_pad_experts_to_capacity():
 
 
 def test_rows_name_their_dispatcher_switches():
-    """The switches a row states reach its TrainingSpec (search.validate_moe.dispatch_switches):
+    """The switches a row states reach its TrainingSpec (validation.validate_moe.dispatch_switches):
     the Megatron-LM GB200 study's baseline (NCCL alltoall, no graphs, router unfused) and final
     recipe (HybridEP, graphs of attn / router / preprocess), a Bridge GB200 row, a Bridge B200
     alltoall row with router graphs, a dgxc Grok-1 row padded to capacity."""
-    from search.validate import VALIDATION_DIR
-    from search.validate_moe import moe_case_from_row
+    from validation.validate import VALIDATION_DIR
+    from validation.validate_moe import moe_case_from_row
 
     df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
     t = {rid: moe_case_from_row(df.loc[rid]).training
@@ -466,7 +475,7 @@ def test_switches_separate_the_gb200_study_pair(report):
 
 @pytest.mark.slow
 def test_hybrid_nemotron3_nano_rows(report):
-    # the hybrid Mamba2 / attention / MoE rows (perfmodel.mamba), all predicted too fast:
+    # the hybrid Mamba2 / attention / MoE rows (perfmodel.compute.mamba), all predicted too fast:
     # H100 -13 %, B300 -16 %, GB200 -9 %, GB300 -21 % (E0078-E0081)
     rows, _ = report
     nano = rows[rows["model"] == "Nemotron-3-Nano-30B-A3B"]

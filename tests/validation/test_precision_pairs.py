@@ -1,12 +1,12 @@
 """The model's FP8 speed-up against the published rows that differ only in precision
-(search.precision_pairs): 30 dense pairs (DGX Cloud NeMo 24.09 on H100: Llama 3.1 8B / 70B / 405B,
+(validation.precision_pairs): 30 dense pairs (DGX Cloud NeMo 24.09 on H100: Llama 3.1 8B / 70B / 405B,
 Nemotron-4 15B / 340B) and 7 MoE pairs (Grok-1 on H100, dgxc; DeepSeek-V3 on GB300, MXFP8)."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from search.precision_pairs import _pairs, precision_pairs, summary_by_gpu
+from validation.precision_pairs import _pairs, precision_pairs, summary_by_gpu
 
 
 @pytest.fixture(scope="module")

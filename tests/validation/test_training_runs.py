@@ -9,7 +9,7 @@ Targets (the validation README's dev split; no constant is fitted per row):
 import numpy as np
 import pytest
 
-from search.validate import summary, training_runs_report, vtrain_report
+from validation.validate import summary, training_runs_report, vtrain_report
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +55,9 @@ def test_megatron_2020_22_fp16_rows_reduce_fp16_gradients():
     """Megatron-LM 2020-22 fp16 runs keep 16-bit gradients (2020: local DDP all-reduces
     param.grad by dtype; 2021-22: no --accumulate-allreduce-grads-in-fp32 for fp16); 2020's
     loss scaler checks each tensor. The DeepSpeed ZeRO-3 rows keep their own path."""
-    from perfmodel.comm_time import comm_times
-    from perfmodel.config import ConfigBatch
-    from search.validate import case_from_row, read_runs
+    from perfmodel.comm.comm_time import comm_times
+    from perfmodel.parallel.config import ConfigBatch
+    from validation.validate import case_from_row, read_runs
 
     rows = {r["row_id"]: r for _, r in read_runs().iterrows()}
     c = case_from_row(rows["R0044"])  # README 2020: 8B, t8 x d128 on 1024 A100, fp16
@@ -79,7 +79,7 @@ def test_dgxc_rows_run_the_attention_kernel_their_recipe_leaves_te():
     """dgxc-benchmarking v24.11.1 configure.sh: Llama 3.1 NVTE_FLASH_ATTN=0 / NVTE_FUSED_ATTN=1,
     Nemotron-4 15B NVTE_FUSED_ATTN=1 (cuDNN), Nemotron-4 340B NVTE_FUSED_ATTN=0 (flash-attn 2);
     other sources keep cuDNN."""
-    from search.validate import case_from_row, read_runs
+    from validation.validate import case_from_row, read_runs
 
     df = read_runs()
     got = {}

@@ -1,0 +1,347 @@
+"""Communication times: the volumes of :mod:`perfmodel.comm.comm_volume` priced on the cluster's
+tiers (:mod:`perfmodel.parallel.topology`) with the collective models of :mod:`perfmodel.hardware.collectives`.
+
+These are link times (the time the collective takes if nothing else runs); how much of each is
+hidden behind computation is decided by the step model. For the data-parallel gradient reduction
+this module gives the bucketed-overlap model, :func:`exposed_dp_time_s`.
+
+References
+----------
+See :mod:`perfmodel.hardware.collectives`, :mod:`perfmodel.parallel.topology`, :mod:`perfmodel.comm.comm_volume`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from perfmodel.comm import zero3_deepspeed
+from perfmodel.comm.comm_volume import (
+    CollectiveOp,
+    cp_kv_chunk_bytes,
+    cp_sends_per_layer,
+    dp_ops,
+    params_per_gpu,
+    pp_activation_bytes,
+    tp_activation_bytes,
+    tp_collectives_per_layer,
+)
+from perfmodel.hardware import collectives as coll
+from perfmodel.parallel.config import ConfigBatch
+from perfmodel.parallel.topology import GroupPlacement, parallel_groups
+from perfmodel.spec.specs import ClusterSpec, ModelSpec, TrainingSpec
+
+__all__ = [
+    "DDP_BUCKET_MIN_PARAMS",
+    "all_reduce_auto_time",
+    "comm_times",
+    "dp_num_buckets",
+    "exposed_dp_time_s",
+    "link_busy_s",
+    "op_time",
+    "shared_link_excess_s",
+    "stream_busy_in_window_s",
+]
+
+DDP_BUCKET_MIN_PARAMS = 40_000_000  # Megatron-core DDP default bucket: max(40M, 1M * dp) params
+
+
+def all_reduce_auto_time(size_bytes: ArrayLike, group: GroupPlacement) -> np.ndarray:
+    """All-reduce time [s] on a placed group: fastest of flat ring, flat tree and hierarchical.
+
+    References
+    ----------
+    :func:`perfmodel.hardware.collectives.all_reduce_time` (``algorithm="auto"``).
+    """
+    ring = coll.ring_all_reduce_time(size_bytes, group.size, group.bw_bytes_per_s, group.latency_s)
+    tree = coll.tree_all_reduce_time(size_bytes, group.size, group.bw_bytes_per_s, group.latency_s)
+    hier = coll.hierarchical_all_reduce_time(
+        size_bytes,
+        group.intra_size,
+        group.inter_size,
+        group.intra_bw_bytes_per_s,
+        group.inter_bw_bytes_per_s,
+        group.intra_latency_s,
+        group.inter_latency_s,
+    )
+    return np.minimum(np.minimum(ring, tree), hier)
+
+
+def op_time(op: CollectiveOp, group: GroupPlacement) -> np.ndarray:
+    """Time [s] of ``op.count`` collectives of ``op.buffer_bytes`` on ``group`` (all-reduce: the
+    fastest algorithm; all-gather / reduce-scatter: ring at the group's bandwidth)."""
+    if op.collective == "all_reduce":
+        one = all_reduce_auto_time(op.buffer_bytes, group)
+    else:
+        one = coll.collective_time(
+            op.collective, op.buffer_bytes, group.size, group.bw_bytes_per_s, group.latency_s
+        )
+    return np.where(op.count > 0, op.count * one, 0.0)
+
+
+def comm_times(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, batch: ConfigBatch
+) -> dict[str, np.ndarray]:
+    """Link times of every communication of a configuration [s].
+
+    Returns
+    -------
+    dict of arrays
+        ``tp_layer_fwd_s``, ``tp_layer_bwd_s``: tensor-parallel collectives of one layer and one
+        micro-batch (the backward includes the recomputed forward's under full recomputation);
+        ``cp_layer_fwd_s``, ``cp_layer_bwd_s``: ring-attention K/V exchanges of one layer and one
+        micro-batch (link time of the ``cp - 1`` ring sends; backward incl. recompute; what the
+        attention hides of them: :mod:`perfmodel.comm.cp_ring`); ``cp_kv_send_s``: one K/V chunk
+        sent to the next ring rank, ``cp_kv_dkv_send_s``: K/V and dK/dV together (0 at cp = 1);
+        ``pp_p2p_s``: one activation send of one micro-batch between adjacent stages;
+        ``dp_grad_s``: per step, the gradient all-reduce, or reduce-scatter(s) + parameter
+        all-gather under ZeRO-1/2, or the reduce-scatters under ZeRO-3;
+        ``zero3_gather_s``: per step, ZeRO-3 parameter all-gathers (forward and backward of every
+        micro-batch).
+
+    References
+    ----------
+    Module docstrings of :mod:`perfmodel.comm.comm_volume` (what is sent) and
+    :mod:`perfmodel.parallel.topology` (at what bandwidth).
+    """
+    if len(batch) > 256:
+        # Search batches repeat the same communication many times over (vp and the schedule
+        # do not change it): compute each distinct case once and spread it back.
+        sub, codes = batch.unique_by(_COMM_FIELDS)
+        if 2 * len(sub) < len(batch):
+            return {k: v[codes] for k, v in comm_times(model, training, cluster, sub).items()}
+    groups = parallel_groups(cluster, batch, ("tp", "cp", "pp", "dp_cp"))
+    g_tp, g_cp, g_pp, g_dp = groups["tp"], groups["cp"], groups["pp"], groups["dp_cp"]
+
+    # tensor parallel: all-reduce, or all-gather + reduce-scatter with sequence parallelism
+    act = tp_activation_bytes(model, training, batch)
+    ar = all_reduce_auto_time(act, g_tp)
+    ag_rs = coll.all_gather_time(act, g_tp.size, g_tp.bw_bytes_per_s, g_tp.latency_s) + (
+        coll.reduce_scatter_time(act, g_tp.size, g_tp.bw_bytes_per_s, g_tp.latency_s)
+    )
+    tp_one = np.where(batch.sequence_parallel, ag_rs, ar)
+    tp_fwd_n, tp_bwd_n = tp_collectives_per_layer(batch, model)
+
+    # context parallel: ring sends of the K/V chunk to the next rank (the backward's middle
+    # steps send K/V and the accumulated dK/dV together: two chunks, perfmodel.comm.cp_ring)
+    kv_bytes = cp_kv_chunk_bytes(model, training, batch)
+    kv_send = coll.p2p_time(kv_bytes, g_cp.p2p_bw_bytes_per_s, g_cp.latency_s)
+    kv_dkv_send = coll.p2p_time(2.0 * kv_bytes, g_cp.p2p_bw_bytes_per_s, g_cp.latency_s)
+    cp_fwd_n, cp_bwd_n = cp_sends_per_layer(batch)
+
+    # pipeline: one send between neighbouring stages
+    pp_send = coll.p2p_time(
+        pp_activation_bytes(model, training, batch), g_pp.p2p_bw_bytes_per_s, g_pp.latency_s
+    )
+    pp_send = np.where(batch.pp > 1, pp_send, 0.0)
+
+    # data parallel over the dp x cp group
+    ops = dp_ops(model, training, batch)
+    dp_grad = sum(op_time(ops[k], g_dp) for k in ops if k != "zero3_param_all_gather")
+    zero3 = op_time(ops["zero3_param_all_gather"], g_dp)
+    # ZeRO-3 gathers are issued per layer (FSDP2): each extra collective pays the ring's
+    # latency (n-1)*alpha once more.
+    gathers_per_pass = model.num_layers / batch.pp
+    ring_latency_s = coll.all_gather_time(0.0, g_dp.size, g_dp.bw_bytes_per_s, g_dp.latency_s)
+    zero3 = zero3 + ops["zero3_param_all_gather"].count * np.maximum(gathers_per_pass - 1, 0) * (
+        ring_latency_s
+    )
+    if training.zero3_gather == "tensor":
+        # DeepSpeed ZeRO-3 of 2021: one gather and one reduce-scatter per weight matrix, on one
+        # rail (perfmodel.comm.zero3_deepspeed)
+        ds = zero3_deepspeed.link_times_s(model, training, batch, g_dp, gathers_per_pass)
+        z3 = batch.zero_stage == 3
+        zero3 = np.where(z3, ds["gather_s"], zero3)
+        rs = op_time(ops["grad_reduce_scatter"], g_dp)
+        dp_grad = np.where(z3, dp_grad - rs + ds["reduce_scatter_s"], dp_grad)
+
+    # mixture of experts: token dispatch/combine per MoE layer, expert gradients over expert-dp
+    ep = moe_comm_times(model, training, cluster, batch)
+
+    return {
+        **ep,
+        "tp_layer_fwd_s": tp_fwd_n * tp_one,
+        "tp_layer_bwd_s": tp_bwd_n * tp_one,
+        "cp_layer_fwd_s": cp_fwd_n * kv_send,
+        "cp_layer_bwd_s": cp_bwd_n * kv_send,
+        "cp_kv_send_s": np.where(batch.cp > 1, kv_send, 0.0),
+        "cp_kv_dkv_send_s": np.where(batch.cp > 1, kv_dkv_send, 0.0),
+        "pp_p2p_s": pp_send,
+        "dp_grad_s": np.asarray(dp_grad, dtype=np.float64),
+        "zero3_gather_s": zero3,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Overlap of the data-parallel reduction with the backward pass
+# --------------------------------------------------------------------------------------------
+#: The configuration fields that communication times depend on.
+_COMM_FIELDS = ("dp", "tp", "pp", "cp", "zero_stage", "micro_batch_size", "num_microbatches",
+                "recompute", "sequence_parallel", "grad_compression", "topk_ratio",
+                "vp", "first_stage_layers", "last_stage_layers", "embedding_as_layer",
+                "loss_as_layer", "ep", "etp")
+
+
+def moe_comm_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                   batch: ConfigBatch) -> dict[str, np.ndarray]:
+    """Link times of the MoE communication [s] (zeros for a dense model).
+
+    ``ep_layer_fwd_s``, ``ep_layer_bwd_s``: token dispatch + combine of one MoE layer and one
+    micro-batch (backward incl. recompute), priced on the tier the expert-parallel group spans
+    (:func:`perfmodel.moe.experts.all_to_all_tiered_time`: inside a node, an NVL72 domain, or across
+    InfiniBand); ``expert_dp_grad_s``, ``expert_zero3_gather_s``: per step, the routed experts'
+    gradient reduction and ZeRO gathers over the expert-data-parallel group (size
+    ``tp*cp*dp/(ep*etp)``), on the same links as the dense ones. The groups sit where the
+    release puts them (:func:`perfmodel.moe.expert_layout.expert_groups`:
+    ``training.moe_parallel_folding``); before folding the all-to-all dispatcher also
+    exchanges the sequence-parallel slices over tp (:func:`perfmodel.moe.expert_layout.
+    sp2hp_all_to_all_bytes`).
+
+    References
+    ----------
+    :mod:`perfmodel.moe.experts`; :mod:`perfmodel.moe.expert_layout` (Megatron-Core expert rank order
+    ``tp-ep-dp-pp`` with etp, or ``tp-cp-ep-dp-pp`` before MoE parallel folding).
+    """
+    n = len(batch)
+    zeros = np.zeros(n)
+    if not model.is_moe:
+        return {"ep_layer_fwd_s": zeros, "ep_layer_bwd_s": zeros, "expert_dp_grad_s": zeros,
+                "expert_zero3_gather_s": zeros}
+    from perfmodel.comm.comm_volume import activation_bytes_per_elem, expert_dp_ops
+    from perfmodel.moe import expert_layout
+    from perfmodel.moe import experts as moe
+
+    folding = training.moe_parallel_folding
+    groups = expert_layout.expert_groups(cluster, batch, folding)
+    bpv = activation_bytes_per_elem(training)
+    one = moe.dispatch_time_per_layer(model, training, batch, groups, bpv)
+    if not folding and training.moe_token_dispatcher == "alltoall":
+        sp2hp = expert_layout.sp2hp_all_to_all_bytes(moe.tokens_per_gpu(training, batch),
+                                                     model.hidden_size, bpv, batch, folding)
+        one = one + moe.all_to_all_tiered_time(sp2hp, groups["etp"])
+    fwd_n, bwd_n = moe.a2a_per_layer(batch)
+    g_edp = groups["expert_dp"]
+    ops = expert_dp_ops(model, training, batch)
+    grad = sum(op_time(ops[k], g_edp) for k in ops if k != "zero3_param_all_gather")
+    return {
+        "ep_layer_fwd_s": fwd_n * one,
+        "ep_layer_bwd_s": bwd_n * one,
+        "expert_dp_grad_s": np.where(batch.expert_dp > 1, grad, 0.0),
+        "expert_zero3_gather_s": np.where(batch.expert_dp > 1,
+                                          op_time(ops["zero3_param_all_gather"], g_edp), 0.0),
+    }
+
+
+def dp_num_buckets(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
+    """Gradient buckets of one GPU under Megatron-core DDP's default bucket size
+    ``max(40e6, 1e6 * dp)`` parameters: ``ceil(params_per_gpu / bucket)`` (at least 1).
+
+    References
+    ----------
+    Megatron-LM ``megatron/core/distributed/distributed_data_parallel_config.py``
+    (``bucket_size`` docstring).
+    """
+    bucket = np.maximum(DDP_BUCKET_MIN_PARAMS, 1e6 * batch.dp * batch.cp)
+    return np.maximum(np.ceil(params_per_gpu(model, batch) / bucket), 1.0)
+
+
+def exposed_dp_time_s(
+    dp_comm_s: ArrayLike,
+    backward_s: ArrayLike,
+    num_buckets: ArrayLike = 8,
+    overlap: bool | ArrayLike = True,
+) -> np.ndarray:
+    """Part of the data-parallel gradient communication not hidden behind the backward [s].
+
+    The gradient is reduced in ``k`` equal buckets of ``C/k`` seconds; bucket ``i`` is ready after
+    ``i/k`` of the backward ``B`` (gradients appear at a uniform rate) and the link runs one bucket
+    at a time. The last bucket finishes at ``max(B + C/k, B/k + C)``, so the exposed time is::
+
+        exposed = max(C/k, C - B (k-1)/k)        (overlap)
+        exposed = C                                (no overlap)
+
+    and the total ``B + exposed`` tends to the seed's ideal ``max(B, C)`` as ``k`` grows; the last
+    bucket (``C/k``) can never be hidden, and when ``C > B`` the excess is exposed too.
+
+    Parameters
+    ----------
+    dp_comm_s : link time ``C`` of the step's gradient reduction [s]
+    backward_s : backward compute ``B`` it may overlap with (with pipelining: the backward of the
+        last micro-batch of this stage, since gradients are final only then) [s]
+    num_buckets : ``k`` >= 1 (see :func:`dp_num_buckets`)
+    overlap : False for a reduction issued after the backward (``overlap_grad_reduce=False``)
+
+    References
+    ----------
+    Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data Parallel Training",
+    VLDB, Sec. 3.2.3 (bucketing, overlap with backward); Megatron-core ``overlap_grad_reduce``;
+    the seed chapter's 9.1.3 (``T = max(T_compute, T_comm)``, the ideal limit).
+    """
+    c = np.asarray(dp_comm_s, dtype=np.float64)
+    b = np.asarray(backward_s, dtype=np.float64)
+    k = np.maximum(np.asarray(num_buckets, dtype=np.float64), 1.0)
+    hidden = np.maximum(c / k, c - b * (k - 1.0) / k)
+    return np.where(np.asarray(overlap, dtype=bool), hidden, c)
+
+
+# --------------------------------------------------------------------------------------------
+# Shared links: every stream one GPU sends over a tier in the same step shares that tier's port
+# --------------------------------------------------------------------------------------------
+def link_busy_s(streams: dict[str, tuple[ArrayLike, ArrayLike]], num_tiers: int) -> np.ndarray:
+    """Busy time of each tier's per-GPU port over one step [s], shape ``(num_tiers, n)``.
+
+    ``streams`` maps a name to ``(busy_s, tier)``: the link time of everything that stream sends
+    per step per GPU (already priced at the per-GPU share of the tier it crosses: rails, the
+    node's NICs shared by its GPUs, oversubscription, see :mod:`perfmodel.parallel.topology`) and the index
+    of that tier (-1: a group of one GPU, nothing sent). Streams on the same tier add up: two
+    collectives on one NIC (or one NVLink port) never both run at the full rate, so the port is
+    busy for the sum of their times.
+
+    References
+    ----------
+    Calculon (Isaev et al. 2023, SC23), Sec. 3.4 (one network per tier, its time the sum of the
+    collectives placed on it); NCCL runs concurrent communicators on separate channels that share
+    the same NICs (NCCL ``src/graph/connect.cc``).
+    """
+    rows = []
+    for t in range(num_tiers):
+        total = 0.0
+        for busy, tier in streams.values():
+            busy = np.asarray(busy, dtype=np.float64)
+            total = total + np.where(np.asarray(tier) == t, busy, 0.0)
+        rows.append(np.broadcast_to(np.asarray(total, dtype=np.float64), np.shape(busy)))
+    return np.stack(rows) if rows else np.zeros((0,))
+
+
+def stream_busy_in_window_s(
+    own_s: ArrayLike, tier_busy_s: ArrayLike, window_s: ArrayLike, span_s: ArrayLike
+) -> np.ndarray:
+    """Link time a stream effectively needs inside its overlap window [s], when its tier also
+    carries other streams spread evenly over the step: its own time plus the other streams'
+    share of the window, ``own + (tier_busy - own) * window / span``.
+
+    Example: the gradient reduce-scatter (``own`` 0.7 s) may overlap only the last backward
+    (``window`` 0.5 s of a ``span`` of 3 s); ZeRO-3 gathers on the same NIC (2.7 s over the step)
+    take 2.7 * 0.5 / 3 = 0.45 s of that window, so the reduction needs 1.15 s of link time there.
+    """
+    own = np.asarray(own_s, dtype=np.float64)
+    other = np.maximum(np.asarray(tier_busy_s, dtype=np.float64) - own, 0.0)
+    frac = np.clip(np.asarray(window_s, dtype=np.float64) / np.maximum(span_s, 1e-30), 0.0, 1.0)
+    return own + other * frac
+
+
+def shared_link_excess_s(tier_busy_s: np.ndarray, step_s: ArrayLike,
+                         unoverlappable_s: ArrayLike = 0.0) -> np.ndarray:
+    """Time the step must grow so that every tier can carry its traffic [s]:
+    ``max(0, max_t busy_t + unoverlappable - step)``.
+
+    A port busy for ``busy_t`` seconds needs at least that long; work that no communication can
+    overlap (the optimizer step, after the last gradient arrives) comes on top. The exposed terms
+    computed stream by stream assume each stream has the link to itself; this term is the rest
+    when they do not fit together.
+    """
+    step = np.asarray(step_s, dtype=np.float64)
+    if tier_busy_s.size == 0:
+        return np.zeros_like(step)
+    need = tier_busy_s.max(axis=0) + np.asarray(unoverlappable_s, dtype=np.float64)
+    return np.maximum(need - step, 0.0)

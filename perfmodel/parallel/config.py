@@ -1,0 +1,532 @@
+"""Parallel configurations: one point (:class:`ParallelConfig`) and a batch (:class:`ConfigBatch`).
+
+The cost models take a :class:`ConfigBatch`, a struct of numpy arrays (one entry per
+configuration), so a search evaluates millions of configurations in one call. Categorical fields
+are integer codes (see ``RECOMPUTE``, ``SCHEDULE``, ``COMPRESSION``).
+
+Group layout (Megatron-LM's default order, innermost first): tp, cp, dp, pp. Rank
+``r = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank))``, so a tensor-parallel group is ``tp``
+consecutive GPUs, a context-parallel group strides by ``tp``, a data-parallel group by ``tp*cp``,
+a pipeline group by ``tp*cp*dp``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Annotated, Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from perfmodel.spec.specs import ClusterSpec, ModelSpec, Spec, SpecError, TrainingSpec
+
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULE = ("gpipe", "1f1b", "interleaved", "zb")
+COMPRESSION = ("none", "topk", "int8", "1bit")
+
+Recompute = Literal["none", "selective", "full"]
+Schedule = Literal["gpipe", "1f1b", "interleaved", "zb"]
+Compression = Literal["none", "topk", "int8", "1bit"]
+PosInt = Annotated[int, Field(gt=0)]
+
+
+class ParallelConfig(Spec):
+    """One parallel configuration.
+
+    ``num_microbatches`` is derived from the global batch (``B / (dp * micro_batch_size)``) by
+    :func:`resolve_config`; give it only to check it. ``vp`` > 1 means the interleaved schedule
+    with ``vp`` model chunks per pipeline rank. ``grad_compression`` applies to the data-parallel
+    gradient exchange (``topk_ratio`` is the kept fraction for ``topk``).
+    """
+
+    dp: PosInt = 1
+    tp: PosInt = 1
+    pp: PosInt = 1
+    vp: PosInt = 1
+    cp: PosInt = 1
+    zero_stage: Annotated[int, Field(ge=0, le=3)] = 0
+    micro_batch_size: PosInt = 1
+    num_microbatches: PosInt | None = None
+    recompute: Recompute = "none"
+    sequence_parallel: bool = False
+    schedule: Schedule = "1f1b"
+    grad_compression: Compression = "none"
+    topk_ratio: Annotated[float, Field(gt=0, le=1)] = 0.01
+    ep: PosInt = 1
+    etp: PosInt | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _etp_follows_tp(cls, data):
+        """``etp`` left out (or None) is ``tp``: Megatron's default expert tensor parallel size."""
+        if isinstance(data, dict) and data.get("etp") is None:
+            data = {**data, "etp": data.get("tp", 1)}
+        return data
+
+    # Pipeline layer layout (Megatron-LM): layers of the first / last pipeline rank (None or 0:
+    # even split of the rest), and the embedding / the loss counted as one layer each. Filled in
+    # by resolve_config when pp*vp does not divide the layers (perfmodel.pipeline.schedules.megatron_layout).
+    first_stage_layers: Annotated[int, Field(ge=0)] | None = None
+    last_stage_layers: Annotated[int, Field(ge=0)] | None = None
+    embedding_as_layer: bool = False
+    loss_as_layer: bool = False
+    # Per-stage layout chosen by the dynamic-programming searcher (search/dp.py); None = the
+    # layout above. ``stage_layers[s]``: transformer layers on pipeline rank s (all its vp
+    # chunks, ``stage_layers[s] / vp`` per chunk; Megatron's ``--pipeline-model-parallel-layout``).
+    # ``stage_recompute_layers[s]``: of those, how many recompute fully (needs
+    # recompute="full"; Megatron's ``--recompute-method block --recompute-num-layers N``, N per
+    # chunk, the first N layers of each chunk).
+    stage_layers: tuple[PosInt, ...] | None = None
+    stage_recompute_layers: tuple[Annotated[int, Field(ge=0)], ...] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ParallelConfig:
+        _check_stage_layout(self)
+        if self.vp > 1 and self.schedule != "interleaved":
+            raise ValueError(
+                f"vp ({self.vp}) > 1 needs schedule 'interleaved' (got schedule '{self.schedule}')"
+            )
+        if self.schedule == "interleaved" and self.vp < 2:
+            raise ValueError(f"schedule 'interleaved' needs vp >= 2 (got vp={self.vp})")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel needs tp > 1 (got tp=1)")
+        if self.pp == 1 and self.schedule in ("interleaved", "zb"):
+            raise ValueError(f"schedule '{self.schedule}' needs pp > 1 (got pp=1)")
+        return self
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        """Expert tensor parallel size; Megatron's default is tp (``--expert-tensor-parallel-size``)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data parallel size: the stage's GPUs over ``ep * etp`` (MoE parallel folding)."""
+        return self.dp * self.cp * self.tp // (self.ep * self.expert_tp)
+
+
+def check_expert_parallel(c: ParallelConfig, model: ModelSpec, cluster: ClusterSpec | None = None,
+                          *, allow_tp_across_nodes: bool = False) -> None:
+    """Megatron-Core MoE parallel folding: the experts of a pipeline stage are laid out as
+    ``etp x ep x expert-dp`` on the same ``tp x cp x dp`` GPUs the attention uses. Raises
+    :class:`SpecError` naming the operands (Megatron ``parallel_state.initialize_model_parallel``
+    and ``arguments.py`` checks)."""
+    etp = c.expert_tp
+    if not model.is_moe:  # etp has no experts to split: it is ignored (set to tp)
+        if c.ep != 1:
+            raise SpecError(
+                f"ep ({c.ep}) applies to MoE models; '{model.name}' is dense (num_experts = 1)"
+            )
+        return
+    if model.num_experts % c.ep:
+        raise SpecError(f"ep ({c.ep}) must divide num_experts ({model.num_experts})")
+    if model.expert_ffn_size % etp:
+        raise SpecError(f"etp ({etp}) must divide the expert FFN size ({model.expert_ffn_size})")
+    stage = c.tp * c.cp * c.dp
+    if stage % (c.ep * etp):
+        raise SpecError(
+            f"ep*etp ({c.ep}*{etp}={c.ep * etp}) must divide tp*cp*dp "
+            f"({c.tp}*{c.cp}*{c.dp}={stage}), the GPUs of one pipeline stage"
+        )
+    if c.tp > 1 and not c.sequence_parallel:
+        raise SpecError(
+            f"MoE with tp ({c.tp}) > 1 needs sequence_parallel (Megatron-LM requires it)"
+        )
+    if cluster is not None and etp > cluster.scale_up_size and not allow_tp_across_nodes:
+        raise SpecError(
+            f"etp ({etp}) must fit in the scale-up domain ({cluster.scale_up_size} GPUs) "
+            f"of cluster '{cluster.name}'"
+        )
+
+
+def _check_stage_layout(c: ParallelConfig) -> None:
+    """Structural checks of a per-stage layout (the model-dependent sum in resolve_config)."""
+    if c.stage_layers is None:
+        if c.stage_recompute_layers is not None:
+            raise ValueError("stage_recompute_layers needs stage_layers")
+        return
+    if len(c.stage_layers) != c.pp:
+        raise ValueError(
+            f"stage_layers has {len(c.stage_layers)} entries, expected pp ({c.pp})"
+        )
+    if c.first_stage_layers or c.last_stage_layers or c.embedding_as_layer or c.loss_as_layer:
+        raise ValueError("stage_layers cannot be combined with first_stage_layers, "
+                         "last_stage_layers, embedding_as_layer or loss_as_layer")
+    # a rank's layers need not be a multiple of vp: Megatron-Core's
+    # --pipeline-model-parallel-layout names each chunk (the models split a rank's layers over its
+    # chunks as evenly as possible, the heavier first: perfmodel.pipeline.schedules.balanced_chunk_layers)
+    if c.vp > 1 and any(n < c.vp for n in c.stage_layers):
+        raise ValueError(
+            f"stage_layers {list(c.stage_layers)}: every entry must be at least vp ({c.vp}), "
+            "one layer a chunk"
+        )
+    r = c.stage_recompute_layers
+    if r is None:
+        return
+    if len(r) != c.pp:
+        raise ValueError(f"stage_recompute_layers has {len(r)} entries, expected pp ({c.pp})")
+    if c.recompute != "full":
+        raise ValueError(
+            f"stage_recompute_layers needs recompute 'full' (got recompute '{c.recompute}')"
+        )
+    if any(k > n for k, n in zip(r, c.stage_layers, strict=True)):
+        raise ValueError(
+            f"stage_recompute_layers {list(r)} exceeds stage_layers {list(c.stage_layers)}"
+        )
+    if c.vp > 1 and any(k % c.vp for k in r):
+        raise ValueError(
+            f"stage_recompute_layers {list(r)}: every entry must be a multiple of vp ({c.vp})"
+        )
+
+
+def resolve_config(
+    config: ParallelConfig,
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterSpec | None = None,
+    *,
+    allow_idle_gpus: bool = False,
+    allow_tp_across_nodes: bool = False,
+) -> ParallelConfig:
+    """Check a configuration against the model, training setup and cluster; fill in
+    ``num_microbatches``. Raises :class:`SpecError` naming the operands that disagree."""
+    c = config
+    m = model
+    if m.num_attention_heads % c.tp:
+        raise SpecError(f"tp ({c.tp}) must divide num_attention_heads ({m.num_attention_heads})")
+    if m.kv_heads % c.tp and c.tp % m.kv_heads:
+        raise SpecError(
+            f"tp ({c.tp}) and num_kv_heads ({m.kv_heads}) must divide one another"
+        )
+    if c.stage_layers is not None:
+        if sum(c.stage_layers) != m.num_layers:
+            raise SpecError(
+                f"stage_layers {list(c.stage_layers)} sum to {sum(c.stage_layers)}, expected "
+                f"num_layers ({m.num_layers})"
+            )
+    else:
+        c = _with_layer_layout(c, m.num_layers)
+    if training.seq_len % (2 * c.cp if c.cp > 1 else 1):
+        raise SpecError(f"2*cp ({2 * c.cp}) must divide seq_len ({training.seq_len})")
+    if c.sequence_parallel and training.seq_len % c.tp:
+        raise SpecError(f"tp ({c.tp}) must divide seq_len ({training.seq_len}) for sequence_parallel")
+    per_step = c.dp * c.micro_batch_size
+    if training.global_batch_size % per_step:
+        raise SpecError(
+            f"dp*micro_batch_size ({c.dp}*{c.micro_batch_size}={per_step}) must divide "
+            f"global_batch_size ({training.global_batch_size})"
+        )
+    nmb = training.global_batch_size // per_step
+    if c.num_microbatches is not None and c.num_microbatches != nmb:
+        raise SpecError(
+            f"num_microbatches ({c.num_microbatches}) must equal global_batch_size / "
+            f"(dp*micro_batch_size) = {training.global_batch_size}/{per_step} = {nmb}"
+        )
+    if c.schedule == "interleaved" and nmb % c.pp:
+        raise SpecError(
+            f"interleaved schedule: pp ({c.pp}) must divide num_microbatches ({nmb})"
+        )
+    if cluster is not None:
+        n = cluster.total_gpus
+        if c.gpus != n and not (allow_idle_gpus and c.gpus < n):
+            raise SpecError(
+                f"dp*tp*pp*cp ({c.dp}*{c.tp}*{c.pp}*{c.cp}={c.gpus}) must equal the cluster's "
+                f"GPU count ({n})"
+            )
+        if c.tp > cluster.scale_up_size and not allow_tp_across_nodes:
+            raise SpecError(
+                f"tp ({c.tp}) must fit in the scale-up domain ({cluster.scale_up_size} GPUs) "
+                f"of cluster '{cluster.name}'"
+            )
+    check_expert_parallel(c, m, cluster, allow_tp_across_nodes=allow_tp_across_nodes)
+    if m.is_hybrid:  # Mamba2 layers: tp splits heads and groups; cp not modelled
+        from perfmodel.compute.mamba import unsupported_parallelism
+
+        why = str(unsupported_parallelism(m, c.tp, c.cp)[()])
+        if why:
+            raise SpecError(f"model '{m.name}' (tp {c.tp}, cp {c.cp}): {why}")
+    etp = c.expert_tp if m.is_moe else c.tp
+    return c.model_copy(update={"num_microbatches": nmb, "etp": etp})
+
+
+def _with_layer_layout(c: ParallelConfig, num_layers: int) -> ParallelConfig:
+    """The config with a Megatron-LM layer layout: the one it names, checked, or, when it names
+    none and ``pp*vp`` does not divide the layers, :func:`perfmodel.pipeline.schedules.megatron_layout`."""
+    from perfmodel.pipeline.schedules import megatron_layout, stage_layer_counts
+
+    first, last = c.first_stage_layers or 0, c.last_stage_layers or 0
+    named = first or last or c.embedding_as_layer or c.loss_as_layer
+    if named:
+        if c.pp == 1:
+            raise SpecError(
+                "first_stage_layers, last_stage_layers, embedding_as_layer and loss_as_layer "
+                "need pp > 1 (got pp=1)"
+            )
+        counts = stage_layer_counts(num_layers, c.pp, c.vp, first, last, c.embedding_as_layer,
+                                    c.loss_as_layer)
+        if not bool(counts["valid"]):
+            raise SpecError(
+                f"no Megatron-LM layout of num_layers ({num_layers}) on pp ({c.pp}) x vp "
+                f"({c.vp}) with first_stage_layers ({first}), last_stage_layers ({last}), "
+                f"embedding_as_layer ({c.embedding_as_layer}), loss_as_layer ({c.loss_as_layer}): "
+                "the rest must split evenly over the other ranks and each rank's layers over its "
+                "vp chunks, and first/last cannot be combined with embedding/loss accounting"
+            )
+        return c
+    if num_layers % (c.pp * c.vp) == 0:
+        return c
+    lay = megatron_layout(num_layers, c.pp, c.vp, explicit=True)
+    if not bool(lay["valid"][0]):
+        raise SpecError(
+            f"pp*vp ({c.pp}*{c.vp}={c.pp * c.vp}) does not divide num_layers ({num_layers}) and "
+            "no Megatron-LM layout fits (first/last-stage layer counts, the embedding and the "
+            "loss counted as layers, or a balanced --pipeline-model-parallel-layout, which needs "
+            "pp*vp <= num_layers)"
+        )
+    if bool(lay["explicit"][0]):
+        # the balanced explicit layout (--pipeline-model-parallel-layout): no field names it;
+        # ConfigBatch.layer_counts and emit.launch derive it from (pp, vp) as here
+        return c
+    return c.model_copy(update={
+        "first_stage_layers": int(lay["first"][0]) or None,
+        "last_stage_layers": int(lay["last"][0]) or None,
+        "embedding_as_layer": bool(lay["embedding_as_layer"][0]),
+        "loss_as_layer": bool(lay["loss_as_layer"][0]),
+    })
+
+
+@dataclass(frozen=True)
+class ConfigBatch:
+    """Struct of arrays: one entry per configuration (all arrays the same length).
+
+    Categorical fields are integer codes: ``recompute`` indexes :data:`RECOMPUTE`, ``schedule``
+    :data:`SCHEDULE`, ``grad_compression`` :data:`COMPRESSION`.
+    """
+
+    dp: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    vp: np.ndarray
+    cp: np.ndarray
+    zero_stage: np.ndarray
+    micro_batch_size: np.ndarray
+    num_microbatches: np.ndarray
+    recompute: np.ndarray
+    sequence_parallel: np.ndarray
+    schedule: np.ndarray
+    grad_compression: np.ndarray
+    topk_ratio: np.ndarray
+    # expert parallel sizes; None fills ep = 1 and etp = tp (Megatron's default)
+    ep: np.ndarray | None = None
+    etp: np.ndarray | None = None
+    # layer layout (see ParallelConfig); None fills zeros / False (the even split)
+    first_stage_layers: np.ndarray | None = None
+    last_stage_layers: np.ndarray | None = None
+    embedding_as_layer: np.ndarray | None = None
+    loss_as_layer: np.ndarray | None = None
+    # Per-stage layouts (ParallelConfig.stage_layers / stage_recompute_layers) as ``(n, S)``
+    # int64 matrices, S >= max pp: ``stage_layers`` row of zeros = no per-stage layout;
+    # ``stage_recompute_layers`` row of -1 = not given. None: no row has one.
+    stage_layers: np.ndarray | None = None
+    stage_recompute_layers: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        n = np.shape(self.dp)[0] if np.ndim(self.dp) else 1
+        for name in _LAYOUT_FIELDS:
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, _as_code_array(name, _LAYOUT_DEFAULTS[name], n))
+        if self.ep is None:
+            object.__setattr__(self, "ep", _as_code_array("ep", 1, n))
+        if self.etp is None:
+            object.__setattr__(self, "etp", np.array(self.tp, copy=True))
+
+    def layer_counts(self, num_layers: int) -> dict[str, np.ndarray]:
+        """Layers per pipeline rank and chunk of every configuration
+        (:func:`perfmodel.pipeline.schedules.stage_layer_counts`)."""
+        from perfmodel.pipeline.schedules import megatron_layout, stage_layer_counts
+
+        first, last = self.first_stage_layers, self.last_stage_layers
+        emb, loss = self.embedding_as_layer, self.loss_as_layer
+        # rows that name no layout and whose pp*vp does not divide the layers: the default
+        # Megatron-LM layout (what resolve_config fills in for a ParallelConfig)
+        unnamed = (first == 0) & (last == 0) & ~emb & ~loss
+        fill = unnamed & (num_layers % (self.pp * self.vp) != 0)
+        explicit = None
+        if np.any(fill):
+            lay = megatron_layout(num_layers, self.pp[fill], self.vp[fill], explicit=True)
+            first, last, emb, loss = (x.copy() for x in (first, last, emb, loss))
+            first[fill], last[fill] = lay["first"], lay["last"]
+            emb[fill], loss[fill] = lay["embedding_as_layer"], lay["loss_as_layer"]
+            if np.any(lay["explicit"]):
+                explicit = np.zeros(len(self), dtype=bool)
+                explicit[np.flatnonzero(fill)[lay["explicit"]]] = True
+        out = stage_layer_counts(num_layers, self.pp, self.vp, first, last, emb, loss)
+        if explicit is not None:  # the balanced explicit layout (--pipeline-model-parallel-layout)
+            from perfmodel.pipeline.schedules import balanced_layer_counts
+
+            bal = balanced_layer_counts(num_layers, self.pp[explicit], self.vp[explicit])
+            out = {k: v.copy() for k, v in out.items()}
+            for k, v in bal.items():
+                out[k][explicit] = v
+        return out
+
+    def __len__(self) -> int:
+        return int(self.dp.shape[0])
+
+    @property
+    def gpus(self) -> np.ndarray:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def expert_dp(self) -> np.ndarray:
+        """Expert data parallel size ``tp*cp*dp / (ep*etp)`` (at least 1)."""
+        return np.maximum(self.dp * self.cp * self.tp // (self.ep * self.etp), 1)
+
+    @classmethod
+    def from_arrays(cls, **arrays) -> ConfigBatch:
+        """Build from arrays (or scalars, broadcast); missing fields take ParallelConfig defaults.
+
+        String values for categorical fields are converted to codes. ``etp`` defaults to ``tp``
+        (Megatron's default expert tensor parallel size).
+        """
+        n = max((np.size(v) for k, v in arrays.items() if k not in _STAGE_FIELDS), default=1)
+        defaults = ParallelConfig()
+        out = {}
+        etp_missing = arrays.get("etp") is None
+        for f in fields(cls):
+            v = arrays.pop(f.name, None)
+            if f.name in _STAGE_FIELDS:
+                out[f.name] = _stage_matrix(v, n, fill=0 if f.name == "stage_layers" else -1)
+                continue
+            if f.name == "num_microbatches" and v is None:
+                v = 1
+            if f.name == "etp" and etp_missing:
+                v = out["tp"]
+            if f.name in _LAYOUT_FIELDS:
+                v = _LAYOUT_DEFAULTS[f.name] if v is None else np.where(
+                    np.equal(np.asarray(v, dtype=object), None), _LAYOUT_DEFAULTS[f.name], v)
+            if v is None:
+                v = getattr(defaults, f.name)
+            out[f.name] = _as_code_array(f.name, v, n)
+        if arrays:
+            raise TypeError(f"unknown ConfigBatch fields: {sorted(arrays)}")
+        return cls(**out)
+
+    @classmethod
+    def from_configs(cls, configs: list[ParallelConfig]) -> ConfigBatch:
+        """Batch of resolved configs (``num_microbatches`` must be set)."""
+        cols = {f.name: [getattr(c, f.name) for c in configs] for f in fields(cls)}
+        cols["etp"] = [c.expert_tp for c in configs]
+        if any(v is None for v in cols["num_microbatches"]):
+            raise ValueError("resolve configs (num_microbatches) before batching them")
+        return cls.from_arrays(**cols)
+
+    def take(self, idx) -> ConfigBatch:
+        """Sub-batch at the given indices or boolean mask."""
+        return ConfigBatch(**{f.name: _take(getattr(self, f.name), idx) for f in fields(self)})
+
+    @property
+    def has_layout(self) -> np.ndarray:
+        """Rows with a per-stage layout (``stage_layers`` given)."""
+        if self.stage_layers is None:
+            return np.zeros(len(self), dtype=bool)
+        return self.stage_layers.sum(axis=1) > 0
+
+    def unique_by(self, names: tuple[str, ...]) -> tuple[ConfigBatch, np.ndarray]:
+        """The distinct configurations by the fields ``names`` (first occurrences) and, for
+        every configuration, the index of its representative: ``f(batch) == f(sub)[codes]`` for
+        any cost ``f`` that reads only those fields. Exact (mixed-radix key of per-field codes)."""
+        import pandas as pd
+
+        key = np.zeros(len(self), dtype=np.int64)
+        for name in names:
+            codes, uniq = pd.factorize(getattr(self, name))
+            key = pd.factorize(key * len(uniq) + codes)[0]  # re-coded: stays < len(self)
+        codes, uniq = pd.factorize(key)
+        first = np.empty(len(uniq), dtype=np.int64)
+        first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
+        return self.take(first), codes
+
+    def config(self, i: int) -> ParallelConfig:
+        """The i-th configuration as a ParallelConfig."""
+        d = {f.name: getattr(self, f.name)[i].item() for f in fields(self)
+             if f.name not in _STAGE_FIELDS}
+        pp = int(d["pp"])
+        lay, rec = self.stage_layers, self.stage_recompute_layers
+        has = lay is not None and lay[i].sum() > 0
+        d["stage_layers"] = tuple(int(x) for x in lay[i, :pp]) if has else None
+        has_r = has and rec is not None and rec[i, 0] >= 0
+        d["stage_recompute_layers"] = tuple(int(x) for x in rec[i, :pp]) if has_r else None
+        d["recompute"] = RECOMPUTE[d["recompute"]]
+        d["schedule"] = SCHEDULE[d["schedule"]]
+        d["grad_compression"] = COMPRESSION[d["grad_compression"]]
+        d["sequence_parallel"] = bool(d["sequence_parallel"])
+        d["embedding_as_layer"] = bool(d["embedding_as_layer"])
+        d["loss_as_layer"] = bool(d["loss_as_layer"])
+        d["first_stage_layers"] = d["first_stage_layers"] or None
+        d["last_stage_layers"] = d["last_stage_layers"] or None
+        return ParallelConfig.model_construct(**d)
+
+    def to_dict(self, i: int) -> dict:
+        return self.config(i).model_dump()
+
+
+_LAYOUT_FIELDS = ("first_stage_layers", "last_stage_layers", "embedding_as_layer", "loss_as_layer")
+_LAYOUT_DEFAULTS = {"first_stage_layers": 0, "last_stage_layers": 0, "embedding_as_layer": False,
+                    "loss_as_layer": False}
+_STAGE_FIELDS = ("stage_layers", "stage_recompute_layers")
+
+
+def _take(v, idx):
+    return None if v is None else v[idx]
+
+
+def _stage_matrix(v, n: int, fill: int) -> np.ndarray | None:
+    """An ``(n, S)`` int64 layout matrix from None, a matrix, or a list of tuples / None."""
+    if v is None:
+        return None
+    if isinstance(v, np.ndarray) and v.ndim == 2:
+        out = v.astype(np.int64)
+        return np.broadcast_to(out, (n, out.shape[1])).copy() if out.shape[0] != n else out.copy()
+    rows = list(v)
+    if all(r is None for r in rows):
+        return None
+    width = max(len(r) for r in rows if r is not None)
+    out = np.full((len(rows), width), fill, dtype=np.int64)
+    for i, r in enumerate(rows):
+        if r is not None:
+            out[i, :len(r)] = r
+    return out
+
+
+_CODES = {"recompute": RECOMPUTE, "schedule": SCHEDULE, "grad_compression": COMPRESSION}
+
+
+def _as_code_array(name: str, v, n: int) -> np.ndarray:
+    if name in _CODES:
+        table = _CODES[name]
+        arr = np.asarray(v)
+        if arr.dtype.kind in "US" or arr.dtype == object:
+
+            def _code(s, table=table, name=name):
+                if s not in table:
+                    raise SpecError(f"{name} = {s!r}: expected one of {list(table)}")
+                return table.index(s)
+
+            arr = np.vectorize(_code, otypes=[np.int64])(arr) if arr.size else arr.astype(
+                np.int64
+            )
+        arr = arr.astype(np.int64)
+    elif name in ("sequence_parallel", "embedding_as_layer", "loss_as_layer"):
+        arr = np.asarray(v, dtype=bool)
+    elif name == "topk_ratio":
+        arr = np.asarray(v, dtype=np.float64)
+    else:
+        arr = np.asarray(v, dtype=np.int64)
+    if arr.ndim == 0 or arr.shape[0] != n:
+        return np.broadcast_to(arr, (n,)).copy()
+    return arr.copy()

@@ -1,0 +1,1 @@
+"""perfmodel.pipeline.schedules."""

@@ -1,0 +1,1002 @@
+"""Pipeline-parallel schedules: bubbles, in-flight micro-batches, timelines, layer partitioning.
+
+Four schedules, coded as in :data:`perfmodel.parallel.config.SCHEDULE`:
+
+=====  ==============  ===================================================================
+code   name            per-stage op order (stage ``s`` of ``p``, ``m`` micro-batches)
+=====  ==============  ===================================================================
+0      ``gpipe``       all forwards, then all backwards (Huang et al. 2019)
+1      ``1f1b``        ``p-s-1`` warm-up forwards, then one forward / one backward
+                       (PipeDream-Flush; Narayanan et al. 2021, Sec. 2.2.1)
+2      ``interleaved`` ``v`` model chunks per device, Megatron-LM's interleaved 1F1B
+                       (Narayanan et al. 2021, Sec. 2.2.2)
+3      ``zb``          ZB-H1: the backward split into B (input gradient) and W (weight
+                       gradient), W deferred to fill the bubble (Qi et al. 2024, Sec. 3.1)
+=====  ==============  ===================================================================
+
+Closed forms (:func:`bubble_fraction`, :func:`pipeline_time_s`, :func:`inflight_microbatches`)
+are vectorized over numpy arrays and hold for uniform stages. :func:`simulate` is an
+event-level simulator for one configuration: it runs each device's op order, starting every op
+when its dependencies (previous stage's forward, next stage's backward, plus a p2p latency)
+are done. It agrees with the closed forms on uniform stages (property-tested) and is the source
+of truth for non-uniform stages (embedding on the first stage, logits on the last).
+
+Time convention: ``t_bwd_s`` / ``stage_bwd_s`` is always the *whole* backward of a micro-batch
+(input gradient + weight gradient), so the same numbers serve every schedule. ``t_w_s`` /
+``stage_w_s`` is the weight-gradient part of it, split off only by ZB-H1 (default: half, since
+the input-gradient and weight-gradient GEMMs have the same FLOPs).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from perfmodel.parallel.config import SCHEDULE
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+__all__ = [
+    "SCHEDULE",
+    "Timeline",
+    "balanced_chunk_layers",
+    "balanced_layer_counts",
+    "balanced_stage_layers",
+    "bubble_fraction",
+    "inflight_microbatches",
+    "layout_chunk_times",
+    "megatron_layout",
+    "partition_layers",
+    "pipeline_efficiency",
+    "pipeline_time_s",
+    "schedule_code",
+    "simulate",
+    "stage_layer_counts",
+    "stage_layer_table",
+    "stage_op_order",
+]
+
+GPIPE, ONE_F_ONE_B, INTERLEAVED, ZB = 0, 1, 2, 3
+
+
+def schedule_code(schedule) -> np.ndarray:
+    """Schedule name(s) or integer code(s) -> int64 code array (see :data:`SCHEDULE`).
+
+    ``"1f1b"`` -> 1; ``["gpipe", "zb"]`` -> ``[0, 3]``; integer input is passed through after a
+    range check.
+    """
+    arr = np.asarray(schedule)
+    if arr.dtype.kind in "US" or arr.dtype == object:
+        try:
+            return np.vectorize(SCHEDULE.index, otypes=[np.int64])(arr)
+        except ValueError:
+            raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULE}") from None
+    codes = arr.astype(np.int64)
+    if np.any((codes < 0) | (codes >= len(SCHEDULE))):
+        raise ValueError(f"schedule codes must be in 0..{len(SCHEDULE) - 1}, got {schedule!r}")
+    return codes
+
+
+# ---------------------------------------------------------------------------------------------
+# Closed forms (vectorized)
+# ---------------------------------------------------------------------------------------------
+
+
+def _whole_at_least_one(name: str, x) -> np.ndarray:
+    """``x`` as a float array, or ValueError naming it if any entry is not a whole number >= 1."""
+    try:
+        a = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} = {x!r}: expected whole numbers >= 1") from None
+    bad = ~np.isfinite(a) | (a < 1) | (a != np.floor(a))
+    if np.any(bad):
+        raise ValueError(f"{name} = {a[bad].ravel()[0]:g}: expected whole numbers >= 1")
+    return a
+
+
+def bubble_fraction(p, m, schedule="1f1b", v=1) -> np.ndarray:
+    """Share of the step (makespan) a device spends idle in a uniform pipeline.
+
+    ``bubble = 1 - m*(F+B) / makespan``:
+
+    * GPipe, 1F1B: ``(p-1) / (m + p - 1)``, i.e. ``(p-1)/m`` of the ideal time ``m*(F+B)``.
+    * interleaved 1F1B with ``v`` chunks per device: ``(p-1) / (v*m + p - 1)``, i.e.
+      ``(p-1)/(v*m)`` of the ideal time (exact when ``p`` divides ``m``).
+    * ZB-H1 with ``F = B = W`` (forward, input gradient, weight gradient each a third of the
+      micro-batch time): the bubble ``(p-1)(F+B-W) = (p-1)F`` against ``m(F+B+W) = 3mF`` of work,
+      so ``(p-1) / (3m + p - 1)``, one third of 1F1B's ``(p-1)/m`` relative to the ideal
+      (exact for ``m >= p``; for ``m < p`` see :func:`pipeline_time_s`).
+
+    Parameters
+    ----------
+    p : pipeline stages (devices), array-like int >= 1.
+    m : micro-batches per step, array-like int >= 1.
+    schedule : name (``"gpipe" | "1f1b" | "interleaved" | "zb"``) or int code array.
+    v : model chunks per device (used by ``interleaved`` only).
+
+    Returns
+    -------
+    np.ndarray of float in [0, 1), broadcast over the inputs.
+
+    References
+    ----------
+    Huang et al. 2019 (GPipe), Sec. 2.3; Narayanan et al. 2021 (SC21), Sec. 2.2.1 (1F1B bubble
+    ``(p-1)/m``) and Sec. 2.2.2 (interleaved, ``(p-1)/(v m)``); Qi et al. 2024 (ICLR), Sec. 3.1,
+    Table 1 (ZB-H1 bubble ``(p-1)(T_F + T_B - T_W)``).
+
+    Raises
+    ------
+    ValueError when ``p``, ``m`` or ``v`` is not a whole number >= 1.
+    """
+    p = _whole_at_least_one("p (pipeline stages)", p)
+    m = _whole_at_least_one("m (micro-batches)", m)
+    v = _whole_at_least_one("v (chunks per device)", v)
+    code = schedule_code(schedule)
+    if np.any(code == ZB):
+        # ZB-H1 for m < p is not the (p-1)F formula; use the general time form with F = B = W.
+        t = pipeline_time_s(p, m, 1.0, 2.0, 1.0, schedule=code, v=v)
+        zb = 1.0 - 3.0 * m / t
+    else:
+        zb = 0.0
+    units = np.where(code == INTERLEAVED, v * m, m)  # work in units of the bubble's slots
+    fb = (p - 1) / (units + p - 1)
+    return np.where(code == ZB, zb, fb)
+
+
+def pipeline_efficiency(p, m, schedule="1f1b", v=1) -> np.ndarray:
+    """``1 - bubble_fraction``: the share of the step a device computes (uniform stages).
+
+    For GPipe / 1F1B this is ``m / (m + p - 1)``, which rises monotonically with ``m`` towards 1
+    (the seed's "optimum ``M* = P-1`` with maximum efficiency 0.5" is the value *at* ``m = p-1``,
+    not a maximum).
+
+    References
+    ----------
+    Narayanan et al. 2021 (SC21), Sec. 2.2.1.
+    """
+    return 1.0 - bubble_fraction(p, m, schedule, v)
+
+
+def pipeline_time_s(
+    p,
+    m,
+    t_fwd_s,
+    t_bwd_s,
+    t_w_s=None,
+    schedule="1f1b",
+    v=1,
+    p2p_s=0.0,
+) -> np.ndarray:
+    """Makespan of one step of a pipeline of ``p`` identical stages [s] (vectorized).
+
+    ``F = t_fwd_s``, ``B = t_bwd_s`` (whole backward) per micro-batch per stage, ``c = p2p_s``
+    one transfer between adjacent stages (a latency on the dependency; compute never blocks on
+    a send). With ``c = 0``:
+
+    * GPipe and 1F1B: ``(m + p - 1)(F + B)``.
+    * interleaved (``v`` chunks of ``F/v``, ``B/v``): ``m(F + B) + (p - 1)(F + B)/v``.
+    * ZB-H1 (``W = t_w_s``, ``B_in = B - W``), ``m >= p``:
+      ``m(F + B) + (p - 1) max(F + B_in - W, F, B_in)``. Qi et al.'s ``(p-1)(F + B_in - W)`` is
+      the first term; the other two are the last stage's fill ``(p-1)F`` and stage 0's wait
+      ``(p-1)B_in`` for its first backward, which dominate when ``W > B_in`` or ``W > F``.
+      For ``m < p`` the largest of three paths (documented in ``docs/pipeline.md``).
+
+    p2p adds ``2(p-1)c`` (GPipe), ``2c [(p-1) + (m-2) - floor((m-2)/p)]`` (1F1B: in the steady
+    state a backward waits for the round trip to the next stage, except once per ``p``
+    micro-batches), ``2(vp-1)c`` (interleaved, for ``c <= min(F, B)/v``) and
+    ``2c [(p-1) + min(max(m-2, 0), p-1)]`` (ZB-H1).
+
+    Exactness against :func:`simulate` (property-tested): GPipe and 1F1B always; interleaved
+    when ``p`` divides ``m`` and ``c <= min(F, B)/v``; ZB-H1 with ``c = 0`` for ``m >= p`` and
+    any ``F, B_in, W``, for ``m < p`` when ``F = B_in = W``, and with ``c > 0`` when
+    ``F = B_in = W`` and ``2c <= W``. Elsewhere the ZB-H1 forms are estimates (``m < p``: a
+    lower bound, within 10 % in our checks; ``c > 0``: an upper bound) and :func:`simulate` is the reference.
+
+    Parameters
+    ----------
+    p, m : stages and micro-batches, array-like int.
+    t_fwd_s, t_bwd_s : forward / whole backward time of one micro-batch on one stage [s].
+    t_w_s : weight-gradient part of ``t_bwd_s`` [s] (ZB-H1 only); default ``t_bwd_s / 2``.
+    schedule : name or int code array (see :data:`SCHEDULE`).
+    v : model chunks per device (interleaved only).
+    p2p_s : one adjacent-stage transfer [s].
+
+    Returns
+    -------
+    np.ndarray of makespans [s], broadcast over the inputs.
+
+    References
+    ----------
+    Narayanan et al. 2021 (SC21), Sec. 2.2 (bubble ``(p-1)(t_f+t_b)``, ``/v`` interleaved);
+    Qi et al. 2024 (ICLR), Sec. 3.1, Table 1 (ZB-H1 bubble ``(p-1)(T_F + T_B - T_W)``);
+    p2p and ``max`` terms derived here and checked against :func:`simulate`.
+    """
+    p = np.asarray(p, dtype=np.float64)
+    m = np.asarray(m, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    f = np.asarray(t_fwd_s, dtype=np.float64)
+    b = np.asarray(t_bwd_s, dtype=np.float64)
+    w = 0.5 * b if t_w_s is None else np.asarray(t_w_s, dtype=np.float64)
+    c = np.asarray(p2p_s, dtype=np.float64)
+    code = schedule_code(schedule)
+    return _pipeline_time_s(p, m, f, b, w, code, v, c)
+
+
+def _pipeline_time_s(p, m, f, b, w, code, v, c):
+    work = m * (f + b)  # one device's compute per step
+    # GPipe: fill p-1 forwards, drain p-1 backwards, one p2p trip each way.
+    t_gpipe = (m + p - 1) * (f + b) + 2.0 * (p - 1) * c
+    # 1F1B: as GPipe, plus 2c for every micro-batch whose steady-state backward waits on the
+    # round trip to the next stage: (m-2) - floor((m-2)/p) of them.
+    waits = np.maximum((m - 2) - np.floor((m - 2) / p), 0.0)
+    t_1f1b = t_gpipe + 2.0 * c * waits
+    # Interleaved: fill and drain shrink to chunk size (F+B)/v; the trip crosses vp-1 links.
+    t_inter = work + (p - 1) * (f + b) / v + 2.0 * (v * p - 1) * c
+    # ZB-H1: the backward's critical path is the input gradient B_in; W fills the bubble.
+    b_in = b - w
+    t_zb_big = work + (p - 1) * np.maximum(np.maximum(f + b_in - w, f), b_in)
+    t_zb_small = np.maximum(
+        np.maximum(
+            (p - 1) * f + m * (f + b_in + w),  # last stage: fill, then all its work
+            p * f + (p - 1) * b_in + m * (b_in + w),  # stage 0: waits for the first B
+        ),
+        (m + p - 1) * (f + b_in) + w,  # last micro-batch's F/B chain, then its W
+    )
+    zb_hops = 2.0 * c * ((p - 1) + np.minimum(np.maximum(m - 2, 0.0), p - 1))
+    t_zb = np.where(m >= p, t_zb_big, t_zb_small) + zb_hops
+    out = np.select(
+        [code == GPIPE, code == ONE_F_ONE_B, code == INTERLEAVED],
+        [t_gpipe, t_1f1b, t_inter],
+        default=t_zb,
+    )
+    return np.where(p > 1, out, work)
+
+
+def inflight_microbatches(p, m, schedule="1f1b", v=1, stage=0) -> np.ndarray:
+    """Peak number of micro-batches whose activations a stage holds (vectorized).
+
+    Counted from the start of a micro-batch's forward to the end of its (input-gradient)
+    backward, in units of a whole stage's micro-batch activations:
+
+    * GPipe: ``m``.
+    * 1F1B and ZB-H1: ``min(p - stage, m)``.
+    * interleaved: Megatron-LM's warm-up ``w = 2(p - stage - 1) + (v - 1) p`` chunk forwards plus
+      one, each chunk ``1/v`` of the stage: ``min(w + 1, v m) / v``. For ``stage = 0`` and
+      ``m >= p`` this is ``p + (p-1)/v``, i.e. ``p`` times Megatron's memory factor
+      ``1 + (p-1)/(p v)``.
+
+    ZB-H1 keeps the inputs of the weight-gradient GEMMs until W runs; counting those as whole
+    micro-batches gives ``min(p, m)`` on every stage (:attr:`Timeline.peak_held`), the same
+    peak as 1F1B's stage 0 (Qi et al. 2024, Sec. 3.1).
+
+    References
+    ----------
+    Narayanan et al. 2021 (SC21), Sec. 2.2.1; Korthikanti et al. 2022 (activation memory of the
+    first stage, interleaving factor ``1 + (p-1)/(p v)``); Megatron-LM
+    ``forward_backward_pipelining_with_interleaving`` (warm-up count).
+    """
+    p = np.asarray(p, dtype=np.float64)
+    m = np.asarray(m, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    s = np.asarray(stage, dtype=np.float64)
+    code = schedule_code(schedule)
+    one_f_one_b = np.minimum(p - s, m)
+    warmup = 2.0 * (p - s - 1) + (v - 1) * p
+    inter = np.minimum(warmup + 1, v * m) / v
+    return np.select([code == GPIPE, code == INTERLEAVED], [m + 0.0 * p, inter], one_f_one_b)
+
+
+# ---------------------------------------------------------------------------------------------
+# Event-level simulator (one configuration; loops are fine here)
+# ---------------------------------------------------------------------------------------------
+
+# An op is (kind, microbatch, chunk) with kind "F", "B" (whole backward, or input gradient
+# for ZB-H1) or "W" (weight gradient, ZB-H1 only).
+Op = tuple[str, int, int]
+
+
+def stage_op_order(p: int, m: int, stage: int, schedule="1f1b", v: int = 1) -> list[Op]:
+    """The order in which device ``stage`` runs its ops, as ``(kind, microbatch, chunk)``.
+
+    * GPipe: ``F0..F(m-1)``, then ``B0..B(m-1)``.
+    * 1F1B: pairs ``(F_x, B_{x-(p-1-s)})`` for ``x = 0 .. m+p-2-s``, skipping out-of-range
+      indices: ``p-s-1`` warm-up forwards, steady one-forward-one-backward, cool-down backwards
+      (Megatron-LM ``forward_backward_pipelining_without_interleaving``).
+    * interleaved: Megatron-LM's order. Forwards walk the schedule table (groups of ``p``
+      micro-batches, each group through chunks ``0..v-1``), backwards the same table with chunks
+      reversed; ``2(p-s-1) + (v-1)p`` warm-up forwards (all of them if that reaches ``v m``),
+      then alternate one forward, one backward, then the remaining backwards.
+    * ZB-H1: triples ``(F_x, B_{x-(p-1-s)}, W_{x-(p-1)})`` for ``x = 0 .. m+p-2``, skipping
+      out-of-range indices (Qi et al. 2024, Fig. 3; the W of a micro-batch lags its B by ``s``
+      slots on stage ``s``, which fills the drain bubble).
+    """
+    code = int(schedule_code(schedule))
+    s = stage
+    if code == GPIPE:
+        return [("F", j, 0) for j in range(m)] + [("B", j, 0) for j in range(m)]
+    if code == ONE_F_ONE_B:
+        ops: list[Op] = []
+        for x in range(m + p - 1 - s):
+            if x < m:
+                ops.append(("F", x, 0))
+            j = x - (p - 1 - s)
+            if 0 <= j < m:
+                ops.append(("B", j, 0))
+        return ops
+    if code == ZB:
+        ops = []
+        for x in range(m + p - 1):
+            if x < m:
+                ops.append(("F", x, 0))
+            j = x - (p - 1 - s)
+            if 0 <= j < m:
+                ops.append(("B", j, 0))
+            k = x - (p - 1)
+            if 0 <= k < m:
+                ops.append(("W", k, 0))
+        return ops
+    # interleaved
+    table = _interleaved_table(m, v, group=p)
+    total = m * v
+    warmup = 2 * (p - s - 1) + (v - 1) * p
+    warmup = min(total, warmup)
+    fwd = [("F", mb, ch) for mb, ch in table]
+    bwd = [("B", mb, v - 1 - ch) for mb, ch in table]
+    ops = fwd[:warmup]
+    for i in range(total - warmup):
+        ops.append(fwd[warmup + i])
+        ops.append(bwd[i])
+    ops.extend(bwd[total - warmup :])
+    return ops
+
+
+def _interleaved_table(m: int, v: int, group: int) -> list[tuple[int, int]]:
+    """Megatron-LM's virtual-pipeline schedule table: ``(microbatch, chunk)`` in forward order.
+
+    Micro-batches go in groups of ``group`` (= p); each group runs through chunks 0..v-1; the
+    last group takes whatever micro-batches remain (Megatron-LM ``get_schedule_table``).
+    """
+    table = []
+    for start in range(0, m, group):
+        stop = min(m, start + group)
+        for ch in range(v):
+            table.extend((mb, ch) for mb in range(start, stop))
+    return table
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Result of :func:`simulate`: every op of one step on every device.
+
+    Attributes
+    ----------
+    events : list of ``(stage, microbatch, chunk, op, start_s, end_s)``, ``op`` in F/B/W,
+        sorted by stage then start time.
+    makespan_s : end of the last op [s].
+    peak_inflight : per stage, the peak number of micro-batches between the start of their
+        forward and the end of their (input-gradient) backward, in whole-stage units (a chunk
+        counts ``1/v``).
+    peak_held : as ``peak_inflight`` but held until the weight gradient (W) ends; equal to
+        ``peak_inflight`` for schedules that do not split the backward.
+    busy_s : per stage, the compute time [s].
+    """
+
+    p: int
+    m: int
+    v: int
+    schedule: str
+    events: list[tuple[int, int, int, str, float, float]]
+    makespan_s: float
+    peak_inflight: np.ndarray
+    peak_held: np.ndarray
+    busy_s: np.ndarray = field(repr=False)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle share of the step, averaged over stages: ``1 - sum(busy) / (p * makespan)``."""
+        return float(1.0 - self.busy_s.sum() / (self.p * self.makespan_s))
+
+    def to_frame(self) -> pd.DataFrame:
+        """Events as a DataFrame: stage, microbatch, chunk, op, start_s, end_s, duration_s."""
+        import pandas as pd
+
+        df = pd.DataFrame(
+            self.events, columns=["stage", "microbatch", "chunk", "op", "start_s", "end_s"]
+        )
+        df["duration_s"] = df["end_s"] - df["start_s"]
+        return df
+
+
+def _per_chunk(t, p: int, v: int, name: str) -> np.ndarray:
+    """Stage times (p,) for the whole stage, or (p, v) per chunk -> (p, v) per chunk [s]."""
+    a = np.asarray(t, dtype=np.float64)
+    if a.ndim == 0:
+        a = np.full(p, float(a))
+    if a.ndim == 1:
+        if a.shape[0] != p:
+            raise ValueError(f"{name} has {a.shape[0]} stages, expected {p}")
+        return np.repeat(a[:, None] / v, v, axis=1)
+    if a.shape != (p, v):
+        raise ValueError(f"{name} has shape {a.shape}, expected ({p},) or ({p}, {v})")
+    return a
+
+
+def simulate(
+    stage_fwd_s,
+    stage_bwd_s,
+    m: int,
+    schedule: str = "1f1b",
+    v: int = 1,
+    p2p_s=0.0,
+    stage_w_s=None,
+) -> Timeline:
+    """Event-level simulation of one training step of a pipeline.
+
+    Each device runs :func:`stage_op_order` in order; an op starts when the device is free and
+    its inputs are there: a forward needs the previous virtual stage's forward of the same
+    micro-batch (plus ``p2p_s`` when that ran on another device), a backward needs its own
+    forward and the next virtual stage's backward (plus ``p2p_s``), a W needs its B.
+    Virtual stage ``chunk * p + stage`` runs on device ``stage``.
+
+    Parameters
+    ----------
+    stage_fwd_s : per-device forward time of one micro-batch [s], shape ``(p,)`` (the whole
+        device, split evenly over its ``v`` chunks) or ``(p, v)`` per chunk.
+    stage_bwd_s : the whole backward (input + weight gradient), same shapes [s].
+    m : micro-batches.
+    schedule : ``"gpipe" | "1f1b" | "interleaved" | "zb"`` (or the int code).
+    v : model chunks per device (``interleaved``; 1 otherwise).
+    p2p_s : one transfer between adjacent devices [s]: a scalar, or one value per virtual stage
+        boundary (``p*v - 1`` values, boundary ``k`` between virtual stages ``k`` and ``k+1``).
+    stage_w_s : ZB-H1 only: the weight-gradient part of ``stage_bwd_s`` [s]; default half.
+
+    Returns
+    -------
+    :class:`Timeline`.
+
+    References
+    ----------
+    Narayanan et al. 2021 (SC21), Fig. 3-4 (1F1B and interleaved orders); Qi et al. 2024,
+    Fig. 3 (ZB-H1).
+    """
+    code = int(schedule_code(schedule))
+    name = SCHEDULE[code]
+    f = np.asarray(stage_fwd_s, dtype=np.float64)
+    p = int(f.shape[0]) if f.ndim else 1
+    if code != INTERLEAVED and v != 1:
+        raise ValueError(f"v ({v}) > 1 needs schedule 'interleaved' (got '{name}')")
+    if m < 1 or p < 1 or v < 1:
+        raise ValueError(f"need p, m, v >= 1 (got p={p}, m={m}, v={v})")
+    if code == INTERLEAVED and m % p:
+        raise ValueError(
+            f"interleaved schedule: pp ({p}) must divide num_microbatches ({m}), as in Megatron-LM"
+        )
+    fc = _per_chunk(stage_fwd_s, p, v, "stage_fwd_s")
+    bc = _per_chunk(stage_bwd_s, p, v, "stage_bwd_s")
+    if code == ZB:
+        wc = 0.5 * bc if stage_w_s is None else _per_chunk(stage_w_s, p, v, "stage_w_s")
+        if np.any(wc > bc + 1e-15) or np.any(wc < 0):
+            raise ValueError("stage_w_s must lie in [0, stage_bwd_s] (it is part of the backward)")
+        dur = {"F": fc, "B": bc - wc, "W": wc}
+    else:
+        dur = {"F": fc, "B": bc}
+    nv = p * v
+    hop = np.broadcast_to(np.asarray(p2p_s, dtype=np.float64), (max(nv - 1, 0),))
+    if np.asarray(p2p_s).ndim and np.asarray(p2p_s).shape[0] != nv - 1:
+        raise ValueError(f"p2p_s has {np.asarray(p2p_s).shape[0]} boundaries, expected {nv - 1}")
+
+    orders = [stage_op_order(p, m, s, code, v) for s in range(p)]
+    end: dict[tuple[str, int, int], float] = {}  # (kind, mb, virtual stage) -> end time
+    ptr = [0] * p
+    free = [0.0] * p
+    events: list[tuple[int, int, int, str, float, float]] = []
+
+    def ready(kind: str, mb: int, vs: int) -> float | None:
+        """Time the inputs of op (kind, mb, vs) arrive, or None if not yet computed."""
+        if kind == "F":
+            if vs == 0:
+                return 0.0
+            e = end.get(("F", mb, vs - 1))
+            return None if e is None else e + _hop(vs - 1)
+        if kind == "W":
+            return end.get(("B", mb, vs))
+        e_f = end.get(("F", mb, vs))
+        if e_f is None:
+            return None
+        if vs == nv - 1:
+            return e_f
+        e_b = end.get(("B", mb, vs + 1))
+        return None if e_b is None else max(e_f, e_b + _hop(vs))
+
+    def _hop(k: int) -> float:
+        # boundary k joins virtual stages k and k+1; no transfer within one device (p == 1)
+        return float(hop[k]) if (k % p) != ((k + 1) % p) else 0.0
+
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for s in range(p):
+            order = orders[s]
+            while ptr[s] < len(order):
+                kind, mb, ch = order[ptr[s]]
+                vs = ch * p + s
+                r = ready(kind, mb, vs)
+                if r is None:
+                    break
+                start = max(free[s], r)
+                stop = start + float(dur[kind][s, ch])
+                end[(kind, mb, vs)] = stop
+                free[s] = stop
+                events.append((s, mb, ch, kind, start, stop))
+                ptr[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # pragma: no cover - the built-in orders never deadlock
+            raise RuntimeError(f"schedule '{name}' deadlocked (p={p}, m={m}, v={v})")
+
+    events.sort(key=lambda e: (e[0], e[4]))
+    peak_inflight = np.zeros(p)
+    peak_held = np.zeros(p)
+    busy = np.zeros(p)
+    split = code == ZB
+    for s in range(p):
+        live = held = 0
+        top_live = top_held = 0
+        for st, _mb, _ch, kind, t0, t1 in (e for e in events if e[0] == s):
+            busy[s] += t1 - t0
+            if kind == "F":
+                live += 1
+                held += 1
+            elif kind == "B":
+                live -= 1
+                held -= 0 if split else 1
+            else:
+                held -= 1
+            top_live = max(top_live, live)
+            top_held = max(top_held, held)
+        peak_inflight[s] = top_live / v
+        peak_held[s] = top_held / v
+    makespan = max(e[5] for e in events)
+    return Timeline(p, m, v, name, events, makespan, peak_inflight, peak_held, busy)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layer-to-stage partitioning (exercise 9.4)
+# ---------------------------------------------------------------------------------------------
+
+
+def _finite_nonneg(name: str, x) -> np.ndarray:
+    try:
+        a = np.asarray(x, dtype=np.float64).ravel()
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected numbers") from None
+    bad = ~np.isfinite(a) | (a < 0)
+    if np.any(bad):
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name}[{i}] = {a[i]}: expected a finite number >= 0")
+    return a
+
+
+def partition_layers(
+    layer_costs,
+    stages: int,
+    memory=None,
+    memory_cap: float | None = None,
+) -> tuple[np.ndarray, float]:
+    """Split layers into ``stages`` contiguous, non-empty stages minimising the slowest stage.
+
+    The throughput of a pipeline is set by its slowest stage (the steady state runs one
+    micro-batch per ``max_s t_s``), so the objective is the bottleneck ``max_s sum(stage s)``,
+    not the sum of stage costs (which is the same for every split). Dynamic programming:
+
+    ``D[j][i] = min_{k<i} max(D[j-1][k], C[i] - C[k])``, ``D[1][i] = C[i]``,
+
+    with ``C`` the prefix sums of ``layer_costs``, over ``k`` whose stage ``k..i-1`` fits
+    ``memory_cap`` (sum of per-layer ``memory``). With non-negative costs the inner minimum
+    is found by bisection, so time is O(stages * L log L) and memory O(stages * L).
+
+    Parameters
+    ----------
+    layer_costs : per-layer time (or FLOP) of one micro-batch, length L >= stages.
+    stages : number of pipeline stages.
+    memory : per-layer memory [bytes] (optional).
+    memory_cap : the most memory one stage may hold [bytes] (optional; needs ``memory``).
+
+    Returns
+    -------
+    (boundaries, bottleneck) : int array of ``stages + 1`` layer indices, stage ``s`` holding
+    layers ``boundaries[s]:boundaries[s+1]``; and the slowest stage's cost.
+
+    Raises
+    ------
+    ValueError when there are fewer layers than stages, a cost or memory is negative or not
+    finite, or no split fits ``memory_cap``.
+
+    References
+    ----------
+    Bokhari 1988, "Partitioning problems in parallel, pipelined, and distributed computing"
+    (chains-on-chains bottleneck partitioning); Narayanan et al. 2019 (PipeDream), Sec. 3.1.
+    """
+    costs = _finite_nonneg("layer_costs", layer_costs)
+    n = costs.shape[0]
+    if isinstance(stages, bool) or not float(stages).is_integer():
+        raise ValueError(f"stages = {stages!r}: expected a whole number >= 1")
+    stages = int(stages)
+    if stages < 1 or n < stages:
+        raise ValueError(f"need 1 <= stages <= layers (got stages={stages}, layers={n})")
+    prefix = np.concatenate([[0.0], np.cumsum(costs)])
+    idx = np.arange(n + 1)
+    if memory is not None and memory_cap is not None:
+        mem = _finite_nonneg("memory", memory)
+        if mem.shape[0] != n:
+            raise ValueError(f"memory has {mem.shape[0]} layers, layer_costs {n}")
+        cap = float(memory_cap)
+        if not np.isfinite(cap) or cap < 0:
+            raise ValueError(f"memory_cap = {memory_cap!r}: expected a finite number >= 0")
+        mprefix = np.concatenate([[0.0], np.cumsum(mem)])
+        # the first k whose stage k..i-1 fits the cap (prefix sums are nondecreasing)
+        k_lo = np.searchsorted(mprefix, mprefix - cap * (1 + 1e-12), side="left")
+    else:
+        k_lo = np.zeros(n + 1, dtype=np.int64)
+
+    # D[j][i] = min_k max(D[j-1][k], C[i] - C[k]). For non-negative costs D[j-1][k] is
+    # nondecreasing in k where finite and C[i] - C[k] nonincreasing, so the best k is where
+    # D[j-1][k] + C[k] first reaches C[i]: one searchsorted per stage count, vectorised over i.
+    # Memory O(stages * L) (the tables below), time O(stages * L log L).
+    best = np.full((stages + 1, n + 1), np.inf)
+    arg = np.zeros((stages + 1, n + 1), dtype=np.int64)
+    best[0, 0] = 0.0
+    for j in range(1, stages + 1):
+        prev = best[j - 1]
+        finite = np.isfinite(prev)
+        hi_prev = int(np.flatnonzero(finite)[-1]) if finite.any() else -1
+        lo = np.maximum(k_lo, j - 1)
+        hi = np.minimum(idx - 1, hi_prev)
+        ok = lo <= hi
+        h = np.where(finite, prev + prefix, np.inf)  # nondecreasing on [j-1, hi_prev]
+        cross = np.searchsorted(h[j - 1:hi_prev + 1], prefix, side="left") + (j - 1)
+        cands = np.stack([np.clip(cross - 1, lo, hi), np.clip(cross, lo, hi), lo])
+        kk = np.where(ok, cands, 0)
+        vals = np.maximum(prev[kk], prefix[None, :] - prefix[kk])
+        vals = np.where(ok[None, :], vals, np.inf)
+        pick = np.argmin(vals, axis=0)
+        arg[j] = kk[pick, idx]
+        best[j] = vals[pick, idx]
+    bottleneck = float(best[stages, n])
+    if not np.isfinite(bottleneck):
+        raise ValueError(
+            f"no split of {n} layers into {stages} stages fits memory_cap={memory_cap} "
+            f"(largest layer memory {float(np.max(memory))})"
+        )
+    bounds = [n]
+    for j in range(stages, 0, -1):
+        bounds.append(int(arg[j, bounds[-1]]))
+    return np.array(bounds[::-1], dtype=np.int64), bottleneck
+
+
+# ---------------------------------------------------------------------------------------------
+# Megatron-LM layer layouts: layers per pipeline rank and per model chunk
+# ---------------------------------------------------------------------------------------------
+
+
+def stage_layer_counts(
+    num_layers,
+    pp,
+    vp=1,
+    first=0,
+    last=0,
+    embedding_as_layer=False,
+    loss_as_layer=False,
+) -> dict[str, np.ndarray]:
+    """Transformer layers per pipeline rank and per model chunk, as Megatron-LM builds them
+    (vectorized; the one place time, memory, the Gantt chart and ``--emit`` get them from).
+
+    Three layouts, Megatron-core ``get_num_layers_to_build`` / ``get_transformer_layer_offset``
+    (``megatron/core/transformer/transformer_block.py``, ``transformer_layer.py``):
+
+    * even (``first = last = 0``, no accounting): ``L / p`` layers per rank, ``L / (p v)`` per
+      chunk;
+    * uneven first / last stage (``--decoder-first-pipeline-num-layers first``,
+      ``--decoder-last-pipeline-num-layers last``; 0 = not set): rank 0 holds ``first``, rank
+      ``p-1`` holds ``last``, the other ranks share the rest evenly; each rank's layers are split
+      evenly over its ``v`` chunks;
+    * embedding / loss counted as layers (``--account-for-embedding-in-pipeline-split``,
+      ``--account-for-loss-in-pipeline-split``): ``L' = L + e + l`` split evenly, ``L'/(p v)``
+      per chunk, less one layer in virtual stage 0 (rank 0, chunk 0) for the embedding and one
+      in the last virtual stage (rank ``p-1``, chunk ``v-1``) for the loss.
+
+    Parameters
+    ----------
+    num_layers : L, transformer layers of the model.
+    pp, vp : pipeline ranks and model chunks per rank, array-like int.
+    first, last : layers of the first / last pipeline rank (0 = even split of the rest).
+    embedding_as_layer, loss_as_layer : count the embedding / the loss as a layer.
+
+    Returns
+    -------
+    dict of arrays: ``first``, ``middle``, ``last`` (layers on rank 0, on each middle rank, on
+    rank ``p-1``; all equal for ``p = 1``), ``max_rank`` (most layers on any rank),
+    ``first_chunk0`` (layers of virtual stage 0), ``first_chunk`` (rank 0's other chunks),
+    ``middle_chunk``, ``last_chunk`` (rank ``p-1``'s chunks but its last), ``last_chunk_end``
+    (the last virtual stage), and bool ``valid``: Megatron-LM accepts the layout (its
+    divisibility asserts hold, no chunk is left without layers, and first/last are not combined
+    with embedding/loss accounting, which Megatron refuses).
+    """
+    L = np.asarray(num_layers, dtype=np.int64)
+    p = np.asarray(pp, dtype=np.int64)
+    v = np.asarray(vp, dtype=np.int64)
+    f = np.asarray(first, dtype=np.int64)
+    la = np.asarray(last, dtype=np.int64)
+    e = np.asarray(embedding_as_layer, dtype=bool).astype(np.int64)
+    lo = np.asarray(loss_as_layer, dtype=bool).astype(np.int64)
+    L, p, v, f, la, e, lo = np.broadcast_arrays(L, p, v, f, la, e, lo)
+    multi = p > 1
+    f = np.where(multi, f, 0)
+    la = np.where(multi, la, 0)
+    e = np.where(multi, e, 0)
+    lo = np.where(multi, lo, 0)
+    set_f, set_l = f > 0, la > 0
+    uneven = set_f | set_l
+    # uneven first/last: the middle ranks share what is left
+    rest = L - f - la
+    mid_ranks = p - set_f - set_l
+    per_mid = np.where(mid_ranks > 0, rest // np.maximum(mid_ranks, 1), 0)
+    ok_uneven = np.where(mid_ranks > 0, rest % np.maximum(mid_ranks, 1) == 0, rest == 0)
+    ok_uneven &= (rest >= 0) & ~((e + lo) > 0)
+    # embedding / loss accounting (or the plain even split)
+    lp = L + e + lo
+    per_rank = lp // p
+    ok_even = lp % p == 0
+    r_first = np.where(uneven, np.where(set_f, f, per_mid), per_rank - e)
+    r_last = np.where(uneven, np.where(set_l, la, per_mid), per_rank - lo)
+    r_mid = np.where(uneven, per_mid, per_rank)
+    # chunks: each rank's (accounted) layers split evenly over v
+    acc_first = np.where(uneven, r_first, per_rank)
+    acc_last = np.where(uneven, r_last, per_rank)
+    ok_chunks = (acc_first % v == 0) & (acc_last % v == 0) & (r_mid % v == 0)
+    c_first, c_mid, c_last = acc_first // v, r_mid // v, acc_last // v
+    chunk0 = c_first - np.where(uneven, 0, e)
+    chunk_end = c_last - np.where(uneven, 0, lo)
+    single = ~multi
+    r_first = np.where(single, L, r_first)
+    r_last = np.where(single, L, r_last)
+    r_mid = np.where(single, L, r_mid)
+    valid = np.where(uneven, ok_uneven, ok_even) & ok_chunks
+    # every chunk holds a layer, except a chunk that holds the embedding or the loss
+    valid &= (c_mid >= 1) | (p <= 2)
+    valid &= (np.where(v > 1, c_first, chunk0) >= 1) & (np.where(v > 1, c_last, chunk_end) >= 1)
+    valid &= (chunk0 >= 0) & (chunk_end >= 0)
+    valid &= np.where(single, L % v == 0, True)
+    max_rank = np.maximum(np.maximum(r_first, r_last), np.where(p > 2, r_mid, 0))
+    return {
+        "first": r_first,
+        "middle": np.where(p > 2, r_mid, r_first),
+        "last": r_last,
+        "max_rank": max_rank,
+        "first_chunk0": np.where(single, L // np.maximum(v, 1), chunk0),
+        "first_chunk": np.where(single, L // np.maximum(v, 1), c_first),
+        "middle_chunk": np.where(single, L // np.maximum(v, 1), c_mid),
+        "last_chunk": np.where(single, L // np.maximum(v, 1), c_last),
+        "last_chunk_end": np.where(single, L // np.maximum(v, 1), chunk_end),
+        "valid": valid,
+    }
+
+
+def stage_layer_table(
+    num_layers: int,
+    pp: int,
+    vp: int = 1,
+    first: int = 0,
+    last: int = 0,
+    embedding_as_layer: bool = False,
+    loss_as_layer: bool = False,
+) -> np.ndarray:
+    """Layers of every model chunk of one configuration, shape ``(pp, vp)``: entry ``[r, c]``
+    is virtual stage ``c * pp + r`` (chunk ``c`` of rank ``r``), from :func:`stage_layer_counts`;
+    where the configuration names no layout and ``pp*vp`` does not divide the layers,
+    :func:`megatron_layout`'s (the balanced explicit one included).
+
+    >>> stage_layer_table(126, 8, 8, embedding_as_layer=True, loss_as_layer=True)[[0, 7]]
+    array([[1, 2, 2, 2, 2, 2, 2, 2],
+           [2, 2, 2, 2, 2, 2, 2, 1]])
+    """
+    named = first or last or embedding_as_layer or loss_as_layer
+    if not named and num_layers % (pp * vp) and pp > 1:  # the layout the tool gives (pp, vp)
+        lay = {k: x[0] for k, x in megatron_layout(num_layers, pp, vp, explicit=True).items()}
+        if lay["explicit"]:
+            ranks = balanced_stage_layers(num_layers, pp, vp)[0, :pp]
+            chunks = balanced_chunk_layers(ranks, vp)
+            return np.array([[chunks[c * pp + r] for c in range(vp)] for r in range(pp)],
+                            dtype=np.int64)
+        first, last = int(lay["first"]), int(lay["last"])
+        embedding_as_layer = bool(lay["embedding_as_layer"])
+        loss_as_layer = bool(lay["loss_as_layer"])
+    c = {k: int(np.asarray(x).ravel()[0]) for k, x in stage_layer_counts(
+        num_layers, pp, vp, first, last, embedding_as_layer, loss_as_layer).items()}
+    if not c["valid"]:
+        raise ValueError(
+            f"no Megatron-LM layout of {num_layers} layers on pp={pp}, vp={vp} with first={first}, "
+            f"last={last}, embedding_as_layer={embedding_as_layer}, loss_as_layer={loss_as_layer}"
+        )
+    t = np.full((pp, vp), c["middle_chunk"], dtype=np.int64)
+    t[0, :] = c["first_chunk"]
+    t[pp - 1, :] = c["last_chunk"]
+    t[0, 0] = c["first_chunk0"]
+    t[pp - 1, vp - 1] = c["last_chunk_end"]
+    if pp == 1:
+        t[0, :] = num_layers // vp
+    return t
+
+
+def balanced_stage_layers(num_layers: int, pp, vp=1) -> np.ndarray:
+    """Decoder layers per pipeline rank of the balanced explicit layout (vectorized over
+    ``pp``, ``vp``): the ``L`` layers over the ``p v`` model chunks with counts differing by at
+    most one, the ``r = L mod (p v)`` heavier chunks (``q + 1`` layers, ``q = L // (p v)``)
+    first in model order, as Megatron-Bridge's DeepSeek-V3 ``layout_map`` puts its full chunks
+    first and the lighter one (with the MTP layers and the loss) last
+    (``recipes/deepseek/deepseek_v3.py``). Chunk ``c`` runs on rank ``c % p``
+    (Megatron-Core ``PipelineParallelLayerLayout``: ``layout[vpp_rank * pp + pp_rank]``), so
+    rank ``s`` holds ``v q + n_s`` layers, ``n_s = clip(ceil((r - s) / p), 0, v)`` of its
+    chunks being heavier.
+
+    Returns an ``(n, max pp)`` int64 matrix (ranks beyond a row's pp hold 0).
+
+    >>> balanced_stage_layers(61, 8, 4)
+    array([[8, 8, 8, 8, 8, 7, 7, 7]])
+    """
+    p = np.atleast_1d(np.asarray(pp, dtype=np.int64))
+    v = np.atleast_1d(np.asarray(vp, dtype=np.int64))
+    p, v = np.broadcast_arrays(p, v)
+    chunks = p * v
+    q, r = num_layers // chunks, num_layers % chunks
+    s = np.arange(int(p.max()) if p.size else 1)[None, :]
+    pc, vc, qc, rc = (x[:, None] for x in (p, v, q, r))
+    heavy = np.clip(-((s - rc) // pc), 0, vc)  # ceil((r - s) / p), clipped to [0, v]
+    return np.where(s < pc, vc * qc + heavy, 0).astype(np.int64)
+
+
+def balanced_layer_counts(num_layers: int, pp, vp=1) -> dict[str, np.ndarray]:
+    """:func:`stage_layer_counts`'s fields for the balanced explicit layout (vectorized): rank
+    0 (the most layers, the embedding), the middle rank with the most, rank ``p-1`` (the
+    fewest, the loss), and the chunk sizes of those ranks (``q + 1`` where a rank holds a
+    heavier chunk). The time and memory models price the slowest rank from these, as for the
+    other layouts.
+
+    >>> {k: int(v[0]) for k, v in balanced_layer_counts(61, 8, 4).items() if k != "valid"}
+    ... # doctest: +NORMALIZE_WHITESPACE
+    {'first': 8, 'middle': 8, 'last': 7, 'max_rank': 8, 'first_chunk0': 2, 'first_chunk': 2,
+     'middle_chunk': 2, 'last_chunk': 2, 'last_chunk_end': 1}
+    """
+    p = np.atleast_1d(np.asarray(pp, dtype=np.int64))
+    v = np.atleast_1d(np.asarray(vp, dtype=np.int64))
+    p, v = np.broadcast_arrays(p, v)
+    ranks = balanced_stage_layers(num_layers, p, v)
+    rows = np.arange(p.shape[0])
+    q, r = num_layers // (p * v), num_layers % (p * v)
+    last = ranks[rows, p - 1]
+    heavy = (r > 0).astype(np.int64)
+    heavy_last = (-((p - 1 - r) // p) > 0).astype(np.int64)  # rank p-1 holds a heavier chunk
+    mid = np.where(p > 2, ranks[:, 1] if ranks.shape[1] > 1 else ranks[:, 0], ranks[:, 0])
+    return {"first": ranks[:, 0], "middle": mid, "last": last, "max_rank": ranks.max(axis=1),
+            "first_chunk0": q + heavy, "first_chunk": q + heavy,
+            "middle_chunk": q + heavy, "last_chunk": q + heavy_last,
+            "last_chunk_end": q.copy(),
+            "valid": (p * v <= num_layers) & (p > 1)}
+
+
+def balanced_chunk_layers(rank_layers, vp: int) -> list[int]:
+    """Decoder layers of each of the ``pp*vp`` model chunks, in model order (chunk ``c`` on rank
+    ``c % pp``), of per-rank counts split over each rank's ``vp`` chunks as evenly as possible,
+    the heavier chunks first: the chunks of :func:`balanced_stage_layers` (and, for counts that
+    are multiples of ``vp``, the even split of each rank).
+
+    >>> balanced_chunk_layers([8, 8, 8, 8, 8, 7, 7, 7], 4)[-4:]
+    [2, 1, 1, 1]
+    """
+    ranks = [int(n) for n in rank_layers]
+    pp = len(ranks)
+    return [ranks[c % pp] // vp + (1 if c // pp < ranks[c % pp] % vp else 0)
+            for c in range(pp * vp)]
+
+
+def megatron_layout(num_layers: int, pp, vp=1, explicit: bool = False) -> dict[str, np.ndarray]:
+    """The layout the tool gives ``(pp, vp)`` when the user does not name one (vectorized).
+
+    In this order, the first that Megatron-LM accepts (:func:`stage_layer_counts`):
+
+    1. the even split (``L`` divisible by ``p v``);
+    2. the embedding and the loss counted as layers (``(L + 2) / (p v)`` whole), as NVIDIA's
+       Llama 3.1 405B recipes run 126 layers on ``p v = 64`` (and on ``p = 8, v = 4``);
+    3. the loss counted alone, then the embedding alone (``L + 1``);
+    4. lighter first and last stages (``--decoder-first/last-pipeline-num-layers``): the middle
+       ranks take ``k`` layers (a multiple of ``v``, the smallest ``k >= L/p``), the first and
+       last share the rest, the first the smaller half (the embedding is cheaper than the loss);
+    5. with ``explicit`` (a release with ``--pipeline-model-parallel-layout``, Megatron-Core >=
+       0.13): the balanced explicit layout (:func:`balanced_stage_layers`), where every chunk
+       holds at least one layer (``L >= p v``).
+
+    Returns arrays ``first``, ``last`` (0 = not set), ``embedding_as_layer``, ``loss_as_layer``,
+    ``explicit`` (option 5: per-rank counts from :func:`balanced_stage_layers`) and ``valid``
+    (some layout exists).
+    """
+    p = np.atleast_1d(np.asarray(pp, dtype=np.int64))
+    v = np.atleast_1d(np.asarray(vp, dtype=np.int64))
+    p, v = np.broadcast_arrays(p, v)
+    n = p.shape[0]
+    first = np.zeros(n, dtype=np.int64)
+    last = np.zeros(n, dtype=np.int64)
+    emb = np.zeros(n, dtype=bool)
+    loss = np.zeros(n, dtype=bool)
+    found = np.zeros(n, dtype=bool)
+    width = int(v.max()) + 1 if n else 1
+    keys, inv = np.unique(p * width + v, return_inverse=True)  # one search per (pp, vp)
+    inv = np.asarray(inv).ravel()
+    for j, key in enumerate(keys):
+        pj, vj = divmod(int(key), width)
+        choice = _layout_for(int(num_layers), pj, vj)
+        if choice is None:
+            continue
+        sel = inv == j
+        first[sel], last[sel], emb[sel], loss[sel] = choice
+        found[sel] = True
+    bal = np.zeros(n, dtype=bool)
+    if explicit:
+        bal = ~found & (p > 1) & (p * v <= num_layers)
+        found = found | bal
+    return {"first": first, "last": last, "embedding_as_layer": emb, "loss_as_layer": loss,
+            "explicit": bal, "valid": found}
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout_for(L: int, p: int, v: int) -> tuple[int, int, bool, bool] | None:
+    def ok(f=0, la=0, e=False, lo=False) -> bool:
+        return bool(stage_layer_counts(L, p, v, f, la, e, lo)["valid"])
+
+    if ok():
+        return 0, 0, False, False
+    if p == 1:
+        return None
+    for e, lo in ((True, True), (False, True), (True, False)):
+        if ok(e=e, lo=lo):
+            return 0, 0, e, lo
+    if p == 2:
+        for f in range(v * ((L // 2) // v), 0, -v):
+            if ok(f, L - f):
+                return f, L - f, False, False
+        return None
+    k = v * -(-L // (p * v))  # middle ranks: the smallest multiple of v >= L/p
+    while k >= v:
+        rest = L - (p - 2) * k
+        if rest >= 2 * v:
+            f = v * ((rest // 2) // v)
+            if f >= v and ok(f, rest - f):
+                return f, rest - f, False, False
+        k -= v
+    return None
+
+
+def layout_chunk_times(
+    table,
+    layer_fwd_s: float,
+    layer_bwd_s: float,
+    embed_fwd_s: float = 0.0,
+    embed_bwd_s: float = 0.0,
+    logits_fwd_s: float = 0.0,
+    logits_bwd_s: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward time of every model chunk, shape ``(pp, vp)`` [s], for
+    :func:`simulate` (and so the Gantt chart) of an uneven layout: ``table`` from
+    :func:`stage_layer_table` times the per-layer times, the embedding on virtual stage 0, the
+    logits and loss on the last virtual stage."""
+    t = np.asarray(table, dtype=np.float64)
+    fwd = t * layer_fwd_s
+    bwd = t * layer_bwd_s
+    fwd[0, 0] += embed_fwd_s
+    bwd[0, 0] += embed_bwd_s
+    fwd[-1, -1] += logits_fwd_s
+    bwd[-1, -1] += logits_bwd_s
+    return fwd, bwd

@@ -1,0 +1,362 @@
+"""Every emitted launch config, read back by the framework's own config code.
+
+Needs the ``frameworks`` extra (``make frameworks``): DeepSpeed's ``DeepSpeedConfig``,
+torchtitan's ``ConfigManager`` and ``ParallelDims``, Megatron-Core's ``TransformerConfig`` /
+``DistributedDataParallelConfig`` / ``OptimizerConfig``, and Megatron-Bridge's source. Each plan
+in :data:`emit_plans.PLANS` either parses with the planned degrees read back, or is refused with
+a reason (and, through the search, an alternative that parses).
+
+Megatron-Bridge cannot be imported on a CPU-only machine (``megatron.bridge`` imports
+``transformer_engine.pytorch`` and, through Megatron-Core's Mamba layers, ``triton``): its YAML
+is loaded with OmegaConf as Bridge loads it, the sections Bridge takes from Megatron-Core are
+built with those real classes, and its own sections are checked against the dataclass fields
+parsed (``ast``) from the installed Bridge source.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import json
+import os
+import socket
+import warnings
+from pathlib import Path
+
+import pytest
+
+from emit.launch import FORMATS, emit, launch_settings, refusals, stage_layers
+from tests.emit import megatron_lm_schema
+from tests.emit.emit_plans import PLANS, load_plan
+
+warnings.filterwarnings("ignore", message=".*Transformer Engine.*")
+
+
+# ------------------------------------------------------------------------------------------
+# framework readers: each returns the degrees the framework read
+# ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def deepspeed_config():
+    pytest.importorskip("deepspeed")
+    import deepspeed
+    import deepspeed.comm as dscomm
+    import torch.distributed as tdist
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    # one-process gloo group on the loopback, so DeepSpeedConfig asks the mpu for the
+    # data-parallel size; DeepSpeed's CPU shared-memory all-reduce kernel (a JIT C++ build)
+    # is not needed to read a config
+    if not tdist.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
+                          WORLD_SIZE="1", LOCAL_RANK="0")
+        tdist.init_process_group("gloo", rank=0, world_size=1,
+                                 init_method=f"tcp://127.0.0.1:{port}")
+    shm = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if shm is not None:
+        deepspeed.ops.__compatible_ops__[shm.NAME] = False
+    dscomm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False,
+                            dist_init_required=False)
+
+    class MPU:  # the Megatron-style mpu interface DeepSpeedConfig reads
+        def __init__(self, dp):
+            self.dp = dp
+
+        def get_data_parallel_world_size(self):
+            return self.dp
+
+    def read(text, dp):
+        cfg = DeepSpeedConfig(json.loads(text), mpu=MPU(dp))
+        return {"dp": cfg.world_size, "zero": cfg.zero_optimization_stage,
+                "mbs": cfg.train_micro_batch_size_per_gpu,
+                "accum": cfg.gradient_accumulation_steps, "batch": cfg.train_batch_size,
+                "tp": max(cfg.tensor_parallel_config.autotp_size, 1),
+                "pp": cfg.pipeline["stages"] if "pipeline" in json.loads(text) else 1,
+                "bf16": cfg.bfloat16_config.enabled}
+
+    return read
+
+
+@pytest.fixture(scope="module")
+def torchtitan_config(tmp_path_factory):
+    pytest.importorskip("torchtitan")
+    from torchtitan.config import ConfigManager
+    from torchtitan.distributed import ParallelDims
+
+    d = tmp_path_factory.mktemp("tt")
+
+    def read(text, gpus):
+        f = d / "job.toml"
+        f.write_text(text)
+        jc = ConfigManager().parse_args(["--job.config_file", str(f)])
+        p = jc.parallelism
+        dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree,
+                            dp_shard=p.data_parallel_shard_degree, cp=p.context_parallel_degree,
+                            tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
+                            ep=1, etp=1, world_size=gpus)  # raises unless the degrees fill it
+        return {"jc": jc, "dp": dims.dp_replicate * dims.dp_shard, "tp": dims.tp,
+                "pp": dims.pp, "cp": dims.cp, "chunks": p.module_fqns_per_model_part}
+
+    return read
+
+
+def _bridge_root() -> Path:
+    spec = importlib.util.find_spec("megatron.bridge")
+    if spec is None:
+        pytest.skip("megatron-bridge is not installed (make frameworks)")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _class_fields(path: Path, cls: str) -> set[str]:
+    """Annotated fields of dataclass ``cls`` in ``path`` (and of its bases in the same file)."""
+    tree = ast.parse(path.read_text())
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    out: set[str] = set()
+    todo = [cls]
+    while todo:
+        c = classes[todo.pop()]
+        out |= {s.target.id for s in c.body if isinstance(s, ast.AnnAssign)
+                and isinstance(s.target, ast.Name)}
+        todo += [b.id for b in c.bases if isinstance(b, ast.Name) and b.id in classes]
+    return out
+
+
+@pytest.fixture(scope="module")
+def bridge_config():
+    pytest.importorskip("megatron.core")
+    omegaconf = pytest.importorskip("omegaconf")
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer import TransformerConfig
+
+    root = _bridge_root()
+    cfg_py = root / "training" / "config.py"
+    tc_fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    schema = {
+        "model": tc_fields | _class_fields(root / "models" / "gpt_provider.py",
+                                           "GPTModelProvider"),
+        "train": _class_fields(cfg_py, "TrainingConfig"),
+        "dist": _class_fields(cfg_py, "DistributedInitConfig"),
+        "checkpoint": _class_fields(cfg_py, "CheckpointConfig"),
+        "dataset": {f.name for f in dataclasses.fields(GPTDatasetConfig)}
+        | _class_fields(cfg_py, "GPTDatasetConfig") | _class_fields(cfg_py, "DataloaderConfig"),
+        "comm_overlap": _class_fields(root / "training" / "comm_overlap.py",
+                                      "CommOverlapConfig"),
+    }
+    mp_tree = ast.parse((root / "training" / "mixed_precision.py").read_text())
+    recipes = {n.name for n in mp_tree.body if isinstance(n, ast.FunctionDef)
+               and any(getattr(d, "id", None) == "register" for d in n.decorator_list)}
+    assert "bf16_mixed" in recipes and "bf16_with_fp8_current_scaling_mixed" in recipes
+
+    def read(text, gpus):
+        import torch
+        from megatron.core.transformer.enums import AttnBackend
+
+        doc = omegaconf.OmegaConf.to_container(omegaconf.OmegaConf.create(text))
+        for sec, keys in schema.items():
+            unknown = set(doc.get(sec) or {}) - keys
+            assert not unknown, f"{sec}: not fields of Megatron-Bridge's config: {unknown}"
+        mp = doc.get("mixed_precision")
+        assert mp is None or mp in recipes, f"mixed_precision {mp!r} is not a Bridge recipe"
+        model = {k: v for k, v in doc["model"].items() if k in tc_fields}
+        if model.get("attention_backend"):
+            model["attention_backend"] = AttnBackend[model["attention_backend"]]
+        dtype = torch.float32 if mp is None else torch.float16 if "fp16" in mp else torch.bfloat16
+        model.update(params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16,
+                     fp16=dtype == torch.float16)
+        if mp and "fp8" in mp:
+            model["fp8"] = "hybrid"
+        tc = TransformerConfig(**model)  # Megatron-Core's own checks
+        DistributedDataParallelConfig(**doc["ddp"])
+        OptimizerConfig(**doc["optimizer"])
+        assert doc["ddp"]["use_distributed_optimizer"] == doc["optimizer"][
+            "use_distributed_optimizer"]
+        mp_size = (tc.tensor_model_parallel_size * tc.pipeline_model_parallel_size
+                   * tc.context_parallel_size)
+        assert gpus % mp_size == 0
+        dp = gpus // mp_size
+        assert doc["train"]["global_batch_size"] % (doc["train"]["micro_batch_size"] * dp) == 0
+        vp = tc.virtual_pipeline_model_parallel_size
+        if tc.pipeline_model_parallel_layout is not None:
+            vp = tc.pipeline_model_parallel_layout.virtual_pipeline_model_parallel_size
+        return {"tp": tc.tensor_model_parallel_size, "pp": tc.pipeline_model_parallel_size,
+                "cp": tc.context_parallel_size, "vp": vp or 1, "dp": dp, "tc": tc,
+                "doc": doc}
+
+    return read
+
+
+@pytest.fixture(scope="module")
+def megatron_config():
+    pytest.importorskip("megatron.core")
+
+    def read(text, gpus):
+        args = megatron_lm_schema.parse(text)
+        tc, ddp, dp = megatron_lm_schema.core_configs(args, gpus)
+        vp = tc.virtual_pipeline_model_parallel_size
+        if tc.pipeline_model_parallel_layout is not None:
+            vp = tc.pipeline_model_parallel_layout.virtual_pipeline_model_parallel_size
+        return {"tp": tc.tensor_model_parallel_size, "pp": tc.pipeline_model_parallel_size,
+                "cp": tc.context_parallel_size, "vp": vp or 1, "dp": dp, "tc": tc,
+                "ddp": ddp, "args": args}
+
+    return read
+
+
+# ------------------------------------------------------------------------------------------
+# the matrix: 7 plans x 4 formats
+# ------------------------------------------------------------------------------------------
+def _check(fmt, text, c, model, training, gpus, readers):
+    got = readers[fmt](text, gpus) if fmt != "deepspeed" else readers[fmt](text, c.dp)
+    assert got["dp"] == c.dp and got["tp"] == c.tp and got["pp"] == c.pp
+    chunks = stage_layers(c, model)
+    if fmt in ("megatron", "bridge"):
+        tc = got["tc"]
+        assert got["cp"] == c.cp and got["vp"] == c.vp
+        assert tc.sequence_parallel == c.sequence_parallel
+        assert tc.num_layers == model.num_layers and tc.num_query_groups == model.kv_heads
+        assert tc.recompute_granularity == (None if c.recompute == "none" else c.recompute)
+        lay = getattr(tc, "pipeline_model_parallel_layout", None)
+        if lay is not None:  # an explicit layout (DP searcher): Megatron-Core's own parse
+            from megatron.core.transformer.enums import LayerType
+
+            lay.validate_layer_layout(model.num_layers, 0)
+            built = [lay.layout[i % c.pp][i // c.pp].count(LayerType.decoder)
+                     for i in range(c.pp * c.vp)]
+            assert built == chunks
+        elif len(set(chunks)) > 1 and c.vp == 1:
+            assert tc.num_layers_in_first_pipeline_stage == chunks[0]
+            assert tc.num_layers_in_last_pipeline_stage == chunks[-1]
+        if training.precision == "fp8":
+            assert tc.fp8 is not None
+    if fmt == "megatron":
+        a = got["args"]
+        assert a.micro_batch_size == c.micro_batch_size
+        assert a.use_distributed_optimizer == (c.zero_stage == 1)
+        assert a.use_megatron_fsdp == (c.zero_stage >= 2)
+        if model.position_embedding == "rope":
+            assert a.rotary_base == int(model.rope_base)
+        assert a.untie_embeddings_and_output_weights == (not model.tied_embeddings)
+    if fmt == "bridge":
+        doc = got["doc"]
+        assert doc["train"]["micro_batch_size"] == c.micro_batch_size
+        assert doc["model"]["share_embeddings_and_output_weights"] == model.tied_embeddings
+    if fmt == "torchtitan":
+        jc = got["jc"]
+        assert got["cp"] == c.cp
+        assert jc.training.local_batch_size * c.dp == training.global_batch_size
+        assert jc.parallelism.pipeline_parallel_microbatch_size == c.micro_batch_size
+        assert jc.activation_checkpoint.mode == c.recompute
+        if c.pp > 1:  # the planned split, not torchtitan's default one
+            layers = [sum(x.startswith("layers.") for x in part) for part in got["chunks"]]
+            assert layers == chunks
+        if c.zero_stage == 3:
+            assert jc.parallelism.fsdp_reshard_after_forward == "always"
+    if fmt == "deepspeed":
+        assert got["zero"] == c.zero_stage and got["mbs"] == c.micro_batch_size
+        assert got["batch"] == training.global_batch_size
+        assert got["accum"] * c.dp * c.micro_batch_size == training.global_batch_size
+
+
+@pytest.fixture(scope="module")
+def readers(megatron_config, bridge_config, torchtitan_config, deepspeed_config):
+    return {"megatron": megatron_config, "bridge": bridge_config,
+            "torchtitan": torchtitan_config, "deepspeed": deepspeed_config}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("plan", list(PLANS))
+def test_plan_parses_or_is_refused(plan, fmt, readers):
+    c, model, training = load_plan(plan)
+    gpus = PLANS[plan][2]
+    why = refusals(fmt, c, model, training)
+    if why:
+        assert all(len(w.splitlines()) == 1 and w for w in why)
+        return
+    _check(fmt, emit(fmt, c, model, training), c, model, training, gpus, readers)
+
+
+def test_expected_refusals():
+    """The issue's cases: DeepSpeed ZeRO-3 + pipeline, torchtitan ZeRO-1, schedules."""
+    def why(plan, fmt):
+        c, m, t = load_plan(plan)
+        return " ".join(refusals(fmt, c, m, t))
+
+    assert "ZeRO-3 with pipeline" in why("llama-zero3-pp", "deepspeed")
+    assert "ZeRO-3 with pipeline" in why("llama-zero3-pp", "megatron")
+    assert why("llama-zero3-pp", "torchtitan") == ""
+    assert "no ZeRO-1" in why("gpt3-zero1-interleaved", "torchtitan")
+    assert "interleaved" in why("gpt3-zero1-interleaved", "deepspeed")
+    assert "context parallel" in why("llama-cp", "deepspeed")
+    assert "fp8-delayed" in why("llama-fp8", "deepspeed")
+    assert why("llama-fp8", "megatron") == "" and why("llama-fp8", "bridge") == ""
+    assert why("llama405b-uneven", "megatron") == ""
+
+
+@pytest.mark.slow
+def test_refused_formats_get_an_alternative_that_parses(readers):
+    """Each refusal offers the best configuration of a search restricted to that framework;
+    that configuration's settings parse too."""
+    from search import plan as search_plan
+
+    seen = 0
+    for name in ("llama-zero3-pp", "llama-cp", "llama-fp8"):
+        c, model, training = load_plan(name)
+        model_name, cluster, gpus, tr, _ = PLANS[name]
+
+        def replan(framework, precision, model_name=model_name, cluster=cluster, gpus=gpus,
+                   tr=tr):
+            return search_plan(model_name, cluster, gpus=gpus, top=1, framework=framework,
+                               **{**tr, "precision": precision})
+
+        for fmt, L in launch_settings(c, model, training, replan=replan).items():
+            if L.text is not None:
+                continue
+            alt = L.alternative
+            assert alt and alt.get("text"), (name, fmt, L.refused, alt)
+            ac = load_plan_config(alt["config"])
+            alt_training = training.model_copy(update={"precision": "fp8" if "fp8" in alt[
+                "precision"] else alt["precision"]})
+            _check(fmt, alt["text"], ac, model, alt_training, gpus, readers)
+            assert "nearest that" in L.message()
+            seen += 1
+    assert seen >= 5
+
+
+def load_plan_config(cfg):
+    from perfmodel.parallel.config import ParallelConfig
+
+    return ParallelConfig(**cfg)
+
+
+def test_torchtitan_flavor_is_the_model(torchtitan_config):
+    """The llama3 flavors named for our presets have the presets' architecture."""
+    from torchtitan.models.llama3 import llama3_args
+
+    from emit.launch import _TORCHTITAN_FLAVOR
+    from perfmodel.spec.specs import load_model
+
+    for preset, (_, flavor) in _TORCHTITAN_FLAVOR.items():
+        m, a = load_model(preset), llama3_args[flavor]
+        assert (a.dim, a.n_layers, a.n_heads, a.n_kv_heads, a.vocab_size, a.rope_theta) == (
+            m.hidden_size, m.num_layers, m.num_attention_heads, m.kv_heads, m.vocab_size,
+            m.rope_base), preset
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cli_emit_output_is_a_file_the_framework_reads(fmt, readers):
+    """`plan --emit X > file`: stdout alone is read by the framework, with the planned degrees."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from tests.search.test_cli_emit_validate import ALL_RUN
+
+    r = CliRunner().invoke(app, [*ALL_RUN, "--emit", fmt])
+    assert r.exit_code == 0, r.output
+    got = readers[fmt](r.stdout, 16) if fmt != "deepspeed" else readers[fmt](r.stdout, 8)
+    assert (got["dp"], got["tp"], got["pp"]) == (8, 1, 2)

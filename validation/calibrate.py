@@ -1,0 +1,761 @@
+"""``plan calibrate``: fit an efficiency profile to a few measured runs of one cluster.
+
+A user who has run two or three jobs on a cluster writes them into a CSV (the training-runs
+format that ``plan validate --runs`` reads, :data:`REQUIRED_COLUMNS` at least) and gets a
+profile (:class:`perfmodel.hardware.profile.EfficiencyProfile`) that ``plan --profile`` applies to every
+other prediction.
+
+The fit (:func:`fit_profile`) is a bounded nonlinear least-squares problem
+(:func:`scipy.optimize.least_squares`, trust-region reflective) over the profile's named
+parameters, never a constant per row:
+
+* residual of a run: ``log(predicted / measured)`` divided by the run-to-run noise of a
+  measured step time (:data:`NOISE`, 3 %);
+* a prior residual per parameter, ``(x - neutral) / prior_sigma``, so that a direction the runs
+  do not pin stays at the uncalibrated model (with two runs and several parameters, the fit is
+  the smallest correction that explains them);
+* parameters that no run is sensitive to (a one-sigma prior change moves no run by half the
+  noise) are not fitted and stay neutral.
+* when the runs cannot separate the informed parameters (fewer than two runs more than
+  parameters, or a degenerate scaled Jacobian, :data:`MAX_CONDITION`) one overall efficiency
+  is fitted that scales them all together (prior :data:`PRIOR_SIGMA_OVERALL`);
+* the runs' scatter about the fit (what no parameter explains: model error per run) is added to
+  the noise and the fit redone, so two runs that disagree pin little.
+
+What it reports: each fitted parameter with its value, one-sigma uncertainty (from the Jacobian
+at the solution) and the runs behind it (those whose time it changes most); the residual of
+every run before and after; a warning when a parameter sits at a bound, and when two parameters
+cannot be separated by the runs (posterior correlation), naming what kind of run would.
+
+:func:`cross_validate` is the honest check: per group of the dev split (one source and release
+on one GPU type and precision), fit on two rows chosen by a fixed rule (smallest and largest GPU
+count) and predict the others.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import pandas as pd
+import typer
+
+from perfmodel.hardware.profile import PARAMETERS, EfficiencyProfile, load_profile, profile_toml
+from perfmodel.spec.specs import SpecError
+from validation.validate import VALIDATION_DIR, Case, case_from_row, predict_case
+
+__all__ = [
+    "ERAS",
+    "NOISE",
+    "OPTIONAL_COLUMNS",
+    "REQUIRED_COLUMNS",
+    "FitResult",
+    "calibrate_command",
+    "calibration_pair",
+    "check_consistent",
+    "cross_validate",
+    "dev_cases",
+    "era_of",
+    "era_transfer",
+    "fit_era",
+    "fit_profile",
+    "group_key",
+    "load_profile",
+    "normalize_runs",
+    "profile_everywhere",
+    "read_runs",
+    "runs_to_cases",
+    "write_profile",
+    "write_shipped_profiles",
+]
+
+NOISE = 0.03
+"""Run-to-run noise of a measured step time (relative, one sigma): published tables of the same
+recipe differ by 1-4 % between releases of a page (validation README, NeMo 24.07)."""
+
+PRIOR_SIGMA = {
+    # one-sigma prior width of each parameter around neutral (log units for scales)
+    "gemm_16bit": 0.15,
+    "gemm_fp8": 0.15,
+    "membw": 0.15,
+    "scale_up_bw": 0.3,
+    "scale_out_bw": 0.3,
+    "step_overhead_ms": 50.0,
+}
+
+PRIOR_SIGMA_OVERALL = 0.06
+"""One-sigma prior width of the overall efficiency (log units) fitted when the runs cannot
+separate the parameters: the spread of the base model's per-group mean error on the dev split
+(issue 13's model: most group means within +-6 %)."""
+
+CONTRADICTION = 0.10
+"""Two rows describing the same run whose measured times differ by more than this are refused."""
+
+#: Columns a runs CSV must have (one row per measured run).
+REQUIRED_COLUMNS = (
+    "model", "num_layers", "hidden_size", "num_attention_heads", "seq_len",
+    "global_batch_size", "micro_batch_size", "tensor_parallel", "pipeline_parallel",
+    "gpu_type", "num_gpus", "precision",
+)
+#: One of these gives the measured speed.
+MEASURED_COLUMNS = ("seconds_per_iteration", "tokens_per_sec_per_gpu", "tokens_per_sec_total")
+#: Columns that may be left out (blank: the default described in ``plan calibrate --help``).
+OPTIONAL_COLUMNS = (
+    "row_id", "num_query_groups", "ffn_hidden_size", "vocab_size", "data_parallel",
+    "context_parallel", "virtual_pipeline_stages", "sequence_parallel",
+    "activation_recompute", "zero_or_dist_optimizer", "software", "source",
+    "measurement_scope", "reliability", "tokens_per_sec_total",
+    "seconds_per_iteration", "tokens_per_sec_per_gpu",
+)
+
+
+def read_runs(path: str | Path) -> pd.DataFrame:
+    """Read a runs CSV and fill the optional columns; SpecError (one line) when malformed."""
+    p = Path(path)
+    if not p.exists():
+        raise SpecError(f"--runs {p}: file does not exist")
+    try:
+        df = pd.read_csv(p, dtype={"row_id": str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise SpecError(f"--runs {p}: not a readable CSV table: {str(e).splitlines()[0]}") from None
+    except OSError as e:
+        raise SpecError(f"--runs {p}: cannot read: {e.strerror}") from None
+    return normalize_runs(df, str(p))
+
+
+def normalize_runs(df: pd.DataFrame, source: str = "runs") -> pd.DataFrame:
+    """Check the required columns and add the optional ones (blank)."""
+    df = df.copy()
+    df.columns = [str(c).strip() for c in df.columns]
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise SpecError(f"{source}: missing column(s) {', '.join(missing)} (a runs table needs "
+                        f"{', '.join(REQUIRED_COLUMNS)} and one of {', '.join(MEASURED_COLUMNS)})")
+    if not any(c in df.columns for c in MEASURED_COLUMNS):
+        raise SpecError(f"{source}: no measured speed: give one of {', '.join(MEASURED_COLUMNS)}")
+    if len(df) == 0:
+        raise SpecError(f"{source}: no rows")
+    for c in OPTIONAL_COLUMNS:
+        if c not in df.columns:
+            df[c] = np.nan
+    df["row_id"] = [str(r) if isinstance(r, str) and r.strip() else f"row{i + 1}"
+                    for i, r in enumerate(df["row_id"])]
+    for c in ("measurement_scope", "sequence_parallel", "activation_recompute",
+              "zero_or_dist_optimizer", "software", "source", "reliability"):
+        df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
+    return df
+
+
+def runs_to_cases(df: pd.DataFrame, cluster: Any = None) -> tuple[list[Case],
+                                                                  list[tuple[str, str]]]:
+    """Cases of the rows the tool can express, and ``(row_id, reason)`` for the others.
+
+    ``cluster`` (a preset name, TOML path or ClusterSpec) replaces the cluster preset picked
+    from each row's ``gpu_type``: describe your own fabric, and the profile is relative to it
+    (use the same cluster with ``plan --profile``).
+    """
+    from dataclasses import replace
+
+    from perfmodel.parallel.config import resolve_config
+    from perfmodel.spec.specs import load_cluster
+
+    cases, skipped = [], []
+    for _, r in df.iterrows():
+        try:
+            c = case_from_row(r)
+            if cluster is not None:
+                cl = load_cluster(cluster, gpus=c.cluster.total_gpus)
+                cfg = resolve_config(c.config, c.model, c.training,
+                                     cl if c.scope == "step" else None)
+                c = replace(c, cluster=cl, config=cfg)
+            cases.append(c)
+        except SpecError as e:
+            skipped.append((str(r["row_id"]), str(e)))
+        except (ValueError, TypeError, KeyError) as e:
+            skipped.append((str(r["row_id"]), f"malformed value: {e}"))
+    return cases, skipped
+
+
+def _same_run_key(c: Case) -> str:
+    return json.dumps([c.model.model_dump(), c.training.model_dump(), c.cluster.name,
+                       c.cluster.total_gpus, c.config.model_dump(), c.scope], sort_keys=True,
+                      default=str)
+
+
+def check_consistent(cases: list[Case]) -> None:
+    """SpecError when two rows describe the same run with measured times more than
+    :data:`CONTRADICTION` apart."""
+    seen: dict[str, Case] = {}
+    for c in cases:
+        k = _same_run_key(c)
+        if k in seen:
+            a = seen[k]
+            hi, lo = max(a.measured_step_s, c.measured_step_s), min(a.measured_step_s,
+                                                                   c.measured_step_s)
+            if hi / lo - 1.0 > CONTRADICTION:
+                raise SpecError(
+                    f"rows {a.row_id} and {c.row_id} describe the same run but their measured "
+                    f"times differ by {hi / lo - 1.0:.0%} ({a.measured_step_s:.4g} s vs "
+                    f"{c.measured_step_s:.4g} s): contradictory, fix or drop one")
+        else:
+            seen[k] = c
+
+
+# --------------------------------------------------------------------------------------------
+# the fit
+# --------------------------------------------------------------------------------------------
+@dataclass
+class FitResult:
+    """What :func:`fit_profile` found (see :meth:`report_lines`)."""
+
+    profile: EfficiencyProfile
+    params: list[dict[str, Any]]  # name, value, sigma, lo, hi, neutral, fitted, rows, at_bound
+    rows: pd.DataFrame  # row_id, label, gpus, measured_s, before_s, after_s, err_before/after
+    warnings: list[str] = field(default_factory=list)
+    cost: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"profile": self.profile.model_dump(), "parameters": self.params,
+                "rows": self.rows.to_dict("records"), "warnings": self.warnings}
+
+
+def _x_from_values(values: dict[str, float], names: list[str]) -> np.ndarray:
+    by = {p.name: p for p in PARAMETERS}
+    return np.array([math.log(values[n]) if by[n].log else values[n] for n in names])
+
+
+def _values_from_x(x: np.ndarray, names: list[str]) -> dict[str, float]:
+    by = {p.name: p for p in PARAMETERS}
+    out = {}
+    for n, v in zip(names, x, strict=True):
+        p = by[n]
+        out[n] = float(np.clip(math.exp(v) if p.log else v, p.lo, p.hi))
+    return out
+
+
+def _predict(cases: list[Case], profile: EfficiencyProfile) -> np.ndarray:
+    return np.array([predict_case(c, profile=profile) for c in cases])
+
+
+def _sensitivity(cases, profile, names, base_pred) -> np.ndarray:
+    """``d log(predicted) / dx`` of every run for each parameter (forward differences)."""
+    by = {p.name: p for p in PARAMETERS}
+    S = np.zeros((len(cases), len(names)))
+    vals = profile.values()
+    for j, n in enumerate(names):
+        p = by[n]
+        h = 0.05 if p.log else 10.0
+        x = math.log(vals[n]) if p.log else vals[n]
+        if x + h > (math.log(p.hi) if p.log else p.hi):
+            h = -h
+        new = math.exp(x + h) if p.log else x + h
+        pred = _predict(cases, profile.with_values(**{n: new}))
+        S[:, j] = np.log(pred / base_pred) / h
+    return S
+
+
+MAX_CONDITION = 200.0
+"""Largest condition number of the runs' scaled sensitivity matrix (``d log t / d x`` times
+prior width over noise) at which the parameters are fitted separately. Above it (runs whose
+terms all scale alike), or with fewer than two runs more than parameters (no residual left to
+check a split against the noise: two runs of a cluster), the runs pin one overall efficiency,
+not the split."""
+
+
+def _condition(A: np.ndarray) -> float:
+    if A.shape[1] == 0:
+        return 1.0
+    sv = np.linalg.svd(A, compute_uv=False)
+    if sv.size < A.shape[1] or sv[-1] <= 1e-12 * max(sv[0], 1e-30):
+        return math.inf
+    return float(sv[0] / sv[-1])
+
+
+def _free_directions(S: np.ndarray, names: list[str], sg: np.ndarray,
+                     noise: float) -> tuple[np.ndarray, list[str]]:
+    """Basis ``B`` (parameters x free directions) of the fit and the names tied together.
+
+    Separate parameters when the runs can tell them apart: at least two runs more than
+    parameters and a scaled sensitivity matrix that is not degenerate (:data:`MAX_CONDITION`). Otherwise one free direction, the overall
+    efficiency: every informed scale (GEMM, memory, links) moves by the same log factor, which
+    scales the predicted step time uniformly; an additive overhead stays neutral.
+    """
+    by = {p.name: p for p in PARAMETERS}
+    n = len(names)
+    if n <= 1 or (S.shape[0] > n + 1 and _condition(S * sg / noise) <= MAX_CONDITION):
+        return np.eye(n), []
+    scales = [i for i, m in enumerate(names) if by[m].log]
+    B = np.zeros((n, 1))
+    B[scales, 0] = 1.0
+    return B, [names[i] for i in scales]
+
+
+def _direction_bounds(B, x0, lo, hi):
+    """Box bounds on the free directions such that ``x0 + B z`` stays in ``[lo, hi]``."""
+    k = B.shape[1]
+    zlo, zhi = np.full(k, -np.inf), np.full(k, np.inf)
+    for j in range(k):
+        m = B[:, j] != 0
+        a = (lo[m] - x0[m]) / B[m, j]
+        b = (hi[m] - x0[m]) / B[m, j]
+        zlo[j] = np.max(np.minimum(a, b))
+        zhi[j] = np.min(np.maximum(a, b))
+    return zlo, zhi
+
+
+def fit_profile(cases: list[Case], *, name: str = "calibrated", description: str = "",
+                fitted_on: str = "", noise: float = NOISE,
+                parameters: tuple[str, ...] | None = None) -> FitResult:
+    """Fit the profile's parameters to measured runs (see module docstring).
+
+    Raises SpecError with fewer than two runs or with contradictory rows.
+    """
+    from scipy.optimize import least_squares
+
+    if len(cases) < 2:
+        raise SpecError(f"calibration needs at least 2 measured runs, got {len(cases)}: one run "
+                        "cannot tell a slower GPU from a slower network")
+    check_consistent(cases)
+    by = {p.name: p for p in PARAMETERS}
+    all_names = list(parameters or [p.name for p in PARAMETERS])
+    neutral = EfficiencyProfile(name=name)
+    meas = np.array([c.measured_step_s for c in cases])
+    before = _predict(cases, neutral)
+    S0 = _sensitivity(cases, neutral, all_names, before)
+    sig = np.array([PRIOR_SIGMA[n] for n in all_names])
+    informed = np.max(np.abs(S0), axis=0) * sig >= 0.5 * noise
+    names = [n for n, ok in zip(all_names, informed, strict=True) if ok]
+    warnings: list[str] = []
+
+    x0 = _x_from_values(neutral.values(), names)
+    sg = np.array([PRIOR_SIGMA[n] for n in names])
+    lo = np.array([math.log(by[n].lo) if by[n].log else by[n].lo for n in names])
+    hi = np.array([math.log(by[n].hi) if by[n].log else by[n].hi for n in names])
+    B, tied = _free_directions(S0[:, [all_names.index(n) for n in names]], names, sg, noise)
+    if tied:
+        warnings.append(
+            f"{len(cases)} runs cannot separate {', '.join(tied)} (their sensitivities, scaled "
+            f"by the prior and the noise, have condition number {_condition(S0[:, [all_names.index(n) for n in names]] * sg / noise):.3g}"
+            f" > {MAX_CONDITION:g}, or fewer than two runs more than parameters): fitted one overall "
+            f"efficiency that scales them together. To separate them add runs that differ in "
+            + "; or ".join(f"{by[n].informed_by} ({n})" for n in tied))
+    zsg = np.sqrt(1.0 / np.sum((B / sg[:, None]) ** 2, axis=0)) if B.shape[1] else np.zeros(0)
+    if tied:  # one overall efficiency: its own prior, not the product of the tied ones
+        zsg = np.array([PRIOR_SIGMA_OVERALL])
+        sg = np.where(B[:, 0] != 0, PRIOR_SIGMA_OVERALL * math.sqrt(len(tied)), sg)
+
+    memo: dict[bytes, np.ndarray] = {}
+    noise_now = [noise]
+
+    def resid(z):
+        key = np.asarray(z, dtype=np.float64).tobytes()
+        if key not in memo:  # the Jacobian re-evaluates the point the solver just took
+            x = x0 + B @ z
+            prof = neutral.with_values(**_values_from_x(x, names))
+            r = np.log(_predict(cases, prof) / meas) / noise_now[0]
+            memo.clear()
+            memo[key] = np.concatenate([r, (x - x0) / sg])
+        return memo[key]
+
+    def jac(z):
+        # forward differences with an absolute step (the neutral point is z = 0, where a
+        # relative step vanishes), stepping inward at an upper bound
+        f0 = resid(z)
+        out = np.empty((f0.size, z.size))
+        for j in range(z.size):
+            h = 1e-3 * zsg[j]
+            if z[j] + h > zhi[j]:
+                h = -h
+            zh = z.copy()
+            zh[j] += h
+            out[:, j] = (resid(zh) - f0) / h
+        return out
+
+    # bounds of the free directions: every parameter they move stays inside its own bounds
+    zlo, zhi = _direction_bounds(B, x0, lo, hi)
+    if names:
+        start = np.clip(np.zeros(B.shape[1]), zlo + 1e-2 * zsg, zhi - 1e-2 * zsg)
+        sol = least_squares(resid, start, jac=jac, bounds=(zlo, zhi), x_scale=zsg,
+                            method="trf", xtol=1e-8, ftol=1e-10)
+        dof = len(cases) - B.shape[1]
+        if dof > 0:
+            # the runs' scatter about the fit (less any common offset a bound left over) is
+            # error of the model that no profile parameter explains: count it as noise (two
+            # runs that disagree pin little), refit
+            r = np.log(_predict(cases, neutral.with_values(
+                **_values_from_x(np.clip(x0 + B @ sol.x, lo, hi), names))) / meas)
+            noise_now[0] = math.sqrt(noise**2 + float(np.sum((r - r.mean())**2)) / dof)
+            memo.clear()
+            sol = least_squares(resid, sol.x, jac=jac, bounds=(zlo, zhi), x_scale=zsg,
+                                method="trf", xtol=1e-8, ftol=1e-10)
+        z = np.clip(sol.x, zlo, zhi)
+        x = np.clip(x0 + B @ z, lo, hi)
+        J = jac(z)  # in the free directions
+        cost = float(sol.cost)
+    else:
+        z, x, J, cost = np.zeros(0), x0, np.zeros((len(cases), 0)), 0.0
+    values = _values_from_x(x, names)
+    prof = neutral.with_values(**values)
+    after = _predict(cases, prof)
+
+    # uncertainty: posterior covariance (J includes the prior rows), inflated by the reduced
+    # chi-square when there are more runs than fitted parameters
+    n_rows = len(cases)
+    covz = np.linalg.pinv(J.T @ J) if names else np.zeros((0, 0))
+    data_r = np.log(after / meas) / noise
+    dof = n_rows - B.shape[1]
+    if dof > 0:
+        covz = covz * max(1.0, float(np.sum(data_r**2)) / dof)
+    cov = B @ covz @ B.T  # of the parameters (tied ones fully correlated)
+    sx = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    # d log(predicted) / dx of every run: the data rows of the neutral sensitivity
+    S = S0[:, [all_names.index(n) for n in names]] if names else np.zeros((n_rows, 0))
+    ids = [c.row_id for c in cases]
+    params, unc = [], {}
+    for p in PARAMETERS:
+        entry: dict[str, Any] = {"name": p.name, "unit": p.unit, "neutral": p.neutral,
+                                 "lo": p.lo, "hi": p.hi, "meaning": p.meaning}
+        if p.name in names:
+            j = names.index(p.name)
+            v = values[p.name]
+            s = v * sx[j] if p.log else sx[j]
+            order = np.argsort(-np.abs(S[:, j]))
+            rows = [ids[i] for i in order if abs(S[i, j]) >= 0.05][:8]
+            at_lo = x[j] <= lo[j] + 1e-3
+            at_hi = x[j] >= hi[j] - 1e-3
+            neutral_x = x0[j]
+            at_bound = (at_lo and abs(lo[j] - neutral_x) > 1e-9) or (
+                at_hi and abs(hi[j] - neutral_x) > 1e-9)
+            entry.update(value=v, sigma=float(s), fitted=True, rows=rows, at_bound=bool(at_bound))
+            unc[p.name] = float(s)
+            if at_bound:
+                warnings.append(
+                    f"{p.name} = {v:.4g} sits at its bound [{p.lo:g}, {p.hi:g}]: the runs ask "
+                    "for more than this correction allows; check their setup (precision, "
+                    "overlap switches, recompute) and the cluster spec")
+        else:
+            why = ("not in the fitted set" if p.name not in all_names else
+                   "no run is sensitive to it: kept neutral")
+            entry.update(value=p.neutral, sigma=None, fitted=False, rows=[], at_bound=False,
+                         note=why)
+        params.append(entry)
+
+    # separability: two fitted parameters the runs move together (their sensitivity columns
+    # are nearly parallel, or their posterior correlation is strong)
+    if len(names) >= 2 and not tied:
+        d = np.sqrt(np.clip(np.diag(cov), 1e-30, None))
+        corr = cov / np.outer(d, d)
+        norm = np.linalg.norm(S, axis=0)
+        for a in range(len(names)):
+            for b in range(a + 1, len(names)):
+                cos = float(S[:, a] @ S[:, b] / max(norm[a] * norm[b], 1e-30))
+                if abs(corr[a, b]) >= 0.8 or abs(cos) >= 0.98:
+                    pa, pb = by[names[a]], by[names[b]]
+                    warnings.append(
+                        f"the runs cannot separate {pa.name} and {pb.name} (they change the "
+                        f"runs in the same proportions: cosine {cos:+.2f}, posterior "
+                        f"correlation {corr[a, b]:+.2f}); their split follows the prior. To "
+                        f"separate them add runs that differ in one but not the other: "
+                        f"{pa.informed_by} ({pa.name}), or {pb.informed_by} ({pb.name})")
+    err_after = after / meas - 1.0
+    for i in np.flatnonzero(np.abs(err_after) > 0.15):
+        warnings.append(f"run {ids[i]} is still {err_after[i]:+.0%} off after calibration: "
+                        "the profile cannot explain it (a setting of that run the model misses?)")
+    prof = prof.model_copy(update={"description": description, "fitted_on": fitted_on,
+                                   "uncertainty": unc})
+    rows = pd.DataFrame({
+        "row_id": ids, "model": [c.label for c in cases],
+        "gpus": [c.cluster.total_gpus for c in cases],
+        "measured_s": meas, "before_s": before, "after_s": after,
+        "error_before": before / meas - 1.0, "error_after": err_after,
+    })
+    return FitResult(prof, params, rows, warnings, cost)
+
+
+# --------------------------------------------------------------------------------------------
+# groups of the dev split, cross-validation, the shipped profiles
+# --------------------------------------------------------------------------------------------
+_GPU_CLASSES = ("GB300", "GB200", "B200", "H200", "H100", "A100", "V100", "MI300")
+
+
+def _gpu_class(text: str) -> str:
+    t = str(text).upper()
+    return next((k for k in _GPU_CLASSES if k in t), t)
+
+
+def _precision_class(text: str) -> str:
+    t = str(text).lower()
+    if "fp8-mx" in t or "mxfp8" in t:
+        return "fp8-mx"
+    if "fp8" in t:
+        return "fp8"
+    if "fp4" in t:
+        return "fp4"
+    return "16-bit"
+
+
+def group_key(r: pd.Series) -> str:
+    """The calibration group of a dev-split row: source, software release (DeepSpeed rows of a
+    Megatron paper apart), GPU type, precision class."""
+    stack = " [DeepSpeed]" if "deepspeed" in str(r["zero_or_dist_optimizer"]).lower() else ""
+    src = re.split(r"[,(]", str(r["source"]))[0].strip()
+    return (f"{src} | {r['software']}{stack} | {_gpu_class(r['gpu_type'])} | "
+            f"{_precision_class(r['precision'])}")
+
+
+#: Era of each dev-split row, by its ``software`` column (first match), and the shipped profile.
+ERAS = (
+    ("megatron-2021", ("Megatron-LM (2020)", "Megatron-LM (2021)")),
+    ("megatron-2022", ("Megatron-LM (2022)",)),
+    ("nemo-24.07", ("NeMo 24.07",)),
+    ("nemo-24.09", ("NeMo 24.09",)),
+    ("bridge-25.x", ("NeMo 25.",)),
+)
+
+
+def era_of(r: pd.Series) -> str | None:
+    """The shipped profile a dev row belongs to (DeepSpeed ZeRO-3 rows belong to none)."""
+    if "deepspeed" in str(r["zero_or_dist_optimizer"]).lower():
+        return None
+    sw = str(r["software"])
+    return next((name for name, keys in ERAS if any(k in sw for k in keys)), None)
+
+
+_DEV_CACHE: dict[str, tuple[pd.DataFrame, list[Case]]] = {}
+
+
+def dev_cases(path: str | Path | None = None) -> tuple[pd.DataFrame, list[Case]]:
+    """The expressible rows of a training-runs CSV (default: the dev split) and their cases,
+    row for row (cached)."""
+    p = str(path or VALIDATION_DIR / "training_runs_dev.csv")
+    if p not in _DEV_CACHE:
+        df = normalize_runs(pd.read_csv(p, dtype={"row_id": str}), p)
+        keep, cases = [], []
+        for i, r in df.iterrows():
+            try:
+                cases.append(case_from_row(r))
+            except SpecError:
+                continue
+            keep.append(i)
+        _DEV_CACHE[p] = (df.loc[keep].reset_index(drop=True), cases)
+    return _DEV_CACHE[p]
+
+
+def calibration_pair(df: pd.DataFrame) -> tuple[int, int]:
+    """The fixed rule: positions (in ``df``) of the smallest- and the largest-GPU-count row,
+    ties broken by file order."""
+    order = sorted(range(len(df)), key=lambda i: (int(df["num_gpus"].iloc[i]), i))
+    return order[0], order[-1]
+
+
+def cross_validate(path: str | Path | None = None, k_rule=calibration_pair) -> tuple[
+        pd.DataFrame, pd.DataFrame]:
+    """Per group of the dev split: fit on two rows (``k_rule``), predict the others.
+
+    Returns ``(groups, rows)``: per group its row count, held-out count, MAPE before (the
+    uncalibrated model) and after; per held-out row the errors before and after. Groups with
+    fewer than three rows hold nothing out and are listed with ``held_out = 0``.
+    """
+    df, cases = dev_cases(path)
+    keys = df.apply(group_key, axis=1)
+    groups, rows = [], []
+    for g in dict.fromkeys(keys):
+        idx = np.flatnonzero((keys == g).to_numpy())
+        sub = df.iloc[idx]
+        if len(idx) < 3:
+            groups.append({"group": g, "rows": len(idx), "held_out": 0, "mape_before": np.nan,
+                           "mape_after": np.nan, "calibrated_on": ""})
+            continue
+        a, b = k_rule(sub)
+        cal = [cases[idx[a]], cases[idx[b]]]
+        fit = fit_profile(cal, name="cv")
+        test = [cases[i] for j, i in enumerate(idx) if j not in (a, b)]
+        before = _predict(test, EfficiencyProfile())
+        after = _predict(test, fit.profile)
+        meas = np.array([c.measured_step_s for c in test])
+        eb, ea = before / meas - 1.0, after / meas - 1.0
+        for c, x, y in zip(test, eb, ea, strict=True):
+            rows.append({"group": g, "row_id": c.row_id, "model": c.label,
+                         "gpus": c.cluster.total_gpus, "error_before": x, "error_after": y})
+        groups.append({"group": g, "rows": len(idx), "held_out": len(test),
+                       "mape_before": float(np.mean(np.abs(eb))),
+                       "mape_after": float(np.mean(np.abs(ea))),
+                       "calibrated_on": f"{cal[0].row_id}, {cal[1].row_id}",
+                       "profile": {n: round(v, 3) for n, v in fit.profile.values().items()}})
+    return pd.DataFrame(groups), pd.DataFrame(rows)
+
+
+def fit_era(era: str, path: str | Path | None = None) -> FitResult:
+    """The shipped profile of a software era: fitted on every dev row of that era."""
+    df, cases = dev_cases(path)
+    sel = [c for c, (_, r) in zip(cases, df.iterrows(), strict=True) if era_of(r) == era]
+    groups = sorted({group_key(r) for _, r in df.iterrows() if era_of(r) == era})
+    return fit_profile(sel, name=era, description=f"software era {era}",
+                       fitted_on=f"{len(sel)} rows of training_runs_dev.csv: " + "; ".join(groups))
+
+
+def era_transfer(path: str | Path | None = None) -> pd.DataFrame:
+    """Calibration without a run of the cluster: per group of a shipped era that has a sibling
+    group in that era, fit the era's profile on the era's *other* groups (strict
+    leave-one-group-out) and predict every row of this group.
+
+    Returns one row per group: ``era``, ``group``, ``rows``, ``mape_before`` (uncalibrated),
+    ``mape_after`` (with the era profile fitted without the group).
+    """
+    df, cases = dev_cases(path)
+    keys = df.apply(group_key, axis=1).to_numpy()
+    eras = np.array([era_of(r) for _, r in df.iterrows()], dtype=object)
+    out = []
+    for era, _ in ERAS:
+        groups = list(dict.fromkeys(keys[eras == era]))
+        if len(groups) < 2:
+            continue
+        for g in groups:
+            train = [c for c, k, e in zip(cases, keys, eras, strict=True) if e == era and k != g]
+            test = [c for c, k in zip(cases, keys, strict=True) if k == g]
+            fit = fit_profile(train, name=f"{era}-without-group")
+            meas = np.array([c.measured_step_s for c in test])
+            before = _predict(test, EfficiencyProfile()) / meas - 1.0
+            after = _predict(test, fit.profile) / meas - 1.0
+            out.append({"era": era, "group": g, "rows": len(test),
+                        "mape_before": float(np.mean(np.abs(before))),
+                        "mape_after": float(np.mean(np.abs(after))),
+                        "abs_before": np.abs(before), "abs_after": np.abs(after)})
+    return pd.DataFrame(out)
+
+
+def profile_everywhere(profile: str | Path | EfficiencyProfile,
+                       path: str | Path | None = None) -> pd.DataFrame:
+    """One profile applied to every dev row: MAPE per era of the rows (``None``: rows of no
+    shipped era, the DeepSpeed ZeRO-3 ones) and overall (``era = "all"``), before and after."""
+    prof = load_profile(profile)
+    df, cases = dev_cases(path)
+    meas = np.array([c.measured_step_s for c in cases])
+    before = np.abs(_predict(cases, EfficiencyProfile()) / meas - 1.0)
+    after = np.abs(_predict(cases, prof) / meas - 1.0)
+    eras = np.array([str(era_of(r)) for _, r in df.iterrows()], dtype=object)
+    rows = [{"era": "all", "rows": len(cases), "mape_before": float(before.mean()),
+             "mape_after": float(after.mean())}]
+    for e in dict.fromkeys(eras):
+        m = eras == e
+        rows.append({"era": e, "rows": int(m.sum()), "mape_before": float(before[m].mean()),
+                     "mape_after": float(after[m].mean())})
+    return pd.DataFrame(rows)
+
+
+def write_profile(fit: FitResult, path: str | Path, header: str = "") -> None:
+    Path(path).write_text(profile_toml(fit.profile, header))
+
+
+
+# --------------------------------------------------------------------------------------------
+# the command
+# --------------------------------------------------------------------------------------------
+_RUNS_HELP = ("CSV of your measured runs: one row per run with the columns of "
+              "training_runs_dev.csv; at least " + ", ".join(REQUIRED_COLUMNS)
+              + " and seconds_per_iteration (or tokens_per_sec_per_gpu)")
+
+
+def calibrate_command(
+    runs: Annotated[Path, typer.Option("--runs", help=_RUNS_HELP)],
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="write the fitted profile (TOML) here; use it with "
+        "`plan --profile FILE`")] = None,
+    name: Annotated[str, typer.Option("--name", help="name stored in the profile")] =
+    "calibrated",
+    json_out: Annotated[bool, typer.Option("--json", help="one JSON document on stdout")] =
+    False,
+    cluster: Annotated[str | None, typer.Option(
+        "--cluster", help="your cluster (preset or TOML) instead of the preset picked from each "
+        "row's gpu_type; use the same one with `plan --profile`")] = None,
+) -> None:
+    """Fit an efficiency profile to your cluster's measured runs."""
+    from rich.console import Console
+    from rich.table import Table
+
+    def fail(msg: str) -> None:
+        typer.echo(f"plan: error: {msg}", err=True)
+        raise typer.Exit(2)
+
+    try:
+        df = read_runs(runs)
+        cases, skipped = runs_to_cases(df, cluster)
+        if skipped and len(cases) < 2:
+            rid, why = skipped[0]
+            fail(f"--runs {runs}: row {rid}: {why}" + (
+                f" (and {len(skipped) - 1} more rows)" if len(skipped) > 1 else ""))
+        fit = fit_profile(cases, name=name, fitted_on=f"{len(cases)} runs of {runs.name}: "
+                          + ", ".join(c.row_id for c in cases))
+    except SpecError as e:
+        fail(str(e))
+        return
+    if out is not None:
+        try:
+            write_profile(fit, out, header=f"fitted by `plan calibrate --runs {runs.name}`")
+        except OSError as e:
+            fail(f"--out {out}: cannot write: {e.strerror}")
+    if json_out:
+        doc = fit.to_json()
+        doc["skipped"] = [{"row_id": r, "reason": w} for r, w in skipped]
+        typer.echo(json.dumps(doc, indent=2, default=float))
+        return
+    con = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
+    t = Table(title=f"fitted profile '{name}' ({len(cases)} runs)", title_justify="left")
+    for col in ("parameter", "value", "+-1 sigma", "bounds", "runs behind it"):
+        t.add_column(col, justify="right" if col in ("value", "+-1 sigma") else "left")
+    for p in fit.params:
+        if p["fitted"]:
+            t.add_row(p["name"], f"{p['value']:.3f}", f"{p['sigma']:.3f}",
+                      f"[{p['lo']:g}, {p['hi']:g}]", ", ".join(p["rows"]) or "(prior only)")
+        else:
+            t.add_row(p["name"], f"{p['value']:g}", "-", f"[{p['lo']:g}, {p['hi']:g}]",
+                      p.get("note", ""))
+    con.print(t)
+    r = Table(title="runs: predicted vs measured step time", title_justify="left")
+    for col in ("run", "model", "GPUs", "measured", "before", "error", "after", "error "):
+        r.add_column(col, justify="left" if col in ("run", "model") else "right")
+    for x in fit.rows.itertuples():
+        r.add_row(x.row_id, x.model, str(x.gpus), f"{x.measured_s:.4g} s", f"{x.before_s:.4g} s",
+                  f"{x.error_before:+.1%}", f"{x.after_s:.4g} s", f"{x.error_after:+.1%}")
+    con.print(r)
+    for rid, why in skipped:
+        con.print(f"not used: {rid}: {why}")
+    for w in fit.warnings:
+        con.print(f"[yellow]warning:[/] {w}")
+    if out is not None:
+        con.print(f"profile written to {out}: use it with `plan --profile {out}`")
+
+
+def write_shipped_profiles(folder: str | Path | None = None) -> dict[str, FitResult]:
+    """Fit and write the per-era profiles of ``hardware_specs/profiles`` from the dev split."""
+    from hardware_specs import preset_dir
+
+    d = Path(folder or preset_dir("profile"))
+    d.mkdir(parents=True, exist_ok=True)
+    fits = {}
+    for era, _ in ERAS:
+        fit = fit_era(era)
+        rms = float(np.sqrt(np.mean(fit.rows["error_after"] ** 2)))
+        head = (f"Efficiency profile of the software era '{era}', fitted by\n"
+                f"`python -m validation.calibrate` (validation.calibrate.fit_era) on the dev split\n"
+                f"hardware_specs/validation/training_runs_dev.csv.\n"
+                f"Rows: {', '.join(fit.rows['row_id'])}\n"
+                f"In-sample MAPE {fit.rows['error_before'].abs().mean():.1%} uncalibrated -> "
+                f"{fit.rows['error_after'].abs().mean():.1%} (rms {rms:.1%}); these are the "
+                f"runs it was fitted on,\nnot a cross-validated figure (see README, "
+                f"'calibrate to your cluster').")
+        (d / f"{era}.toml").write_text(profile_toml(fit.profile, head))
+        fits[era] = fit
+    return fits
+
+
+if __name__ == "__main__":
+    for era, f in write_shipped_profiles().items():
+        print(era, {k: round(v, 3) for k, v in f.profile.values().items()},
+              f"{f.rows['error_before'].abs().mean():.3f} -> {f.rows['error_after'].abs().mean():.3f}")

@@ -1,0 +1,119 @@
+"""Which published runs back a plan's efficiency: its calibration group.
+
+A plan's MFU is only as good as the published runs its kernel efficiencies were checked on.
+:func:`calibration_evidence` finds them in the dev split of published runs
+(``hardware_specs/validation/training_runs_dev.csv``): the rows on the plan's GPU type, narrowed
+to the rows of the plan's software stack (``--framework``) when there are any, else to the rows of
+its precision class (16-bit, fp8, fp4), else every row on that GPU. For each group (source x GPU
+x precision, as in ``plan validate``) it gives the row ids, the measured MFU range under the
+tool's own MFU convention (the model FLOPs the plan counts, over the measured step time) and the
+model's mean signed error on those rows. A GPU without any published row says so: its
+efficiency is then transferred from another part's measurement by datasheet (the calibration
+source is named).
+
+Nothing here is fitted: it reports the evidence the efficiency rests on.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from validation import validate
+
+__all__ = ["SOURCE_FRAMEWORK", "calibration_evidence", "evidence_line"]
+
+#: The framework preset (``hardware_specs/frameworks``) each source's runs used: the vendor
+#: recipes (:data:`validation.validate._SOURCE_FRAMEWORK`) and the Megatron-LM papers (Narayanan et
+#: al. 2021 ran the SC21 scripts, Korthikanti et al. 2022 added sequence parallelism and
+#: selective recompute: the ``megatron-2021`` and ``megatron-2022`` presets describe them).
+SOURCE_FRAMEWORK = {**validate._SOURCE_FRAMEWORK, "Megatron-LM 2021": "megatron-2021",
+                    "Korthikanti 2022": "megatron-2022"}
+
+
+def _precision_class(precision: str) -> str:
+    p = str(precision).lower()
+    if "fp4" in p:
+        return "fp4"
+    if "fp8" in p:
+        return "fp8"
+    return "16-bit" if p in ("bf16", "fp16") else p
+
+
+@functools.lru_cache(maxsize=1)
+def _rows() -> tuple:
+    """(source group, GPU name, precision, case) of every expressible step-scope dev row."""
+    out = []
+    for _, r in validate.read_runs().iterrows():
+        try:
+            case = validate.case_from_row(r)
+        except Exception:  # noqa: BLE001, S112 - rows the tool cannot express are skipped
+            continue
+        if case.scope != "step":
+            continue
+        out.append((validate.source_group(str(r["source"])), case.cluster.gpu.name,
+                    case.training.precision_name, case))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=32)
+def calibration_evidence(gpu_name: str, framework: str | None = None,
+                         precision: str | None = None) -> dict:
+    """The published runs a plan on ``gpu_name`` (under ``framework`` and ``precision``) is
+    calibrated on.
+
+    Returns ``{"gpu", "matched_by", "groups": [...]}``; each group has ``source``,
+    ``gpu_type``, ``precision``, ``rows`` (ids), ``measured_mfu_min`` / ``_max`` (fractions,
+    the tool's MFU convention) and ``bias`` (mean signed error of the predicted step time).
+    ``groups`` is empty when the dev split has no run on that GPU.
+    """
+    from perfmodel.parallel.config import ConfigBatch
+    from perfmodel.step.evaluate import evaluate
+
+    on_gpu = [x for x in _rows() if x[1] == gpu_name]
+    matched_by = "GPU type"
+    if framework is not None and any(SOURCE_FRAMEWORK.get(x[0]) == framework for x in on_gpu):
+        on_gpu = [x for x in on_gpu if SOURCE_FRAMEWORK.get(x[0]) == framework]
+        matched_by = f"framework {framework}"
+    elif precision is not None and any(_precision_class(x[2]) == _precision_class(precision)
+                                       for x in on_gpu):
+        on_gpu = [x for x in on_gpu if _precision_class(x[2]) == _precision_class(precision)]
+        matched_by = f"{_precision_class(precision)} precision"
+    groups: dict[tuple, dict] = {}
+    for src, gpu, prec, case in on_gpu:
+        res = evaluate(case.model, case.training, case.cluster,
+                       ConfigBatch.from_configs([case.config]))
+        pred, mfu = float(res.step_time_s[0]), float(res.mfu[0])
+        if not (math.isfinite(pred) and pred > 0):
+            continue
+        g = groups.setdefault((src, gpu, prec), {"source": src, "gpu_type": gpu,
+                                                 "precision": prec, "rows": [], "mfu": [],
+                                                 "err": []})
+        g["rows"].append(case.row_id)
+        g["mfu"].append(mfu * pred / case.measured_step_s)
+        g["err"].append(pred / case.measured_step_s - 1.0)
+    out = []
+    for g in groups.values():
+        out.append({"source": g["source"], "gpu_type": g["gpu_type"],
+                    "precision": g["precision"], "rows": g["rows"],
+                    "measured_mfu_min": min(g["mfu"]), "measured_mfu_max": max(g["mfu"]),
+                    "bias": sum(g["err"]) / len(g["err"])})
+    out.sort(key=lambda g: -len(g["rows"]))
+    return {"gpu": gpu_name, "matched_by": matched_by, "groups": out}
+
+
+def _ids(rows: list[str]) -> str:
+    return ", ".join(rows) if len(rows) <= 3 else f"{rows[0]} ... {rows[-1]}"
+
+
+def evidence_line(evidence: dict, calibration_source: str = "") -> str:
+    """One line for the plan header: the calibration group(s) and their measured MFU range."""
+    groups = evidence["groups"]
+    if not groups:
+        return (f"calibrated on: no published run on {evidence['gpu']} in the dev split; kernel "
+                f"efficiency {calibration_source or 'transferred by datasheet'}")
+    parts = [f"{g['source']} / {g['gpu_type']} / {g['precision']} ({len(g['rows'])} runs "
+             f"{_ids(g['rows'])}: measured MFU {g['measured_mfu_min']:.1%}-"
+             f"{g['measured_mfu_max']:.1%}, model error {g['bias']:+.1%})" for g in groups[:2]]
+    more = f" and {len(groups) - 2} more groups" if len(groups) > 2 else ""
+    return (f"calibrated on ({evidence['matched_by']}): " + "; ".join(parts) + more)
