@@ -24,7 +24,7 @@ import dataclasses
 
 import pandas as pd
 
-from perfmodel.spec.specs import SpecError
+from perfmodel.core.errors import SpecError
 from perfmodel.step.evaluate import TIME_TERMS, evaluate
 from validation import validate_moe as vm
 from validation.validate import VALIDATION_DIR

@@ -25,10 +25,10 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
+from perfmodel.core.errors import SpecError
 from perfmodel.hardware import calibration
 from perfmodel.moe import dispatch as moe_dispatch
 from perfmodel.moe import experts as moe
-from perfmodel.spec.specs import SpecError
 from perfmodel.step.evaluate import evaluate
 from validation import validate_moe as vm
 from validation.validate import VALIDATION_DIR

@@ -25,11 +25,17 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from emit.launch import FORMATS, launch_from_result
 from hardware_specs import list_presets
+from perfmodel.compute.layer import sustained_calibration
 from perfmodel.core import units
-from perfmodel.spec.specs import MAX_GPUS, SpecError, format_validation_error
+from perfmodel.core.errors import SpecError
+from perfmodel.parallel.layers import stage_layer_table
+from perfmodel.spec.specs import MAX_GPUS, format_validation_error, load_cluster
 from perfmodel.step.evaluate import MFU_CONVENTION
 from search import api
+from search.space import SEARCH_DIMS
+from validation.evidence import calibration_evidence, evidence_line
 
 __all__ = ["SUBCOMMANDS", "app", "main"]
 
@@ -147,8 +153,6 @@ def _launches(result: Any, model: str, plan_kwargs: dict[str, Any], alternatives
               formats: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Launch settings of the best configuration per format (see :mod:`emit.launch`); a refused
     format gets the best configuration of a search restricted to its framework."""
-    from emit.launch import FORMATS, launch_from_result
-    from search.space import SEARCH_DIMS
 
     def replan(framework: str, precision: str) -> Any:
         kw = {k: v for k, v in plan_kwargs.items() if k not in SEARCH_DIMS}
@@ -208,7 +212,6 @@ def _is_moe_row(c: dict[str, Any]) -> bool:
 
 def _stage_layout_line(c: dict[str, Any], num_layers: int) -> str | None:
     """'layers per stage 15 16 ... 15 (chunks of rank 0: 1 2 ...)' for an uneven layout."""
-    from perfmodel.pipeline.schedules import stage_layer_table
 
     if c.get("stage_layers"):  # a per-stage layout of the DP searcher (search/dp.py)
         line = f"  layers per pipeline rank: {' '.join(str(n) for n in c['stage_layers'])}"
@@ -331,7 +334,6 @@ def term_note(name: str, value: float, row: dict[str, Any], s: dict[str, Any]) -
 
 def _calibration_evidence(s: dict) -> dict | None:
     """:func:`validation.evidence.calibration_evidence` of a result's setup (None if unreadable)."""
-    from validation.evidence import calibration_evidence
 
     try:
         return calibration_evidence(s["gpu"], s.get("framework"), s.get("precision"))
@@ -342,14 +344,11 @@ def _calibration_evidence(s: dict) -> dict | None:
 def _calibration_line(s: dict) -> str:
     """The published runs the plan's kernel efficiency is calibrated on
     (:func:`validation.evidence.calibration_evidence`), one line; empty if it cannot be read."""
-    from validation.evidence import calibration_evidence, evidence_line
 
     try:
         ev = calibration_evidence(s["gpu"], s.get("framework"), s.get("precision"))
         source = ""
         if not ev["groups"]:
-            from perfmodel.compute.layer import sustained_calibration
-            from perfmodel.spec.specs import load_cluster
 
             source = sustained_calibration(load_cluster(s["cluster"]).gpu).source
         return evidence_line(ev, source)

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from perfmodel.core import units
-from perfmodel.spec.specs import SpecError
+from perfmodel.core.errors import SpecError
 from realtime.placement import RealtimePlan, plan_realtime
 
 __all__ = ["realtime", "render_plan"]

@@ -23,7 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from perfmodel.core import units
-from perfmodel.spec.specs import SpecError, format_validation_error
+from perfmodel.core.errors import SpecError
+from perfmodel.spec.specs import format_validation_error, load_model
 
 __all__ = ["verify_cmd"]
 
@@ -157,7 +158,6 @@ def verify_cmd(
     from harness.calibrate import calibrate, local_cluster
     from harness.model import tiny_spec
     from harness.verify import harness_training, select_configs, verify
-    from perfmodel.spec.specs import load_model
 
     try:
         spec = load_model(model) if model else tiny_spec(seq_len=max(seq_len, 32))

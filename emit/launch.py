@@ -39,14 +39,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emit.moe import megatron_bridge_moe_fields, megatron_moe_args, torchtitan_moe_fields
+from perfmodel.core.errors import SpecError
 from perfmodel.parallel.config import ParallelConfig
+from perfmodel.parallel.layers import (
+    balanced_chunk_layers,
+    balanced_stage_layers,
+    megatron_layout,
+    stage_layer_table,
+)
 from perfmodel.spec.frameworks import (
     FrameworkSpec,
     capability_refusals,
     explicit_layout_allowed,
     load_framework,
 )
-from perfmodel.spec.specs import ModelSpec, SpecError, TrainingSpec
+from perfmodel.spec.hybrid import mamba_heads
+from perfmodel.spec.specs import ModelSpec, TrainingSpec, load_model
 
 __all__ = ["FILE_NAMES", "FORMATS", "FORMAT_FRAMEWORK", "Launch", "emit", "launch_from_result",
            "launch_settings",
@@ -105,17 +113,15 @@ def _base_precision(recipe: str) -> str:
 def stage_layers(config: ParallelConfig, model: ModelSpec) -> list[int]:
     """Transformer layers of each of the ``pp*vp`` model chunks, in model order (chunk ``i``
     runs on pipeline rank ``i % pp``): the one layout the time and memory models use
-    (:func:`perfmodel.pipeline.schedules.stage_layer_table`), from the configuration's
+    (:func:`perfmodel.parallel.layers.stage_layer_table`), from the configuration's
     ``first_stage_layers`` / ``last_stage_layers`` / ``embedding_as_layer`` / ``loss_as_layer``,
-    or Megatron-LM's layout (:func:`perfmodel.pipeline.schedules.megatron_layout`) where it names none and
+    or Megatron-LM's layout (:func:`perfmodel.parallel.layers.megatron_layout`) where it names none and
     ``pp*vp`` does not divide the layers; a per-stage layout (``stage_layers``, chosen by
     :mod:`search.strategies.dp`) splits each rank's layers evenly over its chunks.
     """
-    from perfmodel.pipeline.schedules import megatron_layout, stage_layer_table
 
     L, pp, vp = model.num_layers, config.pp, config.vp
     if getattr(config, "stage_layers", None):  # a per-stage layout of search/dp.py
-        from perfmodel.pipeline.schedules import balanced_chunk_layers
 
         return balanced_chunk_layers(config.stage_layers, vp)
     first, last, emb, loss = _layout_fields(config)
@@ -124,7 +130,6 @@ def stage_layers(config: ParallelConfig, model: ModelSpec) -> list[int]:
         if not bool(lay["valid"][0]):
             raise SpecError(f"no Megatron-LM layout of {L} layers on pp={pp}, vp={vp}")
         if bool(lay["explicit"][0]):  # the balanced explicit layout, heavier chunks first
-            from perfmodel.pipeline.schedules import balanced_chunk_layers, balanced_stage_layers
 
             return balanced_chunk_layers(balanced_stage_layers(L, pp, vp)[0, :pp], vp)
         first, last = int(lay["first"][0]), int(lay["last"][0])
@@ -140,7 +145,6 @@ def _explicit_layout(config: ParallelConfig, model: ModelSpec) -> bool:
     """Whether the configuration runs the balanced explicit layout (it names no layout, and
     only ``--pipeline-model-parallel-layout`` splits its layers: :func:`megatron_layout`'s
     fifth option) or a per-stage one (``stage_layers``)."""
-    from perfmodel.pipeline.schedules import megatron_layout
 
     if getattr(config, "stage_layers", None):
         return True
@@ -271,7 +275,6 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
     if m.head_dim is not None:
         a.append(f"--kv-channels {m.head_dim}")
     if m.is_hybrid:  # pretrain_mamba.py (perfmodel.compute.mamba)
-        from perfmodel.compute.mamba import mamba_heads
 
         a += [f"--hybrid-override-pattern {m.hybrid_override_pattern}",
               f"--mamba-state-dim {m.mamba_state_dim}", f"--mamba-head-dim {m.mamba_head_dim}",
@@ -408,7 +411,6 @@ def _bridge_sections(config: ParallelConfig, model: ModelSpec, training: Trainin
         "num_query_groups": m.kv_heads,
     }
     if m.is_hybrid:  # MambaModelProvider fields (perfmodel.compute.mamba)
-        from perfmodel.compute.mamba import mamba_heads
 
         mdl.update({"hybrid_override_pattern": m.hybrid_override_pattern,
                     "mamba_state_dim": m.mamba_state_dim, "mamba_head_dim": m.mamba_head_dim,
@@ -814,7 +816,6 @@ def launch_from_result(result: Any, model: ModelSpec | str, formats: tuple[str, 
     >>> r = plan("llama3.1-8b", "dgx-h100", gpus=64, global_batch_size=256)  # doctest: +SKIP
     >>> print(launch_from_result(r, "llama3.1-8b")["torchtitan"].text)       # doctest: +SKIP
     """
-    from perfmodel.spec.specs import load_model
 
     if not result.fits_any:
         raise SpecError(result.why_nothing_fits())

@@ -20,7 +20,8 @@
 from __future__ import annotations
 
 from perfmodel.compute.layer import full_iteration_graphed
-from perfmodel.parallel.config import ParallelConfig
+from perfmodel.moe.experts import a2a_overlap_applies
+from perfmodel.parallel.config import ConfigBatch, ParallelConfig
 from perfmodel.spec.specs import ModelSpec, TrainingSpec
 
 __all__ = ["megatron_bridge_moe_fields", "megatron_bridge_moe_overrides", "megatron_moe_args",
@@ -158,8 +159,6 @@ def _dispatch_switch_args(training: TrainingSpec, model: ModelSpec) -> list[str]
 def _a2a_overlap_runs(training: TrainingSpec, c: ParallelConfig) -> bool:
     """Whether Megatron-Core runs the all-to-all overlap for this plan
     (:func:`perfmodel.moe.experts.a2a_overlap_applies`)."""
-    from perfmodel.moe.experts import a2a_overlap_applies
-    from perfmodel.parallel.config import ConfigBatch
 
     if not training.overlap_moe_comm:
         return False

@@ -27,6 +27,10 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from perfmodel.comm.comm_volume import ep_dispatch_bytes
+from perfmodel.parallel.config import ConfigBatch
+from perfmodel.spec.specs import ModelSpec, TrainingSpec
+
 __all__ = ["MoEHarnessConfig", "predicted_a2a_bytes", "run", "run_single"]
 
 
@@ -49,9 +53,6 @@ class MoEHarnessConfig:
 def predicted_a2a_bytes(cfg: MoEHarnessConfig) -> float:
     """The planner's dispatch + combine bytes per GPU per step for this run (fp32 training:
     4-byte activations), :func:`perfmodel.comm.comm_volume.ep_dispatch_bytes`."""
-    from perfmodel.comm.comm_volume import ep_dispatch_bytes
-    from perfmodel.parallel.config import ConfigBatch
-    from perfmodel.spec.specs import ModelSpec, TrainingSpec
 
     model = ModelSpec(name="tiny-moe", num_layers=cfg.layers, hidden_size=cfg.hidden,
                       num_attention_heads=1, ffn_hidden_size=cfg.ffn, vocab_size=cfg.vocab,

@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from perfmodel.core.errors import SpecError
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig, resolve_config
-from perfmodel.spec.specs import ClusterSpec, ModelSpec, SpecError, TrainingSpec
+from perfmodel.spec.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 __all__ = ["harness_training", "select_configs", "spearman", "verify"]
 

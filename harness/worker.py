@@ -62,6 +62,7 @@ from torch.distributed.fsdp import fully_shard  # noqa: F401
 
 from harness.measure import CommMeter, PeakMemMeter
 from harness.model import TinyGPT, build_model, make_stage, set_recompute, tied_pairs
+from perfmodel.memory.breakdown import BUCKET_PARAMS
 from perfmodel.spec.specs import ModelSpec
 
 T_IMPORTED = time.perf_counter()
@@ -327,7 +328,6 @@ def apply_dp(m: TinyGPT, impl: str, dp_mesh):
     if impl.startswith("fsdp"):
         from torch.distributed.fsdp import fully_shard
 
-        from perfmodel.memory.breakdown import BUCKET_PARAMS
 
         reshard = impl == "fsdp-zero3"
         # FSDP units sized like Megatron-LM / DeepSpeed communication buckets (40 M

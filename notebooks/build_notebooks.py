@@ -527,7 +527,7 @@ embedding on the first stage and a heavy logits layer on the last, costs from th
     code("""
 from perfmodel.compute import layer as compute
 from perfmodel.parallel.config import ConfigBatch
-from perfmodel.pipeline.schedules import partition_layers
+from perfmodel.parallel.layers import partition_layers
 from perfmodel.spec.specs import load_cluster, load_model, load_training
 
 model = load_model("llama3.1-8b")          # 128k vocabulary: a heavy output layer

@@ -15,8 +15,18 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
+from perfmodel.compute import layer as compute
 from perfmodel.core import units
+from perfmodel.core.errors import SpecError
+from perfmodel.hardware import collectives as coll
+from perfmodel.step.timeline import layout_timeline
+from perfmodel.parallel.config import ConfigBatch
+from perfmodel.parallel.layers import layout_chunk_times, stage_layer_table
+from perfmodel.parallel.topology import group_placement
+from perfmodel.pipeline.schedules import simulate
+from perfmodel.spec.specs import load_cluster
 from perfmodel.step.evaluate import MEMORY_TERMS, TIME_TERMS
+from search.api import plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
@@ -462,8 +472,6 @@ def scaling_frame(
     ``mfu``, ``peak_memory_bytes``, ``config`` (label); NaN where nothing fits or no
     configuration is valid (``config`` then says why, shortened).
     """
-    from perfmodel.spec.specs import SpecError
-    from search.api import plan
 
     rows = []
     for n in gpu_counts:
@@ -578,9 +586,6 @@ def allreduce_frame(
 
     Returns a DataFrame: ``size_bytes``, ``ring_s``, ``tree_s``, ``hierarchical_s``, ``best``.
     """
-    from perfmodel.hardware import collectives as coll
-    from perfmodel.parallel.topology import group_placement
-    from perfmodel.spec.specs import load_cluster
 
     c = load_cluster(cluster) if not hasattr(cluster, "tiers") else cluster
     n = c.total_gpus if n is None else int(n)
@@ -778,12 +783,9 @@ def plot_config_timeline(
     labels: bool = False,
 ) -> Figure:
     """Gantt chart of one configuration's step with its Megatron-LM layer layout: per-chunk
-    times from :func:`perfmodel.pipeline.schedules.stage_layer_table` and the compute model, simulated by
+    times from :func:`perfmodel.parallel.layers.stage_layer_table` and the compute model, simulated by
     :func:`perfmodel.pipeline.schedules.simulate` (the layers of rank 0's and the last rank's chunks are
     in the title). ``config`` is a resolved :class:`~perfmodel.parallel.config.ParallelConfig`."""
-    from perfmodel.compute import layer as compute
-    from perfmodel.parallel.config import ConfigBatch
-    from perfmodel.pipeline.schedules import layout_chunk_times, simulate, stage_layer_table
 
     c = config
     batch = ConfigBatch.from_configs([c])
@@ -792,7 +794,6 @@ def plot_config_timeline(
                               c.last_stage_layers or 0, c.embedding_as_layer, c.loss_as_layer)
     val = {k: float(np.asarray(v)[0]) for k, v in ct.items()}
     if getattr(c, "stage_layers", None):  # a per-stage layout of search/dp.py
-        from perfmodel.memory.stage_layout import layout_timeline
 
         table = np.array([[n // c.vp] * c.vp for n in c.stage_layers])
         tl = layout_timeline(model, training, cluster, c, kernels=kernels)

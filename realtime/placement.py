@@ -59,7 +59,8 @@ from pydantic import Field, ValidationError, model_validator
 from hardware_specs import find_preset, list_presets
 from perfmodel.compute import inference
 from perfmodel.core import units
-from perfmodel.spec.specs import Spec, SpecError, format_validation_error
+from perfmodel.core.errors import SpecError
+from perfmodel.spec.specs import Spec, format_validation_error
 
 __all__ = [
     "MAX_COMBINATIONS",

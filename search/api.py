@@ -24,14 +24,15 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from perfmodel.hardware.profile import evaluate as profile_evaluate
+from perfmodel.core.codes import RECOMPUTE, SCHEDULE
+from perfmodel.core.errors import SpecError
 from perfmodel.hardware.profile import load_profile
+from perfmodel.memory.breakdown import SEARCH_MEMORY_HEADROOM
 from perfmodel.parallel.config import ParallelConfig, resolve_config
 from perfmodel.spec.frameworks import FrameworkSpec, apply_framework, load_framework
 from perfmodel.spec.specs import (
     ClusterSpec,
     ModelSpec,
-    SpecError,
     TrainingSpec,
     _read_toml,
     format_validation_error,
@@ -39,9 +40,14 @@ from perfmodel.spec.specs import (
     load_model,
     load_training,
 )
+from perfmodel.step.evaluate import evaluate
+from perfmodel.step.profiled import evaluate as profile_evaluate
 from search.result import SearchResult
 from search.space import SEARCH_DIMS, Problem, SearchSpace, make_space
+from search.strategies.dp import DPSearch
+from search.strategies.evolutionary import GeneticSearch
 from search.strategies.grid import GridSearch, Progress
+from search.strategies.nsga2 import NSGA2Search
 
 __all__ = [
     "DEFAULT_CLUSTER",
@@ -164,8 +170,6 @@ def search_threads():
 
 
 def _default_evaluator() -> Callable[..., Any]:
-    from perfmodel.step.evaluate import evaluate
-
     return evaluate
 
 
@@ -176,16 +180,10 @@ def _strategy(strategy: Any, top: int) -> Any:
     if name == "grid":
         return GridSearch(top=top)
     if name == "dp":
-        from search.strategies.dp import DPSearch
-
         return DPSearch(top=top)
     if name == "ga":
-        from search.strategies.evolutionary import GeneticSearch
-
         return GeneticSearch(top=top)
     if name == "nsga2":
-        from search.strategies.nsga2 import NSGA2Search
-
         return NSGA2Search(top=top)
     raise SpecError(f"strategy = {strategy!r}: expected one of {', '.join(STRATEGIES)}")
 
@@ -314,7 +312,6 @@ def make_problem(
     kernels = getattr(kernels, "value", kernels)
     if kernels not in ("fused", "eager"):
         raise SpecError(f"kernels = {kernels!r}: expected fused or eager")
-    from perfmodel.memory.breakdown import SEARCH_MEMORY_HEADROOM
 
     headroom = SEARCH_MEMORY_HEADROOM if memory_headroom is None else float(memory_headroom)
     evaluator = evaluator or _default_evaluator()
@@ -338,7 +335,6 @@ def _check_single(space: SearchSpace) -> None:
                 f"cluster's GPU count ({n})"
             )
         v["dp"] = n // model_par
-    from perfmodel.parallel.config import RECOMPUTE, SCHEDULE
 
     v["recompute"] = RECOMPUTE[v["recompute"]]
     v["schedule"] = SCHEDULE[v["schedule"]]
@@ -421,7 +417,7 @@ def plan(
     allow_idle_gpus, allow_tp_across_nodes, uneven_layers
         Relax the constraints ``dp*tp*pp*cp == gpus`` and ``tp <= scale-up domain``;
         ``uneven_layers`` (default on) admits ``pp*vp`` that does not divide the layers with
-        Megatron-LM's uneven layout (``perfmodel.pipeline.schedules.megatron_layout``); off: even splits
+        Megatron-LM's uneven layout (``perfmodel.parallel.layers.megatron_layout``); off: even splits
         only.
     memory_headroom
         Fraction of HBM kept free (default ``perfmodel.memory.breakdown.SEARCH_MEMORY_HEADROOM``): a

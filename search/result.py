@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.core import units
-from perfmodel.parallel.config import COMPRESSION, RECOMPUTE, SCHEDULE, ConfigBatch
+from perfmodel.core.codes import COMPRESSION, RECOMPUTE, SCHEDULE
+from perfmodel.parallel.config import ConfigBatch
 
 __all__ = [
     "Diagnostic",

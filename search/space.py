@@ -25,13 +25,11 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from perfmodel.parallel.config import (
-    RECOMPUTE,
-    SCHEDULE,
-    ConfigBatch,
-    ParallelConfig,
-    resolve_config,
-)
+from perfmodel.core.codes import RECOMPUTE, SCHEDULE
+from perfmodel.core.errors import SpecError
+from perfmodel.memory.breakdown import usable_hbm_bytes
+from perfmodel.parallel.config import ConfigBatch, ParallelConfig, resolve_config
+from perfmodel.parallel.layers import megatron_layout
 from perfmodel.spec.frameworks import (
     FrameworkSpec,
     capability_mask,
@@ -41,13 +39,8 @@ from perfmodel.spec.frameworks import (
     framework_pins,
     zero_pp_allowed,
 )
-from perfmodel.spec.specs import (
-    ClusterSpec,
-    ModelSpec,
-    SpecError,
-    TrainingSpec,
-    format_validation_error,
-)
+from perfmodel.spec.hybrid import unsupported_parallelism
+from perfmodel.spec.specs import ClusterSpec, ModelSpec, TrainingSpec, format_validation_error
 
 __all__ = [
     "OBJECTIVES",
@@ -114,7 +107,6 @@ def _hybrid_ok(model: ModelSpec, tp: np.ndarray, cp: np.ndarray) -> np.ndarray:
     everything for a transformer)."""
     if not model.is_hybrid:
         return np.ones(np.shape(tp), dtype=bool)
-    from perfmodel.compute.mamba import unsupported_parallelism
 
     return unsupported_parallelism(model, tp, cp) == ""
 
@@ -174,7 +166,7 @@ class SearchSpace:
     def explicit_layout(self) -> bool:
         """Whether a ``pp*vp`` that no Megatron-LM first/last or embedding/loss layout fits may
         take the balanced explicit layout (``--pipeline-model-parallel-layout``,
-        :func:`perfmodel.pipeline.schedules.balanced_stage_layers`): uneven layers allowed and the
+        :func:`perfmodel.parallel.layers.balanced_stage_layers`): uneven layers allowed and the
         release runs it (:func:`perfmodel.spec.frameworks.explicit_layout_allowed`)."""
         return self.uneven_layers and explicit_layout_allowed(self.framework)
 
@@ -242,8 +234,6 @@ class SearchSpace:
         a["num_microbatches"] = np.maximum(nmb, 1)
         sched, sp, zero = a["schedule"], a["sequence_parallel"].astype(bool), a["zero_stage"]
         if self.uneven_layers:
-            from perfmodel.pipeline.schedules import megatron_layout
-
             layers_ok = m.num_layers % (pp * vp) == 0
             if not np.all(layers_ok):
                 layers_ok = layers_ok | megatron_layout(
@@ -340,8 +330,6 @@ class SearchSpace:
         # Megatron-LM's layout where pp*vp does not divide the layers
         uneven = self.model.num_layers % (cols["pp"] * cols["vp"]) != 0
         if np.any(uneven):
-            from perfmodel.pipeline.schedules import megatron_layout
-
             lay = megatron_layout(self.model.num_layers, cols["pp"], cols["vp"],
                                   explicit=self.explicit_layout)
             cols["first_stage_layers"] = np.where(uneven, lay["first"], 0)
@@ -463,8 +451,6 @@ class SearchSpace:
             out.append(f"framework {fw.name} always uses sequence parallelism with tp > 1 "
                        f"(tp {cfg['tp']})")
         if not self.explicit_layout:
-            from perfmodel.pipeline.schedules import megatron_layout
-
             L, pp, vp = self.model.num_layers, int(cfg["pp"]), int(cfg["vp"])
             if L % (pp * vp) and not bool(megatron_layout(L, pp, vp)["valid"][0]):
                 out.append(f"framework {fw.name} ({fw.release}) has no explicit pipeline layout "
@@ -576,7 +562,7 @@ def make_space(
         Let tp exceed the scale-up (NVLink) domain.
     uneven_layers
         Accept ``pp*vp`` that does not divide the layer count, with Megatron-LM's uneven layout
-        (:func:`perfmodel.pipeline.schedules.megatron_layout`: the embedding and the loss counted as
+        (:func:`perfmodel.parallel.layers.megatron_layout`: the embedding and the loss counted as
         layers, or lighter first/last stages). On by default; off: even splits only.
     max_micro_batch_size, max_vp, max_cp
         Caps of the default candidate lists (micro-batch sizes and cp are powers of two; vp
@@ -742,7 +728,6 @@ class Problem:
     @property
     def usable_bytes(self) -> float:
         """HBM a configuration may fill: capacity less the reserve less the headroom."""
-        from perfmodel.memory.breakdown import usable_hbm_bytes
 
         return float(usable_hbm_bytes(self.space.cluster.gpu, self.memory_headroom))
 

@@ -46,8 +46,11 @@ import numpy as np
 import pandas as pd
 import typer
 
+from hardware_specs import preset_dir
+from perfmodel.core.errors import SpecError
 from perfmodel.hardware.profile import PARAMETERS, EfficiencyProfile, load_profile, profile_toml
-from perfmodel.spec.specs import SpecError
+from perfmodel.parallel.config import resolve_config
+from perfmodel.spec.specs import load_cluster
 from validation.validate import VALIDATION_DIR, Case, case_from_row, predict_case
 
 __all__ = [
@@ -162,8 +165,6 @@ def runs_to_cases(df: pd.DataFrame, cluster: Any = None) -> tuple[list[Case],
     """
     from dataclasses import replace
 
-    from perfmodel.parallel.config import resolve_config
-    from perfmodel.spec.specs import load_cluster
 
     cases, skipped = [], []
     for _, r in df.iterrows():
@@ -734,7 +735,6 @@ def calibrate_command(
 
 def write_shipped_profiles(folder: str | Path | None = None) -> dict[str, FitResult]:
     """Fit and write the per-era profiles of ``hardware_specs/profiles`` from the dev split."""
-    from hardware_specs import preset_dir
 
     d = Path(folder or preset_dir("profile"))
     d.mkdir(parents=True, exist_ok=True)

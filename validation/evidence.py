@@ -19,6 +19,8 @@ from __future__ import annotations
 import functools
 import math
 
+from perfmodel.parallel.config import ConfigBatch
+from perfmodel.step.evaluate import evaluate
 from validation import validate
 
 __all__ = ["SOURCE_FRAMEWORK", "calibration_evidence", "evidence_line"]
@@ -67,8 +69,6 @@ def calibration_evidence(gpu_name: str, framework: str | None = None,
     the tool's MFU convention) and ``bias`` (mean signed error of the predicted step time).
     ``groups`` is empty when the dev split has no run on that GPU.
     """
-    from perfmodel.parallel.config import ConfigBatch
-    from perfmodel.step.evaluate import evaluate
 
     on_gpu = [x for x in _rows() if x[1] == gpu_name]
     matched_by = "GPU type"

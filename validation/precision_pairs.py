@@ -14,6 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from validation.validate import read_runs, training_runs_report
+from validation.validate_moe import VALIDATION_DIR, moe_runs_report
+
 __all__ = ["dense_precision_pairs", "moe_precision_pairs", "precision_pairs", "summary_by_gpu"]
 
 _DENSE_KEY = ("source", "software", "gpu_type", "model", "num_gpus", "tensor_parallel",
@@ -50,14 +53,12 @@ def _pairs(df: pd.DataFrame, report: pd.DataFrame, key: tuple[str, ...], kind: s
 
 def dense_precision_pairs(path=None) -> pd.DataFrame:
     """The pairs of the dense dev split (:func:`validation.validate.training_runs_report`)."""
-    from validation.validate import read_runs, training_runs_report
 
     return _pairs(read_runs(path), training_runs_report(path)[0], _DENSE_KEY, "dense")
 
 
 def moe_precision_pairs(path=None) -> pd.DataFrame:
     """The pairs of the MoE dev split (:func:`validation.validate_moe.moe_runs_report`)."""
-    from validation.validate_moe import VALIDATION_DIR, moe_runs_report
 
     df = pd.read_csv(path or VALIDATION_DIR / "moe_runs_dev.csv")
     return _pairs(df, moe_runs_report(path)[0], _MOE_KEY, "moe")

@@ -29,18 +29,31 @@ import typer
 from pydantic import ValidationError
 
 from hardware_specs import ROOT as SPECS_ROOT
+from perfmodel.comm import comm_time
 from perfmodel.compute import attention_kernels
+from perfmodel.compute import layer as compute
+from perfmodel.core.errors import SpecError
+from perfmodel.hardware import profile as profile_mod
+from perfmodel.hardware.calibration import calibration_for
+from perfmodel.hardware.profile import load_profile
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig, resolve_config
 from perfmodel.spec.frameworks import load_framework
 from perfmodel.spec.specs import (
     ClusterSpec,
     ModelSpec,
-    SpecError,
     TrainingSpec,
     format_validation_error,
     load_cluster,
 )
 from perfmodel.step.evaluate import evaluate
+from search.api import plan
+from validation.validate_moe import (
+    moe_doc,
+    moe_tuned_report,
+    moe_tuned_summary,
+    print_moe_report,
+    print_moe_tuned,
+)
 
 VALIDATION_DIR = SPECS_ROOT / "validation"
 
@@ -457,14 +470,10 @@ def case_from_row(r: pd.Series) -> Case:
 def predict_case(case: Case, kernels: str = "fused", profile=None) -> float:
     """Predicted seconds for the case's measured quantity (under an efficiency profile: a
     :class:`perfmodel.hardware.profile.EfficiencyProfile`, a shipped name or a TOML path)."""
-    from perfmodel.hardware import profile as profile_mod
 
     prof = profile_mod.load_profile(profile)
     batch = ConfigBatch.from_configs([case.config])
     if case.scope == "layer":
-        from perfmodel.comm import comm_time
-        from perfmodel.compute import layer as compute
-        from perfmodel.hardware.calibration import calibration_for
 
         cal, cluster = None, case.cluster
         if prof is not None and not prof.is_neutral:
@@ -600,7 +609,6 @@ def tuned_report(path: Path | None = None) -> pd.DataFrame:
     planner may beat a tuned recipe by a little (ratio a bit above 1) but not by a lot, and
     should not lose to it (ratio below 1).
     """
-    from search.api import plan
 
     df = read_runs(path)
     settings: dict[tuple, list] = {}
@@ -724,7 +732,6 @@ def validate_command(
     from rich.console import Console
     from rich.table import Table
 
-    from perfmodel.hardware.profile import load_profile
 
     try:
         prof = load_profile(profile)
@@ -752,12 +759,8 @@ def validate_command(
             "mape_multi_node": float(rows.loc[rows["set"] == "multi", "error"].abs().mean()),
         }
     if moe:
-        from validation.validate_moe import moe_doc
-
         doc["moe_runs"], moe_report, moe_skipped = moe_doc()
     if tuned:
-        from validation.validate_moe import moe_tuned_report, moe_tuned_summary
-
         moe_tuned_df = moe_tuned_report()
         doc["moe_tuned"] = {"summary": moe_tuned_summary(moe_tuned_df),
                             "settings": moe_tuned_df.to_dict("records")}
@@ -803,12 +806,8 @@ def validate_command(
         out.print(f"tuned: {doc['tuned']['within_0.90_1.15']:.0%} of {len(tuned_df)} settings "
                   f"within 0.90 <= measured / best <= 1.15")
     if moe:
-        from validation.validate_moe import print_moe_report
-
         print_moe_report(out, moe_report, moe_skipped)
     if tuned:
-        from validation.validate_moe import print_moe_tuned
-
         print_moe_tuned(out, moe_tuned_df)
     if vtrain:
         v = doc["vtrain"]

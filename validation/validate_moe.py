@@ -41,17 +41,20 @@ from typing import get_args
 import numpy as np
 import pandas as pd
 
+from perfmodel.compute.framework_flops import megatron_flops_per_token, step_time_from_tflops
+from perfmodel.core.errors import SpecError
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig, resolve_config
 from perfmodel.spec.frameworks import FrameworkSpec, load_framework, with_switches_of
 from perfmodel.spec.specs import (
     ClusterSpec,
     ModelSpec,
     RecomputeModule,
-    SpecError,
     TrainingSpec,
+    load_cluster,
     load_model,
 )
 from perfmodel.step.evaluate import TIME_TERMS, evaluate
+from search.api import plan
 from validation.validate import (
     VALIDATION_DIR,
     Case,
@@ -127,8 +130,6 @@ def _cluster(r: pd.Series) -> ClusterSpec:
     gpu = str(r["gpu_type"]).upper()
     gpus = int(r["num_gpus"])
     if gpu.startswith("B300"):
-        from perfmodel.spec.specs import load_cluster
-
         c = load_cluster("dgx-b300", gpus=gpus)
     elif gpu.startswith("H800"):
         raise SpecError("H800 (export NVLink 400 GB/s) has no cluster preset")
@@ -194,7 +195,6 @@ def flop_convention(r: pd.Series) -> tuple[str, int]:
 
 def _step_from_tflops(r: pd.Series, model: ModelSpec) -> float:
     """Step time from a published TFLOP/s/GPU under the source's own FLOP formula."""
-    from perfmodel.compute.framework_flops import megatron_flops_per_token, step_time_from_tflops
 
     tflops = _f(r["tflops_per_gpu"])
     if tflops is None:
@@ -796,7 +796,6 @@ def moe_tuned_report(path: Path | None = None, limit: int | None = None,
     ``release_capabilities``: the search keeps to what the row's release runs
     (:func:`release_framework`, its capabilities with the row's own switches); ``framework``
     names the preset (empty: not constrained)."""
-    from search.api import plan
 
     df = pd.read_csv(path or VALIDATION_DIR / "moe_runs_dev.csv")
     release = dict(zip(df["row_id"].astype(str), df["release"].astype(str), strict=True))

@@ -18,15 +18,19 @@ from numpy.typing import ArrayLike
 from perfmodel.comm import zero3_deepspeed
 from perfmodel.comm.comm_volume import (
     CollectiveOp,
+    activation_bytes_per_elem,
     cp_kv_chunk_bytes,
     cp_sends_per_layer,
     dp_ops,
+    expert_dp_ops,
     params_per_gpu,
     pp_activation_bytes,
     tp_activation_bytes,
     tp_collectives_per_layer,
 )
 from perfmodel.hardware import collectives as coll
+from perfmodel.moe import expert_layout
+from perfmodel.moe import experts as moe
 from perfmodel.parallel.config import ConfigBatch
 from perfmodel.parallel.topology import GroupPlacement, parallel_groups
 from perfmodel.spec.specs import ClusterSpec, ModelSpec, TrainingSpec
@@ -207,9 +211,6 @@ def moe_comm_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpe
     if not model.is_moe:
         return {"ep_layer_fwd_s": zeros, "ep_layer_bwd_s": zeros, "expert_dp_grad_s": zeros,
                 "expert_zero3_gather_s": zeros}
-    from perfmodel.comm.comm_volume import activation_bytes_per_elem, expert_dp_ops
-    from perfmodel.moe import expert_layout
-    from perfmodel.moe import experts as moe
 
     folding = training.moe_parallel_folding
     groups = expert_layout.expert_groups(cluster, batch, folding)

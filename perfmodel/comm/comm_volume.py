@@ -47,6 +47,8 @@ from typing import NamedTuple
 import numpy as np
 
 from perfmodel.hardware.collectives import bytes_per_gpu
+from perfmodel.moe import experts as moe
+from perfmodel.moe.experts import expert_params_per_gpu, uses_dispatcher
 from perfmodel.parallel.config import ConfigBatch
 from perfmodel.spec.specs import ModelSpec, TrainingSpec
 
@@ -125,7 +127,7 @@ def param_bytes_per_elem(training: TrainingSpec) -> float:
 # --------------------------------------------------------------------------------------------
 def _stage_layers(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
     """Transformer layers of the pipeline rank holding most (Megatron-LM's layout,
-    :func:`perfmodel.pipeline.schedules.stage_layer_counts`; ``L/pp`` for the even split)."""
+    :func:`perfmodel.parallel.layers.stage_layer_counts`; ``L/pp`` for the even split)."""
     return batch.layer_counts(model.num_layers)["max_rank"].astype(np.float64)
 
 
@@ -266,7 +268,6 @@ def expert_dp_ops(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch
     (``tp*cp*dp / (ep*etp)`` GPUs): Megatron-Core reduces expert gradients and shards their
     distributed-optimizer states over ``expt_dp`` (``parallel_state.get_expert_data_parallel_group``).
     All counts are 0 for a dense model."""
-    from perfmodel.moe.experts import expert_params_per_gpu
 
     return zero_ops(expert_params_per_gpu(model, batch), batch.expert_dp.astype(np.float64),
                     training, batch)
@@ -329,7 +330,6 @@ def tp_collectives_per_layer(batch: ConfigBatch, model: ModelSpec | None = None
         # parallel slice and the tokens travel by the dispatcher (perfmodel.moe.experts), so the MLP's
         # collective is gone in the MoE layers (ep = 1, etp = tp: experts behind the tp
         # all-gather as a dense MLP)
-        from perfmodel.moe.experts import uses_dispatcher
 
         gone = np.where(uses_dispatcher(batch), model.moe_layer_fraction, 0.0)
         fwd = fwd - gone
@@ -515,7 +515,6 @@ def ep_dispatch_bytes(model: ModelSpec, training: TrainingSpec, batch: ConfigBat
     """
     if not model.is_moe:
         return np.zeros(len(batch))
-    from perfmodel.moe import experts as moe
 
     m = batch.num_microbatches.astype(np.float64)
     moe_layers = model.num_moe_layers / batch.pp

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfmodel.compute.mamba import mamba_matmul_flops_per_token, ssd_flops_per_token
 from perfmodel.spec.specs import ModelSpec, TrainingSpec
 
 __all__ = [
@@ -108,7 +109,6 @@ def layer_matmul_flops_per_token(model: ModelSpec) -> float:
         proj = 2.0 * nh * d * h  # attention output projection
         attn = qkv + proj
     if model.is_hybrid:  # attention and Mamba2 in their shares of the layers (perfmodel.compute.mamba)
-        from perfmodel.compute.mamba import mamba_matmul_flops_per_token
 
         attn = model.attention_layer_fraction * attn + model.mamba_layer_fraction * (
             mamba_matmul_flops_per_token(model))
@@ -138,7 +138,6 @@ def layer_attention_flops_per_token(model: ModelSpec, seq_len, causal: bool = Fa
     dims = model.qk_head_size + model.v_head_size
     out = 2.0 * s * model.num_attention_heads * dims * (0.5 if causal else 1.0)
     if model.is_hybrid:  # attention in its share of the layers, plus the Mamba2 SSD scan
-        from perfmodel.compute.mamba import ssd_flops_per_token
 
         out = model.attention_layer_fraction * out + model.mamba_layer_fraction * (
             ssd_flops_per_token(model) + 0.0 * s)

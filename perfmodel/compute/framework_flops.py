@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from perfmodel.compute.mamba import megatron_mamba_flops_per_token
 from perfmodel.spec.specs import ModelSpec
 
 __all__ = ["megatron_flops_per_token", "megatron_hybrid_flops_per_token", "megatron_padded_vocab",
@@ -115,7 +116,6 @@ def megatron_hybrid_flops_per_token(model: ModelSpec, seq_len: int, *, tp: int =
     Example: Nemotron-3 Nano at s 8192 gives 22.3 GFLOP per token, which the Megatron-Bridge
     26.02.01 rows' TFLOP/s over tokens/s reproduce (798e12 / 35861 = 22.25e9).
     """
-    from perfmodel.compute.mamba import megatron_mamba_flops_per_token
 
     h, s, nh, g = model.hidden_size, float(seq_len), model.num_attention_heads, model.kv_heads
     n = model.hybrid_layer_counts

@@ -40,12 +40,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from perfmodel.comm import cp_ring
+from perfmodel.comm.comm_volume import cp_kv_chunk_bytes
 from perfmodel.compute import attention_kernels, mamba, quantise
 from perfmodel.compute import eager as eager_kernels
+from perfmodel.core.errors import SpecError
 from perfmodel.hardware.calibration import KERNEL_MIN_S, Calibration, calibration_for
 from perfmodel.hardware.overlap import gpu_generation
 from perfmodel.moe import dispatch as moe_dispatch
 from perfmodel.moe import experts as moe
+from perfmodel.moe.experts import expert_params_per_gpu
 from perfmodel.parallel.config import ConfigBatch
 from perfmodel.spec.specs import GPUSpec, ModelSpec, TrainingSpec
 
@@ -468,7 +471,6 @@ def optimizer_params_per_gpu(model: ModelSpec, batch: ConfigBatch) -> np.ndarray
     """Parameters whose optimizer state this GPU updates (the first pipeline stage, which also
     holds the embedding): ``(L/pp * layer + embedding [+ final norm + output layer if pp=1]) / tp``,
     divided by dp under ZeRO stage >= 1 (Rajbhandari et al. 2020, Sec. 5.1)."""
-    from perfmodel.moe.experts import expert_params_per_gpu
 
     tp = batch.tp.astype(np.float64)
     pp = batch.pp.astype(np.float64)
@@ -872,7 +874,6 @@ def _cp_ring_kernels(c: _LayerContext, ph: _Phase, pass_: str) -> None:
     only; in the attention layers of a hybrid model."""
     if c.eager or not c.training.flash_attention or not np.any(c.cp > 1):
         return
-    from perfmodel.comm.comm_volume import cp_kv_chunk_bytes
 
     model = c.model
     rows = c.mb * c.s / c.cp * c.nh_gpu
@@ -1152,8 +1153,6 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     if kernels not in ("fused", "eager"):
         raise ValueError(f"kernels {kernels!r}: expected 'fused' or 'eager'")
     if kernels == "eager" and model.is_hybrid:
-        from perfmodel.spec.specs import SpecError
-
         raise SpecError(f"model '{model.name}': hybrid Mamba2 layers are modelled with fused "
                         "kernels only (kernels='fused')")
     cal = sustained_calibration(gpu, calibration, kernels)

@@ -1,5 +1,6 @@
-"""Hybrid Mamba2 / attention / MLP / MoE stacks (Nemotron-H, Nemotron-3): parameters, FLOPs,
-kernel times and activations of the Mamba2 layers, and the pattern checks.
+"""Hybrid Mamba2 / attention / MLP / MoE stacks (Nemotron-H, Nemotron-3): FLOPs and kernel
+times of the Mamba2 layers (shapes and pattern checks: :mod:`perfmodel.spec.hybrid`;
+activations: :mod:`perfmodel.memory.hybrid`).
 
 A hybrid model is a list of single-mixer layers, one letter each (Megatron-Core
 ``MambaModel``, ``--hybrid-override-pattern``; ``mamba_hybrid_layer_allocation.Symbols``):
@@ -25,40 +26,34 @@ One Mamba2 layer (Megatron-Core ``ssm/mamba_mixer.py`` ``MambaMixer``, mem-eff t
 Tensor parallelism splits heads and groups (``MambaMixer`` asserts ``H % tp == 0`` and
 ``G % tp == 0``). Context parallelism (Megatron-Core ``MambaContextParallel``, an all-to-all
 from sequence to head sharding around the scan) is not modelled: the search refuses cp > 1 for
-hybrid models (:func:`unsupported_parallelism`).
+hybrid models (:func:`perfmodel.spec.hybrid.unsupported_parallelism`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from perfmodel.memory.breakdown import activation_operands
+from perfmodel.hardware.calibration import KERNEL_MIN_S
+from perfmodel.spec.hybrid import (
+    mamba_conv_dim,
+    mamba_d_inner,
+    mamba_heads,
+    mamba_in_proj_size,
+)
 
 __all__ = [
     "SSD_BANDWIDTH_EFFICIENCY",
     "SSD_BWD_COUNTS",
     "SSD_MMA_EFFICIENCY",
-    "check_hybrid",
-    "hf_hybrid_fields",
-    "hybrid_layer_activation_bytes",
-    "hybrid_layer_params",
-    "mamba_activation_bytes",
-    "mamba_conv_dim",
-    "mamba_d_inner",
     "mamba_gemms",
-    "mamba_heads",
-    "mamba_in_proj_size",
     "mamba_kernels",
     "mamba_matmul_flops_per_token",
-    "mamba_params_per_layer",
     "megatron_mamba_flops_per_token",
     "ssd_bwd_flops_per_token",
     "ssd_bytes_per_token",
     "ssd_flops_per_token",
-    "unsupported_parallelism",
 ]
 
-LETTERS = "M*-E"
 
 SSD_MMA_EFFICIENCY = 0.25
 """Share of the 16-bit tensor peak the SSD kernels' chunk matmuls (Q x N by N x P blocks, Triton)
@@ -92,108 +87,6 @@ share, an assumption: no published time of them at a known shape was found."""
 #: ``3*2QNG + 3*2QPH + 5*2NPH`` (:func:`ssd_bwd_flops_per_token`; forward
 #: :func:`ssd_flops_per_token`).
 SSD_BWD_COUNTS = {"di": 16.0, "gn": 12.0, "state_passes": 11.0, "cb_passes": 6.0}
-
-
-# --------------------------------------------------------------------------------------------
-# Pattern and shapes
-# --------------------------------------------------------------------------------------------
-def check_hybrid(model) -> None:
-    """Raise ValueError (a one-line message naming field and value) for an inconsistent hybrid
-    spec: unknown letters, a pattern length other than ``num_layers``, MoE letters without
-    experts (or experts without MoE letters), the transformer-only MoE layout fields, or Mamba2
-    dims whose heads do not divide into groups (``MambaMixer`` asserts)."""
-    p = model.hybrid_override_pattern
-    bad = [(i, c) for i, c in enumerate(p) if c not in LETTERS]
-    if bad:
-        i, c = bad[0]
-        raise ValueError(f"hybrid_override_pattern {p!r}: letter {c!r} at position {i} is not "
-                         f"one of M (Mamba2), * (attention), - (MLP), E (MoE)")
-    if len(p) != model.num_layers:
-        raise ValueError(f"hybrid_override_pattern has {len(p)} letters, num_layers "
-                         f"({model.num_layers}) must equal it")
-    n_e = p.count("E")
-    if n_e and model.num_experts <= 1:
-        raise ValueError(f"hybrid_override_pattern has {n_e} MoE layers ('E'): give "
-                         f"num_experts > 1 (got {model.num_experts})")
-    if model.num_experts > 1 and not n_e:
-        raise ValueError(f"num_experts ({model.num_experts}) > 1 but hybrid_override_pattern "
-                         "has no MoE layer ('E')")
-    if model.moe_dense_layers or model.moe_layer_freq != 1:
-        raise ValueError(f"moe_dense_layers ({model.moe_dense_layers}) and moe_layer_freq "
-                         f"({model.moe_layer_freq}) do not apply to a hybrid pattern: place "
-                         "the 'E' letters")
-    if "M" in p:
-        if model.mamba_num_heads is None and (model.mamba_expand * model.hidden_size
-                                              % model.mamba_head_dim):
-            raise ValueError(f"mamba_head_dim ({model.mamba_head_dim}) must divide "
-                             f"mamba_expand * hidden_size ({model.mamba_expand} * "
-                             f"{model.hidden_size}) unless mamba_num_heads is given")
-        heads = mamba_heads(model)
-        if heads % model.mamba_num_groups:
-            raise ValueError(f"mamba_num_groups ({model.mamba_num_groups}) must divide "
-                             f"mamba_num_heads ({heads})")
-
-
-def mamba_heads(model) -> int:
-    """Mamba2 heads ``H``: ``mamba_num_heads``, else ``expand * h / head_dim``."""
-    if model.mamba_num_heads is not None:
-        return model.mamba_num_heads
-    return model.mamba_expand * model.hidden_size // model.mamba_head_dim
-
-
-def mamba_d_inner(model) -> int:
-    """``d_inner = H * P`` (``MambaMixer``: heads given override ``expand * d_model``)."""
-    return mamba_heads(model) * model.mamba_head_dim
-
-
-def mamba_in_proj_size(model) -> int:
-    """Output features of ``in_proj``: ``2*d_inner + 2*G*N + H`` (z, x, B, C, dt; Megatron-Core
-    ``ssm/mamba_mixer.py`` ``MambaMixer.__init__``)."""
-    return (2 * mamba_d_inner(model) + 2 * model.mamba_num_groups * model.mamba_state_dim
-            + mamba_heads(model))
-
-
-def mamba_conv_dim(model) -> int:
-    """Channels of the causal conv1d: ``d_inner + 2*G*N`` (x, B, C; Megatron-Core
-    ``ssm/mamba_mixer.py`` ``conv_dim``)."""
-    return mamba_d_inner(model) + 2 * model.mamba_num_groups * model.mamba_state_dim
-
-
-# --------------------------------------------------------------------------------------------
-# Parameters
-# --------------------------------------------------------------------------------------------
-def mamba_params_per_layer(model) -> int:
-    """Parameters of one Mamba2 mixer (its pre-norm not included):
-    ``h*(2di + 2GN + H)`` in_proj + ``conv_dim*(K + 1)`` conv1d weight and bias + ``3H``
-    (dt_bias, A_log, D) + ``di`` grouped RMSNorm + ``di*h`` out_proj.
-
-    Example (Nemotron-3 Nano: h 2688, H 64, P 64, G 8, N 128, K 4): 27,697,152 + 30,720 + 192
-    + 4,096 + 11,010,048 = 38,742,208.
-
-    References
-    ----------
-    Megatron-Core ``ssm/mamba_mixer.py`` (``MambaMixer.__init__``: ``in_proj``,
-    ``conv1d_weight`` / ``conv1d_bias``, ``dt_bias``, ``A_log``, ``D`` without
-    ``D_has_hdim``, ``norm``, ``out_proj``; ``bias=False``, ``conv_bias=True``).
-    """
-    h, di, H = model.hidden_size, mamba_d_inner(model), mamba_heads(model)
-    in_proj = h * mamba_in_proj_size(model)
-    conv = mamba_conv_dim(model) * (model.mamba_conv_kernel + 1)
-    return in_proj + conv + 3 * H + di + di * h
-
-
-def hybrid_layer_params(model) -> float:
-    """Parameters of the average layer of a hybrid pattern: ``(n_* attention + n_- MLP + n_E
-    MoE block + n_M Mamba2 mixer) / L`` plus one pre-norm per layer (an integer when it
-    divides)."""
-    n = model.hybrid_layer_counts
-    total = n["M"] * (mamba_params_per_layer(model) if n["M"] else 0)
-    total += n["*"] * (model.attention_params_per_layer() if n["*"] else 0)
-    total += n["-"] * model.mlp_params_per_layer()
-    total += n["E"] * (model.moe_layer_params() if n["E"] else 0)
-    avg = total / model.num_layers
-    avg = int(avg) if float(avg).is_integer() else avg
-    return avg + model.norm_params()
 
 
 # --------------------------------------------------------------------------------------------
@@ -294,8 +187,6 @@ def _roofline_s(cal, flops, nbytes, peak16: float):
     """A memory-bound kernel with tensor-core matmuls inside: the slower of its traffic at
     :data:`SSD_BANDWIDTH_EFFICIENCY` of the calibrated copy bandwidth and its FLOPs at
     :data:`SSD_MMA_EFFICIENCY` of the 16-bit peak."""
-    from perfmodel.hardware.calibration import KERNEL_MIN_S
-
     bw = cal.membw_bytes_per_s("copy") * SSD_BANDWIDTH_EFFICIENCY
     t = np.maximum(np.asarray(nbytes, dtype=np.float64) / bw,
                    np.asarray(flops, dtype=np.float64) / (peak16 * SSD_MMA_EFFICIENCY))
@@ -348,125 +239,3 @@ def mamba_kernels(model, training, cal, ph, T, tp, act_b: float, peak16: float,
     ph.add(0.0, m * (1 if graphed else MAMBA_KERNELS[pass_] - 2))  # conv + norm counted above
 
 
-# --------------------------------------------------------------------------------------------
-# Activations
-# --------------------------------------------------------------------------------------------
-def mamba_activation_bytes(model, seq_len, micro_batch_size, *, tp=1, sequence_parallel=False,
-                           bytes_per_value: float = 2.0, gemm_input_bytes=None, dropout=True):
-    """Activation bytes one Mamba2 mixer keeps for the backward, per micro-batch and GPU (its
-    pre-norm input not included): the ``in_proj`` input (``gi*sbh/r``), the ``in_proj``
-    output ``zxBCdt`` and the ungated scan output ``out_x`` the fused kernel saves
-    (``e*sb*(2di + 2GN + H + di)/t``), the gated output the RMSNorm saves (``e*sb*di/t``), the
-    ``out_proj`` input (``gi*sb*di/t``) and the 1-byte dropout mask after it.
-
-    Example (Nemotron-3 Nano, s 8192, b 1, tp 1, bf16, no dropout): 8192 * (2*2688 +
-    2*(10304 + 4096) + 2*4096 + 2*4096) = 414,187,520 bytes.
-
-    References
-    ----------
-    ``mamba_ssm`` ``MambaSplitConv1dScanCombinedFn.forward`` (``ctx.save_for_backward(zxbcdt,
-    conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, ...)``; the conv output and chunk states
-    are recomputed); Megatron-Core ``MambaMixer._ssm_training`` (``self.norm(y)``, ``out_proj``).
-    """
-    t, r, sb, e, gi = activation_operands(tp, sequence_parallel, seq_len, micro_batch_size,
-                                          bytes_per_value, gemm_input_bytes)
-    h, di = float(model.hidden_size), float(mamba_d_inner(model))
-    mask = np.where(np.asarray(dropout, dtype=bool), 1.0, 0.0)
-    return (gi * sb * h / r + e * sb * (mamba_in_proj_size(model) + di) / t + e * sb * di / t
-            + gi * sb * di / t + mask * sb * h / r)
-
-
-def hybrid_layer_activation_bytes(model, layer_bytes, seq_len, micro_batch_size, *, tp,
-                                  sequence_parallel, recompute, bytes_per_value: float,
-                                  gemm_input_bytes, dropout, ffn_hidden_size):
-    """Activation bytes of the average layer of a hybrid pattern, per micro-batch and GPU, from
-    the transformer layer's terms: ``layer_bytes(f)`` is
-    :func:`perfmodel.memory.breakdown.layer_activation_bytes` at FFN size ``f`` (the configuration's
-    recompute mode). With ``n`` one norm input (``e*sbh/r``), ``g`` an MLP's fc1 input and ``k``
-    its dropout mask (``gi*sbh/r``, ``sbh/r``): the attention block is ``X(0) - 2n - g - k``,
-    the MLP activations ``X(f) - X(0)``, so the average layer keeps ``n + a*(attention block) +
-    (mlp share)*(g + k) + (X(f) - X(0)) + m*(Mamba2 mixer)``, with ``a`` the attention, ``m``
-    the Mamba2 share of the layers and the effective FFN ``f`` over all layers
-    (:func:`perfmodel.moe.experts.effective_ffn_size`). Full recompute keeps the layer input only."""
-    _t, r, sb, e, gi = activation_operands(tp, sequence_parallel, seq_len, micro_batch_size,
-                                           bytes_per_value, gemm_input_bytes)
-    h = float(model.hidden_size)
-    mask = np.where(np.asarray(dropout, dtype=bool), 1.0, 0.0)
-    n, g, k = e * sb * h / r, gi * sb * h / r, mask * sb * h / r
-    x0, xf = layer_bytes(0.0), layer_bytes(ffn_hidden_size)
-    a, m = model.attention_layer_fraction, model.mamba_layer_fraction
-    mlp_share = model.dense_mlp_fraction + model.moe_layer_fraction
-    mamba = mamba_activation_bytes(model, seq_len, micro_batch_size, tp=tp,
-                                   sequence_parallel=sequence_parallel, bytes_per_value=e,
-                                   gemm_input_bytes=gemm_input_bytes, dropout=dropout)
-    kept = n + a * (x0 - 2 * n - g - k) + mlp_share * (g + k) + (xf - x0) + m * mamba
-    return np.where(np.asarray(recompute) == 2, n, kept)
-
-
-# --------------------------------------------------------------------------------------------
-# Parallelism
-# --------------------------------------------------------------------------------------------
-def unsupported_parallelism(model, tp, cp):
-    """Per configuration, why a hybrid model cannot run it ('' when it can): tp must divide the
-    Mamba2 heads and groups (``MambaMixer`` asserts ``nheads % tp == 0``, ``ngroups % tp ==
-    0``); cp > 1 is not modelled (Megatron-Core's ``MambaContextParallel`` all-to-all is not
-    priced here). Vectorised over ``tp`` / ``cp`` arrays; '' everywhere for a transformer."""
-    tp = np.asarray(tp)
-    cp = np.asarray(cp)
-    out = np.full(np.broadcast(tp, cp).shape, "", dtype=object)
-    if not model.is_hybrid or "M" not in model.hybrid_override_pattern:
-        return out
-    H, G = mamba_heads(model), model.mamba_num_groups
-    bad_tp = (H % tp != 0) | (G % tp != 0)
-    out = np.where(bad_tp, f"tp must divide mamba_num_heads ({H}) and mamba_num_groups ({G})",
-                   out)
-    return np.where(cp > 1, "cp > 1 with Mamba2 layers: Megatron-Core's MambaContextParallel "
-                    "all-to-all is not modelled", out)
-
-
-# --------------------------------------------------------------------------------------------
-# Hugging Face config.json (NemotronHConfig)
-# --------------------------------------------------------------------------------------------
-_HF_HYBRID_INT_KEYS = ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups",
-                       "conv_kernel", "expand", "chunk_size",
-                       "moe_shared_expert_intermediate_size", "n_routed_experts")
-
-
-def hf_hybrid_fields(data: dict, name: str) -> dict:
-    """Hybrid fields of a Hugging Face ``NemotronHConfig`` (Nemotron-H, Nemotron-3):
-    ``hybrid_override_pattern``, ``mamba_num_heads``, ``mamba_head_dim``, ``ssm_state_size``,
-    ``n_groups``, ``conv_kernel``, ``expand``, ``chunk_size``; the MLP activation
-    ``mlp_hidden_act`` (``relu2``); no position embedding (NoPE attention); RMSNorm; MoE
-    ``moe_shared_expert_intermediate_size`` (one shared expert of that size). Wrong JSON types
-    raise SpecError naming the key; ``moe_latent_size`` (latent MoE) is refused."""
-    from perfmodel.spec.specs import SpecError
-
-    for key in _HF_HYBRID_INT_KEYS:
-        v = data.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise SpecError(f"{name}: {key} = {v!r}: expected an integer")
-    pattern = data["hybrid_override_pattern"]
-    if not isinstance(pattern, str):
-        raise SpecError(f"{name}: hybrid_override_pattern = {pattern!r}: expected a string")
-    if data.get("moe_latent_size"):
-        raise SpecError(f"{name}: moe_latent_size = {data['moe_latent_size']!r}: latent MoE "
-                        "(Nemotron-3 Super / Ultra: routed experts in a projected space) is not "
-                        "modelled")
-    keys = {"mamba_num_heads": "mamba_num_heads", "mamba_head_dim": "mamba_head_dim",
-            "ssm_state_size": "mamba_state_dim", "n_groups": "mamba_num_groups",
-            "conv_kernel": "mamba_conv_kernel", "expand": "mamba_expand",
-            "chunk_size": "mamba_chunk_size"}
-    # NemotronHRMSNorm everywhere (the config names its epsilon norm_eps, not rms_norm_eps)
-    out = {"hybrid_override_pattern": pattern, "position_embedding": "none", "norm": "rmsnorm"}
-    out.update({ours: int(data[k]) for k, ours in keys.items() if data.get(k) is not None})
-    act = data.get("mlp_hidden_act")
-    if act is not None:
-        if act not in ("relu2", "silu", "gelu"):
-            raise SpecError(f"{name}: mlp_hidden_act = {act!r}: expected relu2, silu or gelu")
-        # NemotronHMLP is up -> act -> down, never gated: two matrices for any activation
-        out["activation"] = "relu2" if act == "relu2" else "gelu"
-    shared = data.get("moe_shared_expert_intermediate_size")
-    if shared and "E" in pattern:
-        out["num_shared_experts"] = 1
-        out["moe_shared_ffn_hidden_size"] = int(shared)
-    return out

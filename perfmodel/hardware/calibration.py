@@ -56,9 +56,10 @@ from scipy.interpolate import NearestNDInterpolator
 from scipy.spatial import Delaunay
 
 from hardware_specs import calibration_dir
+from perfmodel.core.errors import SpecError
 from perfmodel.hardware.gemm_tiles import TileParams, fit_tile_params, tile_time_s
 from perfmodel.hardware.overlap import gpu_generation
-from perfmodel.spec.specs import GPUSpec, SpecError, load_gpu
+from perfmodel.spec.specs import GPUSpec, load_gpu
 
 __all__ = [
     "BENCH_DISPATCH_S",

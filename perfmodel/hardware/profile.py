@@ -28,23 +28,15 @@ uncalibrated model gives it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from pydantic import Field
 
-from perfmodel.hardware.calibration import Calibration, calibration_for
-from perfmodel.spec.specs import (
-    ClusterSpec,
-    ModelSpec,
-    Spec,
-    SpecError,
-    TrainingSpec,
-    _build,
-    _resolve,
-)
+from perfmodel.core.errors import SpecError
+from perfmodel.hardware.calibration import Calibration
+from perfmodel.spec.specs import ClusterSpec, Spec, _build, _resolve
 
 __all__ = [
     "LOW_PRECISIONS",
@@ -52,7 +44,6 @@ __all__ = [
     "PARAMETERS",
     "EfficiencyProfile",
     "Parameter",
-    "evaluate",
     "load_profile",
     "profile_toml",
 ]
@@ -204,39 +195,6 @@ def load_profile(spec: str | Path | EfficiencyProfile | None) -> EfficiencyProfi
     data = dict(data)
     data.setdefault("name", Path(str(name)).stem)
     return _build(EfficiencyProfile, data, src)
-
-
-def evaluate(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, batch,
-             *, profile: EfficiencyProfile | str | Path | None = None, kernels: str = "fused",
-             calibration: Any = None, evaluator=None):
-    """:func:`perfmodel.step.evaluate.evaluate` under ``profile`` (None or neutral: exactly the same).
-
-    The profile scales the kernel rates and link bandwidths the step model reads, then adds
-    ``step_overhead_ms`` to every step as the ``host`` time term (throughput, MFU and HFU
-    follow the longer step).
-    """
-    if evaluator is None:
-        from perfmodel.step.evaluate import evaluate as evaluator
-    prof = load_profile(profile)
-    if prof is None or prof.is_neutral:
-        kw = {} if calibration is None else {"calibration": calibration}
-        return evaluator(model, training, cluster, batch, kernels=kernels, **kw)
-    cal = prof.calibration(calibration_for(cluster.gpu, calibration), training.precision)
-    res = evaluator(model, training, prof.cluster(cluster), batch, kernels=kernels,
-                    calibration=cal)
-    return add_host_time(res, prof.step_overhead_s)
-
-
-def add_host_time(res, host_s: float):
-    """``res`` (a StepResult) with ``host_s`` seconds added to every step."""
-    if host_s == 0.0:
-        return res
-    step = res.step_time_s + host_s
-    r = step / res.step_time_s
-    time_s = dict(res.time_s)
-    time_s["host"] = time_s.get("host", np.zeros_like(step)) + host_s
-    return replace(res, step_time_s=step, tokens_per_s=res.tokens_per_s / r, mfu=res.mfu / r,
-                   hfu=res.hfu / r, time_s=time_s)
 
 
 def _toml_value(v: Any) -> str:

@@ -30,7 +30,9 @@ from typing import Literal
 import numpy as np
 
 from perfmodel.core.units import GIB, MIB
+from perfmodel.memory.hybrid import hybrid_layer_activation_bytes
 from perfmodel.memory.offload import resident_activation_layers
+from perfmodel.memory.operands import activation_operands
 from perfmodel.moe import experts as moe
 from perfmodel.parallel.config import ConfigBatch
 from perfmodel.pipeline.schedules import GPIPE, SCHEDULE, inflight_microbatches, schedule_code
@@ -50,6 +52,7 @@ __all__ = [
     "eager_pipeline_receive_bytes",
     "eager_zero_bubble_gradient_bytes",
     "embedding_activation_bytes",
+    "even_memory_breakdown",
     "expert_state_bytes",
     "final_layer_activation_bytes",
     "fsdp2_zero2_sharded_weight_bytes",
@@ -60,8 +63,6 @@ __all__ = [
     "layer_activation_bytes",
     "library_workspace_bytes",
     "loss_buffer_bytes",
-    "max_micro_batch_size",
-    "memory_breakdown",
     "model_state_bytes",
     "moe_layer_activation_bytes",
     "optimizer_grad_copy_excess_bytes",
@@ -317,21 +318,6 @@ def layer_activation_bytes(
     return np.where(rc == _CODE_FULL, full, none)
 
 
-def activation_operands(tp, sequence_parallel, seq_len, micro_batch_size, bytes_per_value,
-                        gemm_input_bytes):
-    """The operands the per-layer activation terms share: ``t`` (tp as float), ``r`` (the
-    divisor of the sequence-parallel parts: ``t`` with sequence parallelism, else 1), ``sb``
-    (tokens of the micro-batch on this GPU, ``s*b``), ``e`` (bytes per saved value) and ``gi``
-    (bytes per GEMM input value, ``e`` unless fp8 inputs are kept), as in Korthikanti et al. 2022
-    (arXiv:2205.05198) Eq. 1-2. Example: tp 4 with sp, s 2048, b 2, bf16: (4, 4, 4096, 2, 2)."""
-    t = np.asarray(tp, dtype=np.float64)
-    r = np.where(np.asarray(sequence_parallel, dtype=bool), t, 1.0)
-    sb = np.asarray(seq_len, dtype=np.float64) * np.asarray(micro_batch_size, dtype=np.float64)
-    e = float(bytes_per_value)
-    gi = e if gemm_input_bytes is None else float(gemm_input_bytes)
-    return t, r, sb, e, gi
-
-
 def selective_recompute_freed_bytes(
     model: ModelSpec,
     recompute_modules,
@@ -585,7 +571,7 @@ def stage_params(
 
     Transformer layers are split evenly over ``pp`` stages (or as ``layers_first`` /
     ``layers_last`` / ``layers_middle`` say: Megatron-LM's uneven layouts,
-    :func:`perfmodel.pipeline.schedules.stage_layer_counts`); their GEMM weights are split by
+    :func:`perfmodel.parallel.layers.stage_layer_counts`); their GEMM weights are split by
     ``tp`` (Megatron column/row parallel), the norms replicated. The word embedding is
     vocabulary-parallel (``V h / t``) on the first stage, a learned position table replicated on
     it; the final norm and the output layer (``V h / t``) on the last stage. With tied embeddings
@@ -872,7 +858,6 @@ def stage_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, seq_l
         bytes_per_value=e, gemm_input_bytes=gi, **kw
     ) for mode in (rc, 0))
     if model.is_hybrid:  # attention / MLP / Mamba2 shares of the layers (perfmodel.compute.mamba)
-        from perfmodel.compute.mamba import hybrid_layer_activation_bytes
 
         def _hybrid(mode):
             def x(f):
@@ -1269,7 +1254,7 @@ def allocator_allowance_bytes(gpu: GPUSpec, churn_bytes):
 # ---------------------------------------------------------------------------------------------
 # The whole GPU
 # ---------------------------------------------------------------------------------------------
-def memory_breakdown(
+def even_memory_breakdown(
     model: ModelSpec,
     training: TrainingSpec,
     cluster: ClusterSpec,
@@ -1363,14 +1348,6 @@ def memory_breakdown(
     if kernels not in ("fused", "eager"):
         raise ValueError(f"kernels = {kernels!r}: expected 'fused' or 'eager'")
     eager = kernels == "eager"
-    if batch.stage_layers is not None and np.any(batch.has_layout):  # search/dp.py layouts
-        if eager:
-            raise ValueError("per-stage layouts (stage_layers) are modelled for fused kernels")
-        from perfmodel.memory.stage_layout import layout_memory_breakdown
-
-        return layout_memory_breakdown(model, training, cluster, batch,
-                                       flash_attention=flash_attention, dropout=dropout,
-                                       headroom=headroom)
     ctx = _memory_context(model, training, cluster.gpu, batch, eager, flash_attention, dropout)
     # 1. Parameters per GPU on the first, last and a middle rank, routed experts apart.
     params = _stage_param_counts(ctx)
@@ -1476,7 +1453,7 @@ class _StageParamCounts:
 def _stage_param_counts(ctx: _MemoryContext) -> _StageParamCounts:
     """Step 1 of :func:`memory_breakdown`: parameters per GPU [count], with Megatron-LM's layer
     layout (uneven first/last stages, or the embedding and the loss counted as layers:
-    :func:`perfmodel.pipeline.schedules.stage_layer_counts`), and each rank's routed experts
+    :func:`perfmodel.parallel.layers.stage_layer_counts`), and each rank's routed experts
     (:func:`stage_dense_layers`, :func:`stage_expert_params`).
 
     References
@@ -1865,44 +1842,3 @@ def _eager_moments(
     return (*res, np.where(first_peak, 0, 1))
 
 
-# ---------------------------------------------------------------------------------------------
-# Adaptive micro-batch size (seed 9.3.4)
-# ---------------------------------------------------------------------------------------------
-def max_micro_batch_size(
-    model: ModelSpec,
-    training: TrainingSpec,
-    cluster: ClusterSpec,
-    batch: ConfigBatch,
-    *,
-    kernels: Kernels = "fused",
-    limit: int = 1024,
-    keep_global_batch: bool = True,
-) -> np.ndarray:
-    """Largest micro-batch size that fits each configuration's memory (0: not even 1 fits).
-
-    The other fields of each configuration stay; with ``keep_global_batch`` the number of
-    micro-batches follows the micro-batch size (``m = ceil(B / (dp b))``, which matters for
-    GPipe and for 1F1B when ``m < p``). Peak memory never falls as ``b`` grows, so a binary
-    search over ``[1, limit]``, each step one vectorized :func:`memory_breakdown`, finds it.
-
-    References
-    ----------
-    Seed chapter 9.3.4 (adaptive micro-batch size): ``M* = argmax M/(M+P-1)`` subject to
-    ``M S_micro <= Memory``; that bound counts only GPipe's activations, see docs/memory.md.
-    """
-    n = len(batch)
-    lo = np.zeros(n, dtype=np.int64)  # largest size known to fit
-    hi = np.full(n, int(limit) + 1, dtype=np.int64)  # smallest size known not to fit
-    dp = np.asarray(batch.dp, dtype=np.int64)
-    fields = {f: getattr(batch, f) for f in batch.__dataclass_fields__}
-    while np.any(hi - lo > 1):
-        mid = (lo + hi) // 2
-        mid = np.where(hi - lo > 1, mid, np.maximum(lo, 1))
-        f = dict(fields, micro_batch_size=mid)
-        if keep_global_batch:
-            f["num_microbatches"] = np.maximum(1, -(-training.global_batch_size // (dp * mid)))
-        fits = memory_breakdown(model, training, cluster, ConfigBatch(**f), kernels=kernels)["fits"]
-        active = hi - lo > 1
-        lo = np.where(active & fits, mid, lo)
-        hi = np.where(active & ~fits, mid, hi)
-    return lo

@@ -39,225 +39,22 @@ import numpy as np
 from perfmodel.memory import breakdown as mem
 from perfmodel.moe import experts as moe
 from perfmodel.parallel.config import ConfigBatch
+from perfmodel.parallel.layers import (
+    moe_variants,
+    stage_counts,
+    stage_moe_layers,
+    typed_layer_costs,
+    without_layout,
+)
 from perfmodel.pipeline.schedules import inflight_microbatches
 from perfmodel.spec.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 __all__ = [
-    "layer_times_by_type",
     "layout_memory_breakdown",
-    "layout_timeline",
-    "moe_layer_mask",
-    "moe_variants",
-    "stage_counts",
     "stage_memory_bytes",
-    "stage_moe_layers",
-    "stage_times_s",
-    "typed_layer_costs",
-    "without_layout",
 ]
 
 _SELECTIVE, _FULL = 1, 2
-
-
-def without_layout(batch: ConfigBatch, recompute: str | None = None) -> ConfigBatch:
-    """The batch with its layouts dropped; ``recompute="keep"`` sets the mode of the layers
-    that keep their activations (selective stays selective, full becomes none),
-    ``recompute="full"`` makes every layer recompute."""
-    rc = batch.recompute
-    if recompute == "keep":
-        rc = np.where(rc == _SELECTIVE, _SELECTIVE, 0)
-    elif recompute == "full":
-        rc = np.full_like(rc, _FULL)
-    return dataclasses.replace(batch, recompute=rc, stage_layers=None,
-                               stage_recompute_layers=None)
-
-
-def stage_counts(model: ModelSpec, batch: ConfigBatch) -> tuple[np.ndarray, np.ndarray]:
-    """``(layers, recomputed)``: ``(n, S)`` int matrices of each stage's layers and fully
-    recomputed layers (S = the largest pp; stages beyond a row's pp hold 0). Rows without a
-    layout get Megatron-LM's layout of their other fields (:meth:`ConfigBatch.layer_counts`:
-    even, or uneven first / last ranks) and recompute all their layers under
-    ``recompute="full"``, none otherwise."""
-    n = len(batch)
-    pp = batch.pp.astype(np.int64)
-    width = int(pp.max()) if n else 1
-    if batch.stage_layers is not None:
-        width = max(width, batch.stage_layers.shape[1])
-    s = np.arange(width)[None, :]
-    L = model.num_layers
-    lc = batch.layer_counts(L)
-    pcol = pp[:, None]
-    even = np.where(s == 0, lc["first"][:, None],
-                    np.where(s == pcol - 1, lc["last"][:, None], lc["middle"][:, None]))
-    even = np.where(s < pcol, even, 0).astype(np.int64)
-    layers = even
-    if batch.stage_layers is not None:
-        lay = np.zeros((n, width), dtype=np.int64)
-        lay[:, :batch.stage_layers.shape[1]] = batch.stage_layers
-        layers = np.where(batch.has_layout[:, None], lay, even)
-    full = (batch.recompute == _FULL)[:, None]
-    rec = np.where(full, layers, 0)
-    if batch.stage_recompute_layers is not None:
-        given = np.full((n, width), -1, dtype=np.int64)
-        given[:, :batch.stage_recompute_layers.shape[1]] = batch.stage_recompute_layers
-        rec = np.where(given[:, :1] >= 0, np.maximum(given, 0), rec)
-    return layers, np.where(s < pp[:, None], rec, 0)
-
-
-# --------------------------------------------------------------------------------------------
-# Mixture of experts: which layers are MoE, and the two layer types
-# --------------------------------------------------------------------------------------------
-def moe_layer_mask(model: ModelSpec) -> np.ndarray:
-    """``(L,)`` bool: which transformer layers are MoE. After ``moe_dense_layers`` dense
-    leading layers (DeepSeek ``first_k_dense_replace``), every ``moe_layer_freq``-th layer
-    (``k-1, 2k-1, ...`` of the rest, Llama 4's ``interleave_moe_layer_step``); all False for a
-    dense model. Its count is :attr:`ModelSpec.num_moe_layers`.
-
-    References
-    ----------
-    Hugging Face ``modeling_deepseek_v3.py`` (``layer_idx >= first_k_dense_replace``),
-    ``modeling_llama4.py`` (``(layer_idx + 1) % interleave_moe_layer_step == 0``);
-    Megatron-Core ``gpt_layer_specs.py`` (``moe_layer_pattern``).
-    """
-    L = model.num_layers
-    if not model.is_moe:
-        return np.zeros(L, dtype=bool)
-    if model.is_hybrid:  # the 'E' letters of the hybrid pattern (perfmodel.compute.mamba)
-        return np.array([c == "E" for c in model.hybrid_override_pattern], dtype=bool)
-    i = np.arange(L)
-    d, k = model.moe_dense_layers, model.moe_layer_freq
-    return (i >= d) & ((i - d) % k == k - 1)
-
-
-def stage_moe_layers(model: ModelSpec, batch: ConfigBatch, layers) -> np.ndarray:
-    """MoE layers on each pipeline rank of a layout, ``(n, S)`` like ``layers`` (the rank's
-    layers over all its chunks). With ``vp`` chunks, chunk ``c`` of rank ``s`` is virtual
-    stage ``c*pp + s`` (Megatron-LM's interleaved order, ``--pipeline-model-parallel-layout``)
-    holding ``layers[s] // vp`` consecutive layers, one more in its first ``layers[s] % vp``
-    chunks (:func:`perfmodel.pipeline.schedules.balanced_chunk_layers`); the MoE layers among them are
-    counted on :func:`moe_layer_mask`."""
-    layers = np.asarray(layers, dtype=np.int64)
-    n = layers.shape[0]
-    if not model.is_moe:
-        return np.zeros_like(layers)
-    # the count depends on (pp, vp, layers) alone: compute it once per distinct row
-    key = np.concatenate([batch.pp.astype(np.int64)[:, None], batch.vp.astype(np.int64)[:, None],
-                          layers], axis=1)
-    uniq, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
-    if uniq.shape[0] < n:
-        sub = batch.take(first)
-        return _stage_moe_layers(model, sub, layers[first])[np.asarray(inv).ravel()]
-    return _stage_moe_layers(model, batch, layers)
-
-
-def _stage_moe_layers(model: ModelSpec, batch: ConfigBatch, layers: np.ndarray) -> np.ndarray:
-    n, width = layers.shape
-    mask = moe_layer_mask(model)
-    L = mask.size
-    cum = np.concatenate([[0], np.cumsum(mask)])
-    vp = batch.vp.astype(np.int64)[:, None]
-    s = np.arange(width)[None, :]
-    live = s < batch.pp[:, None]
-    out = np.zeros((n, width), dtype=np.int64)
-    offset = np.zeros((n, 1), dtype=np.int64)  # layers of the chunks before, in model order
-    for c in range(int(vp.max()) if n else 0):
-        per_chunk = np.where(live & (c < vp), layers // vp + (c < layers % vp), 0)
-        before = np.cumsum(per_chunk, axis=1) - per_chunk  # this chunk's ranks before
-        start = np.clip(offset + before, 0, L)
-        end = np.clip(start + per_chunk, 0, L)
-        out += cum[end] - cum[start]
-        offset = offset + per_chunk.sum(axis=1, keepdims=True)
-    return out
-
-
-def typed_layer_costs(model: ModelSpec) -> bool:
-    """Whether pipeline stages price a dense and an MoE layer apart (:func:`moe_variants`): MoE
-    transformers. A hybrid Mamba2 pattern (:mod:`perfmodel.compute.mamba`) prices every stage with its
-    average layer (the letter mix of each stage is not used)."""
-    return model.is_moe and not model.is_hybrid
-
-
-def moe_variants(model: ModelSpec) -> tuple[ModelSpec, ModelSpec]:
-    """``(dense, moe)``: the model with every layer dense, and with every layer MoE. Every
-    per-layer term of the cost model (:mod:`perfmodel.compute.layer`, :mod:`perfmodel.comm.comm_time`,
-    :mod:`perfmodel.memory.breakdown`, :mod:`perfmodel.moe.experts`) averages the two layer types by
-    :attr:`ModelSpec.moe_layer_fraction`; on these variants it gives one layer of each type,
-    the same terms, nothing re-derived."""
-    L = model.num_layers
-    dense = model.model_copy(update={"moe_dense_layers": L, "moe_layer_freq": 1})
-    moe_ = model.model_copy(update={"moe_dense_layers": 0, "moe_layer_freq": 1})
-    return dense, moe_
-
-
-def layer_times_by_type(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
-                        batch: ConfigBatch, *, kernels: str = "fused", calibration=None,
-                        average: bool = True) -> dict[str, np.ndarray]:
-    """One layer's forward + backward time of one micro-batch [s], by type and recompute:
-    ``keep`` / ``full`` (the model's average layer, :func:`perfmodel.step.evaluate.evaluate`'s
-    ``extra["layer_s"]``) and, for an MoE model, ``dense_keep``, ``dense_full``, ``moe_keep``,
-    ``moe_full`` from the same evaluation of :func:`moe_variants` (an MoE layer's all-to-all
-    on the tier its ep group spans, grouped GEMMs, router and host terms included; a dense
-    layer's MLP and its tensor-parallel collectives). ``average=False`` leaves out the
-    average layer's."""
-    from perfmodel.step.evaluate import evaluate
-
-    kw = {"kernels": kernels, "calibration": calibration}
-    if _uniform_recompute(batch):
-        # every layer of a row recomputes as the row says (no per-stage block recompute): one
-        # evaluation per type, its time both ``keep`` and ``full`` (a stage's time is then
-        # ``layers * keep + recomputed * 0``, the same as with the two apart, at half the cost)
-        keep_b = full_b = without_layout(batch)
-    else:
-        keep_b, full_b = without_layout(batch, "keep"), without_layout(batch, "full")
-
-    def layer_s(m, b):
-        return evaluate(m, training, cluster, b, **kw).extra["layer_s"]
-
-    out = {}
-    typed = typed_layer_costs(model)
-    if average or not typed:
-        out = {"keep": layer_s(model, keep_b)}
-        out["full"] = out["keep"] if full_b is keep_b else layer_s(model, full_b)
-    if typed:
-        for name, var in zip(("dense", "moe"), moe_variants(model)):
-            out[f"{name}_keep"] = layer_s(var, keep_b)
-            out[f"{name}_full"] = (out[f"{name}_keep"] if full_b is keep_b
-                                   else layer_s(var, full_b))
-    return out
-
-
-def _uniform_recompute(batch: ConfigBatch) -> bool:
-    """No row names a per-stage recompute count (``stage_recompute_layers``)."""
-    r = batch.stage_recompute_layers
-    return r is None or bool(np.all(r[:, 0] < 0))
-
-
-def stage_times_s(layers, recomputed, layer_keep_s, layer_full_s, embed_s, logits_s, pp,
-                  moe_layers=None, moe_keep_s=None, moe_full_s=None):
-    """Forward + backward time of one micro-batch on each stage [s], ``(n, S)``.
-
-    ``layer_keep_s`` / ``layer_full_s``: one layer without / with full recompute (per config);
-    the embedding is on stage 0, the logits and loss on stage ``pp - 1``; stages beyond ``pp``
-    are 0. With ``moe_layers`` (MoE layers per stage, :func:`stage_moe_layers`) the layer
-    times are the dense layer's and ``moe_keep_s`` / ``moe_full_s`` the MoE layer's; the
-    recomputed layers are of the stage's mix of the two types.
-    """
-    s = np.arange(layers.shape[1])[None, :]
-    pp = np.asarray(pp)[:, None]
-    keep = np.asarray(layer_keep_s, dtype=np.float64)[:, None]
-    extra = np.asarray(layer_full_s, dtype=np.float64)[:, None] - keep
-    if moe_layers is None:
-        t = layers * keep + recomputed * extra
-    else:
-        n_m = np.asarray(moe_layers, dtype=np.float64)
-        m_keep = np.asarray(moe_keep_s, dtype=np.float64)[:, None]
-        m_extra = np.asarray(moe_full_s, dtype=np.float64)[:, None] - m_keep
-        frac = np.where(layers > 0, n_m / np.maximum(layers, 1), 0.0)
-        t = ((layers - n_m) * keep + n_m * m_keep
-             + recomputed * ((1.0 - frac) * extra + frac * m_extra))
-    t = t + np.where(s == 0, np.asarray(embed_s)[:, None], 0.0)
-    t = t + np.where(s == pp - 1, np.asarray(logits_s)[:, None], 0.0)
-    return np.where(s < pp, t, 0.0)
 
 
 def _col(x, ndim: int) -> np.ndarray:
@@ -627,7 +424,7 @@ def layout_memory_breakdown(
     ``peak_stage`` its index and ``fits``. Rows without a layout go through
     ``memory_breakdown`` unchanged."""
     lay = batch.has_layout
-    out = mem.memory_breakdown(model, training, cluster, without_layout(batch),
+    out = mem.even_memory_breakdown(model, training, cluster, without_layout(batch),
                                flash_attention=flash_attention, dropout=dropout,
                                headroom=headroom)
     out = {k: np.array(v, copy=True) for k, v in out.items()}
@@ -652,34 +449,3 @@ def layout_memory_breakdown(
     return out
 
 
-def layout_timeline(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, config,
-                    *, kernels: str = "fused", calibration=None):
-    """The simulated pipeline step (:func:`perfmodel.pipeline.schedules.simulate`) of one resolved
-    configuration, its stages timed by its layout (the even split when it has none): the input
-    of :func:`plots.figures.plot_pipeline_timeline`, the Gantt chart of a search result.
-
-    A stage's forward is its layers' forward (the share ``layer_fwd / layer`` of a layer
-    without recompute, applied to the embedding and loss too); the rest of the stage time,
-    recompute included, is its backward.
-    """
-    from perfmodel.pipeline.schedules import simulate
-    from perfmodel.step.evaluate import evaluate
-
-    b = ConfigBatch.from_configs([config])
-    kw = {"kernels": kernels, "calibration": calibration}
-    keep = evaluate(model, training, cluster, without_layout(b, "keep"), **kw).extra
-    full = evaluate(model, training, cluster, without_layout(b, "full"), **kw).extra
-    layers, rec = stage_counts(model, b)
-    moe_kw = {}
-    if typed_layer_costs(model):  # each layer type at its own time, as perfmodel.step.evaluate does
-        lt = layer_times_by_type(model, training, cluster, b, average=False, **kw)
-        moe_kw = {"moe_layers": stage_moe_layers(model, b, layers),
-                  "moe_keep_s": lt["moe_keep"], "moe_full_s": lt["moe_full"]}
-        keep = {**keep, "layer_s": lt["dense_keep"]}
-        full = {**full, "layer_s": lt["dense_full"]}
-    t = stage_times_s(layers, rec, keep["layer_s"], full["layer_s"], keep["embed_s"],
-                      keep["logits_s"], b.pp, **moe_kw)[0, :config.pp]
-    share = float(keep["layer_fwd_s"][0] / keep["layer_s"][0])
-    extra = (full["layer_s"][0] - keep["layer_s"][0]) * rec[0, :config.pp]
-    fwd = (t - extra) * share
-    return simulate(fwd, t - fwd, int(config.num_microbatches), config.schedule, v=config.vp)

@@ -13,20 +13,24 @@ a pipeline group by ``tp*cp*dp``.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Annotated, Literal
+from typing import Annotated
 
 import numpy as np
 from pydantic import Field, model_validator
 
-from perfmodel.spec.specs import ClusterSpec, ModelSpec, Spec, SpecError, TrainingSpec
+from perfmodel.core.codes import (
+    COMPRESSION,
+    RECOMPUTE,
+    SCHEDULE,
+    Compression,
+    Recompute,
+    Schedule,
+)
+from perfmodel.core.errors import SpecError
+from perfmodel.parallel.layers import balanced_layer_counts, megatron_layout, stage_layer_counts
+from perfmodel.spec.hybrid import unsupported_parallelism
+from perfmodel.spec.specs import ClusterSpec, ModelSpec, Spec, TrainingSpec
 
-RECOMPUTE = ("none", "selective", "full")
-SCHEDULE = ("gpipe", "1f1b", "interleaved", "zb")
-COMPRESSION = ("none", "topk", "int8", "1bit")
-
-Recompute = Literal["none", "selective", "full"]
-Schedule = Literal["gpipe", "1f1b", "interleaved", "zb"]
-Compression = Literal["none", "topk", "int8", "1bit"]
 PosInt = Annotated[int, Field(gt=0)]
 
 
@@ -65,7 +69,7 @@ class ParallelConfig(Spec):
 
     # Pipeline layer layout (Megatron-LM): layers of the first / last pipeline rank (None or 0:
     # even split of the rest), and the embedding / the loss counted as one layer each. Filled in
-    # by resolve_config when pp*vp does not divide the layers (perfmodel.pipeline.schedules.megatron_layout).
+    # by resolve_config when pp*vp does not divide the layers (perfmodel.parallel.layers.megatron_layout).
     first_stage_layers: Annotated[int, Field(ge=0)] | None = None
     last_stage_layers: Annotated[int, Field(ge=0)] | None = None
     embedding_as_layer: bool = False
@@ -158,7 +162,7 @@ def _check_stage_layout(c: ParallelConfig) -> None:
                          "last_stage_layers, embedding_as_layer or loss_as_layer")
     # a rank's layers need not be a multiple of vp: Megatron-Core's
     # --pipeline-model-parallel-layout names each chunk (the models split a rank's layers over its
-    # chunks as evenly as possible, the heavier first: perfmodel.pipeline.schedules.balanced_chunk_layers)
+    # chunks as evenly as possible, the heavier first: perfmodel.parallel.layers.balanced_chunk_layers)
     if c.vp > 1 and any(n < c.vp for n in c.stage_layers):
         raise ValueError(
             f"stage_layers {list(c.stage_layers)}: every entry must be at least vp ({c.vp}), "
@@ -244,7 +248,6 @@ def resolve_config(
             )
     check_expert_parallel(c, m, cluster, allow_tp_across_nodes=allow_tp_across_nodes)
     if m.is_hybrid:  # Mamba2 layers: tp splits heads and groups; cp not modelled
-        from perfmodel.compute.mamba import unsupported_parallelism
 
         why = str(unsupported_parallelism(m, c.tp, c.cp)[()])
         if why:
@@ -255,8 +258,7 @@ def resolve_config(
 
 def _with_layer_layout(c: ParallelConfig, num_layers: int) -> ParallelConfig:
     """The config with a Megatron-LM layer layout: the one it names, checked, or, when it names
-    none and ``pp*vp`` does not divide the layers, :func:`perfmodel.pipeline.schedules.megatron_layout`."""
-    from perfmodel.pipeline.schedules import megatron_layout, stage_layer_counts
+    none and ``pp*vp`` does not divide the layers, :func:`perfmodel.parallel.layers.megatron_layout`."""
 
     first, last = c.first_stage_layers or 0, c.last_stage_layers or 0
     named = first or last or c.embedding_as_layer or c.loss_as_layer
@@ -346,8 +348,7 @@ class ConfigBatch:
 
     def layer_counts(self, num_layers: int) -> dict[str, np.ndarray]:
         """Layers per pipeline rank and chunk of every configuration
-        (:func:`perfmodel.pipeline.schedules.stage_layer_counts`)."""
-        from perfmodel.pipeline.schedules import megatron_layout, stage_layer_counts
+        (:func:`perfmodel.parallel.layers.stage_layer_counts`)."""
 
         first, last = self.first_stage_layers, self.last_stage_layers
         emb, loss = self.embedding_as_layer, self.loss_as_layer
@@ -366,7 +367,6 @@ class ConfigBatch:
                 explicit[np.flatnonzero(fill)[lay["explicit"]]] = True
         out = stage_layer_counts(num_layers, self.pp, self.vp, first, last, emb, loss)
         if explicit is not None:  # the balanced explicit layout (--pipeline-model-parallel-layout)
-            from perfmodel.pipeline.schedules import balanced_layer_counts
 
             bal = balanced_layer_counts(num_layers, self.pp[explicit], self.vp[explicit])
             out = {k: v.copy() for k, v in out.items()}

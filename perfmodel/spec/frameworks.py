@@ -23,13 +23,13 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from perfmodel.parallel.config import RECOMPUTE, SCHEDULE
+from perfmodel.core.codes import RECOMPUTE, SCHEDULE
+from perfmodel.core.errors import SpecError
 from perfmodel.spec.specs import (
     GPUSpec,
     ModelSpec,
     RecomputeModule,
     Spec,
-    SpecError,
     TrainingSpec,
     _build,
     _resolve,
@@ -115,7 +115,7 @@ class Capabilities(Spec):
         default=None, description="explicit per-chunk pipeline layouts "
         "(--pipeline-model-parallel-layout / pipeline_model_parallel_layout, Megatron-Core >= "
         "0.13): the search may then use the balanced layout where pp*vp does not divide the "
-        "layers (perfmodel.pipeline.schedules.balanced_stage_layers); left out: not used")
+        "layers (perfmodel.parallel.layers.balanced_stage_layers); left out: not used")
     recompute_modules: RecomputeModules | None = Field(
         default=None, description="modules selective recompute can name")
 

@@ -24,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hardware_specs import find_preset, list_presets
 from perfmodel.core import units
+from perfmodel.core.errors import SpecError
+from perfmodel.spec.hybrid import check_hybrid, hf_hybrid_fields, hybrid_layer_params
 
 __all__ = [
     "ClusterSpec",
@@ -41,9 +43,6 @@ __all__ = [
     "model_from_hf_config",
 ]
 
-
-class SpecError(ValueError):
-    """A user error in a spec or configuration; the message is one line, fit for a CLI."""
 
 
 class Dtype(str, Enum):
@@ -448,8 +447,6 @@ class ModelSpec(Spec):
                 f"q_lora_rank ({self.q_lora_rank}) is an MLA field: give kv_lora_rank too"
             )
         if self.hybrid_override_pattern is not None:
-            from perfmodel.compute.mamba import check_hybrid
-
             check_hybrid(self)
         return self
 
@@ -632,8 +629,6 @@ class ModelSpec(Spec):
         """Parameters of one layer, averaged over the layers (an integer when all layers are
         alike): attention + norms + the dense MLP or the MoE block, by the layer pattern."""
         if self.is_hybrid:
-            from perfmodel.compute.mamba import hybrid_layer_params
-
             return hybrid_layer_params(self)
         if not self.is_moe:
             return self.attention_params_per_layer() + self.mlp_params_per_layer() + (
@@ -1187,7 +1182,6 @@ def model_from_hf_config(data: dict[str, Any], name: str = "hf-model") -> ModelS
         }
         fields.update(_hf_moe_fields(data))
         if data.get("hybrid_override_pattern") is not None:  # Nemotron-H / Nemotron-3
-            from perfmodel.compute.mamba import hf_hybrid_fields
 
             fields.update(hf_hybrid_fields(data, name))
     elif "n_layer" in data:  # GPT-2 style

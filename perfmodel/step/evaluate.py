@@ -21,16 +21,25 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from perfmodel import memory
 from perfmodel.comm import comm_time as comm_time_mod
 from perfmodel.comm import comm_volume, cp_ring, zero3_deepspeed
 from perfmodel.compute import flops, quantise
 from perfmodel.compute import layer as compute
 from perfmodel.compute.mtp import mtp_stage_s
+from perfmodel.core.codes import COMPRESSION, RECOMPUTE, SCHEDULE
 from perfmodel.hardware import overlap
 from perfmodel.hardware.calibration import KERNEL_MIN_S
-from perfmodel.memory import breakdown as memory
+from perfmodel.memory import offload
 from perfmodel.moe import experts as moe
+from perfmodel.parallel import layers as layers_mod
 from perfmodel.parallel.config import ConfigBatch
+from perfmodel.parallel.layers import (
+    moe_variants,
+    typed_layer_costs,
+    uniform_recompute,
+    without_layout,
+)
 from perfmodel.parallel.topology import group_placement, parallel_groups
 from perfmodel.spec.specs import ClusterSpec, ModelSpec, TrainingSpec
 
@@ -116,7 +125,6 @@ class StepResult:
         """A pandas DataFrame, one row per configuration, units in the column names."""
         import pandas as pd
 
-        from perfmodel.parallel.config import COMPRESSION, RECOMPUTE, SCHEDULE
 
         b = self.batch
         cols = {
@@ -171,7 +179,7 @@ def bottleneck_stage_s(
     stages, the first also holding ``first_extra_s`` (embedding) and the last ``last_extra_s``
     (logits and loss).
 
-    This is the layer-partition problem of exercise 9.4 (:func:`perfmodel.pipeline.schedules.partition_layers`
+    This is the layer-partition problem of exercise 9.4 (:func:`perfmodel.parallel.layers.partition_layers`
     solves it by dynamic programming for arbitrary costs) specialised to equal layer costs, where
     it is vectorised: a bottleneck ``T`` is feasible when the stages can hold all layers,
     ``floor((T-e)/c) + (p-2)*floor(T/c) + floor((T-g)/c) >= L``; a bisection on ``T`` finds the
@@ -290,16 +298,14 @@ def _hidden_comm_s(training, m, layers_per_stage, sends, p2p_s, pp_exposed_s, dp
 def _offload_s(model, training, cluster, b, layers, ct) -> np.ndarray:
     """Exposed CPU-offload copy time of one micro-batch through a stage of ``layers`` layers
     (:func:`perfmodel.memory.offload.exposed_offload_s`)."""
-    from perfmodel.memory import breakdown as memory_mod
-    from perfmodel.memory import offload
 
-    act = memory_mod.layer_activation_bytes(
+    act = memory.layer_activation_bytes(
         training.seq_len / b.cp, b.micro_batch_size, model.hidden_size,
         model.num_attention_heads, tp=b.tp, sequence_parallel=b.sequence_parallel,
         ffn_hidden_size=model.ffn_hidden_size, num_kv_heads=model.kv_heads,
         head_dim=model.head_size, gated_mlp=model.gated_mlp, recompute=b.recompute,
         flash=training.flash_attention, dropout=model.position_embedding == "learned",
-        gemm_input_bytes=memory_mod.fp8_gemm_input_bytes(training.precision))
+        gemm_input_bytes=memory.fp8_gemm_input_bytes(training.precision))
     return offload.exposed_offload_s(
         training.cpu_offload_layers, layers, act, ct["layer_fwd_s"], ct["layer_bwd_s"],
         offload.host_link_bytes_per_s(cluster.gpu))
@@ -554,7 +560,7 @@ class _StepContext:
     (``"fused"`` or ``"eager"``) and the calibration; ``m`` micro-batches per step and ``pp``,
     ``vp`` as floats; the layers of the first, a middle and the last pipeline rank
     (``n_first``, ``n_mid``, ``n_last``: Megatron-LM's layout, even, uneven first/last, or the
-    embedding and the loss counted as layers, :func:`perfmodel.pipeline.schedules.stage_layer_counts`);
+    embedding and the loss counted as layers, :func:`perfmodel.parallel.layers.stage_layer_counts`);
     one layer's kernel times ``ct`` [s] (:func:`perfmodel.compute.layer.compute_times`) and link
     times ``comm`` [s] (:func:`perfmodel.comm.comm_time.comm_times`); the GPU's ``slowdown`` of
     compute next to communication (:func:`perfmodel.hardware.overlap.overlap_slowdown_for`)."""
@@ -584,7 +590,7 @@ def _step_context(model, training, cluster, b, kernels, calibration) -> _StepCon
     pp = b.pp.astype(np.float64)
     vp = b.vp.astype(np.float64)
     # layers per pipeline rank, Megatron-LM's layout (even, uneven first/last, or the embedding
-    # and the loss counted as layers): perfmodel.pipeline.schedules.stage_layer_counts
+    # and the loss counted as layers): perfmodel.parallel.layers.stage_layer_counts
     lc = b.layer_counts(model.num_layers)
     n_first, n_mid, n_last = (lc[k].astype(np.float64) for k in ("first", "middle", "last"))
     ct = compute.compute_times(model, training, cluster.gpu, b, kernels=kernels,
@@ -952,20 +958,19 @@ def _layout_stages(model, training, cluster, b, embed_s, logits_s, *, kernels, c
     ``recompute_share`` (the share of them recomputed) and ``hardware_flops`` (recomputed
     forwards of the recomputed layers only).
     """
-    from perfmodel.memory import stage_layout as layout
 
     kw = {"kernels": kernels, "calibration": calibration}
-    keep_b, full_b = layout.without_layout(b, "keep"), layout.without_layout(b, "full")
-    layers, rec = layout.stage_counts(model, b)
-    if layout.typed_layer_costs(model):  # a dense and an MoE layer each at its own time
-        lt = layout.layer_times_by_type(model, training, cluster, b, average=False, **kw)
-        t = layout.stage_times_s(layers, rec, lt["dense_keep"], lt["dense_full"], embed_s,
-                                 logits_s, b.pp, layout.stage_moe_layers(model, b, layers),
+    keep_b, full_b = layers_mod.without_layout(b, "keep"), layers_mod.without_layout(b, "full")
+    layers, rec = layers_mod.stage_counts(model, b)
+    if layers_mod.typed_layer_costs(model):  # a dense and an MoE layer each at its own time
+        lt = layer_times_by_type(model, training, cluster, b, average=False, **kw)
+        t = layers_mod.stage_times_s(layers, rec, lt["dense_keep"], lt["dense_full"], embed_s,
+                                 logits_s, b.pp, layers_mod.stage_moe_layers(model, b, layers),
                                  lt["moe_keep"], lt["moe_full"])
     else:
         keep_s = evaluate(model, training, cluster, keep_b, **kw).extra["layer_s"]
         full_s = evaluate(model, training, cluster, full_b, **kw).extra["layer_s"]
-        t = layout.stage_times_s(layers, rec, keep_s, full_s, embed_s, logits_s, b.pp)
+        t = layers_mod.stage_times_s(layers, rec, keep_s, full_s, embed_s, logits_s, b.pp)
     pp = b.pp.astype(np.int64)
     rows = np.arange(len(b))
     total = t.sum(axis=1)
@@ -980,3 +985,39 @@ def _layout_stages(model, training, cluster, b, embed_s, logits_s, *, kernels, c
     return {"first": first, "mid": mid, "last": last, "max": t[rows, k],
             "max_layers": n_k, "recompute_share": rec[rows, k] / np.maximum(n_k, 1.0),
             "hardware_flops": h_keep + frac * (h_full - h_keep)}
+
+
+def layer_times_by_type(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                        batch: ConfigBatch, *, kernels: str = "fused", calibration=None,
+                        average: bool = True) -> dict[str, np.ndarray]:
+    """One layer's forward + backward time of one micro-batch [s], by type and recompute:
+    ``keep`` / ``full`` (the model's average layer, :func:`perfmodel.step.evaluate.evaluate`'s
+    ``extra["layer_s"]``) and, for an MoE model, ``dense_keep``, ``dense_full``, ``moe_keep``,
+    ``moe_full`` from the same evaluation of :func:`moe_variants` (an MoE layer's all-to-all
+    on the tier its ep group spans, grouped GEMMs, router and host terms included; a dense
+    layer's MLP and its tensor-parallel collectives). ``average=False`` leaves out the
+    average layer's."""
+
+    kw = {"kernels": kernels, "calibration": calibration}
+    if uniform_recompute(batch):
+        # every layer of a row recomputes as the row says (no per-stage block recompute): one
+        # evaluation per type, its time both ``keep`` and ``full`` (a stage's time is then
+        # ``layers * keep + recomputed * 0``, the same as with the two apart, at half the cost)
+        keep_b = full_b = without_layout(batch)
+    else:
+        keep_b, full_b = without_layout(batch, "keep"), without_layout(batch, "full")
+
+    def layer_s(m, b):
+        return evaluate(m, training, cluster, b, **kw).extra["layer_s"]
+
+    out = {}
+    typed = typed_layer_costs(model)
+    if average or not typed:
+        out = {"keep": layer_s(model, keep_b)}
+        out["full"] = out["keep"] if full_b is keep_b else layer_s(model, full_b)
+    if typed:
+        for name, var in zip(("dense", "moe"), moe_variants(model)):
+            out[f"{name}_keep"] = layer_s(var, keep_b)
+            out[f"{name}_full"] = (out[f"{name}_keep"] if full_b is keep_b
+                                   else layer_s(var, full_b))
+    return out

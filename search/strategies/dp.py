@@ -51,9 +51,11 @@ from typing import Any
 
 import numpy as np
 
+from perfmodel.core.errors import SpecError
 from perfmodel.memory import stage_layout as layout_mod
+from perfmodel.parallel import layers as layers_mod
 from perfmodel.parallel.config import ConfigBatch
-from perfmodel.spec.specs import SpecError
+from perfmodel.step.evaluate import evaluate, layer_times_by_type
 from search.pareto import Tally
 from search.result import SearchResult, finalize_batch
 from search.space import Problem, Scored, objective_score
@@ -364,21 +366,20 @@ def _coefficients(problem: Problem, rows: ConfigBatch, width: int) -> dict[str, 
     ceil(D / vp)`` units so that stage 0's MoE layers are counted where it holds them all. The
     layouts found are then priced by the full model, which counts each stage's MoE layers
     exactly (:func:`perfmodel.memory.stage_layout.stage_moe_layers`)."""
-    from perfmodel.step.evaluate import evaluate
 
     s = problem.space
     kw: dict[str, Any] = {"kernels": problem.kernels}
     if problem.calibration is not None:
         kw["calibration"] = problem.calibration
     keep = evaluate(s.model, s.training, s.cluster,
-                    layout_mod.without_layout(rows, "keep"), **kw).extra
+                    layers_mod.without_layout(rows, "keep"), **kw).extra
     full = evaluate(s.model, s.training, s.cluster,
-                    layout_mod.without_layout(rows, "full"), **kw).extra
+                    layers_mod.without_layout(rows, "full"), **kw).extra
     model = s.model
     D, rho = 0.0, 0.0
     keep_s, full_s, dense_fixed_s = keep["layer_s"], full["layer_s"], 0.0
-    if layout_mod.typed_layer_costs(model):
-        lt = layout_mod.layer_times_by_type(model, s.training, s.cluster, rows, average=False,
+    if layers_mod.typed_layer_costs(model):
+        lt = layer_times_by_type(model, s.training, s.cluster, rows, average=False,
                                             **kw)
         D = float(model.moe_dense_layers)
         rest = model.num_layers - model.moe_dense_layers
@@ -403,7 +404,7 @@ def _coefficients(problem: Problem, rows: ConfigBatch, width: int) -> dict[str, 
         def m(units, rec_units, sub=sub, vp=vp, stage=stage):
             n = units * vp
             moe_layers = None
-            if layout_mod.typed_layer_costs(model):  # rho of the layers MoE, D dense on stage 0
+            if layers_mod.typed_layer_costs(model):  # rho of the layers MoE, D dense on stage 0
                 moe_layers = rho * (n - np.where(stage == 0, D, 0.0))
             return layout_mod.stage_memory_bytes(
                 s.model, s.training, s.cluster, sub, stage, n, rec_units * vp,
@@ -441,7 +442,7 @@ def _unit_moe_prefix(model, vp: int) -> np.ndarray:
     over the ``vp`` chunks, so a rank holding units ``k..i-1`` (layers ``c U + k .. c U + i - 1``
     of every chunk c, Megatron-LM's interleaved order) holds ``F[i] - F[k]`` MoE layers
     (:func:`perfmodel.memory.stage_layout.stage_moe_layers`)."""
-    mask = layout_mod.moe_layer_mask(model)
+    mask = layers_mod.moe_layer_mask(model)
     U = mask.size // vp
     cum = np.concatenate([[0], np.cumsum(mask)])
     x = np.arange(U + 1)
@@ -456,7 +457,6 @@ def _range_costs(problem: Problem, rows: ConfigBatch, recompute_units: np.ndarra
     formula) and its memory (:func:`perfmodel.memory.stage_layout.stage_memory_bytes` with its MoE layers);
     inf where it does not fit. Recompute: ``min(N, n)`` units, or (N < 0) the fewest that fit,
     from the memory at 0, 1 and 2 recomputed units (memory is affine in them)."""
-    from perfmodel.step.evaluate import evaluate
 
     sp = problem.space
     model, tr, cl = sp.model, sp.training, sp.cluster
@@ -484,11 +484,11 @@ def _range_costs(problem: Problem, rows: ConfigBatch, recompute_units: np.ndarra
     ok = r <= n_u
     r = np.minimum(r, n_u)
     fits = ok & (peak(r) <= cap)
-    lt = layout_mod.layer_times_by_type(model, tr, cl, rows, average=False, **kw)
+    lt = layer_times_by_type(model, tr, cl, rows, average=False, **kw)
     dk, df, mk, mf = (lt[k][:, None, None] for k in ("dense_keep", "dense_full", "moe_keep",
                                                         "moe_full"))
-    keep = evaluate(model, tr, cl, layout_mod.without_layout(rows, "keep"), **kw).extra
-    full = evaluate(model, tr, cl, layout_mod.without_layout(rows, "full"), **kw).extra
+    keep = evaluate(model, tr, cl, layers_mod.without_layout(rows, "keep"), **kw).extra
+    full = evaluate(model, tr, cl, layers_mod.without_layout(rows, "full"), **kw).extra
     head = np.where(rows.recompute == _FULL, full["head_s"], keep["head_s"])
     n = n_u * vp
     frac = n_m / n
@@ -738,7 +738,7 @@ class DPSearch:
         ok_job = np.isfinite(bott)
         job_row, cnt, rec = job_row[ok_job], cnt[ok_job], rec[ok_job]
         lay = sub.take(job_row)
-        row_layers, _ = layout_mod.stage_counts(problem.space.model, lay)  # the row's own split
+        row_layers, _ = layers_mod.stage_counts(problem.space.model, lay)  # the row's own split
         vp = lay.vp[:, None]
         stage_layers = cnt * vp
         stage_rec = rec * vp
@@ -779,13 +779,12 @@ def _step_lower_bound(problem: Problem, rows: ConfigBatch, other_s: np.ndarray, 
     for ZB-H1). The p2p and optimizer terms of the even split are kept; the data-parallel and
     ZeRO-3 terms, which a layout can hide differently, are dropped (``other_s``: the p2p and
     optimizer time). The objective ``cost`` multiplies by the GPUs."""
-    from perfmodel.step.evaluate import evaluate
 
     s = problem.space
     kw: dict[str, Any] = {"kernels": problem.kernels}
     if problem.calibration is not None:
         kw["calibration"] = problem.calibration
-    keep = evaluate(s.model, s.training, s.cluster, layout_mod.without_layout(rows, "keep"),
+    keep = evaluate(s.model, s.training, s.cluster, layers_mod.without_layout(rows, "keep"),
                     **kw).extra
     units = (L // rows.vp).astype(np.float64)
     P = rows.pp.astype(np.float64)
@@ -793,7 +792,7 @@ def _step_lower_bound(problem: Problem, rows: ConfigBatch, other_s: np.ndarray, 
     e, g = keep["embed_s"], keep["head_s"]  # head: logits + loss and the MTP layers
     total = units * c + e + g
     if typed:  # layouts price dense and MoE layers apart: bound with the cheaper one
-        lt = layout_mod.layer_times_by_type(s.model, s.training, s.cluster, rows, average=False,
+        lt = layer_times_by_type(s.model, s.training, s.cluster, rows, average=False,
                                             **kw)
         n_moe = float(s.model.num_moe_layers)
         c = rows.vp * np.minimum(lt["dense_keep"], lt["moe_keep"])

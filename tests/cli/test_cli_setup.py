@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 
 import search
 from cli.main import app, term_note
+from perfmodel.core.errors import SpecError
 from perfmodel.spec.frameworks import load_framework
-from perfmodel.spec.specs import SpecError, load_model
+from perfmodel.spec.specs import load_model
 from search import api
 from validation.validate import VALIDATION_DIR, case_from_row, predict_case
 

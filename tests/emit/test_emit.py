@@ -7,8 +7,8 @@ import tomllib
 import pytest
 
 from emit.launch import emit, refusals, stage_layers
+from perfmodel.core.errors import SpecError
 from perfmodel.parallel.config import ParallelConfig
-from perfmodel.spec.specs import SpecError
 from tests.emit.emit_plans import load_plan
 
 

@@ -10,15 +10,8 @@ from pathlib import Path
 import pytest
 
 from hardware_specs import calibration_dir, find_preset, list_presets, preset_dir
-from perfmodel.spec.specs import (
-    ClusterSpec,
-    GPUSpec,
-    ModelSpec,
-    SpecError,
-    load_cluster,
-    load_gpu,
-    load_model,
-)
+from perfmodel.core.errors import SpecError
+from perfmodel.spec.specs import ClusterSpec, GPUSpec, ModelSpec, load_cluster, load_gpu, load_model
 
 GPUS = list_presets("gpu")
 CLUSTERS = list_presets("cluster")

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from cli.realtime import realtime
 from hardware_specs import preset_dir
 from perfmodel.compute import inference
-from perfmodel.spec.specs import SpecError
+from perfmodel.core.errors import SpecError
 from realtime.placement import (
     latency_matrix_s,
     load_realtime,

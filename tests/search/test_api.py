@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perfmodel.spec.specs import SpecError
+from perfmodel.core.errors import SpecError
 from search import evaluate_config, plan
 from search.result import diagnose
 from tests.search.test_space import fake_evaluate

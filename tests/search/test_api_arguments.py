@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perfmodel.spec.specs import SpecError
+from perfmodel.core.errors import SpecError
 from search.api import MAX_TOP, evaluate_config, plan
 
 ARGS = ("gpt3-1.3b", "dgx-a100-80g")

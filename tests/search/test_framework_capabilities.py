@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from perfmodel.compute import attention_kernels as ak
+from perfmodel.core.errors import SpecError
 from perfmodel.spec.frameworks import (
     Capabilities,
     FrameworkSpec,
@@ -17,7 +18,6 @@ from perfmodel.spec.frameworks import (
 )
 from perfmodel.spec.specs import (
     GPUSpec,
-    SpecError,
     _build,
     list_presets,
     load_cluster,

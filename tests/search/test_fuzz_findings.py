@@ -18,8 +18,10 @@ from typer.testing import CliRunner
 import search.api
 from cli.main import app
 from hardware_specs import find_preset
-from perfmodel.pipeline.schedules import bubble_fraction, partition_layers
-from perfmodel.spec.specs import MAX_GPUS, SpecError, load_cluster
+from perfmodel.core.errors import SpecError
+from perfmodel.parallel.layers import partition_layers
+from perfmodel.pipeline.schedules import bubble_fraction
+from perfmodel.spec.specs import MAX_GPUS, load_cluster
 from search.space import divisors
 from tests.search.test_space import fake_evaluate
 from validation.validate import VALIDATION_DIR, training_runs_report

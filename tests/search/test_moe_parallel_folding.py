@@ -8,9 +8,10 @@ import pandas as pd
 import pytest
 
 from emit.moe import megatron_bridge_moe_fields, megatron_moe_args
+from perfmodel.core.errors import SpecError
 from perfmodel.parallel.config import ParallelConfig
 from perfmodel.spec.frameworks import apply_framework, load_framework
-from perfmodel.spec.specs import SpecError, TrainingSpec, load_cluster, load_model, load_training
+from perfmodel.spec.specs import TrainingSpec, load_cluster, load_model, load_training
 from search.space import make_space
 
 MIX = load_model("mixtral-8x7b")

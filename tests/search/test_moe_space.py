@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import search
+from perfmodel.core.errors import SpecError
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig, resolve_config
-from perfmodel.spec.specs import SpecError, load_cluster, load_model, load_training
+from perfmodel.spec.specs import load_cluster, load_model, load_training
 from search.space import make_space
 
 MIX = load_model("mixtral-8x7b")

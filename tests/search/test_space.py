@@ -10,8 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perfmodel.parallel.config import SCHEDULE, ParallelConfig, resolve_config
-from perfmodel.spec.specs import ModelSpec, SpecError, TrainingSpec, load_cluster
+from perfmodel.core.codes import SCHEDULE
+from perfmodel.core.errors import SpecError
+from perfmodel.parallel.config import ParallelConfig, resolve_config
+from perfmodel.spec.specs import ModelSpec, TrainingSpec, load_cluster
 from search.space import Problem, divisors, make_space
 
 
@@ -146,7 +148,7 @@ def test_rejected_configs_do_not_resolve():
     assert real_bad.size > 0
     from pydantic import ValidationError
 
-    from perfmodel.parallel.config import RECOMPUTE
+    from perfmodel.core.codes import RECOMPUTE
 
     for i in real_bad[:: max(1, real_bad.size // 40)]:
         d = {k: a[k][i].item() for k in ("dp", "tp", "pp", "vp", "cp", "zero_stage",

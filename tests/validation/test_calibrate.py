@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cli.main import app
+from perfmodel.core.errors import SpecError
 from perfmodel.hardware.profile import EfficiencyProfile, load_profile
-from perfmodel.spec.specs import SpecError
 from search import api
 from validation.calibrate import _predict, dev_cases, fit_profile, read_runs
 from validation.validate import VALIDATION_DIR

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from hardware_specs import ROOT
+from perfmodel import memory as mem
 from perfmodel.core.units import GIB
-from perfmodel.memory import breakdown as mem
 from perfmodel.parallel.config import ConfigBatch
 from perfmodel.spec.specs import ModelSpec, load_cluster, load_training
 

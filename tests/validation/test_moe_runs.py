@@ -276,7 +276,7 @@ def test_bridge_qwen3_235b_pipeline_split_by_hand():
     """Megatron-Bridge's qwen3_235b_a22b_pretrain_config counts the embedding and the loss as
     layers (account_for_embedding/loss_in_pipeline_split): 94 + 2 = 96 over the chunks, one
     decoder layer fewer in the first and the last chunk."""
-    from perfmodel.pipeline.schedules import stage_layer_counts
+    from perfmodel.parallel.layers import stage_layer_counts
     from validation.validate import VALIDATION_DIR
     from validation.validate_moe import bridge_accounts_embedding_and_loss, moe_case_from_row
 

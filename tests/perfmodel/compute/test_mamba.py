@@ -13,14 +13,11 @@ from hypothesis import strategies as st
 from perfmodel.compute import mamba
 from perfmodel.compute.flops import model_flops_per_step
 from perfmodel.compute.layer import _Phase
+from perfmodel.core.errors import SpecError
+from perfmodel.memory import hybrid as mem_hybrid
 from perfmodel.parallel.config import ConfigBatch
-from perfmodel.spec.specs import (
-    SpecError,
-    load_cluster,
-    load_model,
-    load_training,
-    model_from_hf_config,
-)
+from perfmodel.spec import hybrid
+from perfmodel.spec.specs import load_cluster, load_model, load_training, model_from_hf_config
 from perfmodel.step.evaluate import evaluate
 
 NANO = load_model("nemotron3-nano-30b-a3b")
@@ -30,8 +27,8 @@ NH8 = load_model("nemotron-h-8b")
 def test_mamba_layer_params_hand_computed():
     # in_proj 2688*(2*4096 + 2*8*128 + 64) + conv (4096 + 2048)*(4 + 1) + 3*64 + norm 4096
     # + out_proj 4096*2688
-    assert mamba.mamba_params_per_layer(NANO) == 27_697_152 + 30_720 + 192 + 4_096 + 11_010_048
-    assert mamba.mamba_d_inner(NANO) == 4096 and mamba.mamba_in_proj_size(NANO) == 10_304
+    assert hybrid.mamba_params_per_layer(NANO) == 27_697_152 + 30_720 + 192 + 4_096 + 11_010_048
+    assert hybrid.mamba_d_inner(NANO) == 4096 and hybrid.mamba_in_proj_size(NANO) == 10_304
 
 
 def test_nano_total_and_active_params_within_1_percent():
@@ -154,7 +151,7 @@ def test_hybrid_quantise_casts_are_the_per_operand_terms_by_hand():
 
 
 def test_mamba_activation_bytes_hand_computed():
-    b = mamba.mamba_activation_bytes(NANO, 8192, 1, dropout=False)
+    b = mem_hybrid.mamba_activation_bytes(NANO, 8192, 1, dropout=False)
     # in_proj input 2h, zxBCdt 2*10304, out_x 2*4096, norm input 2*4096, out_proj input 2*4096
     assert b == pytest.approx(8192 * (2 * 2688 + 2 * (10_304 + 4_096) + 2 * 4096 + 2 * 4096))
     assert b == pytest.approx(414_187_520)
@@ -215,7 +212,7 @@ def test_cp_and_tp_limits_refused_with_a_message():
     h3 = NH8.model_copy(update={"mamba_num_groups": 2})
     with pytest.raises(SpecError, match=r"mamba_num_groups \(2\)"):
         resolve_config(ParallelConfig(dp=4, tp=4, sequence_parallel=True), h3, tr, cl)
-    assert (mamba.unsupported_parallelism(NH8, np.array([1, 8, 16]), 1) != "").tolist() == [
+    assert (hybrid.unsupported_parallelism(NH8, np.array([1, 8, 16]), 1) != "").tolist() == [
         False, False, True]
 
 
@@ -251,7 +248,7 @@ def test_replacing_a_mamba_layer_by_an_mlp_changes_only_that_layer(data):
     i = data.draw(st.sampled_from([k for k, c in enumerate(p) if c == "M"]))
     new = NH8.model_copy(update={"hybrid_override_pattern": p[:i] + "-" + p[i + 1:]})
     d_params = new.param_count() - NH8.param_count()
-    assert d_params == NH8.mlp_params_per_layer() - mamba.mamba_params_per_layer(NH8)
+    assert d_params == NH8.mlp_params_per_layer() - hybrid.mamba_params_per_layer(NH8)
     tr = load_training(global_batch_size=8, seq_len=2048)
     tokens = tr.tokens_per_step
     mlp = 2.0 * 2 * NH8.hidden_size * NH8.ffn_hidden_size
@@ -295,7 +292,7 @@ def test_plan_on_a_hybrid_preset_and_its_launch_arguments():
     from perfmodel.parallel.config import ParallelConfig
 
     c = res.best_row["config"]
-    assert c["cp"] == 1 and mamba.unsupported_parallelism(NANO, c["tp"], c["cp"])[()] == ""
+    assert c["cp"] == 1 and hybrid.unsupported_parallelism(NANO, c["tp"], c["cp"])[()] == ""
     best = ParallelConfig(**{k: c[k] for k in ParallelConfig.model_fields if k in c})
     args = megatron_args(best, NANO, load_training(global_batch_size=64, seq_len=4096,
                                                     precision="fp8"))

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from perfmodel.compute.layer import compute_times, mlp_activation_share, unfused_activation_kernels
+from perfmodel.core.errors import SpecError
 from perfmodel.hardware.calibration import KERNEL_MIN_S, calibration_for
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig
-from perfmodel.spec.specs import SpecError, load_cluster, load_model, load_training
+from perfmodel.spec.specs import load_cluster, load_model, load_training
 
 GPU = load_cluster("dgx-b200").gpu
 

@@ -10,13 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hardware_specs import calibration_dir
+from perfmodel.core.errors import SpecError
 from perfmodel.hardware.calibration import (
     BENCH_DISPATCH_S,
     Calibration,
     calibration_for,
     load_calibration,
 )
-from perfmodel.spec.specs import SpecError, load_gpu
+from perfmodel.spec.specs import load_gpu
 
 H200_PEAK = 989.4e12
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perfmodel.hardware import profile as prof_mod
+from perfmodel.core.errors import SpecError
 from perfmodel.hardware.calibration import calibration_for
 from perfmodel.hardware.profile import EfficiencyProfile, load_profile, profile_toml
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig, resolve_config
-from perfmodel.spec.specs import SpecError, TrainingSpec, load_cluster, load_model
+from perfmodel.spec.specs import TrainingSpec, load_cluster, load_model
+from perfmodel.step import profiled as prof_mod
 from perfmodel.step.evaluate import evaluate
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perfmodel.memory import breakdown as memory
+from perfmodel import memory
+from perfmodel.core.errors import SpecError
 from perfmodel.memory import stage_layout as layout
+from perfmodel.parallel import layers as layers_mod
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig, resolve_config
-from perfmodel.spec.specs import SpecError, load_cluster, load_model, load_training
+from perfmodel.spec.specs import load_cluster, load_model, load_training
 from perfmodel.step.evaluate import evaluate
+from perfmodel.step.timeline import layout_timeline
 
 MODEL = load_model("llama3.1-405b")
 TRAINING = load_training(None, global_batch_size=256, seq_len=8192)
@@ -93,7 +96,7 @@ def test_stage_memory_moves_with_layers_and_recompute():
 def test_stage_times_hand_example():
     """Stages of (2, 3) layers, 1 s each, 0.5 s more per recomputed layer, one recomputed on
     stage 0, embedding 0.25 s, loss 0.75 s: (2 + 0.5 + 0.25, 3 + 0.75) = (2.75, 3.75) s."""
-    t = layout.stage_times_s(np.array([[2, 3]]), np.array([[1, 0]]), [1.0], [1.5], [0.25],
+    t = layers_mod.stage_times_s(np.array([[2, 3]]), np.array([[1, 0]]), [1.0], [1.5], [0.25],
                              [0.75], np.array([2]))
     assert t.tolist() == [[2.75, 3.75]]
 
@@ -142,7 +145,7 @@ def test_layout_timeline_paced_by_the_slowest_stage():
     cfg = resolve_config(ParallelConfig(**BASE, recompute="none",
                                         stage_layers=(5,) + (7,) * 16 + (9,)),
                          MODEL, TRAINING, CLUSTER)
-    tl = layout.layout_timeline(MODEL, TRAINING, CLUSTER, cfg)
+    tl = layout_timeline(MODEL, TRAINING, CLUSTER, cfg)
     busy = np.zeros(18)
     for stage, _mb, _chunk, _op, t0, t1 in tl.events:
         busy[stage] += t1 - t0

@@ -9,15 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from perfmodel import memory as mem
 from perfmodel.core.units import GIB
-from perfmodel.memory import breakdown as mem
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig, resolve_config
-from perfmodel.pipeline.schedules import (
-    megatron_layout,
-    simulate,
-    stage_layer_counts,
-    stage_layer_table,
-)
+from perfmodel.parallel.layers import megatron_layout, stage_layer_counts, stage_layer_table
+from perfmodel.pipeline.schedules import simulate
 from perfmodel.spec.specs import ModelSpec, load_cluster, load_model, load_training
 from perfmodel.step.evaluate import evaluate
 
@@ -229,7 +225,7 @@ def _pinned_405b():
 
 
 def test_layout_chunk_times_hand_computed():
-    from perfmodel.pipeline.schedules import layout_chunk_times
+    from perfmodel.parallel.layers import layout_chunk_times
 
     t = stage_layer_table(6, 2, 2, embedding_as_layer=True, loss_as_layer=True)  # [[1,2],[2,1]]
     f, b = layout_chunk_times(t, 1.0, 2.0, 0.5, 0.25, 3.0, 4.0)

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from perfmodel import memory as mem
 from perfmodel.core.units import GIB, MIB
-from perfmodel.memory import breakdown as mem
 from perfmodel.parallel.config import ConfigBatch
 from perfmodel.spec.specs import ModelSpec, load_cluster, load_training
 

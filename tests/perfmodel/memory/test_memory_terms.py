@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from perfmodel.core.codes import SCHEDULE
 from perfmodel.core.units import GIB, MIB
 from perfmodel.memory import breakdown as mem
-from perfmodel.parallel.config import SCHEDULE, ConfigBatch
+from perfmodel.parallel.config import ConfigBatch
 from perfmodel.spec.specs import ModelSpec, load_cluster, load_model, load_training
 
 GPT = ModelSpec(name="gpt-test", num_layers=24, hidden_size=2048, num_attention_heads=16,

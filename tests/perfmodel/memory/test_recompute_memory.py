@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from perfmodel.memory import memory_breakdown
 from perfmodel.memory.breakdown import (
     fp8_gemm_input_bytes,
     layer_activation_bytes,
-    memory_breakdown,
     selective_recompute_freed_bytes,
 )
 from perfmodel.moe import experts as moe

@@ -13,7 +13,7 @@ from perfmodel.comm import comm_volume
 from perfmodel.comm.comm_time import comm_times
 from perfmodel.compute import flops
 from perfmodel.compute.layer import compute_times, layer_gemms
-from perfmodel.memory.breakdown import memory_breakdown
+from perfmodel.memory import memory_breakdown
 from perfmodel.moe import experts as moe
 from perfmodel.parallel.config import ConfigBatch
 from perfmodel.parallel.topology import group_placement

@@ -5,10 +5,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perfmodel.compute.layer import compute_times
+from perfmodel.core.errors import SpecError
 from perfmodel.moe import dispatch as md
 from perfmodel.moe import experts as moe
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig
-from perfmodel.spec.specs import SpecError, TrainingSpec, load_cluster, load_model, load_training
+from perfmodel.spec.specs import TrainingSpec, load_cluster, load_model, load_training
 
 TR = load_training(global_batch_size=256, seq_len=4096)
 QWEN = load_model("qwen3-30b-a3b")

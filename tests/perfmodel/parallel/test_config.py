@@ -9,15 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from perfmodel.parallel.config import (
-    COMPRESSION,
-    RECOMPUTE,
-    SCHEDULE,
-    ConfigBatch,
-    ParallelConfig,
-    resolve_config,
-)
-from perfmodel.spec.specs import SpecError, load_cluster, load_model, load_training
+from perfmodel.core.codes import COMPRESSION, RECOMPUTE, SCHEDULE
+from perfmodel.core.errors import SpecError
+from perfmodel.parallel.config import ConfigBatch, ParallelConfig, resolve_config
+from perfmodel.spec.specs import load_cluster, load_model, load_training
 
 LLAMA7 = load_model("llama2-7b")  # 32 layers, 32 heads (no GQA), seq 4096
 LLAMA70 = load_model("llama2-70b")  # 80 layers, 64 heads, 8 KV heads

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from perfmodel.core.errors import SpecError
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig, resolve_config
-from perfmodel.pipeline.schedules import (
+from perfmodel.parallel.layers import (
     balanced_chunk_layers,
     balanced_layer_counts,
     balanced_stage_layers,
@@ -18,7 +19,7 @@ from perfmodel.pipeline.schedules import (
     stage_layer_table,
 )
 from perfmodel.spec.frameworks import explicit_layout_allowed, load_framework
-from perfmodel.spec.specs import SpecError, load_cluster, load_model, load_training
+from perfmodel.spec.specs import load_cluster, load_model, load_training
 
 
 def test_deepseek_v3_on_pp8_vp4_by_hand():

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from perfmodel.parallel.layers import partition_layers
 from perfmodel.pipeline.schedules import (
     bubble_fraction,
     inflight_microbatches,
-    partition_layers,
     pipeline_efficiency,
     pipeline_time_s,
     schedule_code,

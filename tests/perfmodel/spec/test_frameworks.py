@@ -5,13 +5,14 @@ import pytest
 
 import search
 from hardware_specs import list_presets
+from perfmodel.core.errors import SpecError
 from perfmodel.spec.frameworks import (
     apply_framework,
     framework_pins,
     load_framework,
     zero_pp_allowed,
 )
-from perfmodel.spec.specs import SpecError, TrainingSpec
+from perfmodel.spec.specs import TrainingSpec
 
 
 @pytest.mark.parametrize("name", list_presets("framework"))

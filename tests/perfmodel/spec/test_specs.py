@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from hardware_specs import preset_dir
+from perfmodel.core.errors import SpecError
 from perfmodel.spec.specs import (
     ClusterSpec,
     GPUSpec,
     LinkTier,
     ModelSpec,
-    SpecError,
     TrainingSpec,
     load_cluster,
     load_gpu,

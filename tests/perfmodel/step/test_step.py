@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig, resolve_config
-from perfmodel.pipeline.schedules import partition_layers
+from perfmodel.parallel.layers import partition_layers
 from perfmodel.spec.specs import load_cluster, load_model, load_training
 from perfmodel.step.evaluate import TIME_TERMS, bottleneck_stage_s, evaluate, pipeline_makespan_s
 

@@ -240,7 +240,7 @@ def test_dp_result_flows_through_emit_and_json(nemotron):
 
 
 def test_dp_needs_fused_kernels():
-    from perfmodel.spec.specs import SpecError
+    from perfmodel.core.errors import SpecError
     from tests.search.test_space import small_problem
 
     p = small_problem()

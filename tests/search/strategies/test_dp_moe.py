@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from perfmodel.memory import stage_layout as layout
+from perfmodel.parallel import layers as layers_mod
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig
 from perfmodel.spec.specs import ModelSpec, load_cluster, load_model, load_training
+from perfmodel.step.evaluate import layer_times_by_type
 
 GB, SEQ = 16, 2048
 
@@ -47,30 +49,30 @@ def test_moe_layer_mask_and_stage_counts_by_hand():
     rank 1 chunks 2-3 and 6-7 (2 MoE); uneven, chunks of 1 and 3 layers: rank 0 holds layers 0
     and 4 (no MoE), rank 1 layers 1-3 and 5-7 (4 MoE)."""
     m = _tiny_moe()
-    assert layout.moe_layer_mask(m).tolist() == [False, False] + [True] * 6
+    assert layers_mod.moe_layer_mask(m).tolist() == [False, False] + [True] * 6
     b = _batch()
-    assert layout.stage_moe_layers(m, b, np.array([[3, 5]])).tolist() == [[1, 5]]
-    assert layout.stage_moe_layers(m, b, np.array([[1, 7]])).tolist() == [[0, 6]]
+    assert layers_mod.stage_moe_layers(m, b, np.array([[3, 5]])).tolist() == [[1, 5]]
+    assert layers_mod.stage_moe_layers(m, b, np.array([[1, 7]])).tolist() == [[0, 6]]
     il = _tiny_moe(moe_dense_layers=0, moe_layer_freq=2)
-    assert np.flatnonzero(layout.moe_layer_mask(il)).tolist() == [1, 3, 5, 7]
+    assert np.flatnonzero(layers_mod.moe_layer_mask(il)).tolist() == [1, 3, 5, 7]
     assert il.num_moe_layers == 4
     b2 = _batch(vp=2, schedule="interleaved")
-    assert layout.stage_moe_layers(il, b2, np.array([[4, 4]])).tolist() == [[2, 2]]
-    assert layout.stage_moe_layers(il, b2, np.array([[2, 6]])).tolist() == [[0, 4]]
+    assert layers_mod.stage_moe_layers(il, b2, np.array([[4, 4]])).tolist() == [[2, 2]]
+    assert layers_mod.stage_moe_layers(il, b2, np.array([[2, 6]])).tolist() == [[0, 4]]
     dense = load_model("llama2-7b")
-    assert not layout.moe_layer_mask(dense).any()
+    assert not layers_mod.moe_layer_mask(dense).any()
 
 
 def test_stage_time_by_layer_type_by_hand():
     """Stage 0: 2 dense + 1 MoE layer, one of them recomputed, plus the embedding; stage 1:
     5 MoE layers and the loss. Dense layer 1.0 s (1.5 s recomputed), MoE layer 2.0 s (3.0 s):
     stage 0 = 2*1 + 2 + (2/3*0.5 + 1/3*1.0) + 0.1 = 4.7667 s, stage 1 = 5*2 + 0.2 = 10.2 s."""
-    t = layout.stage_times_s(np.array([[3, 5]]), np.array([[1, 0]]), [1.0], [1.5], [0.1],
+    t = layers_mod.stage_times_s(np.array([[3, 5]]), np.array([[1, 0]]), [1.0], [1.5], [0.1],
                              [0.2], np.array([2]), moe_layers=np.array([[1, 5]]),
                              moe_keep_s=[2.0], moe_full_s=[3.0])
     assert t[0].tolist() == pytest.approx([2.0 + 2.0 + 2.0 / 3.0 * 0.5 + 1.0 / 3.0 + 0.1, 10.2])
     # without the MoE counts: the average layer everywhere (the dense path, unchanged)
-    t0 = layout.stage_times_s(np.array([[3, 5]]), np.array([[1, 0]]), [1.0], [1.5], [0.1],
+    t0 = layers_mod.stage_times_s(np.array([[3, 5]]), np.array([[1, 0]]), [1.0], [1.5], [0.1],
                               [0.2], np.array([2]))
     assert t0[0].tolist() == pytest.approx([3.0 + 0.5 + 0.1, 5.2])
 
@@ -102,7 +104,7 @@ def test_stage_expert_memory_by_hand():
 # ep = 1 and all-MoE models reduce to the even split / the dense model
 # --------------------------------------------------------------------------------------------
 def test_dense_layer_of_an_moe_model_is_the_dense_model_layer():
-    """The dense layer type of an MoE model (layout.moe_variants) costs what the same layer of
+    """The dense layer type of an MoE model (layers_mod.moe_variants) costs what the same layer of
     the dense model costs (num_experts = 1), at ep = 1 and ep = 2: the expert terms vanish."""
     m = _tiny_moe()
     dense = ModelSpec.model_validate({**m.model_dump(), "num_experts": 1, "moe_top_k": 1,
@@ -112,8 +114,8 @@ def test_dense_layer_of_an_moe_model_is_the_dense_model_layer():
     cl = load_cluster("dgx-h100")
     for ep in (1, 2):
         b = _batch(ep=ep)
-        lt = layout.layer_times_by_type(m, tr, cl, b)
-        ref = layout.layer_times_by_type(dense, tr, cl, _batch(ep=1))
+        lt = layer_times_by_type(m, tr, cl, b)
+        ref = layer_times_by_type(dense, tr, cl, _batch(ep=1))
         assert lt["dense_keep"][0] == pytest.approx(ref["keep"][0], rel=1e-12)
         assert lt["dense_full"][0] == pytest.approx(ref["full"][0], rel=1e-12)
         assert lt["moe_keep"][0] > lt["dense_keep"][0] * 0.5  # an MoE layer has its own cost

@@ -64,7 +64,7 @@ def test_dp_beats_the_grid_only_through_its_layouts():
     is faster than the exhaustive grid's on the same space, and the difference is the layout
     the grid cannot express: the same outer configuration with the even split is slower (or
     does not fit), and every strategy's best is the grid's."""
-    from perfmodel.memory import stage_layout as layout
+    from perfmodel.parallel import layers as layers_mod
     from perfmodel.spec.specs import TrainingSpec, load_cluster, load_model
     from perfmodel.step.evaluate import evaluate
     from search.space import Problem, make_space
@@ -83,6 +83,6 @@ def test_dp_beats_the_grid_only_through_its_layouts():
 
     cfg = ParallelConfig(**best_d["config"])
     b = ConfigBatch.from_configs([cfg])
-    even = evaluate(model, training, cluster, layout.without_layout(b))
+    even = evaluate(model, training, cluster, layers_mod.without_layout(b))
     assert (not even.fits[0]) or even.step_time_s[0] > best_d["step_time_s"]
     assert best_g["step_time_s"] <= even.step_time_s[0] or not even.fits[0]
