@@ -23,8 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from perfmodel.core import units
-from perfmodel.core.errors import SpecError
-from perfmodel.spec.specs import format_validation_error, load_model
+from perfmodel.spec.specs import SpecError, format_validation_error, load_model
 
 __all__ = ["verify_cmd"]
 
@@ -199,8 +198,14 @@ def verify_cmd(
                "runs": res["runs"]}  # fmt: skip
         typer.echo(json.dumps(out, indent=1))
         return
+    _print_report(spec.name, nproc, res)
+
+
+def _print_report(model_name: str, nproc: int, res: dict[str, Any]) -> None:
+    """The predicted / measured table of the runs, the rank correlation of their step times,
+    whether they compute the same loss, and the notes on memory far off."""
     out = Console(highlight=False)
-    t = Table(title=f"{spec.name} on {nproc} local processes: predicted / measured",
+    t = Table(title=f"{model_name} on {nproc} local processes: predicted / measured",
               title_justify="left")  # fmt: skip
     for col in ("config", "step pred", "step meas", "dp bytes", "tp bytes", "pp bytes",
                 "peak mem", "mem err", "loss"):  # fmt: skip

@@ -119,10 +119,8 @@ def stage_layers(config: ParallelConfig, model: ModelSpec) -> list[int]:
     ``pp*vp`` does not divide the layers; a per-stage layout (``stage_layers``, chosen by
     :mod:`search.strategies.dp`) splits each rank's layers evenly over its chunks.
     """
-
     L, pp, vp = model.num_layers, config.pp, config.vp
     if getattr(config, "stage_layers", None):  # a per-stage layout of search/dp.py
-
         return balanced_chunk_layers(config.stage_layers, vp)
     first, last, emb, loss = _layout_fields(config)
     if not (first or last or emb or loss) and L % (pp * vp):
@@ -263,9 +261,23 @@ def refusals(fmt: str, config: ParallelConfig, model: ModelSpec, training: Train
 def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSpec,
                   recipe: str | None = None) -> str:
     """Megatron-LM ``pretrain_gpt.py`` arguments for the plan, one per line."""
-    c, m = config, model
     recipe = recipe or precision_recipe(training)
-    chunks = stage_layers(c, m)
+    chunks = stage_layers(config, model)
+    # the arguments in Megatron-LM's own grouping: architecture, parallelism and layout, data
+    # parallelism and batch, recompute and memory, precision, then the MoE / MLA flags
+    a = _megatron_model_args(model, training)
+    a += _megatron_parallel_args(config, model, training, chunks)
+    a += _megatron_data_parallel_args(config, training)
+    block, block_note = _block_recompute(config)
+    a += _megatron_recompute_args(config, training, block)
+    a += _megatron_precision_args(recipe)
+    a += megatron_moe_args(config, model, training)  # MoE / MLA flags (search.emit_moe)
+    head = _megatron_head(config, model, training, chunks, block_note)
+    return "\n".join(head + a) + "\n"
+
+
+def _megatron_model_args(m: ModelSpec, training: TrainingSpec) -> list[str]:
+    """The architecture: shape, hybrid (Mamba) layers, attention, embeddings, norm, MLP."""
     a: list[str] = [
         f"--num-layers {m.num_layers}",
         f"--hidden-size {m.hidden_size}",
@@ -275,7 +287,6 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
     if m.head_dim is not None:
         a.append(f"--kv-channels {m.head_dim}")
     if m.is_hybrid:  # pretrain_mamba.py (perfmodel.compute.mamba)
-
         a += [f"--hybrid-override-pattern {m.hybrid_override_pattern}",
               f"--mamba-state-dim {m.mamba_state_dim}", f"--mamba-head-dim {m.mamba_head_dim}",
               f"--mamba-num-groups {m.mamba_num_groups}", f"--mamba-num-heads {mamba_heads(m)}"]
@@ -301,10 +312,15 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
     if not m.tied_embeddings:
         a.append("--untie-embeddings-and-output-weights")
     a.append("--attention-backend " + ("flash" if training.flash_attention else "unfused"))
-    # parallelism
-    a += [f"--tensor-model-parallel-size {c.tp}",
-          f"--pipeline-model-parallel-size {c.pp}",
-          f"--context-parallel-size {c.cp}"]
+    return a
+
+
+def _megatron_parallel_args(c: ParallelConfig, m: ModelSpec, training: TrainingSpec,
+                            chunks: list[int]) -> list[str]:
+    """Tensor, pipeline and context parallelism, sequence parallelism and the layout."""
+    a = [f"--tensor-model-parallel-size {c.tp}",
+         f"--pipeline-model-parallel-size {c.pp}",
+         f"--context-parallel-size {c.cp}"]
     if c.sequence_parallel:
         a.append("--sequence-parallel")
     # the layout as Megatron-LM names it (megatron/training/arguments.py): an even split, or
@@ -336,7 +352,13 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
         a.append("--account-for-loss-in-pipeline-split")
     if c.pp > 1 and not training.overlap_p2p_comm:
         a.append("--no-overlap-p2p-communication")
-    # data parallel: ZeRO-1 = distributed optimizer, ZeRO-2/3 = Megatron-FSDP
+    return a
+
+
+def _megatron_data_parallel_args(c: ParallelConfig, training: TrainingSpec) -> list[str]:
+    """Data parallelism (ZeRO-1 = distributed optimizer, ZeRO-2/3 = Megatron-FSDP), the
+    overlaps of its and tensor parallelism's communication, and the batch."""
+    a: list[str] = []
     if c.zero_stage == 1:
         a.append("--use-distributed-optimizer")
     elif c.zero_stage >= 2:
@@ -351,8 +373,14 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
         a.append("--tp-comm-overlap")
     a += [f"--micro-batch-size {c.micro_batch_size}",
           f"--global-batch-size {training.global_batch_size}"]
-    # recompute
-    block, block_note = _block_recompute(c)
+    return a
+
+
+def _megatron_recompute_args(c: ParallelConfig, training: TrainingSpec,
+                             block: int | None) -> list[str]:
+    """Recompute (block: the first ``block`` layers of every chunk), the fused loss, CPU
+    activation offloading and the weight-gradient accumulation fusion."""
+    a: list[str] = []
     if block is not None:  # the first N layers of every chunk (search/dp.py layouts)
         a += ["--recompute-granularity full", "--recompute-method block",
               f"--recompute-num-layers {block}"]
@@ -369,7 +397,12 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
         a += ["--cpu-offloading", f"--cpu-offloading-num-layers {n_off}"]
     if not getattr(training, "fsdp_gradient_accumulation_fusion", True) and c.zero_stage >= 3:
         a.append("--no-gradient-accumulation-fusion")  # wgrad added to main_grad by the hook
-    # precision
+    return a
+
+
+def _megatron_precision_args(recipe: str) -> list[str]:
+    """The 16-bit dtype and the FP8 / FP4 recipe."""
+    a: list[str] = []
     if recipe == "fp16":
         a.append("--fp16")
     elif recipe != "fp32":
@@ -379,7 +412,12 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
         a += [f"--fp8-format {fmt}", f"--fp8-recipe {rec}"]
     elif recipe == "nvfp4":
         a += ["--fp4-format e2m1", "--fp4-recipe nvfp4"]
-    a += megatron_moe_args(c, model, training)  # MoE / MLA flags (emit.moe)
+    return a
+
+
+def _megatron_head(c: ParallelConfig, m: ModelSpec, training: TrainingSpec, chunks: list[int],
+                   block_note: str) -> list[str]:
+    """The comment lines above the arguments: how to launch them, and what they plan."""
     m_count = training.global_batch_size // (c.dp * c.micro_batch_size)
     script = "pretrain_mamba.py" if m.is_hybrid else "pretrain_gpt.py"
     head = [
@@ -390,11 +428,11 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
         (f"# {m_count} micro-batches of {c.micro_batch_size} per step (gradient accumulation), "
          f"schedule {'interleaved 1F1B' if c.vp > 1 else '1F1B'}"),
     ]
-    if uneven or getattr(c, "stage_layers", None):
+    if _is_uneven(chunks) or getattr(c, "stage_layers", None):
         head.append(f"# layers per pipeline chunk: {'/'.join(map(str, chunks))}")
     if block_note:
         head.append(block_note)
-    return "\n".join(head + a) + "\n"
+    return head
 
 
 # ------------------------------------------------------------------------------------------
@@ -404,14 +442,42 @@ def _bridge_sections(config: ParallelConfig, model: ModelSpec, training: Trainin
                      recipe: str) -> dict[str, Any]:
     c, m = config, model
     chunks = stage_layers(c, m)
-    uneven = _is_uneven(chunks)
+    # the model section: architecture, parallelism, the layout's split, recompute, p2p overlap
+    mdl = _bridge_model_fields(c, m, training)
+    mdl.update(_bridge_layout_fields(c, m, chunks))
+    mdl.update(_bridge_recompute_fields(c, training))
+    if c.pp > 1:
+        mdl["overlap_p2p_comm"] = bool(training.overlap_p2p_comm)
+    ddp = _bridge_ddp(c, training)
+    mdl.update(megatron_bridge_moe_fields(c, m, training))  # MoE part (search.emit_moe)
+    # the other sections: batch, data parallelism (Megatron-FSDP for ZeRO-2/3), TP overlap,
+    # precision
+    out: dict[str, Any] = {
+        "model": mdl,
+        "train": {"micro_batch_size": c.micro_batch_size,
+                  "global_batch_size": training.global_batch_size},
+        "dataset": {"sequence_length": training.seq_len},
+        "ddp": ddp,
+        "optimizer": {"use_distributed_optimizer": c.zero_stage == 1},
+    }
+    if c.zero_stage >= 2:
+        out["dist"] = {"use_megatron_fsdp": True}
+        out["checkpoint"] = {"ckpt_format": "fsdp_dtensor"}
+    if c.tp > 1 and c.sequence_parallel:
+        out["comm_overlap"] = {"tp_comm_overlap": bool(training.overlap_tp_comm)}
+    out["mixed_precision"] = _BRIDGE_PRECISION.get(recipe)  # None: fp32
+    return out
+
+
+def _bridge_model_fields(c: ParallelConfig, m: ModelSpec,
+                         training: TrainingSpec) -> dict[str, Any]:
+    """The model section's architecture (hybrid Mamba fields included) and parallel sizes."""
     mdl: dict[str, Any] = {
         "num_layers": m.num_layers, "hidden_size": m.hidden_size,
         "ffn_hidden_size": m.ffn_hidden_size, "num_attention_heads": m.num_attention_heads,
         "num_query_groups": m.kv_heads,
     }
     if m.is_hybrid:  # MambaModelProvider fields (perfmodel.compute.mamba)
-
         mdl.update({"hybrid_override_pattern": m.hybrid_override_pattern,
                     "mamba_state_dim": m.mamba_state_dim, "mamba_head_dim": m.mamba_head_dim,
                     "mamba_num_groups": m.mamba_num_groups, "mamba_num_heads": mamba_heads(m)})
@@ -437,55 +503,57 @@ def _bridge_sections(config: ParallelConfig, model: ModelSpec, training: Trainin
         "context_parallel_size": c.cp,
         "sequence_parallel": c.sequence_parallel,
     })
+    return mdl
+
+
+def _bridge_layout_fields(c: ParallelConfig, m: ModelSpec, chunks: list[int]) -> dict[str, Any]:
+    """The model section's pipeline split: a layout string (which implies vp), or lighter first
+    / last stages, and the embedding / loss counted as layers."""
+    out: dict[str, Any] = {}
+    uneven = _is_uneven(chunks)
     if _explicit_layout(c, m):  # per-stage counts (search/dp.py, balanced): the layout
-        mdl["virtual_pipeline_model_parallel_size"] = None  # implied by the layout
-        mdl["pipeline_model_parallel_layout"] = _layout(chunks)
+        out["virtual_pipeline_model_parallel_size"] = None  # implied by the layout
+        out["pipeline_model_parallel_layout"] = _layout(chunks)
     elif uneven and c.vp == 1:
-        mdl["num_layers_in_first_pipeline_stage"] = chunks[0]
-        mdl["num_layers_in_last_pipeline_stage"] = chunks[-1]
+        out["num_layers_in_first_pipeline_stage"] = chunks[0]
+        out["num_layers_in_last_pipeline_stage"] = chunks[-1]
     elif uneven:
-        mdl["virtual_pipeline_model_parallel_size"] = None  # implied by the layout
-        mdl["pipeline_model_parallel_layout"] = _layout(chunks)
+        out["virtual_pipeline_model_parallel_size"] = None  # implied by the layout
+        out["pipeline_model_parallel_layout"] = _layout(chunks)
     if getattr(c, "embedding_as_layer", False):
-        mdl["account_for_embedding_in_pipeline_split"] = True
+        out["account_for_embedding_in_pipeline_split"] = True
     if getattr(c, "loss_as_layer", False):
-        mdl["account_for_loss_in_pipeline_split"] = True
+        out["account_for_loss_in_pipeline_split"] = True
+    return out
+
+
+def _bridge_recompute_fields(c: ParallelConfig, training: TrainingSpec) -> dict[str, Any]:
+    """The model section's recompute (block: the first N layers of every chunk)."""
     block, _ = _block_recompute(c)
     if block is not None:
-        mdl.update(recompute_granularity="full", recompute_method="block",
-                   recompute_num_layers=block)
-    elif c.recompute == "full":
-        mdl.update(recompute_granularity="full", recompute_method="uniform",
-                   recompute_num_layers=1)
-    elif c.recompute == "selective":
-        mdl.update(recompute_granularity="selective",
-                   recompute_modules=list(getattr(training, "recompute_modules", ("core_attn",))))
-    else:
-        mdl["recompute_granularity"] = None
-    if c.pp > 1:
-        mdl["overlap_p2p_comm"] = bool(training.overlap_p2p_comm)
+        return {"recompute_granularity": "full", "recompute_method": "block",
+                "recompute_num_layers": block}
+    if c.recompute == "full":
+        return {"recompute_granularity": "full", "recompute_method": "uniform",
+                "recompute_num_layers": 1}
+    if c.recompute == "selective":
+        return {"recompute_granularity": "selective",
+                "recompute_modules": list(getattr(training, "recompute_modules",
+                                                  ("core_attn",)))}
+    return {"recompute_granularity": None}
+
+
+def _bridge_ddp(c: ParallelConfig, training: TrainingSpec) -> dict[str, Any]:
+    """The ``ddp`` section: distributed optimizer (ZeRO-1) or Megatron-FSDP (ZeRO-2/3), and
+    the overlaps of gradient reduction and parameter gathering."""
     ddp: dict[str, Any] = {"use_distributed_optimizer": c.zero_stage == 1,
                            "overlap_grad_reduce": bool(training.overlap_grad_reduce and c.dp > 1),
                            "overlap_param_gather": bool(training.overlap_grad_reduce
                                                         and c.dp > 1 and c.zero_stage >= 1)}
-    mdl.update(megatron_bridge_moe_fields(c, m, training))  # MoE part (emit.moe)
-    out: dict[str, Any] = {
-        "model": mdl,
-        "train": {"micro_batch_size": c.micro_batch_size,
-                  "global_batch_size": training.global_batch_size},
-        "dataset": {"sequence_length": training.seq_len},
-        "ddp": ddp,
-        "optimizer": {"use_distributed_optimizer": c.zero_stage == 1},
-    }
     if c.zero_stage >= 2:
         ddp.update(use_megatron_fsdp=True, data_parallel_sharding_strategy=(
             "optim_grads" if c.zero_stage == 2 else "optim_grads_params"))
-        out["dist"] = {"use_megatron_fsdp": True}
-        out["checkpoint"] = {"ckpt_format": "fsdp_dtensor"}
-    if c.tp > 1 and c.sequence_parallel:
-        out["comm_overlap"] = {"tp_comm_overlap": bool(training.overlap_tp_comm)}
-    out["mixed_precision"] = _BRIDGE_PRECISION.get(recipe)  # None: fp32
-    return out
+    return ddp
 
 
 def _yaml_scalar(v: Any) -> str:

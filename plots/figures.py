@@ -19,13 +19,13 @@ from perfmodel.compute import layer as compute
 from perfmodel.core import units
 from perfmodel.core.errors import SpecError
 from perfmodel.hardware import collectives as coll
-from perfmodel.step.timeline import layout_timeline
 from perfmodel.parallel.config import ConfigBatch
 from perfmodel.parallel.layers import layout_chunk_times, stage_layer_table
 from perfmodel.parallel.topology import group_placement
 from perfmodel.pipeline.schedules import simulate
 from perfmodel.spec.specs import load_cluster
 from perfmodel.step.evaluate import MEMORY_TERMS, TIME_TERMS
+from perfmodel.step.timeline import layout_timeline
 from search.api import plan
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -38,19 +38,21 @@ import json
 import math
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
 import pandas as pd
 import typer
+from rich.console import Console
+from rich.table import Table
+from scipy.optimize import least_squares
 
 from hardware_specs import preset_dir
-from perfmodel.core.errors import SpecError
 from perfmodel.hardware.profile import PARAMETERS, EfficiencyProfile, load_profile, profile_toml
 from perfmodel.parallel.config import resolve_config
-from perfmodel.spec.specs import load_cluster
+from perfmodel.spec.specs import SpecError, load_cluster
 from validation.validate import VALIDATION_DIR, Case, case_from_row, predict_case
 
 __all__ = [
@@ -163,7 +165,6 @@ def runs_to_cases(df: pd.DataFrame, cluster: Any = None) -> tuple[list[Case],
     from each row's ``gpu_type``: describe your own fabric, and the profile is relative to it
     (use the same cluster with ``plan --profile``).
     """
-    from dataclasses import replace
 
 
     cases, skipped = [], []
@@ -317,23 +318,77 @@ def fit_profile(cases: list[Case], *, name: str = "calibrated", description: str
 
     Raises SpecError with fewer than two runs or with contradictory rows.
     """
-    from scipy.optimize import least_squares
-
     if len(cases) < 2:
         raise SpecError(f"calibration needs at least 2 measured runs, got {len(cases)}: one run "
                         "cannot tell a slower GPU from a slower network")
     check_consistent(cases)
-    by = {p.name: p for p in PARAMETERS}
-    all_names = list(parameters or [p.name for p in PARAMETERS])
     neutral = EfficiencyProfile(name=name)
     meas = np.array([c.measured_step_s for c in cases])
     before = _predict(cases, neutral)
+    warnings: list[str] = []
+    # 1. which parameters the runs inform, and the directions they can be fitted in
+    fs = _fit_space(cases, neutral, before, list(parameters or [p.name for p in PARAMETERS]),
+                    noise, warnings)
+    # 2. the bounded least-squares fit (refitted with the runs' scatter counted as noise)
+    x, J, cost = _solve(_Objective(fs, cases, neutral, meas, noise))
+    values = _values_from_x(x, fs.names)
+    prof = neutral.with_values(**values)
+    after = _predict(cases, prof)
+    # 3. uncertainty, the runs behind each parameter, and what the runs cannot tell apart
+    cov, S = _posterior(fs, J, after, meas, noise, len(cases))
+    ids = [c.row_id for c in cases]
+    params, unc = _parameter_entries(fs, values, x, cov, S, ids, warnings)
+    if len(fs.names) >= 2 and not fs.tied:
+        warnings += _separability_warnings(fs.names, cov, S)
+    err_after = after / meas - 1.0
+    for i in np.flatnonzero(np.abs(err_after) > 0.15):
+        warnings.append(f"run {ids[i]} is still {err_after[i]:+.0%} off after calibration: "
+                        "the profile cannot explain it (a setting of that run the model misses?)")
+    prof = prof.model_copy(update={"description": description, "fitted_on": fitted_on,
+                                   "uncertainty": unc})
+    rows = pd.DataFrame({
+        "row_id": ids, "model": [c.label for c in cases],
+        "gpus": [c.cluster.total_gpus for c in cases],
+        "measured_s": meas, "before_s": before, "after_s": after,
+        "error_before": before / meas - 1.0, "error_after": err_after,
+    })
+    return FitResult(prof, params, rows, warnings, cost)
+
+
+@dataclass
+class _FitSpace:
+    """What a fit moves: the informed parameters (``names``, of ``all_names``) in the internal
+    coordinates ``x`` (log for scales), their neutral point ``x0``, prior widths ``sg`` and
+    bounds, the free directions ``B`` (``x = x0 + B z``; one column per parameter, or one
+    overall efficiency for the ``tied`` ones), the directions' prior widths ``zsg``, and the
+    neutral sensitivities ``S0`` of every run to ``all_names``."""
+
+    all_names: list[str]
+    names: list[str]
+    S0: np.ndarray
+    x0: np.ndarray
+    sg: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    B: np.ndarray
+    tied: list[str]
+    zsg: np.ndarray
+
+    @property
+    def S(self) -> np.ndarray:
+        """The neutral sensitivities of the informed parameters (runs x names)."""
+        return self.S0[:, [self.all_names.index(n) for n in self.names]]
+
+
+def _fit_space(cases: list[Case], neutral: EfficiencyProfile, before: np.ndarray,
+               all_names: list[str], noise: float, warnings: list[str]) -> _FitSpace:
+    """The parameters the runs inform (a one-sigma prior change moves some run by half the
+    noise) and the directions they are fitted in; warns when they are tied together."""
+    by = {p.name: p for p in PARAMETERS}
     S0 = _sensitivity(cases, neutral, all_names, before)
     sig = np.array([PRIOR_SIGMA[n] for n in all_names])
     informed = np.max(np.abs(S0), axis=0) * sig >= 0.5 * noise
     names = [n for n, ok in zip(all_names, informed, strict=True) if ok]
-    warnings: list[str] = []
-
     x0 = _x_from_values(neutral.values(), names)
     sg = np.array([PRIOR_SIGMA[n] for n in names])
     lo = np.array([math.log(by[n].lo) if by[n].log else by[n].lo for n in names])
@@ -350,74 +405,106 @@ def fit_profile(cases: list[Case], *, name: str = "calibrated", description: str
     if tied:  # one overall efficiency: its own prior, not the product of the tied ones
         zsg = np.array([PRIOR_SIGMA_OVERALL])
         sg = np.where(B[:, 0] != 0, PRIOR_SIGMA_OVERALL * math.sqrt(len(tied)), sg)
+    return _FitSpace(all_names, names, S0, x0, sg, lo, hi, B, tied, zsg)
 
-    memo: dict[bytes, np.ndarray] = {}
-    noise_now = [noise]
 
-    def resid(z):
+class _Objective:
+    """Residuals of the fit in the free directions ``z``: per run ``log(predicted / measured)``
+    over the noise, per parameter its prior residual; and their forward-difference Jacobian.
+    ``noise`` is what the refit raises (the runs' scatter about the first fit)."""
+
+    def __init__(self, fs: _FitSpace, cases: list[Case], neutral: EfficiencyProfile,
+                 meas: np.ndarray, noise: float) -> None:
+        self.fs, self.cases, self.neutral, self.meas = fs, cases, neutral, meas
+        self.noise = noise
+        self.memo: dict[bytes, np.ndarray] = {}
+        # bounds of the free directions: every parameter they move stays inside its own bounds
+        self.zlo, self.zhi = _direction_bounds(fs.B, fs.x0, fs.lo, fs.hi)
+
+    def x_of(self, z: np.ndarray) -> np.ndarray:
+        """The parameters (internal coordinates) at ``z``, clipped to their bounds."""
+        return np.clip(self.fs.x0 + self.fs.B @ z, self.fs.lo, self.fs.hi)
+
+    def log_ratio(self, x: np.ndarray) -> np.ndarray:
+        """``log(predicted / measured)`` of every run at parameters ``x``."""
+        prof = self.neutral.with_values(**_values_from_x(x, self.fs.names))
+        return np.log(_predict(self.cases, prof) / self.meas)
+
+    def resid(self, z):
+        fs = self.fs
         key = np.asarray(z, dtype=np.float64).tobytes()
-        if key not in memo:  # the Jacobian re-evaluates the point the solver just took
-            x = x0 + B @ z
-            prof = neutral.with_values(**_values_from_x(x, names))
-            r = np.log(_predict(cases, prof) / meas) / noise_now[0]
-            memo.clear()
-            memo[key] = np.concatenate([r, (x - x0) / sg])
-        return memo[key]
+        if key not in self.memo:  # the Jacobian re-evaluates the point the solver just took
+            x = fs.x0 + fs.B @ z
+            r = self.log_ratio(x) / self.noise
+            self.memo.clear()
+            self.memo[key] = np.concatenate([r, (x - fs.x0) / fs.sg])
+        return self.memo[key]
 
-    def jac(z):
+    def jac(self, z):
         # forward differences with an absolute step (the neutral point is z = 0, where a
         # relative step vanishes), stepping inward at an upper bound
-        f0 = resid(z)
+        f0 = self.resid(z)
         out = np.empty((f0.size, z.size))
         for j in range(z.size):
-            h = 1e-3 * zsg[j]
-            if z[j] + h > zhi[j]:
+            h = 1e-3 * self.fs.zsg[j]
+            if z[j] + h > self.zhi[j]:
                 h = -h
             zh = z.copy()
             zh[j] += h
-            out[:, j] = (resid(zh) - f0) / h
+            out[:, j] = (self.resid(zh) - f0) / h
         return out
 
-    # bounds of the free directions: every parameter they move stays inside its own bounds
-    zlo, zhi = _direction_bounds(B, x0, lo, hi)
-    if names:
-        start = np.clip(np.zeros(B.shape[1]), zlo + 1e-2 * zsg, zhi - 1e-2 * zsg)
-        sol = least_squares(resid, start, jac=jac, bounds=(zlo, zhi), x_scale=zsg,
-                            method="trf", xtol=1e-8, ftol=1e-10)
-        dof = len(cases) - B.shape[1]
-        if dof > 0:
-            # the runs' scatter about the fit (less any common offset a bound left over) is
-            # error of the model that no profile parameter explains: count it as noise (two
-            # runs that disagree pin little), refit
-            r = np.log(_predict(cases, neutral.with_values(
-                **_values_from_x(np.clip(x0 + B @ sol.x, lo, hi), names))) / meas)
-            noise_now[0] = math.sqrt(noise**2 + float(np.sum((r - r.mean())**2)) / dof)
-            memo.clear()
-            sol = least_squares(resid, sol.x, jac=jac, bounds=(zlo, zhi), x_scale=zsg,
-                                method="trf", xtol=1e-8, ftol=1e-10)
-        z = np.clip(sol.x, zlo, zhi)
-        x = np.clip(x0 + B @ z, lo, hi)
-        J = jac(z)  # in the free directions
-        cost = float(sol.cost)
-    else:
-        z, x, J, cost = np.zeros(0), x0, np.zeros((len(cases), 0)), 0.0
-    values = _values_from_x(x, names)
-    prof = neutral.with_values(**values)
-    after = _predict(cases, prof)
+    def fit(self, start: np.ndarray):
+        """:func:`scipy.optimize.least_squares` (trust-region reflective) from ``start``."""
+        return least_squares(self.resid, start, jac=self.jac, bounds=(self.zlo, self.zhi),
+                             x_scale=self.fs.zsg, method="trf", xtol=1e-8, ftol=1e-10)
 
-    # uncertainty: posterior covariance (J includes the prior rows), inflated by the reduced
-    # chi-square when there are more runs than fitted parameters
-    n_rows = len(cases)
-    covz = np.linalg.pinv(J.T @ J) if names else np.zeros((0, 0))
+
+def _solve(obj: _Objective) -> tuple[np.ndarray, np.ndarray, float]:
+    """The fitted parameters ``x``, the Jacobian in the free directions at the solution and
+    the solver's cost; the neutral point when no parameter is informed."""
+    fs = obj.fs
+    n_runs = len(obj.cases)
+    if not fs.names:
+        return fs.x0, np.zeros((n_runs, 0)), 0.0
+    zsg, zlo, zhi = fs.zsg, obj.zlo, obj.zhi
+    start = np.clip(np.zeros(fs.B.shape[1]), zlo + 1e-2 * zsg, zhi - 1e-2 * zsg)
+    sol = obj.fit(start)
+    dof = n_runs - fs.B.shape[1]
+    if dof > 0:
+        # the runs' scatter about the fit (less any common offset a bound left over) is
+        # error of the model that no profile parameter explains: count it as noise (two
+        # runs that disagree pin little), refit
+        r = obj.log_ratio(obj.x_of(sol.x))
+        obj.noise = math.sqrt(obj.noise**2 + float(np.sum((r - r.mean())**2)) / dof)
+        obj.memo.clear()
+        sol = obj.fit(sol.x)
+    z = np.clip(sol.x, zlo, zhi)
+    return obj.x_of(z), obj.jac(z), float(sol.cost)
+
+
+def _posterior(fs: _FitSpace, J: np.ndarray, after: np.ndarray, meas: np.ndarray,
+               noise: float, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Posterior covariance of the parameters (``J`` includes the prior rows), inflated by the
+    reduced chi-square when there are more runs than fitted directions (tied parameters fully
+    correlated), and every run's ``d log(predicted) / dx`` (the neutral sensitivity)."""
+    covz = np.linalg.pinv(J.T @ J) if fs.names else np.zeros((0, 0))
     data_r = np.log(after / meas) / noise
-    dof = n_rows - B.shape[1]
+    dof = n_rows - fs.B.shape[1]
     if dof > 0:
         covz = covz * max(1.0, float(np.sum(data_r**2)) / dof)
-    cov = B @ covz @ B.T  # of the parameters (tied ones fully correlated)
+    cov = fs.B @ covz @ fs.B.T  # of the parameters (tied ones fully correlated)
+    S = fs.S if fs.names else np.zeros((n_rows, 0))
+    return cov, S
+
+
+def _parameter_entries(fs: _FitSpace, values: dict[str, float], x: np.ndarray,
+                       cov: np.ndarray, S: np.ndarray, ids: list[str],
+                       warnings: list[str]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """One entry per profile parameter (fitted: value, sigma, the runs behind it, whether it
+    sits at a bound, which is warned about; else why not) and the fitted ones' sigmas."""
     sx = np.sqrt(np.clip(np.diag(cov), 0.0, None))
-    # d log(predicted) / dx of every run: the data rows of the neutral sensitivity
-    S = S0[:, [all_names.index(n) for n in names]] if names else np.zeros((n_rows, 0))
-    ids = [c.row_id for c in cases]
+    names, lo, hi = fs.names, fs.lo, fs.hi
     params, unc = [], {}
     for p in PARAMETERS:
         entry: dict[str, Any] = {"name": p.name, "unit": p.unit, "neutral": p.neutral,
@@ -430,7 +517,7 @@ def fit_profile(cases: list[Case], *, name: str = "calibrated", description: str
             rows = [ids[i] for i in order if abs(S[i, j]) >= 0.05][:8]
             at_lo = x[j] <= lo[j] + 1e-3
             at_hi = x[j] >= hi[j] - 1e-3
-            neutral_x = x0[j]
+            neutral_x = fs.x0[j]
             at_bound = (at_lo and abs(lo[j] - neutral_x) > 1e-9) or (
                 at_hi and abs(hi[j] - neutral_x) > 1e-9)
             entry.update(value=v, sigma=float(s), fitted=True, rows=rows, at_bound=bool(at_bound))
@@ -441,42 +528,34 @@ def fit_profile(cases: list[Case], *, name: str = "calibrated", description: str
                     "for more than this correction allows; check their setup (precision, "
                     "overlap switches, recompute) and the cluster spec")
         else:
-            why = ("not in the fitted set" if p.name not in all_names else
+            why = ("not in the fitted set" if p.name not in fs.all_names else
                    "no run is sensitive to it: kept neutral")
             entry.update(value=p.neutral, sigma=None, fitted=False, rows=[], at_bound=False,
                          note=why)
         params.append(entry)
+    return params, unc
 
-    # separability: two fitted parameters the runs move together (their sensitivity columns
-    # are nearly parallel, or their posterior correlation is strong)
-    if len(names) >= 2 and not tied:
-        d = np.sqrt(np.clip(np.diag(cov), 1e-30, None))
-        corr = cov / np.outer(d, d)
-        norm = np.linalg.norm(S, axis=0)
-        for a in range(len(names)):
-            for b in range(a + 1, len(names)):
-                cos = float(S[:, a] @ S[:, b] / max(norm[a] * norm[b], 1e-30))
-                if abs(corr[a, b]) >= 0.8 or abs(cos) >= 0.98:
-                    pa, pb = by[names[a]], by[names[b]]
-                    warnings.append(
-                        f"the runs cannot separate {pa.name} and {pb.name} (they change the "
-                        f"runs in the same proportions: cosine {cos:+.2f}, posterior "
-                        f"correlation {corr[a, b]:+.2f}); their split follows the prior. To "
-                        f"separate them add runs that differ in one but not the other: "
-                        f"{pa.informed_by} ({pa.name}), or {pb.informed_by} ({pb.name})")
-    err_after = after / meas - 1.0
-    for i in np.flatnonzero(np.abs(err_after) > 0.15):
-        warnings.append(f"run {ids[i]} is still {err_after[i]:+.0%} off after calibration: "
-                        "the profile cannot explain it (a setting of that run the model misses?)")
-    prof = prof.model_copy(update={"description": description, "fitted_on": fitted_on,
-                                   "uncertainty": unc})
-    rows = pd.DataFrame({
-        "row_id": ids, "model": [c.label for c in cases],
-        "gpus": [c.cluster.total_gpus for c in cases],
-        "measured_s": meas, "before_s": before, "after_s": after,
-        "error_before": before / meas - 1.0, "error_after": err_after,
-    })
-    return FitResult(prof, params, rows, warnings, cost)
+
+def _separability_warnings(names: list[str], cov: np.ndarray, S: np.ndarray) -> list[str]:
+    """Two fitted parameters the runs move together (their sensitivity columns are nearly
+    parallel, or their posterior correlation is strong), one warning per pair."""
+    by = {p.name: p for p in PARAMETERS}
+    out = []
+    d = np.sqrt(np.clip(np.diag(cov), 1e-30, None))
+    corr = cov / np.outer(d, d)
+    norm = np.linalg.norm(S, axis=0)
+    for a in range(len(names)):
+        for b in range(a + 1, len(names)):
+            cos = float(S[:, a] @ S[:, b] / max(norm[a] * norm[b], 1e-30))
+            if abs(corr[a, b]) >= 0.8 or abs(cos) >= 0.98:
+                pa, pb = by[names[a]], by[names[b]]
+                out.append(
+                    f"the runs cannot separate {pa.name} and {pb.name} (they change the "
+                    f"runs in the same proportions: cosine {cos:+.2f}, posterior "
+                    f"correlation {corr[a, b]:+.2f}); their split follows the prior. To "
+                    f"separate them add runs that differ in one but not the other: "
+                    f"{pa.informed_by} ({pa.name}), or {pb.informed_by} ({pb.name})")
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -677,9 +756,6 @@ def calibrate_command(
         "row's gpu_type; use the same one with `plan --profile`")] = None,
 ) -> None:
     """Fit an efficiency profile to your cluster's measured runs."""
-    from rich.console import Console
-    from rich.table import Table
-
     def fail(msg: str) -> None:
         typer.echo(f"plan: error: {msg}", err=True)
         raise typer.Exit(2)

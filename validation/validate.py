@@ -27,6 +27,9 @@ import numpy as np
 import pandas as pd
 import typer
 from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+from scipy.stats import spearmanr
 
 from hardware_specs import ROOT as SPECS_ROOT
 from perfmodel.comm import comm_time
@@ -46,14 +49,8 @@ from perfmodel.spec.specs import (
     load_cluster,
 )
 from perfmodel.step.evaluate import evaluate
+from perfmodel.step.profiled import evaluate as profile_evaluate
 from search.api import plan
-from validation.validate_moe import (
-    moe_doc,
-    moe_tuned_report,
-    moe_tuned_summary,
-    print_moe_report,
-    print_moe_tuned,
-)
 
 VALIDATION_DIR = SPECS_ROOT / "validation"
 
@@ -305,14 +302,37 @@ def precision_from_text(text: str, modern: bool = True, parenthetical: bool = Fa
 def case_from_row(r: pd.Series) -> Case:
     """Express one row of a training-runs CSV (the columns of ``training_runs_dev.csv``);
     raises SpecError with the reason if the tool cannot express it."""
-    rid = r["row_id"]
+    # the steps run in this order so that a row with several problems reports the same first one
     layer_scope = str(r["measurement_scope"]).lower().startswith("one transformer layer")
+    gb = _row_global_batch(r, layer_scope)
+    modern = _modern(r)
+    model = _row_model(r, modern)
+    training = _row_training(r, model.max_seq_len, gb, modern)
+    cfg, gpus = _row_config(r, gb, modern)
+    cluster = _cluster_for(_dated_gpu_type(r), gpus)
+    scope = "layer" if layer_scope else "step"
+    if layer_scope:  # one micro-batch through one layer on one data-parallel rank
+        training = training.model_copy(update={"global_batch_size": cfg.micro_batch_size})
+        cfg = cfg.model_copy(update={"dp": 1})
+    measured = _row_measured_s(r, layer_scope, gb, model.max_seq_len, gpus)
+    cfg = resolve_config(cfg, model, training, cluster if scope == "step" else None)
+    return Case(r["row_id"], str(r["model"]), model, training, cluster, cfg, float(measured),
+                scope, str(r["reliability"])[:2].strip())
+
+
+def _row_global_batch(r: pd.Series, layer_scope: bool) -> float:
+    """The row's global batch [sequences]: one micro-batch for a one-layer measurement."""
     gb = _f(r["global_batch_size"])
     if layer_scope:
         gb = _f(r["micro_batch_size"])  # one micro-batch through one layer
     if gb is None:
         raise SpecError("global batch size not published")
-    modern = _modern(r)
+    return gb
+
+
+def _row_model(r: pd.Series, modern: bool) -> ModelSpec:
+    """The dense model of a row: its published shape, and the architecture of its family
+    (gated MLP and RoPE for the Llama-like, squared ReLU for Nemotron, GPT-3's otherwise)."""
     name = str(r["model"])
     lname = name.lower()
     if any(k in lname for k in ("moe", "mixtral", "switch", "deepseek-v", "expert")):
@@ -331,7 +351,7 @@ def case_from_row(r: pd.Series) -> Case:
                                             else 32000 if gated else 51200)
     act = "swiglu" if gated else ("relu2" if is_nemotron else "gelu")
     seq = _count(r, "seq_len")
-    model = ModelSpec(
+    return ModelSpec(
         name=name,
         num_layers=L,
         hidden_size=h,
@@ -346,9 +366,20 @@ def case_from_row(r: pd.Series) -> Case:
         tied_embeddings=not (gated or is_nemotron),
         linear_bias=not (gated or is_nemotron),
     )
+
+
+def _row_training(r: pd.Series, seq: int, gb: float, modern: bool) -> TrainingSpec:
+    """The training setup of a row: its precision and its software's switches."""
     prec_txt = str(r["precision"]).lower()
     precision = precision_from_text(prec_txt, modern, "fp8" in prec_txt and "inferred" in prec_txt
                                     and _bridge_parenthetical(r))
+    sw = _row_switches(r, modern, precision)
+    return TrainingSpec(global_batch_size=int(gb), seq_len=seq, precision=precision,
+                        optimizer="adam", **sw)
+
+
+def _row_switches(r: pd.Series, modern: bool, precision: str) -> dict:
+    """The overlap, attention, reduction and offload switches of a row's software."""
     # the era's overlap and attention switches, from its framework preset: Megatron-LM 2020-2022
     # (gradient all-reduce after the flush, no TP overlap, blocking p2p, fused softmax storing
     # the attention scores) or a current Megatron-Core / NeMo stack
@@ -392,8 +423,11 @@ def case_from_row(r: pd.Series) -> Case:
     env = dgxc_attention_env(r)
     if env and modern:  # the attention kernel the recipe's environment leaves TE
         sw.update(attention_switches(_cluster_for(_dated_gpu_type(r), 8).gpu, env))
-    training = TrainingSpec(global_batch_size=int(gb), seq_len=seq, precision=precision,
-                            optimizer="adam", **sw)
+    return sw
+
+
+def _row_config(r: pd.Series, gb: float, modern: bool) -> tuple[ParallelConfig, int]:
+    """The row's parallel configuration (unresolved) and its GPU count."""
     t = _opt_count(r, "tensor_parallel", 1)
     p = _opt_count(r, "pipeline_parallel", 1)
     cp = _opt_count(r, "context_parallel", 1)
@@ -402,6 +436,22 @@ def case_from_row(r: pd.Series) -> Case:
     if d < 1:
         raise SpecError(f"tp*pp*cp ({t}*{p}*{cp}) exceeds num_gpus ({gpus})")
     vp = _opt_count(r, "virtual_pipeline_stages", 1)
+    mbs = _row_micro_batch(r, gb, d, p)
+    zero_txt = str(r["zero_or_dist_optimizer"]).lower()
+    sp_txt = str(r["sequence_parallel"]).lower()
+    sp_off = sp_txt in ("n", "no", "false", "off", "0")
+    sp = sp_txt.startswith("y") or (modern and t > 1 and not sp_off)
+    cfg = ParallelConfig(
+        dp=d, tp=t, pp=p, vp=vp, cp=cp, zero_stage=_row_zero_stage(zero_txt, modern),
+        micro_batch_size=mbs, recompute=_row_recompute(r, modern), sequence_parallel=sp,
+        schedule="interleaved" if vp > 1 else "1f1b",
+    )
+    return cfg, gpus
+
+
+def _row_micro_batch(r: pd.Series, gb: float, d: int, p: int) -> int:
+    """The row's micro-batch [sequences]: published, or the whole per-rank batch of a
+    one-micro-batch step, corrected by the row's own gradient-accumulation column."""
     mbs = _f(r["micro_batch_size"])
     if mbs is None:
         # Megatron README 2020 rows print no micro-batch: one micro-batch per step (p = 1).
@@ -411,70 +461,59 @@ def case_from_row(r: pd.Series) -> Case:
         mbs = gb / d
     if not float(mbs).is_integer() or mbs < 1:
         raise SpecError(f"micro_batch_size = {mbs!r}: expected a whole number >= 1")
-    mbs = int(mbs)
-    mbs = _mbs_from_ga_column(r, gb, d, mbs)
+    return _mbs_from_ga_column(r, gb, d, int(mbs))
+
+
+def _row_recompute(r: pd.Series, modern: bool) -> str:
+    """The row's activation recompute mode."""
     rec_txt = str(r["activation_recompute"]).lower()
     if rec_txt.startswith("full"):
-        recompute = "full"
-    elif rec_txt.startswith("selective"):
-        recompute = "selective"
-    elif modern or rec_txt.startswith("none"):
-        recompute = "none"
-    else:
-        recompute = "full"  # Megatron/DeepSpeed era runs of this size used full recompute
+        return "full"
+    if rec_txt.startswith("selective"):
+        return "selective"
+    if modern or rec_txt.startswith("none"):
+        return "none"
+    return "full"  # Megatron/DeepSpeed era runs of this size used full recompute
+
+
+def _row_zero_stage(zero_txt: str, modern: bool) -> int:
+    """The ZeRO stage of a row's optimizer text (distributed optimizer: 1, FSDP: 3)."""
     fsdp = "fsdp" in zero_txt and "fsdp=0" not in zero_txt  # "DDP (table FSDP=0)": no FSDP
     if "stage 3" in zero_txt or "zero-3" in zero_txt or fsdp:
-        zero = 3
-    elif "stage 2" in zero_txt or "zero-2" in zero_txt:
-        zero = 2
-    elif "stage 1" in zero_txt or "zero-1" in zero_txt or "distributed optimizer" in zero_txt:
-        zero = 1
-    elif zero_txt.startswith(("none", "no ")):
-        zero = 0
-    else:
-        zero = 1 if modern else 0
-    sp_txt = str(r["sequence_parallel"]).lower()
-    sp_off = sp_txt in ("n", "no", "false", "off", "0")
-    sp = sp_txt.startswith("y") or (modern and t > 1 and not sp_off)
-    cfg = ParallelConfig(
-        dp=d, tp=t, pp=p, vp=vp, cp=cp, zero_stage=zero, micro_batch_size=mbs,
-        recompute=recompute, sequence_parallel=sp,
-        schedule="interleaved" if vp > 1 else "1f1b",
-    )
-    scope = "step"
-    cluster = _cluster_for(_dated_gpu_type(r), gpus)
-    if layer_scope:
-        scope = "layer"
-        training = training.model_copy(update={"global_batch_size": mbs})
-        cfg = cfg.model_copy(update={"dp": 1})
-        measured = _f(r["seconds_per_iteration"])
-    else:
-        measured = _f(r["seconds_per_iteration"])
-        if measured is None:
-            tps = _f(r["tokens_per_sec_per_gpu"])
-            if tps is None:
-                tps_total = _f(r.get("tokens_per_sec_total"))
-                if tps_total is None:
-                    raise SpecError("neither iteration time nor tokens/s published")
-                tps = tps_total / gpus
-            measured = gb * seq / (tps * gpus)
+        return 3
+    if "stage 2" in zero_txt or "zero-2" in zero_txt:
+        return 2
+    if "stage 1" in zero_txt or "zero-1" in zero_txt or "distributed optimizer" in zero_txt:
+        return 1
+    if zero_txt.startswith(("none", "no ")):
+        return 0
+    return 1 if modern else 0
+
+
+def _row_measured_s(r: pd.Series, layer_scope: bool, gb: float, seq: int, gpus: int) -> float:
+    """The row's measured time [s]: its iteration time, or the step its tokens/s imply."""
+    measured = _f(r["seconds_per_iteration"])
+    if not layer_scope and measured is None:
+        tps = _f(r["tokens_per_sec_per_gpu"])
+        if tps is None:
+            tps_total = _f(r.get("tokens_per_sec_total"))
+            if tps_total is None:
+                raise SpecError("neither iteration time nor tokens/s published")
+            tps = tps_total / gpus
+        measured = gb * seq / (tps * gpus)
     if measured is None:
         raise SpecError("no measured time")
     if not math.isfinite(measured) or measured <= 0:
         raise SpecError(f"measured time {measured!r} s: expected a positive number")
-    cfg = resolve_config(cfg, model, training, cluster if scope == "step" else None)
-    return Case(rid, name, model, training, cluster, cfg, float(measured), scope,
-                str(r["reliability"])[:2].strip())
+    return measured
 
 
 def predict_case(case: Case, kernels: str = "fused", profile=None) -> float:
     """Predicted seconds for the case's measured quantity (under an efficiency profile: a
     :class:`perfmodel.hardware.profile.EfficiencyProfile`, a shipped name or a TOML path)."""
-
     prof = profile_mod.load_profile(profile)
     batch = ConfigBatch.from_configs([case.config])
     if case.scope == "layer":
-
         cal, cluster = None, case.cluster
         if prof is not None and not prof.is_neutral:
             cal = prof.calibration(calibration_for(cluster.gpu), case.training.precision)
@@ -485,7 +524,7 @@ def predict_case(case: Case, kernels: str = "fused", profile=None) -> float:
         layer = (ct["layer_fwd_s"] + ct["layer_bwd_s"] + ct["layer_recompute_s"]
                  + cm["tp_layer_fwd_s"] + cm["tp_layer_bwd_s"])
         return float(layer[0])
-    res = profile_mod.evaluate(case.model, case.training, case.cluster, batch, profile=prof,
+    res = profile_evaluate(case.model, case.training, case.cluster, batch, profile=prof,
                                kernels=kernels)
     return float(res.step_time_s[0])
 
@@ -654,8 +693,6 @@ def vtrain_report(max_rows: int | None = None) -> tuple[pd.DataFrame, pd.DataFra
     vocabulary, no recompute, fp16 mixed precision, Megatron-DeepSpeed without overlap
     (matching vTrain's description of its runs), DGX A100 80GB nodes.
     """
-    from scipy.stats import spearmanr
-
     frames = []
     for fname in ("ground_truth_single.csv", "ground_truth_multi.csv"):
         d = pd.read_csv(VALIDATION_DIR / "vtrain" / fname)
@@ -729,35 +766,26 @@ def validate_command(
                                        "profile (shipped name or TOML from `plan calibrate`)"),
 ) -> None:
     """Predicted versus published step times (the validation report)."""
-    from rich.console import Console
-    from rich.table import Table
+    # search.validate_moe imports this module: it is imported here, when the command runs
+    from search.validate_moe import (
+        moe_doc,
+        moe_tuned_report,
+        moe_tuned_summary,
+        print_moe_report,
+        print_moe_tuned,
+    )
 
-
-    try:
-        prof = load_profile(profile)
-        report, skipped = training_runs_report(runs, profile=prof)
-    except SpecError as e:
-        typer.echo(f"plan: error: {e}", err=True)
-        raise typer.Exit(2) from None
-    except (OSError, KeyError, pd.errors.ParserError) as e:
-        typer.echo(f"plan: error: --runs {runs}: cannot read a training-runs table: {e}", err=True)
-        raise typer.Exit(2) from None
+    # 1. the dense published runs (a user error exits 2 with one line)
+    report, skipped = _training_runs_or_exit(runs, profile)
     groups_df = group_table(report)
     doc: dict = {"training_runs": summary(report), "rows": report.to_dict("records"),
                  "groups": groups_df.to_dict("records"), "skipped": skipped.to_dict("records")}
+    # 2. the optional parts, in the document's order: tuned recipes, vTrain, MoE runs
     tuned_df = tuned_report(runs) if tuned else None
     if tuned_df is not None:
-        ok = tuned_df["ratio"].between(0.90, 1.15)
-        doc["tuned"] = {"settings": len(tuned_df), "within_0.90_1.15": float(ok.mean()),
-                        "rows": tuned_df.to_dict("records")}
+        doc["tuned"] = _tuned_doc(tuned_df)
     if vtrain:
-        rows, groups = vtrain_report()
-        doc["vtrain"] = {
-            "groups": len(groups),
-            "mean_spearman": float(groups["spearman"].mean()),
-            "mape_single_node": float(rows.loc[rows["set"] == "single", "error"].abs().mean()),
-            "mape_multi_node": float(rows.loc[rows["set"] == "multi", "error"].abs().mean()),
-        }
+        doc["vtrain"] = _vtrain_doc()
     if moe:
         doc["moe_runs"], moe_report, moe_skipped = moe_doc()
     if tuned:
@@ -767,44 +795,12 @@ def validate_command(
     if json_out:
         typer.echo(json.dumps(doc, indent=2, default=float))
         return
+    # 3. the tables for people, in the same order
     out = Console(highlight=False)
-    t = Table(title="published runs: predicted vs measured step time", title_justify="left")
-    for col in ("row", "model", "GPUs", "config", "measured", "predicted", "error"):
-        t.add_column(col, justify="right" if col in ("GPUs", "measured", "predicted", "error")
-                     else "left")
-    for r in report.itertuples():
-        t.add_row(r.row_id, r.model, str(r.gpus), r.config, f"{r.measured_s:.4g} s",
-                  f"{r.predicted_s:.4g} s", f"{r.error:+.1%}")
-    out.print(t)
-    s = doc["training_runs"]
-    if s["rows"]:
-        out.print(f"{s['rows']} rows: MAPE {s['mape']:.1%}, worst {s['worst_row']} "
-                  f"({s['max_abs_error']:.1%})")
-    else:
-        out.print("0 rows could be expressed")
-    for r in skipped.itertuples():
-        out.print(f"not expressible: {r.row_id} {r.model}: {r.reason}")
-    gt = Table(title="by source x GPU x precision (bias = mean signed error)", title_justify="left")
-    for col in ("source", "GPU", "precision", "rows", "bias", "MAPE"):
-        gt.add_column(col, justify="right" if col in ("rows", "bias", "MAPE") else "left")
-    for g in groups_df.itertuples():
-        gt.add_row(g.source, g.gpu_type, g.precision, str(g.rows), f"{g.bias:+.1%}",
-                   f"{g.mape:.1%}")
-    out.print(gt)
+    _print_training_runs(out, report, skipped, doc["training_runs"])
+    _print_groups(out, groups_df)
     if tuned_df is not None:
-        tt = Table(title="tuned recipes: free search per setting (ratio = measured / predicted "
-                   "best)", title_justify="left")
-        for col in ("model", "GPU", "GPUs", "GBS", "seq", "precision", "measured", "best",
-                    "ratio", "best config"):
-            tt.add_column(col, justify="right" if col in ("GPUs", "GBS", "seq", "measured",
-                                                          "best", "ratio") else "left")
-        for t in tuned_df.itertuples():
-            tt.add_row(t.model, t.gpu_type, str(t.gpus), str(t.global_batch), str(t.seq_len),
-                       t.precision, f"{t.measured_s:.4g} s", f"{t.predicted_best_s:.4g} s",
-                       f"{t.ratio:.3f}", t.best_config)
-        out.print(tt)
-        out.print(f"tuned: {doc['tuned']['within_0.90_1.15']:.0%} of {len(tuned_df)} settings "
-                  f"within 0.90 <= measured / best <= 1.15")
+        _print_tuned(out, tuned_df, doc["tuned"])
     if moe:
         print_moe_report(out, moe_report, moe_skipped)
     if tuned:
@@ -814,3 +810,84 @@ def validate_command(
         out.print(f"vTrain: {v['groups']} groups, mean Spearman {v['mean_spearman']:.3f}, "
                   f"MAPE {v['mape_single_node']:.1%} (one node), "
                   f"{v['mape_multi_node']:.1%} (multi-node)")
+
+
+def _training_runs_or_exit(runs: Path | None, profile: str | None) -> tuple[
+        pd.DataFrame, pd.DataFrame]:
+    """:func:`training_runs_report` of ``runs`` under ``profile``; a user error exits 2 with one
+    line on stderr."""
+    try:
+        prof = load_profile(profile)
+        return training_runs_report(runs, profile=prof)
+    except SpecError as e:
+        typer.echo(f"plan: error: {e}", err=True)
+        raise typer.Exit(2) from None
+    except (OSError, KeyError, pd.errors.ParserError) as e:
+        typer.echo(f"plan: error: --runs {runs}: cannot read a training-runs table: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _tuned_doc(tuned_df: pd.DataFrame) -> dict:
+    """The ``tuned`` part of the validation document."""
+    ok = tuned_df["ratio"].between(0.90, 1.15)
+    return {"settings": len(tuned_df), "within_0.90_1.15": float(ok.mean()),
+            "rows": tuned_df.to_dict("records")}
+
+
+def _vtrain_doc() -> dict:
+    """The ``vtrain`` part of the validation document: rank correlation and errors."""
+    rows, groups = vtrain_report()
+    return {
+        "groups": len(groups),
+        "mean_spearman": float(groups["spearman"].mean()),
+        "mape_single_node": float(rows.loc[rows["set"] == "single", "error"].abs().mean()),
+        "mape_multi_node": float(rows.loc[rows["set"] == "multi", "error"].abs().mean()),
+    }
+
+
+def _print_training_runs(out: Console, report: pd.DataFrame, skipped: pd.DataFrame,
+                         s: dict) -> None:
+    """The published runs' table, its summary line ``s`` and the rows not expressible."""
+    t = Table(title="published runs: predicted vs measured step time", title_justify="left")
+    for col in ("row", "model", "GPUs", "config", "measured", "predicted", "error"):
+        t.add_column(col, justify="right" if col in ("GPUs", "measured", "predicted", "error")
+                     else "left")
+    for r in report.itertuples():
+        t.add_row(r.row_id, r.model, str(r.gpus), r.config, f"{r.measured_s:.4g} s",
+                  f"{r.predicted_s:.4g} s", f"{r.error:+.1%}")
+    out.print(t)
+    if s["rows"]:
+        out.print(f"{s['rows']} rows: MAPE {s['mape']:.1%}, worst {s['worst_row']} "
+                  f"({s['max_abs_error']:.1%})")
+    else:
+        out.print("0 rows could be expressed")
+    for r in skipped.itertuples():
+        out.print(f"not expressible: {r.row_id} {r.model}: {r.reason}")
+
+
+def _print_groups(out: Console, groups_df: pd.DataFrame) -> None:
+    """The table by source x GPU x precision."""
+    gt = Table(title="by source x GPU x precision (bias = mean signed error)", title_justify="left")
+    for col in ("source", "GPU", "precision", "rows", "bias", "MAPE"):
+        gt.add_column(col, justify="right" if col in ("rows", "bias", "MAPE") else "left")
+    for g in groups_df.itertuples():
+        gt.add_row(g.source, g.gpu_type, g.precision, str(g.rows), f"{g.bias:+.1%}",
+                   f"{g.mape:.1%}")
+    out.print(gt)
+
+
+def _print_tuned(out: Console, tuned_df: pd.DataFrame, tuned_doc: dict) -> None:
+    """The tuned recipes' table and the share within the band."""
+    tt = Table(title="tuned recipes: free search per setting (ratio = measured / predicted "
+               "best)", title_justify="left")
+    for col in ("model", "GPU", "GPUs", "GBS", "seq", "precision", "measured", "best",
+                "ratio", "best config"):
+        tt.add_column(col, justify="right" if col in ("GPUs", "GBS", "seq", "measured",
+                                                      "best", "ratio") else "left")
+    for t in tuned_df.itertuples():
+        tt.add_row(t.model, t.gpu_type, str(t.gpus), str(t.global_batch), str(t.seq_len),
+                   t.precision, f"{t.measured_s:.4g} s", f"{t.predicted_best_s:.4g} s",
+                   f"{t.ratio:.3f}", t.best_config)
+    out.print(tt)
+    out.print(f"tuned: {tuned_doc['within_0.90_1.15']:.0%} of {len(tuned_df)} settings "
+              f"within 0.90 <= measured / best <= 1.15")

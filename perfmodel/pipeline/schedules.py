@@ -30,14 +30,11 @@ the input-gradient and weight-gradient GEMMs have the same FLOPs).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 
 from perfmodel.core.codes import SCHEDULE
-
-if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
 
 __all__ = [
     "SCHEDULE",
@@ -393,8 +390,6 @@ class Timeline:
 
     def to_frame(self) -> pd.DataFrame:
         """Events as a DataFrame: stage, microbatch, chunk, op, start_s, end_s, duration_s."""
-        import pandas as pd
-
         df = pd.DataFrame(
             self.events, columns=["stage", "microbatch", "chunk", "op", "start_s", "end_s"]
         )
@@ -455,9 +450,23 @@ def simulate(
     Fig. 3 (ZB-H1).
     """
     code = int(schedule_code(schedule))
-    name = SCHEDULE[code]
     f = np.asarray(stage_fwd_s, dtype=np.float64)
     p = int(f.shape[0]) if f.ndim else 1
+    # 1. check the shape of the pipeline, 2. the op durations per chunk, 3. the p2p hops,
+    # 4. run every device's op order, 5. the in-flight peaks of the events
+    _check_pipeline(code, p, m, v)
+    dur = _op_durations(code, p, v, stage_fwd_s, stage_bwd_s, stage_w_s)
+    hop = _p2p_hops(p2p_s, p * v)
+    events = _run_orders(code, p, m, v, dur, hop)
+    peak_inflight, peak_held, busy = _stage_peaks(events, p, v, split=code == ZB)
+    makespan = max(e[5] for e in events)
+    return Timeline(p, m, v, SCHEDULE[code], events, makespan, peak_inflight, peak_held, busy)
+
+
+def _check_pipeline(code: int, p: int, m: int, v: int) -> None:
+    """ValueError for a pipeline :func:`simulate` cannot run: chunks without interleaving, a
+    count below 1, or interleaving over micro-batches that ``p`` does not divide."""
+    name = SCHEDULE[code]
     if code != INTERLEAVED and v != 1:
         raise ValueError(f"v ({v}) > 1 needs schedule 'interleaved' (got '{name}')")
     if m < 1 or p < 1 or v < 1:
@@ -466,47 +475,39 @@ def simulate(
         raise ValueError(
             f"interleaved schedule: pp ({p}) must divide num_microbatches ({m}), as in Megatron-LM"
         )
+
+
+def _op_durations(code: int, p: int, v: int, stage_fwd_s, stage_bwd_s,
+                  stage_w_s) -> dict[str, np.ndarray]:
+    """Duration [s] of each op kind (F, B and, for ZB-H1, W) per device and chunk, (p, v)."""
     fc = _per_chunk(stage_fwd_s, p, v, "stage_fwd_s")
     bc = _per_chunk(stage_bwd_s, p, v, "stage_bwd_s")
-    if code == ZB:
-        wc = 0.5 * bc if stage_w_s is None else _per_chunk(stage_w_s, p, v, "stage_w_s")
-        if np.any(wc > bc + 1e-15) or np.any(wc < 0):
-            raise ValueError("stage_w_s must lie in [0, stage_bwd_s] (it is part of the backward)")
-        dur = {"F": fc, "B": bc - wc, "W": wc}
-    else:
-        dur = {"F": fc, "B": bc}
-    nv = p * v
+    if code != ZB:
+        return {"F": fc, "B": bc}
+    wc = 0.5 * bc if stage_w_s is None else _per_chunk(stage_w_s, p, v, "stage_w_s")
+    if np.any(wc > bc + 1e-15) or np.any(wc < 0):
+        raise ValueError("stage_w_s must lie in [0, stage_bwd_s] (it is part of the backward)")
+    return {"F": fc, "B": bc - wc, "W": wc}
+
+
+def _p2p_hops(p2p_s, nv: int) -> np.ndarray:
+    """One transfer time [s] per boundary of the ``nv`` virtual stages."""
     hop = np.broadcast_to(np.asarray(p2p_s, dtype=np.float64), (max(nv - 1, 0),))
     if np.asarray(p2p_s).ndim and np.asarray(p2p_s).shape[0] != nv - 1:
         raise ValueError(f"p2p_s has {np.asarray(p2p_s).shape[0]} boundaries, expected {nv - 1}")
+    return hop
 
+
+def _run_orders(code: int, p: int, m: int, v: int, dur: dict[str, np.ndarray],
+                hop: np.ndarray) -> list[tuple[int, int, int, str, float, float]]:
+    """Every op of every device, ``(stage, microbatch, chunk, op, start_s, end_s)``, sorted by
+    stage then start: each device takes the next op of its order as soon as its inputs are
+    there (:func:`_op_ready`), sweeping the devices until every op ran."""
     orders = [stage_op_order(p, m, s, code, v) for s in range(p)]
     end: dict[tuple[str, int, int], float] = {}  # (kind, mb, virtual stage) -> end time
     ptr = [0] * p
     free = [0.0] * p
     events: list[tuple[int, int, int, str, float, float]] = []
-
-    def ready(kind: str, mb: int, vs: int) -> float | None:
-        """Time the inputs of op (kind, mb, vs) arrive, or None if not yet computed."""
-        if kind == "F":
-            if vs == 0:
-                return 0.0
-            e = end.get(("F", mb, vs - 1))
-            return None if e is None else e + _hop(vs - 1)
-        if kind == "W":
-            return end.get(("B", mb, vs))
-        e_f = end.get(("F", mb, vs))
-        if e_f is None:
-            return None
-        if vs == nv - 1:
-            return e_f
-        e_b = end.get(("B", mb, vs + 1))
-        return None if e_b is None else max(e_f, e_b + _hop(vs))
-
-    def _hop(k: int) -> float:
-        # boundary k joins virtual stages k and k+1; no transfer within one device (p == 1)
-        return float(hop[k]) if (k % p) != ((k + 1) % p) else 0.0
-
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
@@ -515,7 +516,7 @@ def simulate(
             while ptr[s] < len(order):
                 kind, mb, ch = order[ptr[s]]
                 vs = ch * p + s
-                r = ready(kind, mb, vs)
+                r = _op_ready(end, hop, p, p * v, kind, mb, vs)
                 if r is None:
                     break
                 start = max(free[s], r)
@@ -527,17 +528,48 @@ def simulate(
                 remaining -= 1
                 progressed = True
         if not progressed:  # pragma: no cover - the built-in orders never deadlock
-            raise RuntimeError(f"schedule '{name}' deadlocked (p={p}, m={m}, v={v})")
-
+            raise RuntimeError(f"schedule '{SCHEDULE[code]}' deadlocked (p={p}, m={m}, v={v})")
     events.sort(key=lambda e: (e[0], e[4]))
+    return events
+
+
+def _op_ready(end: dict[tuple[str, int, int], float], hop: np.ndarray, p: int, nv: int,
+              kind: str, mb: int, vs: int) -> float | None:
+    """Time the inputs of op (kind, mb, vs) arrive, or None if not yet computed."""
+    if kind == "F":
+        if vs == 0:
+            return 0.0
+        e = end.get(("F", mb, vs - 1))
+        return None if e is None else e + _hop_s(hop, p, vs - 1)
+    if kind == "W":
+        return end.get(("B", mb, vs))
+    e_f = end.get(("F", mb, vs))
+    if e_f is None:
+        return None
+    if vs == nv - 1:
+        return e_f
+    e_b = end.get(("B", mb, vs + 1))
+    return None if e_b is None else max(e_f, e_b + _hop_s(hop, p, vs))
+
+
+def _hop_s(hop: np.ndarray, p: int, k: int) -> float:
+    """Transfer time [s] across boundary ``k``, which joins virtual stages k and k+1; no
+    transfer within one device (p == 1)."""
+    return float(hop[k]) if (k % p) != ((k + 1) % p) else 0.0
+
+
+def _stage_peaks(events: list[tuple[int, int, int, str, float, float]], p: int, v: int,
+                 split: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per stage: the peak micro-batches in flight (forward started, input gradient not done)
+    and held (until W ends when the backward is ``split``), in whole-stage units, and the
+    compute time [s]."""
     peak_inflight = np.zeros(p)
     peak_held = np.zeros(p)
     busy = np.zeros(p)
-    split = code == ZB
     for s in range(p):
         live = held = 0
         top_live = top_held = 0
-        for st, _mb, _ch, kind, t0, t1 in (e for e in events if e[0] == s):
+        for _st, _mb, _ch, kind, t0, t1 in (e for e in events if e[0] == s):
             busy[s] += t1 - t0
             if kind == "F":
                 live += 1
@@ -551,8 +583,7 @@ def simulate(
             top_held = max(top_held, held)
         peak_inflight[s] = top_live / v
         peak_held[s] = top_held / v
-    makespan = max(e[5] for e in events)
-    return Timeline(p, m, v, name, events, makespan, peak_inflight, peak_held, busy)
+    return peak_inflight, peak_held, busy
 
 
 

@@ -366,7 +366,6 @@ def _coefficients(problem: Problem, rows: ConfigBatch, width: int) -> dict[str, 
     ceil(D / vp)`` units so that stage 0's MoE layers are counted where it holds them all. The
     layouts found are then priced by the full model, which counts each stage's MoE layers
     exactly (:func:`perfmodel.memory.stage_layout.stage_moe_layers`)."""
-
     s = problem.space
     kw: dict[str, Any] = {"kernels": problem.kernels}
     if problem.calibration is not None:
@@ -592,6 +591,88 @@ def _solve(problem: Problem, rows: ConfigBatch, coef: dict[str, np.ndarray],
     return cnt, rec, bott
 
 
+class _Keeper:
+    """The candidates a search still reports: every evaluated batch is folded into the
+    ``tally``, and only the configurations it keeps (top, front, smallest) are held."""
+
+    def __init__(self, problem: Problem, tally: Tally) -> None:
+        self.problem, self.tally = problem, tally
+        self.batch: ConfigBatch | None = None
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.n_cand = 0
+
+    def score(self, cand: ConfigBatch) -> Any:
+        """Evaluate, fold into the tally, keep only what the tally still reports."""
+        problem, tally = self.problem, self.tally
+        res = problem.evaluate_batch(cand)
+        ids = self.n_cand + np.arange(len(cand), dtype=np.int64)
+        self.n_cand += len(cand)
+        step = np.asarray(res.step_time_s, dtype=float)
+        peak = np.asarray(res.memory_bytes["peak"], dtype=float)
+        fits = np.asarray(res.fits, dtype=bool)
+        ok = fits & problem.within_limits(step, peak)
+        score = np.where(ok, objective_score(problem.objective, step, peak, cand.gpus),
+                         np.inf)
+        tally.add(Scored(ids, np.zeros(len(cand), dtype=np.int8), fits, step, peak,
+                         cand.gpus, score))
+        live = np.concatenate([tally.top_flat, tally.front_flat, tally.small_flat])
+        both = cand if self.batch is None else _concat([self.batch, cand])
+        both_ids = np.concatenate([self.ids, ids])
+        sel = np.flatnonzero(np.isin(both_ids, live))
+        self.batch, self.ids = both.take(sel), both_ids[sel]
+        return res
+
+    def picked(self) -> ConfigBatch:
+        """The kept configurations the tally reports, in its order (top, front, smallest)."""
+        tally = self.tally
+        pick = np.concatenate([tally.top_flat, tally.front_flat, tally.small_flat])
+        pos = {int(x): k for k, x in enumerate(self.ids)}
+        return self.batch.take(np.array([pos[int(x)] for x in pick], dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class _OuterRows:
+    """The outer configurations the DP can lay out (``vp`` divides the layers, at least one
+    unit per stage), their step-time lower bound [s] and their p2p + optimizer time [s]."""
+
+    rows: ConfigBatch
+    bound: np.ndarray
+    other_s: np.ndarray
+
+
+def _even_splits(problem: Problem, keeper: _Keeper, progress=None) -> _OuterRows | None:
+    """Phase 1 of :meth:`DPSearch.run`: every valid outer configuration evaluated with the even
+    split (kept by ``keeper``), and those the DP can lay out with their lower bound (None when
+    there is none)."""
+    space = problem.space  # MoE: the layout model has the expert terms (perfmodel.layout)
+    L = space.model.num_layers
+    rows_l, bound_l, other_l = [], [], []
+    total = space.size
+    for flat in space.iter_chunks():
+        a, viol = space.decode_flat(flat)
+        valid = np.flatnonzero(viol == 0)
+        if progress is not None:
+            progress(int(flat[-1]) + 1, total)
+        if valid.size == 0:
+            continue
+        rows = space.batch(a, valid)
+        res = keeper.score(rows)
+        ok = np.flatnonzero((L % rows.vp == 0) & (L // rows.vp >= rows.pp))
+        if ok.size:
+            sub = rows.take(ok)
+            rows_l.append(sub)
+            t = getattr(res, "time_s", {})
+            other = sum(np.broadcast_to(np.asarray(t.get(k, 0.0), dtype=float),
+                                        (len(rows),))[ok] for k in ("pp_comm", "optimizer"))
+            bound_l.append(_step_lower_bound(problem, sub, other, L))
+            other_l.append(other)
+    if progress is not None:
+        progress(total, total)
+    if not rows_l:
+        return None
+    return _OuterRows(_concat(rows_l), np.concatenate(bound_l), np.concatenate(other_l))
+
+
 @dataclass(frozen=True)
 class DPSearch:
     """For every outer configuration, the even split plus the DP's per-stage layouts.
@@ -624,92 +705,51 @@ class DPSearch:
         if problem.kernels != "fused":
             raise SpecError("strategy dp models Megatron-LM layouts: kernels must be 'fused' "
                             f"(got kernels '{problem.kernels}')")
-        space = problem.space  # MoE: the layout model has the expert terms (perfmodel.memory.stage_layout)
-        L = space.model.num_layers
-        tally = Tally(self.top)
-        kept = {"batch": None, "ids": np.zeros(0, dtype=np.int64)}
-        n_cand = 0
-
-        def score_and_keep(cand: ConfigBatch) -> Any:
-            """Evaluate, fold into the tally, keep only what the tally still reports."""
-            nonlocal n_cand
-            res = problem.evaluate_batch(cand)
-            ids = n_cand + np.arange(len(cand), dtype=np.int64)
-            n_cand += len(cand)
-            step = np.asarray(res.step_time_s, dtype=float)
-            peak = np.asarray(res.memory_bytes["peak"], dtype=float)
-            fits = np.asarray(res.fits, dtype=bool)
-            ok = fits & problem.within_limits(step, peak)
-            score = np.where(ok, objective_score(problem.objective, step, peak, cand.gpus),
-                             np.inf)
-            tally.add(Scored(ids, np.zeros(len(cand), dtype=np.int8), fits, step, peak,
-                             cand.gpus, score))
-            live = np.concatenate([tally.top_flat, tally.front_flat, tally.small_flat])
-            both = cand if kept["batch"] is None else _concat([kept["batch"], cand])
-            both_ids = np.concatenate([kept["ids"], ids])
-            sel = np.flatnonzero(np.isin(both_ids, live))
-            kept["batch"], kept["ids"] = both.take(sel), both_ids[sel]
-            return res
-
+        keeper = _Keeper(problem, Tally(self.top))
         # Phase 1: the even splits, and a lower bound per outer configuration.
-        rows_l, bound_l, other_l = [], [], []
-        total = space.size
-        for flat in space.iter_chunks():
-            a, viol = space.decode_flat(flat)
-            valid = np.flatnonzero(viol == 0)
-            if progress is not None:
-                progress(int(flat[-1]) + 1, total)
-            if valid.size == 0:
-                continue
-            rows = space.batch(a, valid)
-            res = score_and_keep(rows)
-            ok = np.flatnonzero((L % rows.vp == 0) & (L // rows.vp >= rows.pp))
-            if ok.size:
-                sub = rows.take(ok)
-                rows_l.append(sub)
-                t = getattr(res, "time_s", {})
-                other = sum(np.broadcast_to(np.asarray(t.get(k, 0.0), dtype=float),
-                                            (len(rows),))[ok] for k in ("pp_comm", "optimizer"))
-                bound_l.append(_step_lower_bound(problem, sub, other, L))
-                other_l.append(other)
-        if progress is not None:
-            progress(total, total)
-        if kept["batch"] is None:
-            raise SpecError(space.explain_empty())
-        n_layouts, n_solved = 0, 0
-        if rows_l:
-            rows = _concat(rows_l)
-            bound = np.concatenate(bound_l)
-            other_all = np.concatenate(other_l)
-            two_types = _has_two_layer_types(space.model) and problem.objective != "memory"
-            if problem.objective == "memory":
-                bound = np.full_like(bound, -np.inf)
-            order = np.argsort(bound, kind="stable")
-            # Phase 2: the DP, best bound first, until no layout can enter the top.
-            for start in range(0, order.size, self.chunk_rows):
-                kth = tally.top_keys[-1, 0] if len(tally.top_flat) >= self.top else np.inf
-                idx = order[start:start + self.chunk_rows]
-                idx = idx[bound[idx] < kth]
-                if idx.size == 0:
-                    break
-                if two_types:  # the tight bound, by layer type, on what passed the loose one
-                    tight = _step_lower_bound(problem, rows.take(idx), other_all[idx], L,
-                                              typed=True)
-                    idx = idx[tight < kth]
-                    if idx.size == 0:
-                        continue
-                lay = self._layouts(problem, rows.take(idx), L)
-                n_solved += idx.size
-                if len(lay):
-                    n_layouts += len(lay)
-                    score_and_keep(lay)
-        pick = np.concatenate([tally.top_flat, tally.front_flat, tally.small_flat])
-        pos = {int(x): k for k, x in enumerate(kept["ids"])}
-        batch = kept["batch"].take(np.array([pos[int(x)] for x in pick], dtype=np.int64))
-        return finalize_batch(problem, batch, len(tally.top_flat), len(tally.front_flat),
-                              strategy=self.name, evaluated=tally.evaluated,
-                              feasible=tally.feasible, seconds=time.perf_counter() - t0,
+        outer = _even_splits(problem, keeper, progress)
+        if keeper.batch is None:
+            raise SpecError(problem.space.explain_empty())
+        # Phase 2: the DP, best bound first, until no layout can enter the top.
+        n_layouts, n_solved = self._dp_layouts(problem, keeper, outer) if outer else (0, 0)
+        tally = keeper.tally
+        return finalize_batch(problem, keeper.picked(), len(tally.top_flat),
+                              len(tally.front_flat), strategy=self.name,
+                              evaluated=tally.evaluated, feasible=tally.feasible,
+                              seconds=time.perf_counter() - t0,
                               extra={"layouts": n_layouts, "dp_solved": n_solved})
+
+    def _dp_layouts(self, problem: Problem, keeper: _Keeper,
+                    outer: _OuterRows) -> tuple[int, int]:
+        """Phase 2: the DP's layouts of the outer configurations, best bound first, in chunks
+        of ``chunk_rows``, until the bound passes the k-th best step; returns the layouts
+        evaluated and the outer configurations solved."""
+        L = problem.space.model.num_layers
+        tally = keeper.tally
+        rows, bound, other_all = outer.rows, outer.bound, outer.other_s
+        two_types = _has_two_layer_types(problem.space.model) and problem.objective != "memory"
+        if problem.objective == "memory":
+            bound = np.full_like(bound, -np.inf)
+        order = np.argsort(bound, kind="stable")
+        n_layouts, n_solved = 0, 0
+        for start in range(0, order.size, self.chunk_rows):
+            kth = tally.top_keys[-1, 0] if len(tally.top_flat) >= self.top else np.inf
+            idx = order[start:start + self.chunk_rows]
+            idx = idx[bound[idx] < kth]
+            if idx.size == 0:
+                break
+            if two_types:  # the tight bound, by layer type, on what passed the loose one
+                tight = _step_lower_bound(problem, rows.take(idx), other_all[idx], L,
+                                          typed=True)
+                idx = idx[tight < kth]
+                if idx.size == 0:
+                    continue
+            lay = self._layouts(problem, rows.take(idx), L)
+            n_solved += idx.size
+            if len(lay):
+                n_layouts += len(lay)
+                keeper.score(lay)
+        return n_layouts, n_solved
 
     # ------------------------------------------------------------------------------------
     def _layouts(self, problem: Problem, sub: ConfigBatch, L: int) -> ConfigBatch:
