@@ -17,6 +17,7 @@ A :class:`Problem` couples a space with the one vectorized evaluation path
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -35,9 +36,13 @@ from perfmodel.frameworks import (
     framework_pins,
     zero_pp_allowed,
 )
+from perfmodel.mamba import unsupported_parallelism
+from perfmodel.memory import usable_hbm_bytes
+from perfmodel.pipeline import megatron_layout
 from perfmodel.specs import ClusterSpec, ModelSpec, SpecError, TrainingSpec, format_validation_error
 
 __all__ = [
+    "ALIASES",
     "OBJECTIVES",
     "PARETO_OBJECTIVES",
     "SEARCH_DIMS",
@@ -68,7 +73,8 @@ OBJECTIVES = ("time", "memory", "cost")
 #: Objectives of the multi-objective (Pareto) view, all minimised.
 PARETO_OBJECTIVES = ("step_time_s", "peak_memory_bytes", "gpus")
 
-_ALIASES = {"zero": "zero_stage", "micro_batch": "micro_batch_size", "mbs": "micro_batch_size",
+#: Short names of dimensions: ``zero=1`` pins ``zero_stage``.
+ALIASES = {"zero": "zero_stage", "micro_batch": "micro_batch_size", "mbs": "micro_batch_size",
             "sp": "sequence_parallel"}
 _CATEGORICAL = {"recompute": RECOMPUTE, "schedule": SCHEDULE}
 _INTERLEAVED = SCHEDULE.index("interleaved")
@@ -102,8 +108,6 @@ def _hybrid_ok(model: ModelSpec, tp: np.ndarray, cp: np.ndarray) -> np.ndarray:
     everything for a transformer)."""
     if not model.is_hybrid:
         return np.ones(np.shape(tp), dtype=bool)
-    from perfmodel.mamba import unsupported_parallelism
-
     return unsupported_parallelism(model, tp, cp) == ""
 
 
@@ -230,8 +234,6 @@ class SearchSpace:
         a["num_microbatches"] = np.maximum(nmb, 1)
         sched, sp, zero = a["schedule"], a["sequence_parallel"].astype(bool), a["zero_stage"]
         if self.uneven_layers:
-            from perfmodel.pipeline import megatron_layout
-
             layers_ok = m.num_layers % (pp * vp) == 0
             if not np.all(layers_ok):
                 layers_ok = layers_ok | megatron_layout(
@@ -328,8 +330,6 @@ class SearchSpace:
         # Megatron-LM's layout where pp*vp does not divide the layers
         uneven = self.model.num_layers % (cols["pp"] * cols["vp"]) != 0
         if np.any(uneven):
-            from perfmodel.pipeline import megatron_layout
-
             lay = megatron_layout(self.model.num_layers, cols["pp"], cols["vp"],
                                   explicit=self.explicit_layout)
             cols["first_stage_layers"] = np.where(uneven, lay["first"], 0)
@@ -451,8 +451,6 @@ class SearchSpace:
             out.append(f"framework {fw.name} always uses sequence parallelism with tp > 1 "
                        f"(tp {cfg['tp']})")
         if not self.explicit_layout:
-            from perfmodel.pipeline import megatron_layout
-
             L, pp, vp = self.model.num_layers, int(cfg["pp"]), int(cfg["vp"])
             if L % (pp * vp) and not bool(megatron_layout(L, pp, vp)["valid"][0]):
                 out.append(f"framework {fw.name} ({fw.release}) has no explicit pipeline layout "
@@ -583,7 +581,7 @@ def make_space(
     -------
     SearchSpace
     """
-    fixed = {_ALIASES.get(k, k): v for k, v in fixed.items() if v is not None}
+    fixed = {ALIASES.get(k, k): v for k, v in fixed.items() if v is not None}
     nmb = fixed.pop("num_microbatches", None)
     unknown = sorted(set(fixed) - set(SEARCH_DIMS))
     if unknown:
@@ -730,8 +728,6 @@ class Problem:
     @property
     def usable_bytes(self) -> float:
         """HBM a configuration may fill: capacity less the reserve less the headroom."""
-        from perfmodel.memory import usable_hbm_bytes
-
         return float(usable_hbm_bytes(self.space.cluster.gpu, self.memory_headroom))
 
     def evaluate_batch(self, batch: ConfigBatch) -> Any:
@@ -742,8 +738,6 @@ class Problem:
         s = self.space
         res = self.evaluator(s.model, s.training, s.cluster, batch, **kw)
         if self.memory_headroom > 0:  # the headroom only tightens the evaluator's fit check
-            import dataclasses
-
             fits = np.asarray(res.fits, dtype=bool) & (
                 np.asarray(res.memory_bytes["peak"]) <= self.usable_bytes)
             try:
