@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,11 @@ def search_threads():
         return
     with threadpool_limits(limits=1):
         yield
+
+
+def _default_evaluator() -> Callable[..., Any]:
+    """The evaluation path of a request without an ``evaluator``: ``perfmodel.step.evaluate``."""
+    return step_evaluate
 
 
 #: The search strategies by name (:data:`search.request.STRATEGIES`).
@@ -237,7 +243,7 @@ def problem_of(request: PlanRequest) -> Problem:
         raise SpecError(f"kernels = {kernels!r}: expected fused or eager")
     headroom = (SEARCH_MEMORY_HEADROOM if r.memory_headroom is None
                 else float(r.memory_headroom))
-    evaluator = r.evaluator or step_evaluate
+    evaluator = r.evaluator or _default_evaluator()
     if prof is not None and not prof.is_neutral:
         evaluator = functools.partial(profile_evaluate, profile=prof, evaluator=evaluator)
     return Problem(space, evaluator, getattr(r.objective, "value", r.objective), kernels,
