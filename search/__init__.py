@@ -1,12 +1,14 @@
 """Search parallel configurations: the space, strategies (grid, NSGA-II, GA), results, API.
 
-``search.plan(model, cluster, ...)`` is the entry point; ``plan`` on the command line maps onto it.
-NSGA-II (and so pymoo) is imported only when used.
+``search.plan(model, cluster, ...)`` is the entry point; ``plan`` on the command line maps onto it;
+both take the fields of :class:`search.request.PlanRequest`.
 """
 
 from search.api import evaluate_config, make_problem, plan
 from search.evolutionary import GeneticSearch
 from search.grid import GridSearch
+from search.nsga2 import NSGA2Search
+from search.request import PlanRequest
 from search.result import Diagnostic, SearchResult
 from search.space import Problem, SearchSpace, make_space
 
@@ -15,6 +17,7 @@ __all__ = [
     "GeneticSearch",
     "GridSearch",
     "NSGA2Search",
+    "PlanRequest",
     "Problem",
     "SearchResult",
     "SearchSpace",
@@ -24,10 +27,3 @@ __all__ = [
     "plan",
 ]
 
-
-def __getattr__(name: str):
-    if name == "NSGA2Search":
-        from search.nsga2 import NSGA2Search
-
-        return NSGA2Search
-    raise AttributeError(name)

@@ -1,5 +1,7 @@
-"""The ``plan`` command line (typer + rich). No arithmetic here: options map 1:1 onto
-:func:`search.api.plan`, and the printed numbers come from the :class:`SearchResult`.
+"""The ``plan`` command line (typer + rich). No arithmetic here: the options are generated
+from the fields of :class:`PlanCommand` (the :class:`search.request.PlanRequest` fields, which
+are the keywords of :func:`search.api.plan`, and where the report goes), and the printed
+numbers come from the :class:`SearchResult`.
 
 ``plan [OPTIONS]`` runs the planner (with no options: GPT-3 175B on 1024 A100-80GB).
 Subcommands (``plan realtime SPEC``, later ``plan validate``, ``plan verify``) live in other
