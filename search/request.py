@@ -243,7 +243,7 @@ class PlanRequest(BaseModel):
 
     def __init__(self, **options: Any) -> None:
         """Check ``options`` (one-line SpecError), resolve aliases (``zero``, ``mbs``, ...)."""
-        check_options(options)
+        check_options(options, type(self).model_fields)
         super().__init__(**{ALIASES.get(k, k): v for k, v in options.items()})
 
     @field_validator("*", mode="wrap")
@@ -311,10 +311,9 @@ def _check_setup(options: Mapping[str, Any]) -> None:
             raise SpecError(f"{name} = {v!r}: expected a string")
 
 
-def _check_fixed(options: Mapping[str, Any]) -> None:
-    """Pinned dimensions (and any name that is no option: refused as a dimension) are
+def _check_fixed(options: Mapping[str, Any], fields: Mapping[str, Any]) -> None:
+    """Pinned dimensions (and any name that is no field: refused as a dimension) are
     integers, or lists of them; names and flags are checked against their tables later."""
-    fields = PlanRequest.model_fields
     for name, value in options.items():
         if name in fields and name not in FIXED_OPTIONS or value is None or name in (
                 "sequence_parallel", "sp", "recompute", "schedule"):
@@ -331,10 +330,11 @@ def _check_fixed(options: Mapping[str, Any]) -> None:
         )
 
 
-def check_options(options: Mapping[str, Any]) -> None:
+def check_options(options: Mapping[str, Any], fields: Mapping[str, Any] | None = None) -> None:
     """Refuse bad options with one line (``SpecError``), before any work: wrong types
     (``gpus='64'``, ``top=2.5``, ``strategy=123``), out-of-range values (``seed=-1``), counts
-    beyond int64-safe arithmetic (``tp=10**19``) and unknown names."""
+    beyond int64-safe arithmetic (``tp=10**19``) and names that are not in ``fields`` (default:
+    the fields of :class:`PlanRequest`)."""
     _check_search(options)
     _check_setup(options)
-    _check_fixed(options)
+    _check_fixed(options, PlanRequest.model_fields if fields is None else fields)
