@@ -1,5 +1,7 @@
-"""The ``plan`` command line (typer + rich). No arithmetic here: options map 1:1 onto
-:func:`search.api.plan`, and the printed numbers come from the :class:`SearchResult`.
+"""The ``plan`` command line (typer + rich). No arithmetic here: the options are generated
+from the fields of :class:`PlanCommand` (the :class:`search.request.PlanRequest` fields, which
+are the keywords of :func:`search.api.plan`, and where the report goes), and the printed
+numbers come from the :class:`SearchResult`.
 
 ``plan [OPTIONS]`` runs the planner (with no options: GPT-3 175B on 1024 A100-80GB).
 Subcommands (``plan realtime SPEC``, later ``plan validate``, ``plan verify``) live in other
@@ -13,17 +15,26 @@ Exit status: 0 on success, 2 on any user error or when nothing fits (one line on
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
+import re
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import typer
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
+from pydantic.fields import FieldInfo
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TimeElapsedColumn
 from rich.table import Table
+from typer._click.exceptions import BadParameter, ClickException, UsageError
+from typer.core import TyperGroup
 
 from emit.launch import FORMATS, launch_from_result
 from hardware_specs import list_presets
@@ -31,9 +42,10 @@ from perfmodel.compute.layer import sustained_calibration
 from perfmodel.core import units
 from perfmodel.core.errors import SpecError
 from perfmodel.parallel.layers import stage_layer_table
-from perfmodel.spec.specs import MAX_GPUS, format_validation_error, load_cluster
+from perfmodel.spec.specs import format_validation_error, load_cluster
 from perfmodel.step.evaluate import MFU_CONVENTION
 from search import api
+from search.request import Cli, PlanRequest, cli_of
 from search.space import SEARCH_DIMS
 from validation.evidence import calibration_evidence, evidence_line
 
@@ -47,7 +59,82 @@ SUBCOMMANDS: dict[str, str] = {
     "calibrate": "validation.calibrate:calibrate_command",
 }
 
+def _raw_value(argv: list[str], param: Any) -> str | None:
+    """The text the user gave an option (its last occurrence in ``argv``), if any."""
+    names = [*param.opts, *param.secondary_opts]
+    value = None
+    for i, arg in enumerate(argv):
+        if arg in names and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.split("=", 1)[0] in names and "=" in arg:
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _expected(param: Any) -> str | None:
+    """What an option takes, from its parsed type and bounds: "a whole number from 0 to 3",
+    "one of grid, dp, nsga2, ga"; None for other types."""
+    t = param.type_descriptor.annotation
+    if isinstance(t, type) and issubclass(t, Enum):
+        return "one of " + ", ".join(m.value for m in t)
+    if t not in (int, float):
+        return None
+    what = "a whole number" if t is int else "a number"
+    if param.min is not None and param.max is not None:
+        return f"{what} from {param.min} to {param.max}"
+    if param.min is not None:
+        return f"{what} of at least {param.min}"
+    return what if param.max is None else f"{what} of at most {param.max}"
+
+
+def _usage_line(e: Any, argv: list[str]) -> str:
+    """One line for a command-line value the parser refused:
+    ``--gpus 'abc': expected a whole number``; otherwise the parser's own message."""
+    param = e.param if isinstance(e, BadParameter) else None
+    if param is not None and getattr(param, "type_descriptor", None) is not None:
+        value, expected = _raw_value(argv, param), _expected(param)
+        if value is not None and expected is not None:
+            return f"{param.opts[0]} {value!r}: expected {expected}"
+    return " ".join(e.format_message().split())
+
+
+class _OneLineError(ClickException):
+    """A usage error shown as ``plan: error: <message>`` on stderr (exit status 2)."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        typer.echo(f"plan: error: {self.message}", err=True)
+
+
+@contextmanager
+def _one_line_usage(argv: list[str]) -> Iterator[None]:
+    try:
+        yield
+    except UsageError as e:
+        raise _OneLineError(_usage_line(e, argv)) from None
+
+
+class _PlanGroup(TyperGroup):
+    """The ``plan`` command group: a value the parser refuses (a non-number, an unknown name,
+    a count out of range, an unknown option) ends in one line and exit status 2, for the
+    planner's options and every subcommand's."""
+
+    def make_context(self, info_name: Any, args: list[str], parent: Any = None,
+                     **extra: Any) -> Any:
+        argv = list(args)
+        with _one_line_usage(argv):
+            ctx = super().make_context(info_name, args, parent=parent, **extra)
+        ctx.meta["plan.argv"] = argv
+        return ctx
+
+    def invoke(self, ctx: Any) -> Any:
+        with _one_line_usage(ctx.meta.get("plan.argv", [])):
+            return super().invoke(ctx)
+
+
 app = typer.Typer(
+    cls=_PlanGroup,
     name="plan",
     help="Plan parallel training of a transformer on a GPU cluster: predict step time, MFU, "
     "memory and communication, and search dp/tp/pp/vp/cp, ZeRO, micro-batches, recompute.",
@@ -58,95 +145,78 @@ app = typer.Typer(
 )
 
 
-class Precision(str, Enum):
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-    fp8 = "fp8"  # alias of fp8-delayed
-    fp8_delayed = "fp8-delayed"
-    fp8_cs = "fp8-cs"
-    fp8_block = "fp8-block"
-    mxfp8 = "mxfp8"
-    nvfp4 = "nvfp4"
-    fp4 = "fp4"  # alias of nvfp4
+class PlanCommand(PlanRequest):
+    """The ``plan`` command's options: every :class:`PlanRequest` field, then where the report
+    goes (these last ones are no options of :func:`search.plan`)."""
+
+    json_out: Annotated[bool, Cli(("--json",))] = Field(
+        False, description="one JSON document on stdout")
+    csv: Path | None = Field(None, description="write the top-k table to this CSV file")
+    list_presets: Annotated[bool, Cli(("--list",))] = Field(
+        False, description="list every preset and exit")
+    emit: Literal[FORMATS] | None = Field(
+        None, description="print only the best configuration's launch settings for this "
+        "framework on stdout (the report goes to stderr)")
+    emit_dir: Path | None = Field(
+        None, description="write the launch settings of every framework into this folder "
+        "(megatron.args, bridge.yaml, torchtitan.toml, deepspeed.json)")
 
 
-class Optimizer(str, Enum):
-    adam = "adam"
-    adamw = "adamw"
-    sgd = "sgd"
+# --------------------------------------------------------------------------------------------
+# Options from the fields of a request model
+def _flag(name: str, field: FieldInfo) -> str:
+    """The option's name in messages: ``--global-batch`` for ``global_batch_size``."""
+    flags = cli_of(field).flags
+    return flags[0].split("/")[0] if flags else "--" + name.replace("_", "-")
 
 
-class Recompute(str, Enum):
-    none = "none"
-    selective = "selective"
-    full = "full"
+def _cli_type(name: str, field: FieldInfo) -> Any:
+    """The type the command line parses: text for a quantity with a unit, else the first type
+    of the field's union; names (a Literal) become a str Enum of them."""
+    if cli_of(field).quantity:
+        return str
+    t = field.annotation
+    if get_origin(t) in (Union, UnionType):
+        t = next(a for a in get_args(t) if a is not type(None))
+    if get_origin(t) is Literal:
+        names = get_args(t)
+        t = Enum(name.title().replace("_", ""), {n: n for n in names}, type=str)
+    return t
 
 
-class Schedule(str, Enum):
-    gpipe = "gpipe"
-    f1b = "1f1b"
-    interleaved = "interleaved"
-    zb = "zb"
+def _option(name: str, field: FieldInfo) -> inspect.Parameter:
+    """A typer option of a request field: its flags, type, default, bounds and help text."""
+    cli = cli_of(field)
+    t = _cli_type(name, field)
+    default = field.default
+    if isinstance(t, type) and issubclass(t, Enum) and default is not None:
+        default = t(default)
+    option = typer.Option(*cli.flags, help=field.description, min=cli.min, max=cli.max)
+    annotation = Annotated[t if default is not None else t | None, option]
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                             annotation=annotation)
 
 
-class Strategy(str, Enum):
-    grid = "grid"
-    dp = "dp"
-    nsga2 = "nsga2"
-    ga = "ga"
+def command_signature(model: type[PlanRequest]) -> inspect.Signature:
+    """The signature typer reads: the context, then one option per shown field of ``model``."""
+    ctx = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                            annotation=typer.Context)
+    return inspect.Signature([ctx, *(_option(n, f) for n, f in model.model_fields.items()
+                                     if cli_of(f).show)])
 
 
-class Objective(str, Enum):
-    time = "time"
-    memory = "memory"
-    cost = "cost"
-
-
-class Kernels(str, Enum):
-    fused = "fused"
-    eager = "eager"
-
-
-class Zero3Gather(str, Enum):
-    layer = "layer"
-    tensor = "tensor"
-
-
-#: Upper bounds of the count options (a larger value is a typing error; numpy's int64 and the
-#: divisor lists of the search stay far from overflow). GPUs: perfmodel.spec.specs.MAX_GPUS.
-LIMITS: dict[str, tuple[int, str]] = {
-    "gpus": (MAX_GPUS, "GPUs"),
-    "global_batch": (2**24, "sequences"),
-    "seq_len": (2**24, "tokens"),
-    "dp": (MAX_GPUS, "GPUs"),
-    "tp": (MAX_GPUS, "GPUs"),
-    "pp": (MAX_GPUS, "GPUs"),
-    "vp": (2**16, "virtual stages"),
-    "cp": (MAX_GPUS, "GPUs"),
-    "micro_batch": (2**24, "sequences"),
-    "top": (10_000, "rows"),
-}
-
-
-def check_bounds(**values: int | None) -> None:
+def check_bounds(options: dict[str, Any]) -> None:
     """One-line error for a count option outside [1, limit] (the limit is named)."""
-    for name, v in values.items():
-        if v is None:
+    for name, field in PlanCommand.model_fields.items():
+        limit = cli_of(field).limit
+        v = options.get(name)
+        if limit is None or v is None:
             continue
-        limit, unit = LIMITS[name]
-        flag = "--" + name.replace("_", "-")
+        flag = _flag(name, field)
         if v < 1:
             _fail(f"{flag} {v}: expected a positive integer")
-        if v > limit:
-            _fail(f"{flag} {v}: above the limit of {limit:,} {unit}")
-
-
-class Emit(str, Enum):
-    megatron = "megatron"
-    bridge = "bridge"
-    torchtitan = "torchtitan"
-    deepspeed = "deepspeed"
+        if v > limit[0]:
+            _fail(f"{flag} {v}: above the limit of {limit[0]:,} {limit[1]}")
 
 
 def _launches(result: Any, model: str, plan_kwargs: dict[str, Any], alternatives: bool,
@@ -181,8 +251,6 @@ class _LazyProgress:
         if self.bar is None:
             if time.perf_counter() - self.t0 < self.delay_s:
                 return
-            from rich.progress import BarColumn, Progress, TimeElapsedColumn
-
             self.bar = Progress("searching", BarColumn(), "{task.percentage:>3.0f}%",
                                 TimeElapsedColumn(), console=self.console, transient=True)
             self.bar.start()
@@ -244,8 +312,6 @@ def _quantity(text: str | None, units_: dict[str, float], option: str, default_u
     """'20s' -> 20.0, '70GiB' -> 70 * 2**30 (a bare number takes ``default_unit``)."""
     if text is None:
         return None
-    import re
-
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
     unit = (m.group(2) or default_unit).lower() if m else ""
     if not m or unit not in units_ or float(m.group(1)) <= 0:
@@ -334,7 +400,6 @@ def term_note(name: str, value: float, row: dict[str, Any], s: dict[str, Any]) -
 
 def _calibration_evidence(s: dict) -> dict | None:
     """:func:`validation.evidence.calibration_evidence` of a result's setup (None if unreadable)."""
-
     try:
         return calibration_evidence(s["gpu"], s.get("framework"), s.get("precision"))
     except (SpecError, OSError, KeyError, ValueError):
@@ -344,7 +409,6 @@ def _calibration_evidence(s: dict) -> dict | None:
 def _calibration_line(s: dict) -> str:
     """The published runs the plan's kernel efficiency is calibrated on
     (:func:`validation.evidence.calibration_evidence`), one line; empty if it cannot be read."""
-
     try:
         ev = calibration_evidence(s["gpu"], s.get("framework"), s.get("precision"))
         source = ""
@@ -459,137 +523,35 @@ def _print_top(out: Console, r: Any, gpus_column: bool = False) -> None:
     out.print(t)
 
 
-@app.callback(invoke_without_command=True)
-def planner(
-    ctx: typer.Context,
-    model: Annotated[str, typer.Option(help="model preset name or spec file "
-                                       "(TOML, or a Hugging Face config.json)")] =
-    api.DEFAULT_MODEL,
-    cluster: Annotated[str, typer.Option(help="cluster preset name or spec file")] =
-    api.DEFAULT_CLUSTER,
-    gpus: Annotated[int | None, typer.Option(help="scale the cluster to N GPUs")] = None,
-    global_batch: Annotated[int | None, typer.Option(help="global batch [sequences]")] = None,
-    seq_len: Annotated[int | None, typer.Option(help="sequence length [tokens]")] = None,
-    precision: Annotated[Precision | None, typer.Option()] = None,
-    optimizer: Annotated[Optimizer | None, typer.Option()] = None,
-    dp: Annotated[int | None, typer.Option(help="data-parallel size (searched if omitted)")] =
-    None,
-    tp: Annotated[int | None, typer.Option(help="tensor-parallel size")] = None,
-    pp: Annotated[int | None, typer.Option(help="pipeline-parallel stages")] = None,
-    vp: Annotated[int | None, typer.Option(help="virtual stages per pipeline rank")] = None,
-    cp: Annotated[int | None, typer.Option(help="context-parallel size")] = None,
-    zero: Annotated[int | None, typer.Option(min=0, max=3, help="ZeRO stage 0-3")] = None,
-    micro_batch: Annotated[int | None, typer.Option(help="micro-batch size [sequences]")] =
-    None,
-    recompute: Annotated[Recompute | None, typer.Option()] = None,
-    sequence_parallel: Annotated[bool | None, typer.Option(
-        "--sequence-parallel/--no-sequence-parallel")] = None,
-    schedule: Annotated[Schedule | None, typer.Option()] = None,
-    ep: Annotated[int | None, typer.Option(help="expert-parallel size (MoE; searched if "
-                                           "omitted)")] = None,
-    etp: Annotated[int | None, typer.Option(help="expert tensor-parallel size (MoE)")] = None,
-    strategy: Annotated[Strategy, typer.Option(help="search strategy")] = Strategy.grid,
-    objective: Annotated[Objective, typer.Option(help="what 'best' minimises: step time, "
-                                                 "peak memory, or GPU-seconds per step")] =
-    Objective.time,
-    top: Annotated[int, typer.Option(min=1, help="configurations in the table")] = 10,
-    kernels: Annotated[Kernels, typer.Option(help="fused (Megatron/TE) or eager PyTorch")] =
-    Kernels.fused,
-    json_out: Annotated[bool, typer.Option("--json", help="one JSON document on stdout")] =
-    False,
-    csv: Annotated[Path | None, typer.Option(help="write the top-k table to this CSV file")] =
-    None,
-    list_presets_: Annotated[bool, typer.Option("--list", help="list every preset and exit")]
-    = False,
-    emit: Annotated[Emit | None, typer.Option(help="print only the best configuration's "
-                                              "launch settings for this framework on stdout "
-                                              "(the report goes to stderr)")] = None,
-    emit_dir: Annotated[Path | None, typer.Option(
-        help="write the launch settings of every framework into this folder (megatron.args, "
-             "bridge.yaml, torchtitan.toml, deepspeed.json)")] = None,
-    calibration: Annotated[Path | None, typer.Option(
-        help="folder of your own GPU measurements (the format calibrate_gpu.py writes)")] = None,
-    allow_idle_gpus: Annotated[bool, typer.Option(
-        help="allow dp*tp*pp*cp below the GPU count")] = False,
-    allow_tp_across_nodes: Annotated[bool, typer.Option(
-        help="allow tensor parallelism beyond the scale-up (NVLink) domain")] = False,
-    uneven_layers: Annotated[bool, typer.Option(
-        "--uneven-layers/--even-layers-only",
-        help="pp*vp that does not divide the layer count runs Megatron-LM's uneven layout "
-        "(embedding and loss counted as layers, or lighter first/last stages)")] = True,
-    memory_headroom: Annotated[float | None, typer.Option(
-        min=0.0, max=0.9, help="fraction of HBM kept free [default: 0: the peak already "
-        "carries a 3% allocator allowance of what is allocated during the step]")] = None,
-    max_step_time: Annotated[str | None, typer.Option(
-        help="only configurations at most this slow, e.g. 20s, 500ms")] = None,
-    max_memory: Annotated[str | None, typer.Option(
-        help="only configurations whose peak is at most this, e.g. 70GiB")] = None,
-    framework: Annotated[str | None, typer.Option(
-        help="the training stack you will launch (megatron-2021, megatron-2022, nemo-24.07, "
-             "nemo-24.09, bridge-25.09, bridge-25.x, bridge-26.02, deepspeed, deepspeed-2021, torchtitan, or a TOML file): sets its "
-             "switches and keeps the search to what it runs")] = None,
-    training: Annotated[Path | None, typer.Option(
-        help="training spec TOML (global_batch_size, seq_len, precision, optimizer, overlap "
-             "switches, flash_attention); the options above and below override it")] = None,
-    flash_attention: Annotated[bool | None, typer.Option(
-        "--flash-attention/--no-flash-attention",
-        help="attention without storing the s^2 scores (default: the framework's)")] = None,
-    overlap_grad_reduce: Annotated[bool | None, typer.Option(
-        "--overlap-grad-reduce/--no-overlap-grad-reduce",
-        help="data-parallel reduce / ZeRO gathers overlap compute")] = None,
-    overlap_tp_comm: Annotated[bool | None, typer.Option(
-        "--overlap-tp-comm/--no-overlap-tp-comm",
-        help="TP collectives overlap the GEMMs (TE userbuffers)")] = None,
-    overlap_p2p_comm: Annotated[bool | None, typer.Option(
-        "--overlap-p2p-comm/--no-overlap-p2p-comm",
-        help="pipeline sends / receives overlap compute")] = None,
-    zero3_gather: Annotated[Zero3Gather | None, typer.Option(
-        help="ZeRO-3 gathers per layer (FSDP2) or per tensor (DeepSpeed 2021)")] = None,
-    profile: Annotated[str | None, typer.Option(
-        help="efficiency profile: a shipped one (megatron-2021, megatron-2022, nemo-24.07, "
-             "nemo-24.09, bridge-25.x) or a TOML file written by `plan calibrate`")] = None,
-) -> None:
-    """Search (or, with every parallel option given, evaluate) parallel configurations."""
-    if ctx.invoked_subcommand is not None:
-        return
-    # Tables are wide: when stdout is not a terminal (a pipe, a file, a notebook), do not wrap
-    # them at rich's default of 80 columns.
-    out = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
-    if list_presets_:
-        for kind in ("model", "cluster", "gpu", "framework", "profile"):
-            out.print(f"{kind}s: " + ", ".join(list_presets(kind)), soft_wrap=True)
-        return
-    check_bounds(gpus=gpus, global_batch=global_batch, seq_len=seq_len, dp=dp, tp=tp, pp=pp,
-                 vp=vp, cp=cp, micro_batch=micro_batch, top=top)
-    err = Console(stderr=True)
-    if emit is not None and not json_out:
-        # stdout carries only the launch settings (`plan --emit deepspeed > ds.json`)
-        out = Console(stderr=True, highlight=False)
-    progress = _LazyProgress(err) if err.is_terminal and not json_out else None
+def _print_presets(out: Console) -> None:
+    for kind in ("model", "cluster", "gpu", "framework", "profile"):
+        out.print(f"{kind}s: " + ", ".join(list_presets(kind)), soft_wrap=True)
+
+
+def _request_value(name: str, value: Any) -> Any:
+    """An option's value as :func:`search.plan` takes it: a name as text, a path as text, a
+    quantity with a unit in SI units (``--max-memory 70GiB`` -> bytes)."""
+    field = PlanRequest.model_fields[name]
+    quantity = cli_of(field).quantity
+    if quantity is not None:
+        units_ = _UNITS_S if quantity == "s" else _UNITS_B
+        return _quantity(value, units_, _flag(name, field), quantity)
+    return str(value) if isinstance(value, Path) else value
+
+
+def _plan_kwargs(options: dict[str, Any], progress: Any) -> dict[str, Any]:
+    """The keywords of :func:`search.plan`: every request field the command line has."""
+    kwargs = {name: _request_value(name, options[name])
+              for name in PlanRequest.model_fields if name in options}
+    kwargs["progress"] = progress
+    return kwargs
+
+
+def _run_plan(options: dict[str, Any], progress: Any) -> tuple[dict[str, Any], Any]:
+    """(the keywords of :func:`search.plan`, its result); a user error ends the command."""
     try:
-        plan_kwargs: dict[str, Any] = {
-            "model": model, "cluster": cluster, "gpus": gpus, "global_batch_size": global_batch,
-            "seq_len": seq_len, "precision": precision.value if precision else None,
-            "optimizer": optimizer.value if optimizer else None,
-            "strategy": strategy.value, "objective": objective.value, "top": top,
-            "kernels": kernels.value, "progress": progress,
-            "calibration": str(calibration) if calibration is not None else None,
-            "allow_idle_gpus": allow_idle_gpus, "allow_tp_across_nodes": allow_tp_across_nodes,
-            "uneven_layers": uneven_layers, "framework": framework, "profile": profile,
-            "memory_headroom": memory_headroom,
-            "training": str(training) if training is not None else None,
-            "flash_attention": flash_attention, "overlap_grad_reduce": overlap_grad_reduce,
-            "overlap_tp_comm": overlap_tp_comm, "overlap_p2p_comm": overlap_p2p_comm,
-            "zero3_gather": zero3_gather.value if zero3_gather else None,
-            "dp": dp, "tp": tp, "pp": pp, "vp": vp, "cp": cp, "zero_stage": zero,
-            "micro_batch_size": micro_batch, "recompute": recompute.value if recompute else None,
-            "sequence_parallel": sequence_parallel,
-            "schedule": schedule.value if schedule else None,
-            "ep": ep, "etp": etp,
-        }
-        plan_kwargs["max_step_time_s"] = _quantity(max_step_time, _UNITS_S, "--max-step-time", "s")
-        plan_kwargs["max_memory_bytes"] = _quantity(max_memory, _UNITS_B, "--max-memory", "gib")
-        result = api.plan(**plan_kwargs)
+        kwargs = _plan_kwargs(options, progress)
+        return kwargs, api.plan(**kwargs)
     except SpecError as e:
         _fail(str(e))
     except ValidationError as e:
@@ -597,53 +559,98 @@ def planner(
     finally:
         if progress is not None:
             progress.close()
-    if not result.fits_any:
-        _fail(result.why_nothing_fits())
+
+
+def _write_csv(result: Any, csv: Path | None) -> None:
     if csv is not None:
         try:
             result.top.to_csv(csv, index=False)
         except OSError as e:
             _fail(f"--csv {csv}: cannot write: {e.strerror}")
-    want_alt = emit is not None or emit_dir is not None
+
+
+def _write_launches(launches: dict[str, Any], emit_dir: Path | None, err: Console) -> None:
+    """Write every launch file into ``emit_dir``; say which could not be written."""
+    if emit_dir is None:
+        return
     try:
-        launches = _launches(result, model, plan_kwargs, want_alt) if (
+        emit_dir.mkdir(parents=True, exist_ok=True)
+        for L in launches.values():
+            if L.text is not None:
+                (emit_dir / L.file).write_text(L.text)
+    except OSError as e:
+        _fail(f"--emit-dir {emit_dir}: cannot write: {e.strerror}")
+    for L in launches.values():
+        if L.text is None:
+            err.print(f"plan: {L.file} not written: {L.message()}", soft_wrap=True,
+                      highlight=False, markup=False)
+
+
+def _print_json(result: Any, launches: dict[str, Any]) -> None:
+    doc = result.to_json()
+    doc["launch"] = {fmt: L.to_json() for fmt, L in launches.items()}
+    doc["calibrated_on"] = _calibration_evidence(result.setup)
+    typer.echo(json.dumps(doc, indent=2))
+
+
+def _print_report(out: Console, result: Any, options: dict[str, Any]) -> None:
+    """The best configuration, the top table (and the Pareto front) and the search's size."""
+    _print_best(out, result)
+    if result.strategy == "single":
+        return
+    out.print()
+    _print_top(out, result, gpus_column=options["allow_idle_gpus"])
+    if result.strategy == "nsga2":
+        out.print()
+        _print_pareto(out, result)
+    out.print(f"searched {result.evaluated:,} configurations ({result.feasible:,} fit in "
+              f"memory, {result.space_size:,} in the space before constraints) with "
+              f"{result.strategy} in {result.seconds:.2f} s")
+
+
+def planner(ctx: typer.Context, **options: Any) -> None:
+    """Search (or, with every parallel option given, evaluate) parallel configurations."""
+    if ctx.invoked_subcommand is not None:
+        return
+    options = {k: v.value if isinstance(v, Enum) else v for k, v in options.items()}
+    # Tables are wide: when stdout is not a terminal (a pipe, a file, a notebook), do not wrap
+    # them at rich's default of 80 columns.
+    out = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
+    if options["list_presets"]:
+        _print_presets(out)
+        return
+    check_bounds(options)
+    err = Console(stderr=True)
+    json_out, emit = options["json_out"], options["emit"]
+    if emit is not None and not json_out:
+        # stdout carries only the launch settings (`plan --emit deepspeed > ds.json`)
+        out = Console(stderr=True, highlight=False)
+    progress = _LazyProgress(err) if err.is_terminal and not json_out else None
+    plan_kwargs, result = _run_plan(options, progress)
+    if not result.fits_any:
+        _fail(result.why_nothing_fits())
+    _write_csv(result, options["csv"])
+    want_alt = emit is not None or options["emit_dir"] is not None
+    try:
+        launches = _launches(result, options["model"], plan_kwargs, want_alt) if (
             json_out or want_alt) else {}
     except SpecError as e:
         _fail(str(e))
-    if emit_dir is not None:
-        try:
-            emit_dir.mkdir(parents=True, exist_ok=True)
-            for L in launches.values():
-                if L.text is not None:
-                    (emit_dir / L.file).write_text(L.text)
-        except OSError as e:
-            _fail(f"--emit-dir {emit_dir}: cannot write: {e.strerror}")
-        for L in launches.values():
-            if L.text is None:
-                err.print(f"plan: {L.file} not written: {L.message()}", soft_wrap=True,
-                          highlight=False, markup=False)
+    _write_launches(launches, options["emit_dir"], err)
     if json_out:
-        doc = result.to_json()
-        doc["launch"] = {fmt: L.to_json() for fmt, L in launches.items()}
-        doc["calibrated_on"] = _calibration_evidence(result.setup)
-        typer.echo(json.dumps(doc, indent=2))
+        _print_json(result, launches)
         return
     for w in result.setup.get("warnings") or ():
         typer.echo(f"plan: warning: {w}", err=True)
-    if emit is not None and launches[emit.value].text is None:
-        _fail(launches[emit.value].message())
-    _print_best(out, result)
-    if result.strategy != "single":
-        out.print()
-        _print_top(out, result, gpus_column=allow_idle_gpus)
-        if result.strategy == "nsga2":
-            out.print()
-            _print_pareto(out, result)
-        out.print(f"searched {result.evaluated:,} configurations ({result.feasible:,} fit in "
-                  f"memory, {result.space_size:,} in the space before constraints) with "
-                  f"{result.strategy} in {result.seconds:.2f} s")
+    if emit is not None and launches[emit].text is None:
+        _fail(launches[emit].message())
+    _print_report(out, result, options)
     if emit is not None:
-        typer.echo(launches[emit.value].text, nl=False)
+        typer.echo(launches[emit].text, nl=False)
+
+
+planner.__signature__ = command_signature(PlanCommand)  # type: ignore[attr-defined]
+app.callback(invoke_without_command=True)(planner)
 
 
 def _register_subcommands() -> None:

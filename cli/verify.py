@@ -23,7 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from perfmodel.core import units
-from perfmodel.spec.specs import SpecError, format_validation_error, load_model
+from perfmodel.core.errors import SpecError
+from perfmodel.spec.specs import format_validation_error, load_model
 
 __all__ = ["verify_cmd"]
 

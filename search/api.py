@@ -12,16 +12,14 @@ message.
 
 from __future__ import annotations
 
+import difflib
 import functools
-import inspect
-import numbers
 import os
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from pydantic import ValidationError
 
 from perfmodel.core.codes import RECOMPUTE, SCHEDULE
@@ -29,7 +27,7 @@ from perfmodel.core.errors import SpecError
 from perfmodel.hardware.profile import load_profile
 from perfmodel.memory.breakdown import SEARCH_MEMORY_HEADROOM
 from perfmodel.parallel.config import ParallelConfig, resolve_config
-from perfmodel.spec.frameworks import FrameworkSpec, apply_framework, load_framework
+from perfmodel.spec.frameworks import apply_framework, load_framework
 from perfmodel.spec.specs import (
     ClusterSpec,
     ModelSpec,
@@ -40,14 +38,28 @@ from perfmodel.spec.specs import (
     load_model,
     load_training,
 )
-from perfmodel.step.evaluate import evaluate
+from perfmodel.step.evaluate import evaluate as step_evaluate
 from perfmodel.step.profiled import evaluate as profile_evaluate
+from search.request import (
+    DEFAULT_CLUSTER,
+    DEFAULT_MODEL,
+    FIXED_OPTIONS,
+    KERNELS,
+    MAX_TOP,
+    STRATEGIES,
+    PlanRequest,
+)
 from search.result import SearchResult
 from search.space import SEARCH_DIMS, Problem, SearchSpace, make_space
 from search.strategies.dp import DPSearch
 from search.strategies.evolutionary import GeneticSearch
-from search.strategies.grid import GridSearch, Progress
+from search.strategies.grid import GridSearch
 from search.strategies.nsga2 import NSGA2Search
+
+try:  # a dependency; the planner stays usable without it
+    from threadpoolctl import threadpool_limits
+except ImportError:  # pragma: no cover
+    threadpool_limits = None
 
 __all__ = [
     "DEFAULT_CLUSTER",
@@ -57,74 +69,19 @@ __all__ = [
     "MAX_TOP",
     "STRATEGIES",
     "TRAINING_SWITCHES",
+    "PlanRequest",
     "evaluate_config",
     "make_problem",
     "plan",
+    "plan_request",
+    "problem_of",
 ]
 
-#: The embedded default (``plan`` with no arguments): GPT-3 175B on 1024 A100-80GB, global
-#: batch 1536, sequence 2048, bf16 (the setting of Narayanan et al. 2021, Table 1).
-DEFAULT_MODEL = "gpt3-175b"
-DEFAULT_CLUSTER = "dgx-a100-80g"
-DEFAULT_GPUS = 1024
+#: The embedded default's training setup (``plan`` with no arguments, see
+#: :data:`search.request.DEFAULT_MODEL`): global batch 1536, sequence 2048.
 DEFAULT_GLOBAL_BATCH = 1536
 DEFAULT_SEQ_LEN = 2048
 
-#: Strategy names accepted by :func:`plan`.
-STRATEGIES = ("grid", "dp", "nsga2", "ga")
-
-#: Most rows ``plan(top=...)`` returns: a billion-row request took 51 s and printed 15.5 MB.
-MAX_TOP = 10_000
-
-#: Largest count (GPUs, batch, sequence, a pinned parallel degree) taken at the API edge: any
-#: count is held in int64 arrays, and products of a few of them must not overflow.
-MAX_COUNT = 2**31 - 1
-
-#: Seeds are 32-bit (numpy's and pymoo's generators take any non-negative int below 2**32).
-MAX_SEED = 2**32 - 1
-
-
-def _int_arg(name: str, v: Any, lo: int, hi: int) -> int:
-    """``v`` as an int in ``[lo, hi]`` or a one-line SpecError naming the argument."""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
-        raise SpecError(f"{name} = {v!r}: expected an integer in [{lo}, {hi}]")
-    if not lo <= int(v) <= hi:
-        raise SpecError(f"{name} = {int(v)}: expected an integer in [{lo}, {hi}]")
-    return int(v)
-
-
-def _check_arguments(*, gpus=None, global_batch_size=None, seq_len=None, precision=None,
-                     optimizer=None, objective="time", kernels="fused", strategy="grid", top=10,
-                     seed=0, **fixed: Any) -> None:
-    """Refuse bad API arguments with one line (``SpecError``), before any work: wrong types
-    (``gpus='64'``, ``top=2.5``, ``strategy=123``), out-of-range values (``seed=-1``) and counts
-    beyond int64-safe arithmetic (``tp=10**19``)."""
-    for name, v in (("gpus", gpus), ("global_batch_size", global_batch_size),
-                    ("seq_len", seq_len)):
-        if v is not None:
-            _int_arg(name, v, 1, MAX_COUNT)
-    for name, v in (("precision", precision), ("optimizer", optimizer),
-                    ("objective", objective), ("kernels", kernels)):
-        if (v is not None or name in ("objective", "kernels")) and not isinstance(
-                getattr(v, "value", v), str):
-            raise SpecError(f"{name} = {v!r}: expected a string")
-    _int_arg("top", top, 1, MAX_TOP)
-    _int_arg("seed", seed, 0, MAX_SEED)
-    if not isinstance(getattr(strategy, "value", strategy), str) and (
-        not callable(getattr(strategy, "run", None))
-    ):
-        raise SpecError(
-            f"strategy = {strategy!r}: expected one of {', '.join(STRATEGIES)} or an object "
-            "with run(problem, seed, progress)"
-        )
-    for name, value in fixed.items():
-        if value is None or name in ("sequence_parallel", "sp", "recompute", "schedule"):
-            continue  # names and flags: checked against their tables by the space
-        items = (list(value) if isinstance(value, (list, tuple, range, set, np.ndarray))
-                 else [value])
-        for v in items:
-            lo = 0 if name in ("zero_stage", "zero") else 1
-            _int_arg(name, v, lo, MAX_COUNT)
 #: Training-setup switches that :func:`plan` takes one by one (they override ``training`` and
 #: the ``framework``'s values); see :class:`perfmodel.spec.specs.TrainingSpec`.
 TRAINING_SWITCHES = ("flash_attention", "overlap_grad_reduce", "overlap_tp_comm",
@@ -157,12 +114,7 @@ def search_threads():
     machine whose cores other jobs use, that turned a 0.2 s search into 21 s
     (``OPENBLAS_NUM_THREADS=1``: 0.2-1.4 s). threadpoolctl limits the already loaded libraries.
     """
-    if _user_set_threads():
-        yield
-        return
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - a dependency; keep the planner usable without it
+    if _user_set_threads() or threadpool_limits is None:
         yield
         return
     with threadpool_limits(limits=1):
@@ -170,21 +122,21 @@ def search_threads():
 
 
 def _default_evaluator() -> Callable[..., Any]:
-    return evaluate
+    """The evaluation path of a request without an ``evaluator``: ``perfmodel.step.evaluate.evaluate``."""
+    return step_evaluate
+
+
+#: The search strategies by name (:data:`search.request.STRATEGIES`).
+_STRATEGY_CLASSES = {"grid": GridSearch, "dp": DPSearch, "ga": GeneticSearch,
+                     "nsga2": NSGA2Search}
 
 
 def _strategy(strategy: Any, top: int) -> Any:
     if not isinstance(strategy, str):
         return strategy  # any object with run(problem, seed, progress)
     name = getattr(strategy, "value", strategy)
-    if name == "grid":
-        return GridSearch(top=top)
-    if name == "dp":
-        return DPSearch(top=top)
-    if name == "ga":
-        return GeneticSearch(top=top)
-    if name == "nsga2":
-        return NSGA2Search(top=top)
+    if name in _STRATEGY_CLASSES:
+        return _STRATEGY_CLASSES[name](top=top)
     raise SpecError(f"strategy = {strategy!r}: expected one of {', '.join(STRATEGIES)}")
 
 
@@ -266,60 +218,38 @@ def _specs(model, cluster, training, gpus, overrides, framework=None) -> tuple[
     return m, t, c, why
 
 
-def make_problem(
-    model: str | Path | ModelSpec,
-    cluster: str | Path | ClusterSpec,
-    training: str | Path | TrainingSpec | dict | None = None,
-    *,
-    gpus: int | None = None,
-    global_batch_size: int | None = None,
-    seq_len: int | None = None,
-    precision: str | None = None,
-    optimizer: str | None = None,
-    objective: str = "time",
-    kernels: str = "fused",
-    allow_idle_gpus: bool = False,
-    allow_tp_across_nodes: bool = False,
-    uneven_layers: bool = True,
-    calibration: Any = None,
-    evaluator: Callable[..., Any] | None = None,
-    memory_headroom: float | None = None,
-    max_step_time_s: float | None = None,
-    max_memory_bytes: float | None = None,
-    framework: str | Path | FrameworkSpec | None = None,
-    flash_attention: bool | None = None,
-    overlap_grad_reduce: bool | None = None,
-    overlap_tp_comm: bool | None = None,
-    overlap_p2p_comm: bool | None = None,
-    zero3_gather: str | None = None,
-    profile: Any = None,
-    **fixed: Any,
-) -> Problem:
-    """Load the specs, build the space and bind the evaluation path (see :func:`plan`)."""
-    _check_arguments(gpus=gpus, global_batch_size=global_batch_size, seq_len=seq_len,
-                     precision=precision, optimizer=optimizer, objective=objective,
-                     kernels=kernels, **fixed)
-    fw = None if framework is None else load_framework(framework)
-    prof = load_profile(profile)
-    m, t, c, why = _specs(model, cluster, training, gpus, {
-        "global_batch_size": global_batch_size, "seq_len": seq_len, "precision": precision,
-        "optimizer": optimizer, "flash_attention": flash_attention,
-        "overlap_grad_reduce": overlap_grad_reduce, "overlap_tp_comm": overlap_tp_comm,
-        "overlap_p2p_comm": overlap_p2p_comm, "zero3_gather": zero3_gather}, fw)
-    space = make_space(m, t, c, allow_idle_gpus=allow_idle_gpus,
-                       allow_tp_across_nodes=allow_tp_across_nodes,
-                       uneven_layers=uneven_layers, framework=fw, **fixed)
-    kernels = getattr(kernels, "value", kernels)
-    if kernels not in ("fused", "eager"):
-        raise SpecError(f"kernels = {kernels!r}: expected fused or eager")
+def make_problem(model: Any, cluster: Any, training: Any = None, **options: Any) -> Problem:
+    """The search problem of :func:`plan`'s arguments (see :class:`PlanRequest`)."""
+    return problem_of(PlanRequest(model=model, cluster=cluster, training=training, **options))
 
-    headroom = SEARCH_MEMORY_HEADROOM if memory_headroom is None else float(memory_headroom)
-    evaluator = evaluator or _default_evaluator()
+
+make_problem.__signature__ = PlanRequest.signature()  # type: ignore[attr-defined]
+
+
+def problem_of(request: PlanRequest) -> Problem:
+    """Load the specs, build the space and bind the evaluation path of a request."""
+    r = request
+    fw = None if r.framework is None else load_framework(r.framework)
+    prof = load_profile(r.profile)
+    m, t, c, why = _specs(r.model, r.cluster, r.training, r.gpus, {
+        k: getattr(r, k) for k in ("global_batch_size", "seq_len", "precision", "optimizer",
+                                   *TRAINING_SWITCHES)}, fw)
+    # the DP's layouts need not divide the layers evenly
+    uneven_layers = r.uneven_layers or getattr(r.strategy, "value", r.strategy) == "dp"
+    space = make_space(m, t, c, allow_idle_gpus=r.allow_idle_gpus,
+                       allow_tp_across_nodes=r.allow_tp_across_nodes,
+                       uneven_layers=uneven_layers, framework=fw, **r.fixed())
+    kernels = getattr(r.kernels, "value", r.kernels)
+    if kernels not in KERNELS:
+        raise SpecError(f"kernels = {kernels!r}: expected fused or eager")
+    headroom = (SEARCH_MEMORY_HEADROOM if r.memory_headroom is None
+                else float(r.memory_headroom))
+    evaluator = r.evaluator or _default_evaluator()
     if prof is not None and not prof.is_neutral:
         evaluator = functools.partial(profile_evaluate, profile=prof, evaluator=evaluator)
-    return Problem(space, evaluator, getattr(objective, "value", objective), kernels,
-                   calibration, memory_headroom=headroom,
-                   max_step_time_s=max_step_time_s, max_memory_bytes=max_memory_bytes,
+    return Problem(space, evaluator, getattr(r.objective, "value", r.objective), kernels,
+                   r.calibration, memory_headroom=headroom,
+                   max_step_time_s=r.max_step_time_s, max_memory_bytes=r.max_memory_bytes,
                    assumed=why, profile=None if prof is None else prof.name)
 
 
@@ -353,101 +283,19 @@ def _check_single(space: SearchSpace) -> None:
         raise SpecError(refused[0])
 
 
-def plan(
-    model: str | Path | ModelSpec,
-    cluster: str | Path | ClusterSpec,
-    training: str | Path | TrainingSpec | dict | None = None,
-    *,
-    gpus: int | None = None,
-    global_batch_size: int | None = None,
-    seq_len: int | None = None,
-    precision: str | None = None,
-    optimizer: str | None = None,
-    strategy: str | Any = "grid",
-    objective: str = "time",
-    top: int = 10,
-    seed: int = 0,
-    kernels: str = "fused",
-    allow_idle_gpus: bool = False,
-    allow_tp_across_nodes: bool = False,
-    uneven_layers: bool = True,
-    calibration: Any = None,
-    evaluator: Callable[..., Any] | None = None,
-    progress: Progress | None = None,
-    memory_headroom: float | None = None,
-    max_step_time_s: float | None = None,
-    max_memory_bytes: float | None = None,
-    framework: str | Path | FrameworkSpec | None = None,
-    flash_attention: bool | None = None,
-    overlap_grad_reduce: bool | None = None,
-    overlap_tp_comm: bool | None = None,
-    overlap_p2p_comm: bool | None = None,
-    zero3_gather: str | None = None,
-    profile: Any = None,
-    **fixed: Any,
-) -> SearchResult:
+def plan(model: Any, cluster: Any, training: Any = None, **options: Any) -> SearchResult:
     """Search the parallel configurations of ``model`` on ``cluster`` and rank them.
 
     Parameters
     ----------
-    model, cluster
-        Preset names (``"gpt3-175b"``, ``"dgx-a100-80g"``), spec file paths, or specs.
-    training
-        A TrainingSpec, dict or TOML path; ``global_batch_size``, ``seq_len``, ``precision``,
-        ``optimizer`` and the switches below override its fields. What neither gives comes from
-        the model preset's published training setup, else from the model's context length
-        (capped at :data:`DEFAULT_SEQ_LEN_CAP`) and :data:`DEFAULT_TOKENS_PER_STEP`;
-        ``result.setup["assumed"]`` says where each value came from.
-    gpus
-        Scale the cluster to this many GPUs.
-    strategy
-        ``"grid"`` (exhaustive), ``"dp"`` (the grid's outer choices with per-stage layer
-        counts and block recompute chosen by dynamic programming, :mod:`search.strategies.dp`; implies
-        ``uneven_layers``), ``"nsga2"`` (multi-objective, pymoo), ``"ga"`` (genetic), or a
-        strategy object with ``run(problem, seed, progress)``.
-    objective
-        ``"time"`` (step time), ``"memory"`` (peak memory per GPU) or ``"cost"``
-        (GPU-seconds per step).
-    top
-        Number of configurations in ``result.top``.
-    seed
-        Seed of the stochastic strategies (same seed, same answer).
-    kernels
-        ``"fused"`` or ``"eager"`` (see ``perfmodel.step.evaluate.evaluate``).
-    allow_idle_gpus, allow_tp_across_nodes, uneven_layers
-        Relax the constraints ``dp*tp*pp*cp == gpus`` and ``tp <= scale-up domain``;
-        ``uneven_layers`` (default on) admits ``pp*vp`` that does not divide the layers with
-        Megatron-LM's uneven layout (``perfmodel.parallel.layers.megatron_layout``); off: even splits
-        only.
-    memory_headroom
-        Fraction of HBM kept free (default ``perfmodel.memory.breakdown.SEARCH_MEMORY_HEADROOM``): a
-        configuration fits when its peak is at most HBM less the reserve less this.
-    max_step_time_s, max_memory_bytes
-        Constraints: configurations slower or larger than these do not count (for example
-        ``objective="memory", max_step_time_s=20``).
-    evaluator
-        Replace ``perfmodel.step.evaluate.evaluate`` (same signature), e.g. in tests.
-    progress
-        ``progress(done, total)`` callback.
-    framework
-        The training stack to be launched (preset name such as ``"megatron-2022"``,
-        ``"nemo-24.09"``, ``"deepspeed"``, ``"torchtitan"``, a TOML path or a FrameworkSpec):
-        sets its switches (overlaps, flash attention) on the training setup, before the single
-        overrides above, and keeps the search to what it runs (see ``perfmodel.spec.frameworks``).
-    flash_attention, overlap_grad_reduce, overlap_tp_comm, overlap_p2p_comm, zero3_gather
-        Single training switches (:class:`perfmodel.spec.specs.TrainingSpec`); ``None`` keeps the
-        framework's (or the training spec's) value.
-    profile
-        An efficiency profile fitted to measured runs (``plan calibrate``): a shipped name
-        (``"nemo-24.09"``), a TOML path or an :class:`perfmodel.hardware.profile.EfficiencyProfile`;
-        it scales kernel rates and link bandwidths and adds a per-step host time (see
-        ``perfmodel.hardware.profile``). None: the uncalibrated model.
-    **fixed
-        Pin parallel dimensions: ``dp tp pp vp cp zero_stage micro_batch_size recompute
-        sequence_parallel schedule ep etp num_microbatches`` (ep, etp: expert parallel and
-        expert tensor parallel, searched for MoE models); a value pins, a list / range restricts.
-        With all of them pinned, the one configuration is evaluated (as
-        :func:`evaluate_config`).
+    model, cluster, training, **options
+        The fields of :class:`search.request.PlanRequest` (one description each; the
+        ``plan`` command line has one option per field): the model and cluster (preset names,
+        spec files or specs), the training setup and its single overrides, the pinned or
+        restricted parallel dimensions (a value pins, a list / range restricts; all pinned:
+        the one configuration is evaluated, as :func:`evaluate_config`), the strategy,
+        objective, seed and constraints, and the evaluation (kernels, calibration, profile,
+        ``evaluator``, ``progress``).
 
     Returns
     -------
@@ -459,34 +307,27 @@ def plan(
     Raises
     ------
     SpecError
-        Unknown preset, invalid spec, or no configuration satisfying the constraints (the
-        message names the operands).
+        Unknown preset, invalid spec or option, or no configuration satisfying the
+        constraints (the message names the operands).
     """
-    _check_arguments(strategy=strategy, top=top, seed=seed)
-    if getattr(strategy, "value", strategy) == "dp":
-        uneven_layers = True  # the DP's layouts need not divide the layers evenly
-    problem = make_problem(
-        model, cluster, training, gpus=gpus, global_batch_size=global_batch_size,
-        seq_len=seq_len, precision=precision, optimizer=optimizer, objective=objective,
-        kernels=kernels, allow_idle_gpus=allow_idle_gpus,
-        allow_tp_across_nodes=allow_tp_across_nodes, uneven_layers=uneven_layers,
-        calibration=calibration, evaluator=evaluator, memory_headroom=memory_headroom,
-        max_step_time_s=max_step_time_s, max_memory_bytes=max_memory_bytes,
-        framework=framework, profile=profile,
-        flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
-        overlap_tp_comm=overlap_tp_comm, overlap_p2p_comm=overlap_p2p_comm,
-        zero3_gather=zero3_gather, **fixed,
-    )
+    return plan_request(PlanRequest(model=model, cluster=cluster, training=training, **options))
+
+
+plan.__signature__ = PlanRequest.signature()  # type: ignore[attr-defined]
+
+
+def plan_request(request: PlanRequest) -> SearchResult:
+    """:func:`plan` of a :class:`PlanRequest`."""
+    problem = problem_of(request)
     space = problem.space
-    threads = nullcontext() if evaluator is not None else search_threads()
+    threads = nullcontext() if request.evaluator is not None else search_threads()
     if all(len(space.values[d]) == 1 for d in space.dims):
         _check_single(space)
         with threads:
             return _annotate(GridSearch(top=1, name="single").run(problem), problem)
-    if top < 1:
-        raise SpecError(f"top = {top}: expected a positive integer")
     with threads:
-        result = _annotate(_strategy(strategy, top).run(problem, seed, progress), problem)
+        result = _annotate(_strategy(request.strategy, request.top).run(
+            problem, request.seed, request.progress), problem)
     if result.evaluated == 0:
         if result.strategy == "grid":
             raise SpecError(space.explain_empty())
@@ -533,12 +374,10 @@ def evaluate_config(
         if alias in options:
             pinned[d] = options.pop(alias)
     nmb = options.pop("num_microbatches", None)
-    plan_options = [k for k, p in inspect.signature(plan).parameters.items()
-                    if p.kind is p.KEYWORD_ONLY]
+    plan_options = [k for k in PlanRequest.model_fields
+                    if k not in (*FIXED_OPTIONS, "model", "cluster", "training")]
     unknown = sorted(set(options) - set(plan_options))
     if unknown:
-        import difflib
-
         known = [*SEARCH_DIMS, "num_microbatches", *plan_options]
         close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
         raise SpecError(

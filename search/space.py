@@ -17,6 +17,7 @@ A :class:`Problem` couples a space with the one vectorized evaluation path
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from perfmodel.spec.hybrid import unsupported_parallelism
 from perfmodel.spec.specs import ClusterSpec, ModelSpec, TrainingSpec, format_validation_error
 
 __all__ = [
+    "ALIASES",
     "OBJECTIVES",
     "PARETO_OBJECTIVES",
     "SEARCH_DIMS",
@@ -73,7 +75,8 @@ OBJECTIVES = ("time", "memory", "cost")
 #: Objectives of the multi-objective (Pareto) view, all minimised.
 PARETO_OBJECTIVES = ("step_time_s", "peak_memory_bytes", "gpus")
 
-_ALIASES = {"zero": "zero_stage", "micro_batch": "micro_batch_size", "mbs": "micro_batch_size",
+#: Short names of dimensions: ``zero=1`` pins ``zero_stage``.
+ALIASES = {"zero": "zero_stage", "micro_batch": "micro_batch_size", "mbs": "micro_batch_size",
             "sp": "sequence_parallel"}
 _CATEGORICAL = {"recompute": RECOMPUTE, "schedule": SCHEDULE}
 _INTERLEAVED = SCHEDULE.index("interleaved")
@@ -581,7 +584,7 @@ def make_space(
     -------
     SearchSpace
     """
-    fixed = {_ALIASES.get(k, k): v for k, v in fixed.items() if v is not None}
+    fixed = {ALIASES.get(k, k): v for k, v in fixed.items() if v is not None}
     nmb = fixed.pop("num_microbatches", None)
     unknown = sorted(set(fixed) - set(SEARCH_DIMS))
     if unknown:
@@ -739,8 +742,6 @@ class Problem:
         s = self.space
         res = self.evaluator(s.model, s.training, s.cluster, batch, **kw)
         if self.memory_headroom > 0:  # the headroom only tightens the evaluator's fit check
-            import dataclasses
-
             fits = np.asarray(res.fits, dtype=bool) & (
                 np.asarray(res.memory_bytes["peak"]) <= self.usable_bytes)
             try:

@@ -50,9 +50,10 @@ from rich.table import Table
 from scipy.optimize import least_squares
 
 from hardware_specs import preset_dir
+from perfmodel.core.errors import SpecError
 from perfmodel.hardware.profile import PARAMETERS, EfficiencyProfile, load_profile, profile_toml
 from perfmodel.parallel.config import resolve_config
-from perfmodel.spec.specs import SpecError, load_cluster
+from perfmodel.spec.specs import load_cluster
 from validation.validate import VALIDATION_DIR, Case, case_from_row, predict_case
 
 __all__ = [

@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfmodel.memory.breakdown import (
-    DEFAULT_MEMORY_HEADROOM,
-    Kernels,
-    even_memory_breakdown,
-)
+from perfmodel.memory.breakdown import DEFAULT_MEMORY_HEADROOM, Kernels, even_memory_breakdown
 from perfmodel.memory.stage_layout import layout_memory_breakdown
 from perfmodel.parallel.config import ConfigBatch
 from perfmodel.spec.specs import ClusterSpec, ModelSpec, TrainingSpec
