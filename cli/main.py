@@ -54,7 +54,7 @@ __all__ = ["SUBCOMMANDS", "app", "main"]
 #: Subcommands: name -> "module:function" (a typer command function), registered on import.
 SUBCOMMANDS: dict[str, str] = {
     "realtime": "cli.realtime:realtime",
-    "validate": "validation.validate:validate_command",
+    "validate": "cli.validate:validate_command",
     "verify": "cli.verify:verify_cmd",
     "calibrate": "validation.calibrate:calibrate_command",
 }

@@ -305,7 +305,7 @@ def test_plan_on_a_hybrid_preset_and_its_launch_arguments():
 
 
 def test_pipeline_layouts_of_a_hybrid_use_its_letters_and_average_layer():
-    from perfmodel.memory.stage_layout import moe_layer_mask, stage_moe_layers, typed_layer_costs
+    from perfmodel.parallel.layers import moe_layer_mask, stage_moe_layers, typed_layer_costs
 
     mask = moe_layer_mask(NANO)
     assert mask.sum() == 23 and mask[1] and not mask[0] and not mask[5]
