@@ -117,9 +117,12 @@ def _cases() -> None:
                                  "--cp", "1", "--ep", "8", "--etp", "1", "--zero", "1",
                                  "--micro-batch", "1", "--recompute", "full"]
     j["deepseek_v3_h100_1024"] = ["--model", "deepseek-v3", "--cluster", "dgx-h100",
-                                  "--gpus", "1024", "--precision", "fp8"]
-    j["gpt_oss_120b_b200"] = ["--model", "gpt-oss-120b", "--cluster", "dgx-b200", "--gpus", "64"]
-    j["qwen3_30b_a3b_h100"] = ["--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--gpus", "32"]
+                                  "--gpus", "1024", "--precision", "fp8", "--tp", "1",
+                                  "--cp", "1", "--ep", "64"]
+    j["gpt_oss_120b_b200"] = ["--model", "gpt-oss-120b", "--cluster", "dgx-b200", "--gpus", "64",
+                              "--ep", "8", "--cp", "1"]
+    j["qwen3_30b_a3b_h100"] = ["--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--gpus", "32",
+                               "--ep", "8", "--cp", "1"]
     j["qwen3_235b_gb200"] = ["--model", "qwen3-235b-a22b", "--cluster", "gb200-nvl72",
                              "--gpus", "288", "--tp", "1", "--ep", "8", "--cp", "1"]
     j["nemotron3_nano_moe_h100"] = ["--model", "nemotron3-nano-30b-a3b", "--cluster", "dgx-h100",
