@@ -37,7 +37,9 @@ if str(ROOT) not in sys.path:
 
 try:  # the package layout with the CLI in its own package
     from cli.main import app
-except ImportError:  # the flat layout
+except ModuleNotFoundError as e:  # the flat layout (a broken cli.main still raises)
+    if e.name not in ("cli", "cli.main"):
+        raise
     from search.cli import app
 
 SPECS = ROOT / "hardware_specs"
