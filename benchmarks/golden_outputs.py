@@ -165,6 +165,9 @@ def _cases() -> None:
                                 "--gpus", "16", "--emit", "deepspeed"]
     t["text_emit_torchtitan"] = ["--model", "llama3.1-8b", "--cluster", "dgx-h100", "--gpus", "16",
                                  "--emit", "torchtitan"]
+    t["text_emit_torchtitan_fsdp"] = ["--model", "llama3.1-8b", "--cluster", "dgx-h100",
+                                      "--gpus", "16", "--framework", "torchtitan",
+                                      "--emit", "torchtitan"]
     t["text_emit_bridge"] = ["--model", "llama3.1-70b", "--cluster", "dgx-h100", "--gpus", "64",
                              "--emit", "bridge"]
 
