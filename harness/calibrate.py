@@ -26,13 +26,15 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from harness.isolation import private_dir, worker_env
+from harness.launch import _kill_all, torchrun_command
+from harness.watchdog import launcher_env, terminate_as_interrupt
 from perfmodel import units
 from perfmodel.specs import ClusterSpec, GPUSpec, LinkTier, PeakTflops
 
@@ -137,20 +139,13 @@ def _worker(out: Path) -> None:  # one rank of the calibration job
 
 
 def _run_one(nproc: int, timeout_s: float) -> dict[str, Any]:
-    out = Path(tempfile.mkdtemp(prefix="harness-cal-"))
-    e = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    root = str(Path(__file__).resolve().parents[1])
-    e["PYTHONPATH"] = root + os.pathsep + e.get("PYTHONPATH", "")
-    from harness.launch import _kill_all
-    from harness.watchdog import RDZV_TIMEOUT_S, launcher_env, terminate_as_interrupt
-
-    e.update(launcher_env())
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           f"--rdzv-conf=join_timeout={RDZV_TIMEOUT_S:.0f}",
-           "-m", "harness.calibrate", "--worker", str(out)]  # fmt: skip
+    out = private_dir("harness-cal-")
+    base = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **launcher_env())
+    e = worker_env(base, temp_root=out)  # torchelastic's temporary folders go into ``out``
+    cmd = torchrun_command(nproc, "harness.calibrate", "--worker", str(out))
     with terminate_as_interrupt():  # SIGTERM cleans up like SIGINT
-        proc = subprocess.Popen(cmd, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(cmd, env=e, cwd=out, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
