@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -58,12 +59,25 @@ def test_worker_env_points_temp_folders_into_the_run(tmp_path):
 def test_hostile_package_in_cwd_is_not_run(hostile_cwd):
     env = worker_env(dict(os.environ, PYTHONPATH=""))
     # the launcher's own interpreter (python -P -m ...) ...
-    top = subprocess.run(python_command("-m", "harness.isolation"), env=env,
-                         cwd=hostile_cwd.parent, capture_output=True, text=True, timeout=60)
+    top = subprocess.run(
+        python_command("-m", "harness.isolation"),
+        env=env,
+        cwd=hostile_cwd.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     # ... and the ranks torchrun starts without -P (python -u -m harness.worker), inheriting env
-    rank = subprocess.run([sys.executable, "-u", "-c", "import harness; print(harness.__file__)"],
-                          env=env, cwd=hostile_cwd.parent, capture_output=True, text=True,
-                          timeout=60)
+    rank = subprocess.run(
+        [sys.executable, "-u", "-c", "import harness; print(harness.__file__)"],
+        env=env,
+        cwd=hostile_cwd.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert top.returncode == 0, top.stderr
     assert rank.stdout.strip() == str(project_root() / "harness" / "__init__.py")
     assert not hostile_cwd.exists()
@@ -72,7 +86,7 @@ def test_hostile_package_in_cwd_is_not_run(hostile_cwd):
 class _FakeTorchrun:
     """Stands in for subprocess.Popen: records how the launcher starts torchrun."""
 
-    seen: dict = {}
+    seen: ClassVar[dict] = {}
 
     def __init__(self, cmd, **kw):
         _FakeTorchrun.seen = dict(cmd=cmd, **kw)
@@ -122,8 +136,9 @@ class _Reaped:
 
 
 def test_kill_only_processes_whose_start_time_matches(tmp_path):
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                               start_new_session=True)
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
     try:
         time.sleep(0.2)
         ticks = process_start_ticks(sleeper.pid)
