@@ -14,16 +14,23 @@ is one line naming the field, the value and what was expected.
 from __future__ import annotations
 
 import difflib
-import json
-import tomllib
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from hardware_specs import find_preset, list_presets
 from perfmodel import units
+from perfmodel.core.errors import SpecError
+from perfmodel.core.files import parse_json, parse_toml, plain_name, read_text_bounded, shown
 
 __all__ = [
     "ClusterSpec",
@@ -42,10 +49,6 @@ __all__ = [
 ]
 
 
-class SpecError(ValueError):
-    """A user error in a spec or configuration; the message is one line, fit for a CLI."""
-
-
 class Dtype(str, Enum):
     fp32 = "fp32"
     tf32 = "tf32"
@@ -62,6 +65,16 @@ MAX_GPUS = 2**20
 PosFloat = Annotated[float, Field(gt=0)]
 PosInt = Annotated[int, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
+
+
+def _no_control_chars(value: str) -> str:
+    """A name goes into reports and emitted files: no newline or other control character."""
+    return plain_name(value)
+
+
+#: A spec's name: text without control characters (a newline in a model name became live
+#: tables of an emitted TOML file).
+Name = Annotated[str, AfterValidator(_no_control_chars)]
 
 
 class Spec(BaseModel):
@@ -90,7 +103,7 @@ class PeakTflops(Spec):
 class GPUSpec(Spec):
     """One accelerator: dense peak FLOP/s per dtype, HBM capacity and bandwidth."""
 
-    name: str
+    name: Name
     vendor: str = "nvidia"
     peak_tflops: PeakTflops
     hbm_gib: PosFloat
@@ -185,7 +198,7 @@ class LinkTier(Spec):
     presets); 1 leaves the line rate.
     """
 
-    name: str
+    name: Name
     kind: Literal["nvlink", "infiniband", "roce", "ethernet", "pcie", "gloo", "other"]
     domain_size: PosInt | None = None
     bw_gbyte_per_s: PosFloat | None = None
@@ -230,7 +243,7 @@ class LinkTier(Spec):
 class ClusterSpec(Spec):
     """GPUs, how many per node, how many nodes, and the link tiers innermost first."""
 
-    name: str
+    name: Name
     gpu: GPUSpec
     gpus_per_node: PosInt
     num_nodes: PosInt
@@ -318,7 +331,7 @@ class ModelSpec(Spec):
     makes it a hybrid Mamba2 / attention / MLP / MoE stack (:mod:`perfmodel.mamba`).
     """
 
-    name: str
+    name: Name
     num_layers: PosInt
     hidden_size: PosInt
     num_attention_heads: PosInt
@@ -978,45 +991,44 @@ def _build(cls: type[Spec], data: dict[str, Any], source: str) -> Any:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    return parse_toml(read_text_bounded(path, "TOML"), str(path))
+
+
+def _is_file(p: Path) -> bool:
+    """Whether ``p`` exists (False for a name the OS refuses, e.g. one over 255 bytes)."""
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except tomllib.TOMLDecodeError as err:
-        raise SpecError(f"{path}: not valid TOML: {err}") from None
-    except UnicodeDecodeError:
-        raise SpecError(f"{path}: not a text file (not UTF-8): expected TOML") from None
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read: {err.strerror}") from None
+        return p.exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _resolve(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
-    """Read a preset by name or a file by path; return (data, source label)."""
+    """Read a preset by name or a file by path; return (data, source label).
+
+    A preset is a plain name of the shipped list (``llama3.1-8b``); anything else must be a
+    path to an existing file (``./secret`` is never looked up among the presets)."""
     p = Path(name_or_path)
-    if p.suffix in (".toml", ".json") or p.exists():
-        if not p.exists():
-            raise SpecError(f"{kind} file '{p}' does not exist")
+    if p.suffix in (".toml", ".json") or _is_file(p):
+        if not _is_file(p):
+            raise SpecError(f"{kind} file '{shown(p)}' does not exist")
         if p.suffix == ".json":
-            try:
-                return json.loads(p.read_text()), str(p)
-            except json.JSONDecodeError as err:
-                raise SpecError(f"{p}: not valid JSON: {err}") from None
-            except UnicodeDecodeError:
-                raise SpecError(f"{p}: not a text file (not UTF-8): expected JSON") from None
-            except OSError as err:
-                raise SpecError(f"{p}: cannot read: {err.strerror}") from None
+            return parse_json(read_text_bounded(p, "JSON"), str(p)), str(p)
         return _read_toml(p), str(p)
     name = str(name_or_path).lower()
-    path = find_preset(kind, name)
+    names = list_presets(kind)
+    path = find_preset(kind, name) if name in names else None
     if path is None:
-        names = list_presets(kind)
+        if any(sep in name for sep in ("/", "\\")) or name.startswith("."):
+            raise SpecError(f"{kind} '{shown(name_or_path)}': no such file, and not a preset name "
+                            f"(see plan --list)")
         close = list(
             dict.fromkeys(
                 [n for n in names if name in n]
-                + difflib.get_close_matches(name, names, n=3, cutoff=0.4)
+                + difflib.get_close_matches(name[:200], names, n=3, cutoff=0.4)
             )
         )[:3]
         hint = f"; closest: {', '.join(close)}" if close else f"; known: {', '.join(names)}"
-        raise SpecError(f"unknown {kind} preset '{name_or_path}'{hint}")
+        raise SpecError(f"unknown {kind} preset '{shown(name_or_path)}'{hint}")
     return _read_toml(path), f"preset {kind} '{name}'"
 
 
@@ -1148,24 +1160,44 @@ def _hf_check_types(data: dict[str, Any], name: str) -> None:
     for key in _HF_INT_KEYS:
         v = data.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise SpecError(f"{name}: {key} = {v!r}: expected an integer")
+            raise SpecError(f"{name}: {key} = {shown(repr(v), 40)}: expected an integer")
     for key in _HF_BOOL_KEYS:
         v = data.get(key)
         if v is not None and not isinstance(v, bool):
-            raise SpecError(f"{name}: {key} = {v!r}: expected true or false")
+            raise SpecError(f"{name}: {key} = {shown(repr(v), 40)}: expected true or false")
+    v = data.get("rope_theta", 10000.0)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise SpecError(f"{name}: rope_theta = {shown(repr(v), 40)}: expected a number")
+    v = data.get("layer_types")
+    if v is not None and not (isinstance(v, list) and all(isinstance(t, str) for t in v)):
+        raise SpecError(f"{name}: layer_types = {shown(v, 40)}: expected a list of strings")
 
 
 def model_from_hf_config(data: dict[str, Any], name: str = "hf-model") -> ModelSpec:
     """A ModelSpec from a Hugging Face ``config.json`` dict (Llama-style or GPT-2-style keys;
     MoE and MLA keys of Mixtral, Qwen3-MoE, DeepSeek-V3, GPT-OSS, Llama 4: see
     :func:`_hf_moe_fields`). A multimodal config's ``text_config`` is what is read."""
+    name = plain_name(name, "model name")
+    if not isinstance(data, dict):
+        raise SpecError(f"{name}: a Hugging Face config is a JSON object, not "
+                        f"{type(data).__name__} {shown(data, 40)}")
     if isinstance(data.get("text_config"), dict) and "num_hidden_layers" not in data:
         data = data["text_config"]
     _hf_check_types(data, name)
+    try:
+        fields = _hf_fields(data, name)
+    except KeyError as err:
+        raise SpecError(f"{name}: missing key {shown(err.args[0])!r}") from None
+    return _build(ModelSpec, fields, name)
+
+
+def _hf_fields(data: dict[str, Any], name: str) -> dict[str, Any]:
+    """ModelSpec fields of a (type-checked) Hugging Face config."""
     if "num_hidden_layers" in data:  # Llama / Mistral / Qwen style
         act = data.get("hidden_act", "silu")
-        if act not in _HF_ACT:
-            raise SpecError(f"{name}: hidden_act = {act!r}: expected one of {sorted(_HF_ACT)}")
+        if not isinstance(act, str) or act not in _HF_ACT:
+            raise SpecError(f"{name}: hidden_act = {shown(repr(act), 40)}: expected one of "
+                            f"{sorted(_HF_ACT)}")
         fields = {
             "name": name,
             "num_layers": data["num_hidden_layers"],
@@ -1210,7 +1242,7 @@ def model_from_hf_config(data: dict[str, Any], name: str = "hf-model") -> ModelS
         raise SpecError(
             f"{name}: not a recognised Hugging Face config (need num_hidden_layers or n_layer)"
         )
-    return _build(ModelSpec, fields, name)
+    return fields
 
 
 def load_model(spec: str | Path | ModelSpec) -> ModelSpec:
@@ -1221,10 +1253,8 @@ def load_model(spec: str | Path | ModelSpec) -> ModelSpec:
     if Path(str(spec)).suffix == ".json":
         p = Path(str(spec))
         label = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
-        try:
-            return model_from_hf_config(data, name=label or "hf-model")
-        except KeyError as err:
-            raise SpecError(f"{src}: missing key {err.args[0]!r}") from None
+        plain_name(label, f"{shown(src)}: model name (the file's folder)")
+        return model_from_hf_config(data, name=label or "hf-model")
     return _build(ModelSpec, data, src)
 
 

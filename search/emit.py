@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfmodel.config import ParallelConfig
+from perfmodel.core.files import shown
 from perfmodel.frameworks import (
     FrameworkSpec,
     capability_refusals,
@@ -391,7 +392,7 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
         head.append(f"# layers per pipeline chunk: {'/'.join(map(str, chunks))}")
     if block_note:
         head.append(block_note)
-    return "\n".join(head + a) + "\n"
+    return _join_lines(head + a)
 
 
 # ------------------------------------------------------------------------------------------
@@ -486,6 +487,12 @@ def _bridge_sections(config: ParallelConfig, model: ModelSpec, training: Trainin
     return out
 
 
+def _join_lines(lines: list[str]) -> str:
+    """The file's text, one entry per line: a control character inside an entry (a newline in
+    a name that reached a ``#`` comment) is escaped, so it cannot start a line of its own."""
+    return "".join(shown(line, limit=len(line) * 10 + 10) + "\n" for line in lines)
+
+
 def _yaml_scalar(v: Any) -> str:
     if v is None:
         return "null"
@@ -519,7 +526,7 @@ def bridge_yaml(config: ParallelConfig, model: ModelSpec, training: TrainingSpec
             lines += [f"  {k}: {_yaml_scalar(v)}" for k, v in body.items()]
         else:
             lines.append(f"{sec}: {_yaml_scalar(body)}")
-    return "\n".join(lines) + "\n"
+    return _join_lines(lines)
 
 
 # ------------------------------------------------------------------------------------------
@@ -624,7 +631,7 @@ def torchtitan_toml(config: ParallelConfig, model: ModelSpec, training: Training
         lines.append("")
         lines.append(f"[{name_}]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in body.items()]
-    return "\n".join(lines) + "\n"
+    return _join_lines(lines)
 
 
 # ------------------------------------------------------------------------------------------

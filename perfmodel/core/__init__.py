@@ -1,0 +1,1 @@
+"""Core: what every layer may use (errors, file and text safety helpers)."""
