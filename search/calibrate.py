@@ -46,6 +46,8 @@ import numpy as np
 import pandas as pd
 import typer
 
+from hardware_specs import find_preset
+from perfmodel.core.files import atomic_write, refuse_input_as_output
 from perfmodel.profile import PARAMETERS, EfficiencyProfile, load_profile, profile_toml
 from perfmodel.specs import SpecError
 from search.validate import VALIDATION_DIR, Case, case_from_row, predict_case
@@ -650,7 +652,8 @@ def profile_everywhere(profile: str | Path | EfficiencyProfile,
 
 
 def write_profile(fit: FitResult, path: str | Path, header: str = "") -> None:
-    Path(path).write_text(profile_toml(fit.profile, header))
+    """Write the fitted profile's TOML to ``path`` atomically (temporary file and rename)."""
+    atomic_write(path, profile_toml(fit.profile, header))
 
 
 
@@ -684,6 +687,9 @@ def calibrate_command(
         raise typer.Exit(2)
 
     try:
+        if out is not None:  # --out r.csv with --runs r.csv destroyed the runs
+            refuse_input_as_output(out, [runs, cluster, find_preset("cluster", cluster or "")],
+                                   "--out")
         df = read_runs(runs)
         cases, skipped = runs_to_cases(df, cluster)
         if skipped and len(cases) < 2:

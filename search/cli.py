@@ -27,9 +27,11 @@ from rich.table import Table
 
 from hardware_specs import list_presets
 from perfmodel import units
+from perfmodel.core.files import atomic_write
 from perfmodel.specs import MAX_GPUS, SpecError, format_validation_error
 from perfmodel.step import MFU_CONVENTION
 from search import api
+from search.emit import check_outputs, plan_inputs, write_emit_dir
 
 __all__ = ["SUBCOMMANDS", "app", "main"]
 
@@ -498,14 +500,14 @@ def planner(
     Kernels.fused,
     json_out: Annotated[bool, typer.Option("--json", help="one JSON document on stdout")] =
     False,
-    csv: Annotated[Path | None, typer.Option(help="write the top-k table to this CSV file")] =
+    csv: Annotated[str | None, typer.Option(help="write the top-k table to this CSV file")] =
     None,
     list_presets_: Annotated[bool, typer.Option("--list", help="list every preset and exit")]
     = False,
     emit: Annotated[Emit | None, typer.Option(help="print only the best configuration's "
                                               "launch settings for this framework on stdout "
                                               "(the report goes to stderr)")] = None,
-    emit_dir: Annotated[Path | None, typer.Option(
+    emit_dir: Annotated[str | None, typer.Option(
         help="write the launch settings of every framework into this folder (megatron.args, "
              "bridge.yaml, torchtitan.toml, deepspeed.json)")] = None,
     calibration: Annotated[Path | None, typer.Option(
@@ -590,6 +592,7 @@ def planner(
         }
         plan_kwargs["max_step_time_s"] = _quantity(max_step_time, _UNITS_S, "--max-step-time", "s")
         plan_kwargs["max_memory_bytes"] = _quantity(max_memory, _UNITS_B, "--max-memory", "gib")
+        check_outputs(plan_inputs(plan_kwargs), csv=csv, emit_dir=emit_dir)
         result = api.plan(**plan_kwargs)
     except SpecError as e:
         _fail(str(e))
@@ -602,7 +605,7 @@ def planner(
         _fail(result.why_nothing_fits())
     if csv is not None:
         try:
-            result.top.to_csv(csv, index=False)
+            atomic_write(csv, result.top.to_csv(index=False))
         except OSError as e:
             _fail(f"--csv {csv}: cannot write: {e.strerror}")
     want_alt = emit is not None or emit_dir is not None
@@ -613,10 +616,9 @@ def planner(
         _fail(str(e))
     if emit_dir is not None:
         try:
-            emit_dir.mkdir(parents=True, exist_ok=True)
-            for L in launches.values():
-                if L.text is not None:
-                    (emit_dir / L.file).write_text(L.text)
+            write_emit_dir(emit_dir, launches, plan_inputs(plan_kwargs))
+        except SpecError as e:
+            _fail(str(e))
         except OSError as e:
             _fail(f"--emit-dir {emit_dir}: cannot write: {e.strerror}")
         for L in launches.values():

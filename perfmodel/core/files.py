@@ -29,6 +29,7 @@ from perfmodel.core.errors import SpecError
 __all__ = [
     "MAX_SPEC_BYTES",
     "atomic_write",
+    "input_files",
     "parse_json",
     "parse_toml",
     "plain_name",
@@ -117,18 +118,29 @@ def same_file(a: str | Path, b: str | Path) -> bool:
             return False
 
 
-def refuse_input_as_output(output: str | Path, inputs: Iterable[Any], option: str) -> None:
-    """:class:`SpecError` when ``output`` is empty or names a file among ``inputs`` (paths,
-    or anything else, which is skipped), or a file inside an input folder."""
-    if str(output) == "":
-        raise SpecError(f"{option} '': give a file or folder name")
-    for item in inputs:
+def input_files(items: Iterable[Any]) -> list[Path]:
+    """The existing files among ``items`` (paths; a folder stands for the files in it;
+    anything else, such as a preset name or a spec object, is skipped)."""
+    out: list[Path] = []
+    for item in items:
         if not isinstance(item, (str, Path)) or str(item) == "":
             continue
-        with contextlib.suppress(OSError):
-            if not Path(item).exists():
-                continue
-        if same_file(output, item) or (Path(item).is_dir() and same_file(Path(output).parent, item)):
+        p = Path(item)
+        with contextlib.suppress(OSError, ValueError):
+            if p.is_dir():
+                out += [f for f in p.iterdir() if f.is_file()]
+            elif p.is_file():
+                out.append(p)
+    return out
+
+
+def refuse_input_as_output(output: str | Path, inputs: Iterable[Any], option: str) -> None:
+    """:class:`SpecError` when ``output`` is empty or names one of the files of ``inputs``
+    (see :func:`input_files`)."""
+    if str(output) == "":
+        raise SpecError(f"{option} '': give a file or folder name")
+    for item in input_files(inputs):
+        if same_file(output, item):
             raise SpecError(f"{option} {shown(output)}: is one of this command's inputs "
                             f"({shown(item)}); write the output elsewhere")
 
