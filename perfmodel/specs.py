@@ -18,6 +18,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
+import numpy as np
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -45,6 +46,7 @@ __all__ = [
     "load_gpu",
     "load_model",
     "load_training",
+    "spec_path",
     "model_from_hf_config",
 ]
 
@@ -62,7 +64,17 @@ class Dtype(str, Enum):
 #: are typing errors, and the space's divisor lists stay small.
 MAX_GPUS = 2**20
 
+#: Bounds that keep the work of a search and the integer products of the cost models finite
+#: (a 10^30 batch overflowed int64; 10^9 layers hung the layer layouts). Far above any model.
+MAX_GLOBAL_BATCH = 2**32
+"""Largest global batch [sequences]."""
+MAX_SEQ_LEN = 2**24
+"""Longest training sequence [tokens]."""
+MAX_LAYERS = 100_000
+"""Most transformer layers of a model."""
+
 PosFloat = Annotated[float, Field(gt=0)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
 PosInt = Annotated[int, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 
@@ -131,7 +143,7 @@ class GPUSpec(Spec):
         default=None,
         description="the clock the datasheet's tensor peaks are stated at [GHz]",
     )
-    sustained_gemm_fraction: PosFloat | None = Field(
+    sustained_gemm_fraction: Fraction | None = Field(
         default=None,
         description="GEMM throughput of a whole node training at its power limit relative to "
         "the one-GPU matmul ceiling (mamf_tflops); None uses perfmodel.compute's value for the "
@@ -266,6 +278,11 @@ class ClusterSpec(Spec):
                     f"tier '{t.name}': domain_size ({size}) must be a multiple of the inner "
                     f"tier's domain_size ({prev})"
                 )
+            if i == 0 and size % self.gpus_per_node and self.gpus_per_node % size:
+                raise ValueError(
+                    f"tier '{t.name}': domain_size ({size}) must divide gpus_per_node "
+                    f"({self.gpus_per_node}) or be a multiple of it"
+                )
             prev = size
         return self
 
@@ -332,13 +349,13 @@ class ModelSpec(Spec):
     """
 
     name: Name
-    num_layers: PosInt
+    num_layers: Annotated[int, Field(gt=0, le=MAX_LAYERS)]
     hidden_size: PosInt
     num_attention_heads: PosInt
     num_kv_heads: PosInt | None = None
     head_dim: PosInt | None = None
     ffn_hidden_size: PosInt
-    vocab_size: PosInt
+    vocab_size: Annotated[int, Field(ge=2)]
     max_seq_len: PosInt = 2048
     activation: Literal["gelu", "swiglu", "relu2"] = "gelu"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
@@ -707,8 +724,8 @@ class TrainingSpec(Spec):
     fp8 block scales, Blackwell; alias ``fp4``).
     """
 
-    global_batch_size: PosInt = 1536
-    seq_len: PosInt = 2048
+    global_batch_size: Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)] = 1536
+    seq_len: Annotated[int, Field(gt=0, le=MAX_SEQ_LEN)] = 2048
     precision: Literal["fp32", "bf16", "fp16", "fp8", "fp4"] = "bf16"
     low_precision_recipe: Literal["fp8-delayed", "fp8-cs", "fp8-block", "mxfp8", "nvfp4"] | None = (
         Field(default=None, description="scaling recipe of the fp8/fp4 GEMMs (set from precision)")
@@ -994,6 +1011,18 @@ def _read_toml(path: Path) -> dict[str, Any]:
     return parse_toml(read_text_bounded(path, "TOML"), str(path))
 
 
+def spec_path(value: Any, what: str) -> Path:
+    """``value`` as a path: :class:`SpecError` unless it is text or a path (``None``, a number
+    or a list given as a model raised TypeError)."""
+    value = getattr(value, "value", value)  # an Enum member
+    if not isinstance(value, (str, Path)):
+        raise SpecError(f"{what} = {shown(repr(value), 60)}: expected a preset name, a file path "
+                        "or a spec object")
+    if str(value) == "":
+        raise SpecError(f"{what} '': expected a preset name or a file path")
+    return Path(value)
+
+
 def _is_file(p: Path) -> bool:
     """Whether ``p`` exists (False for a name the OS refuses, e.g. one over 255 bytes)."""
     try:
@@ -1007,7 +1036,7 @@ def _resolve(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
 
     A preset is a plain name of the shipped list (``llama3.1-8b``); anything else must be a
     path to an existing file (``./secret`` is never looked up among the presets)."""
-    p = Path(name_or_path)
+    p = spec_path(name_or_path, kind)
     if p.suffix in (".toml", ".json") or _is_file(p):
         if not _is_file(p):
             raise SpecError(f"{kind} file '{shown(p)}' does not exist")
@@ -1258,6 +1287,12 @@ def load_model(spec: str | Path | ModelSpec) -> ModelSpec:
     return _build(ModelSpec, data, src)
 
 
+def _plain_value(v: Any) -> Any:
+    """An Enum member as its value, a numpy scalar (``np.int64(16)``) as the Python number."""
+    v = getattr(v, "value", v)
+    return v.item() if isinstance(v, np.generic) else v
+
+
 def load_training(spec: str | Path | TrainingSpec | dict | None = None, **overrides) -> TrainingSpec:
     """A training setup from a TOML path, a dict or defaults, with keyword overrides."""
     if isinstance(spec, TrainingSpec):
@@ -1267,6 +1302,6 @@ def load_training(spec: str | Path | TrainingSpec | dict | None = None, **overri
     elif isinstance(spec, dict):
         data = dict(spec)
     else:
-        data = _read_toml(Path(spec))
-    data.update({k: getattr(v, "value", v) for k, v in overrides.items() if v is not None})
+        data = _read_toml(spec_path(spec, "training"))
+    data.update({k: _plain_value(v) for k, v in overrides.items() if v is not None})
     return _build(TrainingSpec, data, "training")

@@ -33,11 +33,13 @@ from perfmodel.specs import (
     ModelSpec,
     SpecError,
     TrainingSpec,
+    _is_file,
     _read_toml,
     format_validation_error,
     load_cluster,
     load_model,
     load_training,
+    spec_path,
 )
 from search.grid import GridSearch, Progress
 from search.result import SearchResult
@@ -198,8 +200,8 @@ def _training_data(training: Any) -> tuple[Any, set[str], str]:
         return training, set(TrainingSpec.model_fields), "training spec"
     if isinstance(training, dict):
         return dict(training), set(training), "training dict"
-    path = Path(getattr(training, "value", training))
-    if not path.exists():
+    path = spec_path(training, "training")
+    if not _is_file(path):
         raise SpecError(f"training file '{path}' does not exist")
     data = _read_toml(path)
     return data, set(data), f"training file {path}"
