@@ -46,8 +46,8 @@ __all__ = [
     "load_gpu",
     "load_model",
     "load_training",
-    "spec_path",
     "model_from_hf_config",
+    "spec_path",
 ]
 
 
