@@ -247,8 +247,8 @@ def _quantity(text: str | None, units_: dict[str, float], option: str, default_u
 
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
     unit = (m.group(2) or default_unit).lower() if m else ""
-    if not m or unit not in units_ or float(m.group(1)) <= 0:
-        _fail(f"{option} {text!r}: expected a positive number with a unit "
+    if not m or unit not in units_ or not 0 < float(m.group(1)) * units_[unit] < float("inf"):
+        _fail(f"{option} {text!r}: expected a finite positive number with a unit "
               f"({', '.join(k for k in units_ if k != 'b')})")
     return float(m.group(1)) * units_[unit]
 
