@@ -34,6 +34,7 @@ count) and predict the others.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -45,11 +46,18 @@ from typing import Annotated, Any
 import numpy as np
 import pandas as pd
 import typer
+from pydantic import ValidationError
 
 from hardware_specs import find_preset
-from perfmodel.core.files import atomic_write, refuse_input_as_output
+from perfmodel.core.files import (
+    atomic_write,
+    plain_name,
+    read_text_bounded,
+    refuse_input_as_output,
+    shown,
+)
 from perfmodel.profile import PARAMETERS, EfficiencyProfile, load_profile, profile_toml
-from perfmodel.specs import SpecError
+from perfmodel.specs import SpecError, format_validation_error
 from search.validate import VALIDATION_DIR, Case, case_from_row, predict_case
 
 __all__ = [
@@ -121,13 +129,13 @@ def read_runs(path: str | Path) -> pd.DataFrame:
     """Read a runs CSV and fill the optional columns; SpecError (one line) when malformed."""
     p = Path(path)
     if not p.exists():
-        raise SpecError(f"--runs {p}: file does not exist")
+        raise SpecError(f"--runs {shown(p)}: file does not exist")
+    text = read_text_bounded(p, "CSV")
     try:
-        df = pd.read_csv(p, dtype={"row_id": str})
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise SpecError(f"--runs {p}: not a readable CSV table: {str(e).splitlines()[0]}") from None
-    except OSError as e:
-        raise SpecError(f"--runs {p}: cannot read: {e.strerror}") from None
+        df = pd.read_csv(io.StringIO(text), dtype={"row_id": str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as e:
+        raise SpecError(f"--runs {shown(p)}: not a readable CSV table: "
+                        f"{shown(str(e).splitlines()[0] if str(e) else type(e).__name__)}") from None
     return normalize_runs(df, str(p))
 
 
@@ -146,8 +154,11 @@ def normalize_runs(df: pd.DataFrame, source: str = "runs") -> pd.DataFrame:
     for c in OPTIONAL_COLUMNS:
         if c not in df.columns:
             df[c] = np.nan
-    df["row_id"] = [str(r) if isinstance(r, str) and r.strip() else f"row{i + 1}"
+    # a row id goes into the profile file: one line, control characters escaped
+    df["row_id"] = [shown(r, 60) if isinstance(r, str) and r.strip() else f"row{i + 1}"
                     for i, r in enumerate(df["row_id"])]
+    # a row repeated verbatim (its id aside) is one run, not two
+    df = df[~df.drop(columns="row_id").astype(str).duplicated()].reset_index(drop=True)
     for c in ("measurement_scope", "sequence_parallel", "activation_recompute",
               "zero_or_dist_optimizer", "software", "source", "reliability"):
         df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
@@ -178,9 +189,11 @@ def runs_to_cases(df: pd.DataFrame, cluster: Any = None) -> tuple[list[Case],
                 c = replace(c, cluster=cl, config=cfg)
             cases.append(c)
         except SpecError as e:
-            skipped.append((str(r["row_id"]), str(e)))
-        except (ValueError, TypeError, KeyError) as e:
-            skipped.append((str(r["row_id"]), f"malformed value: {e}"))
+            skipped.append((str(r["row_id"]), shown(str(e), 400)))
+        except ValidationError as e:
+            skipped.append((str(r["row_id"]), shown(format_validation_error(e), 400)))
+        except (ValueError, TypeError, KeyError, ArithmeticError) as e:
+            skipped.append((str(r["row_id"]), f"malformed value: {shown(e, 200)}"))
     return cases, skipped
 
 
@@ -687,6 +700,7 @@ def calibrate_command(
         raise typer.Exit(2)
 
     try:
+        plain_name(name, "--name")
         if out is not None:  # --out r.csv with --runs r.csv destroyed the runs
             refuse_input_as_output(out, [runs, cluster, find_preset("cluster", cluster or "")],
                                    "--out")

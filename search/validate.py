@@ -728,6 +728,10 @@ def validate_command(
     try:
         prof = load_profile(profile)
         report, skipped = training_runs_report(runs, profile=prof)
+        if runs is not None and report.empty:
+            raise SpecError(f"--runs {runs}: no row can be predicted"
+                            + (f" (row {skipped.iloc[0, 0]}: {skipped.iloc[0, -1]})"
+                               if len(skipped) else ""))
     except SpecError as e:
         typer.echo(f"plan: error: {e}", err=True)
         raise typer.Exit(2) from None
