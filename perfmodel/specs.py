@@ -962,7 +962,7 @@ def format_validation_error(err: ValidationError, source: str = "", data: Any = 
             close = difflib.get_close_matches(key, _fields_at(cls, e["loc"][:-1]), n=1,
                                               cutoff=0.6) if cls is not None else []
             hint = f"; did you mean '{close[0]}'?" if close else ""
-            parts.append(f"unknown key '{loc}' (value {e.get('input')!r}): not a field of this "
+            parts.append(f"unknown key '{loc}' (value {shown(repr(e.get('input')), 100)}): not a field of this "
                          f"spec{hint}")
         elif e["type"] == "missing":
             parts.append(f"missing key '{loc}'")
@@ -972,13 +972,13 @@ def format_validation_error(err: ValidationError, source: str = "", data: Any = 
                 msg = msg.split(": ", 1)[-1]
             parts.append(msg)
         elif e["type"] == "finite_number":
-            parts.append(f"{loc} = {e.get('input')!r}: expected a finite number (not NaN or "
+            parts.append(f"{loc} = {shown(repr(e.get('input')), 100)}: expected a finite number (not NaN or "
                          "infinity)")
         else:
-            parts.append(f"{loc} = {e.get('input')!r}: {msg.removeprefix('Value error, ')}")
+            parts.append(f"{loc} = {shown(repr(e.get('input')), 100)}: {msg.removeprefix('Value error, ')}")
         parts[start:] = [where + x for x in parts[start:]]
     prefix = f"{source}: " if source else ""
-    return prefix + "; ".join(parts)
+    return shown(prefix + "; ".join(parts), limit=4000)  # one line, whatever the keys hold
 
 
 def _tuples_from_lists(cls: type[Spec], data: Any) -> Any:
