@@ -31,6 +31,7 @@ from perfmodel.specs import (
     model_from_hf_config,
 )
 from search import api, calibrate, validate
+from search import space as space_module
 from search.realtime import load_realtime
 from search.space import check_search_size, make_space
 
@@ -281,3 +282,15 @@ def test_realtime_too_many_models_is_one_line():
             "models": [{"name": f"m{i}", "gflops": 1.0, "weights_mib": 1.0, "layers": 1,
                         "latency_ms": 10.0, "priority": i} for i in range(1000)]}
     _one_line(load_realtime, data, match="at most 256")
+
+
+def test_iter_chunks_checks_prefixes_in_bounded_blocks(monkeypatch):
+    """The same configurations, in the same order, whatever the prefix block size (the whole
+    tp x pp x cp x dp x vp product was built in memory)."""
+    space = make_space(load_model("gpt3-125m"), load_training(global_batch_size=64,
+                                                              seq_len=2048),
+                       load_cluster("dgx-h100", 64), allow_idle_gpus=True)
+    whole = np.concatenate(list(space.iter_chunks()))
+    monkeypatch.setattr(space_module, "PREFIX_BLOCK", 7)
+    assert np.array_equal(np.concatenate(list(space.iter_chunks())), whole)
+    assert space.pruned_size() == whole.size
