@@ -36,11 +36,12 @@ from rich.table import Table
 from typer._click.exceptions import BadParameter, ClickException, UsageError
 from typer.core import TyperGroup
 
-from emit.launch import FORMATS, launch_from_result
+from emit.launch import FORMATS, check_outputs, launch_from_result, plan_inputs, write_emit_dir
 from hardware_specs import list_presets
 from perfmodel.compute.layer import sustained_calibration
 from perfmodel.core import units
 from perfmodel.core.errors import SpecError
+from perfmodel.core.files import atomic_write
 from perfmodel.parallel.layers import stage_layer_table
 from perfmodel.spec.specs import format_validation_error, load_cluster
 from perfmodel.step.evaluate import MFU_CONVENTION
@@ -151,13 +152,13 @@ class PlanCommand(PlanRequest):
 
     json_out: Annotated[bool, Cli(("--json",))] = Field(
         False, description="one JSON document on stdout")
-    csv: Path | None = Field(None, description="write the top-k table to this CSV file")
+    csv: str | None = Field(None, description="write the top-k table to this CSV file")
     list_presets: Annotated[bool, Cli(("--list",))] = Field(
         False, description="list every preset and exit")
     emit: Literal[FORMATS] | None = Field(
         None, description="print only the best configuration's launch settings for this "
         "framework on stdout (the report goes to stderr)")
-    emit_dir: Path | None = Field(
+    emit_dir: str | None = Field(
         None, description="write the launch settings of every framework into this folder "
         "(megatron.args, bridge.yaml, torchtitan.toml, deepspeed.json)")
 
@@ -314,8 +315,8 @@ def _quantity(text: str | None, units_: dict[str, float], option: str, default_u
         return None
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
     unit = (m.group(2) or default_unit).lower() if m else ""
-    if not m or unit not in units_ or float(m.group(1)) <= 0:
-        _fail(f"{option} {text!r}: expected a positive number with a unit "
+    if not m or unit not in units_ or not 0 < float(m.group(1)) * units_[unit] < float("inf"):
+        _fail(f"{option} {text!r}: expected a finite positive number with a unit "
               f"({', '.join(k for k in units_ if k != 'b')})")
     return float(m.group(1)) * units_[unit]
 
@@ -551,6 +552,7 @@ def _run_plan(options: dict[str, Any], progress: Any) -> tuple[dict[str, Any], A
     """(the keywords of :func:`search.plan`, its result); a user error ends the command."""
     try:
         kwargs = _plan_kwargs(options, progress)
+        check_outputs(plan_inputs(kwargs), csv=options["csv"], emit_dir=options["emit_dir"])
         return kwargs, api.plan(**kwargs)
     except SpecError as e:
         _fail(str(e))
@@ -561,23 +563,24 @@ def _run_plan(options: dict[str, Any], progress: Any) -> tuple[dict[str, Any], A
             progress.close()
 
 
-def _write_csv(result: Any, csv: Path | None) -> None:
+def _write_csv(result: Any, csv: str | None) -> None:
     if csv is not None:
         try:
-            result.top.to_csv(csv, index=False)
+            atomic_write(csv, result.top.to_csv(index=False))
         except OSError as e:
             _fail(f"--csv {csv}: cannot write: {e.strerror}")
 
 
-def _write_launches(launches: dict[str, Any], emit_dir: Path | None, err: Console) -> None:
-    """Write every launch file into ``emit_dir``; say which could not be written."""
+def _write_launches(launches: dict[str, Any], emit_dir: str | None, plan_kwargs: dict[str, Any],
+                    err: Console) -> None:
+    """Write every launch file into ``emit_dir`` (each atomically; the files of formats this
+    plan did not write are removed); say which could not be written."""
     if emit_dir is None:
         return
     try:
-        emit_dir.mkdir(parents=True, exist_ok=True)
-        for L in launches.values():
-            if L.text is not None:
-                (emit_dir / L.file).write_text(L.text)
+        write_emit_dir(emit_dir, launches, plan_inputs(plan_kwargs))
+    except SpecError as e:
+        _fail(str(e))
     except OSError as e:
         _fail(f"--emit-dir {emit_dir}: cannot write: {e.strerror}")
     for L in launches.values():
@@ -636,7 +639,7 @@ def planner(ctx: typer.Context, **options: Any) -> None:
             json_out or want_alt) else {}
     except SpecError as e:
         _fail(str(e))
-    _write_launches(launches, options["emit_dir"], err)
+    _write_launches(launches, options["emit_dir"], plan_kwargs, err)
     if json_out:
         _print_json(result, launches)
         return

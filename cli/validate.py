@@ -87,7 +87,12 @@ def _training_runs_or_exit(runs: Path | None, profile: str | None) -> tuple[
     line on stderr."""
     try:
         prof = load_profile(profile)
-        return training_runs_report(runs, profile=prof)
+        report, skipped = training_runs_report(runs, profile=prof)
+        if runs is not None and report.empty:
+            raise SpecError(f"--runs {runs}: no row can be predicted"
+                            + (f" (row {skipped.iloc[0, 0]}: {skipped.iloc[0, -1]})"
+                               if len(skipped) else ""))
+        return report, skipped
     except SpecError as e:
         typer.echo(f"plan: error: {e}", err=True)
         raise typer.Exit(2) from None

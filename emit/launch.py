@@ -36,10 +36,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from emit.moe import megatron_bridge_moe_fields, megatron_moe_args, torchtitan_moe_fields
+from hardware_specs import KINDS, find_preset
 from perfmodel.core.errors import SpecError
+from perfmodel.core.files import atomic_write, refuse_input_as_output, shown
 from perfmodel.parallel.config import ParallelConfig
 from perfmodel.parallel.layers import (
     balanced_chunk_layers,
@@ -56,9 +59,9 @@ from perfmodel.spec.frameworks import (
 from perfmodel.spec.hybrid import mamba_heads
 from perfmodel.spec.specs import ModelSpec, TrainingSpec, load_model
 
-__all__ = ["FILE_NAMES", "FORMATS", "FORMAT_FRAMEWORK", "Launch", "emit", "launch_from_result",
-           "launch_settings",
-           "precision_recipe", "refusals", "stage_layers"]
+__all__ = ["FILE_NAMES", "FORMATS", "FORMAT_FRAMEWORK", "Launch", "check_emit_dir", "check_outputs",
+           "emit", "launch_from_result", "launch_settings", "plan_inputs", "precision_recipe",
+           "refusals", "stage_layers", "write_emit_dir"]
 
 FORMATS = ("megatron", "bridge", "torchtitan", "deepspeed")
 #: The framework preset whose capabilities each format is checked against (a ``--framework``
@@ -271,9 +274,9 @@ def megatron_args(config: ParallelConfig, model: ModelSpec, training: TrainingSp
     block, block_note = _block_recompute(config)
     a += _megatron_recompute_args(config, training, block)
     a += _megatron_precision_args(recipe)
-    a += megatron_moe_args(config, model, training)  # MoE / MLA flags (search.emit_moe)
+    a += megatron_moe_args(config, model, training)  # MoE / MLA flags (emit.moe)
     head = _megatron_head(config, model, training, chunks, block_note)
-    return "\n".join(head + a) + "\n"
+    return _join_lines(head + a)
 
 
 def _megatron_model_args(m: ModelSpec, training: TrainingSpec) -> list[str]:
@@ -449,7 +452,7 @@ def _bridge_sections(config: ParallelConfig, model: ModelSpec, training: Trainin
     if c.pp > 1:
         mdl["overlap_p2p_comm"] = bool(training.overlap_p2p_comm)
     ddp = _bridge_ddp(c, training)
-    mdl.update(megatron_bridge_moe_fields(c, m, training))  # MoE part (search.emit_moe)
+    mdl.update(megatron_bridge_moe_fields(c, m, training))  # MoE part (emit.moe)
     # the other sections: batch, data parallelism (Megatron-FSDP for ZeRO-2/3), TP overlap,
     # precision
     out: dict[str, Any] = {
@@ -556,6 +559,12 @@ def _bridge_ddp(c: ParallelConfig, training: TrainingSpec) -> dict[str, Any]:
     return ddp
 
 
+def _join_lines(lines: list[str]) -> str:
+    """The file's text, one entry per line: a control character inside an entry (a newline in
+    a name that reached a ``#`` comment) is escaped, so it cannot start a line of its own."""
+    return "".join(shown(line, limit=len(line) * 10 + 10) + "\n" for line in lines)
+
+
 def _yaml_scalar(v: Any) -> str:
     if v is None:
         return "null"
@@ -589,7 +598,7 @@ def bridge_yaml(config: ParallelConfig, model: ModelSpec, training: TrainingSpec
             lines += [f"  {k}: {_yaml_scalar(v)}" for k, v in body.items()]
         else:
             lines.append(f"{sec}: {_yaml_scalar(body)}")
-    return "\n".join(lines) + "\n"
+    return _join_lines(lines)
 
 
 # ------------------------------------------------------------------------------------------
@@ -694,7 +703,7 @@ def torchtitan_toml(config: ParallelConfig, model: ModelSpec, training: Training
         lines.append("")
         lines.append(f"[{name_}]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in body.items()]
-    return "\n".join(lines) + "\n"
+    return _join_lines(lines)
 
 
 # ------------------------------------------------------------------------------------------
@@ -892,3 +901,51 @@ def launch_from_result(result: Any, model: ModelSpec | str, formats: tuple[str, 
     return launch_settings(config, load_model(model), training_from_setup(result.setup),
                            formats, framework=framework or result.setup.get("framework"),
                            replan=replan, planned_step_time_s=row["step_time_s"])
+
+
+def check_emit_dir(folder: str | Path, inputs: list[Any]) -> None:
+    """:class:`SpecError` when ``--emit-dir`` is empty or a file it would write (or remove) is
+    one of the command's ``inputs`` (``--model D/torchtitan.toml --emit-dir D``)."""
+    refuse_input_as_output(folder, [], "--emit-dir")
+    for name in FILE_NAMES.values():
+        refuse_input_as_output(Path(folder) / name, inputs, "--emit-dir")
+
+
+def write_emit_dir(folder: str | Path, launches: dict[str, Launch], inputs: list[Any]) -> None:
+    """Write each format's file that this plan has into ``folder`` (atomically: temporary file
+    and rename), and remove the files of the formats it has none for, which an earlier plan
+    may have left (a folder never mixes two plans' files)."""
+    check_emit_dir(folder, inputs)
+    d = Path(folder)
+    d.mkdir(parents=True, exist_ok=True)
+    for fmt, name in FILE_NAMES.items():
+        launch = launches.get(fmt)
+        if launch is not None and launch.text is not None:
+            atomic_write(d / name, launch.text)
+        else:
+            (d / name).unlink(missing_ok=True)
+
+
+#: ``search.plan`` arguments that name files the command reads.
+_PLAN_INPUT_KEYS = ("model", "cluster", "training", "framework", "profile", "calibration")
+
+
+def plan_inputs(plan_kwargs: dict[str, Any]) -> list[Any]:
+    """The files (or folders) a plan reads: its path arguments, and the shipped file of each
+    preset it names."""
+    out: list[Any] = []
+    for key in _PLAN_INPUT_KEYS:
+        v = plan_kwargs.get(key)
+        preset = find_preset(key, v) if key in KINDS and isinstance(v, str) and v else None
+        out.append(preset or v)
+    return out
+
+
+def check_outputs(inputs: list[Any], *, csv: str | Path | None = None,
+                  emit_dir: str | Path | None = None) -> None:
+    """Before the search: :class:`SpecError` when ``--csv`` or a file ``--emit-dir`` would
+    write is one of the ``inputs`` (``--csv m.toml`` replaced the model file), or is empty."""
+    if csv is not None:
+        refuse_input_as_output(csv, inputs, "--csv")
+    if emit_dir is not None:
+        check_emit_dir(emit_dir, inputs)

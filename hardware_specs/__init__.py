@@ -25,12 +25,17 @@ def list_presets(kind: str) -> list[str]:
 
 
 def find_preset(kind: str, name: str) -> Path | None:
-    """Path of preset ``name`` of ``kind``, or None."""
-    p = preset_dir(kind) / f"{name.lower()}.toml"
-    return p if p.exists() else None
+    """Path of preset ``name`` of ``kind``, or None: only a name of :func:`list_presets`
+    (``../../x/secret`` is not joined onto the preset folder)."""
+    if name.lower() not in list_presets(kind):
+        return None
+    return preset_dir(kind) / f"{name.lower()}.toml"
 
 
 def calibration_dir(name: str) -> Path | None:
-    """Folder of a shipped GPU calibration (e.g. ``h200``), or None."""
+    """Folder of a shipped GPU calibration (e.g. ``h200``), or None (also for a name that is
+    not a plain folder name)."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        return None
     p = ROOT / "calibration" / name
     return p if p.is_dir() else None

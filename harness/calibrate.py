@@ -19,24 +19,31 @@ field in ClusterSpec; it is kept in the JSON (``op_overhead_s``) and in the spec
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import math
 import os
 import platform
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from harness.isolation import private_dir, worker_env
+from harness.launch import _kill_all, torchrun_command
+from harness.watchdog import launcher_env, terminate_as_interrupt
 from perfmodel.core import units
+from perfmodel.core.files import atomic_write
 from perfmodel.spec.specs import ClusterSpec, GPUSpec, LinkTier, PeakTflops
 
-__all__ = ["DEFAULT_PATH", "calibrate", "fit_alpha_beta", "local_cluster"]
+__all__ = ["DEFAULT_PATH", "calibrate", "fit_alpha_beta", "local_cluster", "read_cache"]
 
 DEFAULT_PATH = Path.home() / ".cache" / "llm-planner" / "local_calibration.json"
 MATMUL_SIZES = (64, 128, 256, 512)
@@ -137,20 +144,13 @@ def _worker(out: Path) -> None:  # one rank of the calibration job
 
 
 def _run_one(nproc: int, timeout_s: float) -> dict[str, Any]:
-    out = Path(tempfile.mkdtemp(prefix="harness-cal-"))
-    e = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    root = str(Path(__file__).resolve().parents[1])
-    e["PYTHONPATH"] = root + os.pathsep + e.get("PYTHONPATH", "")
-    from harness.launch import _kill_all
-    from harness.watchdog import RDZV_TIMEOUT_S, launcher_env, terminate_as_interrupt
-
-    e.update(launcher_env())
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           f"--rdzv-conf=join_timeout={RDZV_TIMEOUT_S:.0f}",
-           "-m", "harness.calibrate", "--worker", str(out)]  # fmt: skip
+    out = private_dir("harness-cal-")
+    base = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **launcher_env())
+    e = worker_env(base, temp_root=out)  # torchelastic's temporary folders go into ``out``
+    cmd = torchrun_command(nproc, "harness.calibrate", "--worker", str(out))
     with terminate_as_interrupt():  # SIGTERM cleans up like SIGINT
-        proc = subprocess.Popen(cmd, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(cmd, env=e, cwd=out, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -172,6 +172,45 @@ def _run_one(nproc: int, timeout_s: float) -> dict[str, Any]:
     return res
 
 
+def _valid_run(run: Any, nproc: int) -> bool:
+    """Whether a cached measurement has every number :func:`local_cluster` reads."""
+    keys = ["copy_bytes_per_s", "op_overhead_s"] + (
+        ["gloo_bw_bytes_per_s", "gloo_latency_s"] if nproc > 1 else [])
+    if not isinstance(run, dict) or not isinstance(run.get("matmul_flops_per_s"), dict):
+        return False
+    nums = [run.get(k) for k in keys] + list(run["matmul_flops_per_s"].values())
+    return bool(run["matmul_flops_per_s"]) and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+        for x in nums)
+
+
+def read_cache(path: Path, host: dict[str, Any]) -> dict[str, Any]:
+    """The cached calibration of ``host`` at ``path``; an absent, empty, corrupt or foreign
+    cache (or a corrupt entry in it) counts as absent."""
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = None
+    if not isinstance(cache, dict) or cache.get("host") != host or not isinstance(
+            cache.get("runs"), dict):
+        return {"host": host, "runs": {}}
+    runs = {n: r for n, r in cache["runs"].items() if n.isdigit() and _valid_run(r, int(n))}
+    return {"host": host, "runs": runs}
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock (``fcntl.flock`` on ``path.lock``) for a read-modify-write of the
+    cache: two calibrations started together measure once and keep both results."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def calibrate(
     nprocs: tuple[int, ...] = (1, 2, 4, 8),
     path: str | Path | None = None,
@@ -179,19 +218,19 @@ def calibrate(
     force: bool = False,
     timeout_s: float = 180.0,
 ) -> dict[str, Any]:
-    """Measure (or read from the cache) the local machine for each process count in ``nprocs``."""
+    """Measure (or read from the cache) the local machine for each process count in ``nprocs``.
+
+    The cache is read and updated under a lock and replaced atomically (temporary file and
+    rename), and only when something was measured."""
     p = Path(path) if path else DEFAULT_PATH
-    cache: dict[str, Any] = {}
-    if p.exists() and not force:
-        cache = json.loads(p.read_text())
     host = {"machine": platform.machine(), "cpus": os.cpu_count(), "node": platform.node()}
-    if cache.get("host") != host:
-        cache = {"host": host, "runs": {}}
-    for n in nprocs:
-        if str(n) not in cache["runs"]:
+    with _locked(p):
+        cache = {"host": host, "runs": {}} if force else read_cache(p, host)
+        missing = [n for n in nprocs if str(n) not in cache["runs"]]
+        for n in missing:
             cache["runs"][str(n)] = _run_one(n, timeout_s)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(cache, indent=1))
+        if missing:
+            atomic_write(p, json.dumps(cache, indent=1))
     return cache
 
 

@@ -11,6 +11,7 @@ starts in sessions of their own) is killed by process group and pid, and the res
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -18,17 +19,23 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from harness.watchdog import RDZV_TIMEOUT_S, launcher_env, terminate_as_interrupt
+from harness.isolation import private_dir, python_command, worker_env
+from harness.watchdog import (
+    RDZV_TIMEOUT_S,
+    launcher_env,
+    process_start_ticks,
+    terminate_as_interrupt,
+)
 from perfmodel.parallel.config import ParallelConfig
 from perfmodel.spec.specs import ModelSpec
 
-__all__ = ["descendants", "job_spec", "run_config", "summarize"]
+__all__ = [
+    "descendants", "job_spec", "rank_processes", "run_config", "summarize", "torchrun_command",
+]  # fmt: skip
 
 PARALLEL_KEYS = (
     "dp", "tp", "pp", "vp", "cp", "zero_stage", "micro_batch_size", "num_microbatches",
@@ -66,6 +73,15 @@ def job_spec(
     }  # fmt: skip
 
 
+def torchrun_command(nproc: int, module: str, *args: str) -> list[str]:
+    """``python -P -m torch.distributed.run ... -m module args``: ``nproc`` local ranks."""
+    return python_command(
+        "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        "--monitor-interval=0.2", f"--rdzv-conf=join_timeout={RDZV_TIMEOUT_S:.0f}",
+        "-m", module, *args,
+    )  # fmt: skip
+
+
 def descendants(pid: int) -> list[int]:
     """All live descendants of ``pid`` (from /proc; empty where /proc is missing)."""
     children: dict[int, list[int]] = {}
@@ -83,18 +99,47 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def _kill_all(proc: subprocess.Popen, extra_pids: list[int]) -> None:
-    pids = set(descendants(proc.pid)) | set(extra_pids)
-    for sig_target in [proc.pid, *sorted(pids)]:
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(sig_target, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError, OSError):
-                pass
+def rank_processes(out: Path) -> list[tuple[int, str]]:
+    """(pid, start ticks) of each rank, from the ``rank_*.pid`` files the ranks write (a file
+    without a start time, or unreadable, is skipped: a bare pid may name a reused process)."""
+    found = []
+    for f in sorted(out.glob("rank_*.pid")):
+        try:
+            pid, ticks = f.read_text().split()
+            found.append((int(pid), ticks))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _kill_verified(pid: int, ticks: str | None) -> None:
+    """SIGKILL ``pid`` and its process group, only while it is the process that started at
+    ``ticks`` (a pid read from a file or /proc may have been reused since)."""
+    if ticks is None or process_start_ticks(pid) != ticks:
+        return
+    with contextlib.suppress(OSError):
+        if os.getpgid(pid) == pid:  # a rank leads a session of its own: its helpers go too
+            os.killpg(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
+
+
+def _kill_all(proc: subprocess.Popen, ranks: list[tuple[int, str]]) -> None:
+    """Kill torchrun (its process group while it is not reaped), its live descendants and the
+    ranks named by ``ranks``; each pid only after its start time is checked."""
+    tree: list[tuple[int, str | None]] = []
+    if proc.returncode is None:  # not reaped: proc.pid and its group id still name our job
+        tree = [(p, process_start_ticks(p)) for p in descendants(proc.pid)]
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            proc.kill()
+    for pid, ticks in [*tree, *ranks]:
+        _kill_verified(pid, ticks)
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
+    pids = {p for p, _ in [*tree, *ranks]}
     # reap anything torchrun had started that re-parented to us (none expected)
     deadline = time.time() + 5
     while time.time() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
@@ -143,7 +188,7 @@ def run_config(
             raise ConfigRefused(f"dp*tp*pp*cp must equal nproc ({nproc})")
     except ConfigRefused as err:
         return {"ok": False, "refused": True, "error": str(err), "config": par}
-    out = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="harness-"))
+    out = Path(workdir) if workdir else private_dir("harness-")
     out.mkdir(parents=True, exist_ok=True)
     cfg = out / "job.json"
     cfg.write_text(json.dumps(job))
@@ -153,28 +198,21 @@ def run_config(
     e.update(launcher_env())  # the ranks' watchdog ends them if this process dies
     if env:
         e.update(env)
-    root = str(Path(__file__).resolve().parents[1])
-    e["PYTHONPATH"] = root + os.pathsep + e.get("PYTHONPATH", "")
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={nproc}", "--monitor-interval=0.2",
-        f"--rdzv-conf=join_timeout={RDZV_TIMEOUT_S:.0f}",
-        "-m", "harness.worker", "--config", str(cfg), "--out", str(out),
-    ]  # fmt: skip
+    e = worker_env(e, temp_root=out)  # the project's code only; temporary folders in ``out``
+    cmd = torchrun_command(nproc, "harness.worker", "--config", str(cfg), "--out", str(out))
     t0 = time.perf_counter()
     log = open(out / "torchrun.log", "wb")  # noqa: SIM115 - closed in the finally below
     timed_out = False
     with terminate_as_interrupt():  # SIGTERM cleans up like SIGINT
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=e, start_new_session=True
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=e, cwd=out, start_new_session=True
         )
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:
-            pids = [int(p.read_text()) for p in out.glob("rank_*.pid") if p.read_text().strip()]
-            _kill_all(proc, pids)
+            _kill_all(proc, rank_processes(out))
             log.close()
     wall_s = time.perf_counter() - t0
     res = summarize(out, nproc)

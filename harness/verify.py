@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.isolation import private_temp_root
 from perfmodel.core.errors import SpecError
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig, resolve_config
 from perfmodel.spec.specs import ClusterSpec, ModelSpec, TrainingSpec
@@ -140,44 +141,45 @@ def verify(
     if cluster is None:
         cluster = local_cluster(nproc, calibrate((nproc,), calibration_path))
     chosen = list(configs)[: top_k if top_k else None]
-    runs = []
-    for i, c in enumerate(chosen):
-        pc = c if isinstance(c, ParallelConfig) else ParallelConfig(**c)
-        row: dict[str, Any] = {"config": pc.model_dump()}
-        try:
-            pc = resolve_config(pc, model, training, cluster)
-            row["config"] = pc.model_dump()
-            pred = evaluate(
-                model, training, cluster, ConfigBatch.from_configs([pc]), kernels=kernels
-            )
-            row["predicted"] = {
-                "step_time_s": float(pred.step_time_s[0]),
-                "comm_bytes": {k: float(v[0]) for k, v in pred.comm_bytes_per_gpu.items()},
-                "peak_memory_bytes": float(pred.memory_bytes["peak"][0]),
-            }
-        except SpecError as err:
-            row.update(ok=False, error=str(err))
+    with private_temp_root():  # every run's folders in one root, removed also on interrupt
+        runs = []
+        for i, c in enumerate(chosen):
+            pc = c if isinstance(c, ParallelConfig) else ParallelConfig(**c)
+            row: dict[str, Any] = {"config": pc.model_dump()}
+            try:
+                pc = resolve_config(pc, model, training, cluster)
+                row["config"] = pc.model_dump()
+                pred = evaluate(
+                    model, training, cluster, ConfigBatch.from_configs([pc]), kernels=kernels
+                )
+                row["predicted"] = {
+                    "step_time_s": float(pred.step_time_s[0]),
+                    "comm_bytes": {k: float(v[0]) for k, v in pred.comm_bytes_per_gpu.items()},
+                    "peak_memory_bytes": float(pred.memory_bytes["peak"][0]),
+                }
+            except SpecError as err:
+                row.update(ok=False, error=str(err))
+                runs.append(row)
+                continue
+            job = job_spec(
+                pc, model, global_batch_size=training.global_batch_size, seq_len=training.seq_len,
+                warmup_steps=warmup_steps, timed_steps=timed_steps, dp_impl=dp_impl,
+            )  # fmt: skip
+            res = run_config(job, nproc, timeout_s=timeout_s)
+            row["ok"] = bool(res.get("ok"))
+            if row["ok"]:
+                row["measured"] = {
+                    "step_time_s": res["step_time_s"],
+                    "comm_bytes": res["comm_bytes"],
+                    "peak_memory_bytes": res["peak_memory_bytes"],
+                    "losses": res["losses"],
+                    "dp_impl": res["dp_impl"],
+                }
+            else:
+                row["error"] = res.get("error")
             runs.append(row)
-            continue
-        job = job_spec(
-            pc, model, global_batch_size=training.global_batch_size, seq_len=training.seq_len,
-            warmup_steps=warmup_steps, timed_steps=timed_steps, dp_impl=dp_impl,
-        )  # fmt: skip
-        res = run_config(job, nproc, timeout_s=timeout_s)
-        row["ok"] = bool(res.get("ok"))
-        if row["ok"]:
-            row["measured"] = {
-                "step_time_s": res["step_time_s"],
-                "comm_bytes": res["comm_bytes"],
-                "peak_memory_bytes": res["peak_memory_bytes"],
-                "losses": res["losses"],
-                "dp_impl": res["dp_impl"],
-            }
-        else:
-            row["error"] = res.get("error")
-        runs.append(row)
-        if progress:
-            progress(i, len(chosen), row)
+            if progress:
+                progress(i, len(chosen), row)
     ok = [r for r in runs if r.get("ok") and math.isfinite(r["predicted"]["step_time_s"])]
     rho = spearman(
         [r["predicted"]["step_time_s"] for r in ok], [r["measured"]["step_time_s"] for r in ok]

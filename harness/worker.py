@@ -62,6 +62,7 @@ from torch.distributed.fsdp import fully_shard  # noqa: F401
 
 from harness.measure import CommMeter, PeakMemMeter
 from harness.model import TinyGPT, build_model, make_stage, set_recompute, tied_pairs
+from harness.watchdog import process_start_ticks
 from perfmodel.memory.breakdown import BUCKET_PARAMS
 from perfmodel.spec.specs import ModelSpec
 
@@ -912,7 +913,8 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     out = Path(a.out)
     rank = int(os.environ.get("RANK", "0"))
-    (out / f"rank_{rank}.pid").write_text(str(os.getpid()))
+    pid = os.getpid()  # with its start time: the launcher kills it only while it is this process
+    (out / f"rank_{rank}.pid").write_text(f"{pid} {process_start_ticks(pid)}")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     try:
         job = json.loads(Path(a.config).read_text())

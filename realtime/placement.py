@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -60,7 +59,8 @@ from hardware_specs import find_preset, list_presets
 from perfmodel.compute import inference
 from perfmodel.core import units
 from perfmodel.core.errors import SpecError
-from perfmodel.spec.specs import Spec, format_validation_error
+from perfmodel.core.files import parse_json, parse_toml, read_text_bounded
+from perfmodel.spec.specs import MAX_LAYERS, Spec, _is_file, format_validation_error, spec_path
 
 __all__ = [
     "MAX_COMBINATIONS",
@@ -160,6 +160,11 @@ class RealtimeLink(Spec):
         return self.latency_us * units.US
 
 
+MAX_MODELS = 256
+"""Most models of one placement problem: the branch and bound goes one level per model (a
+thousand overflowed Python's stack), and its work grows with the models' options."""
+
+
 class RealtimeModel(Spec):
     """One model: batch-1 cost, latency bound, priority (larger = more important), period.
 
@@ -172,7 +177,7 @@ class RealtimeModel(Spec):
     gflops: PosFloat
     weights_mib: PosFloat
     activation_mib: NonNegFloat = 0.0
-    layers: Annotated[int, Field(gt=0)]
+    layers: Annotated[int, Field(gt=0, le=MAX_LAYERS)]
     latency_ms: PosFloat
     priority: int
     period_ms: PosFloat | None = None
@@ -213,7 +218,7 @@ class RealtimeSpec(Spec):
     description: str = ""
     devices: Annotated[list[RealtimeDevice], Field(min_length=1)]
     links: list[RealtimeLink] = Field(default_factory=list)
-    models: Annotated[list[RealtimeModel], Field(min_length=1)]
+    models: Annotated[list[RealtimeModel], Field(min_length=1, max_length=MAX_MODELS)]
     chain: RealtimeChain | None = None
 
     @model_validator(mode="after")
@@ -265,8 +270,8 @@ def load_realtime(spec: str | Path | dict | RealtimeSpec) -> RealtimeSpec:
     if isinstance(spec, dict):
         data, source = spec, "realtime spec"
     else:
-        p = Path(spec)
-        if not p.exists():
+        p = spec_path(spec, "realtime spec")
+        if not _is_file(p):
             preset = find_preset("realtime", str(spec)) if p.suffix == "" else None
             if preset is None:
                 known = ", ".join(list_presets("realtime"))
@@ -280,17 +285,10 @@ def load_realtime(spec: str | Path | dict | RealtimeSpec) -> RealtimeSpec:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        if path.suffix == ".json":
-            return json.loads(path.read_text())
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
-        raise SpecError(f"{path}: not valid {path.suffix.lstrip('.').upper()}: {err}") from None
-    except UnicodeDecodeError:
-        raise SpecError(f"{path}: not a text file (not UTF-8): expected TOML or JSON") from None
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read: {err.strerror}") from None
+    """A real-time spec file's data: bounded, UTF-8, a JSON object or a TOML table."""
+    if path.suffix == ".json":
+        return parse_json(read_text_bounded(path, "JSON"), str(path))
+    return parse_toml(read_text_bounded(path, "TOML"), str(path))
 
 
 # --------------------------------------------------------------------------------------------

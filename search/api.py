@@ -32,11 +32,13 @@ from perfmodel.spec.specs import (
     ClusterSpec,
     ModelSpec,
     TrainingSpec,
+    _is_file,
     _read_toml,
     format_validation_error,
     load_cluster,
     load_model,
     load_training,
+    spec_path,
 )
 from perfmodel.step.evaluate import evaluate as step_evaluate
 from perfmodel.step.profiled import evaluate as profile_evaluate
@@ -148,8 +150,8 @@ def _training_data(training: Any) -> tuple[Any, set[str], str]:
         return training, set(TrainingSpec.model_fields), "training spec"
     if isinstance(training, dict):
         return dict(training), set(training), "training dict"
-    path = Path(getattr(training, "value", training))
-    if not path.exists():
+    path = spec_path(training, "training")
+    if not _is_file(path):
         raise SpecError(f"training file '{path}' does not exist")
     data = _read_toml(path)
     return data, set(data), f"training file {path}"

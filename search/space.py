@@ -89,6 +89,13 @@ _1F1B = SCHEDULE.index("1f1b")
 _PREFIX_CONSTRAINTS = ("gpus", "tp_heads", "tp_kv_heads", "tp_domain", "layers", "cp_seq",
                        "hybrid")
 
+PREFIX_BLOCK = 2**20
+"""Prefixes checked per numpy call in :meth:`SearchSpace.iter_chunks` (about 100 MB)."""
+
+MAX_GRID_CONFIGURATIONS = 20_000_000
+"""Most configurations the grid search evaluates unless told to go on (about 10 minutes on one
+core): past it, the search is refused in one line that says how to narrow it."""
+
 CONSTRAINTS = (
     "gpus",
     "tp_heads",
@@ -189,7 +196,7 @@ class SearchSpace:
     @property
     def size(self) -> int:
         """Number of gene vectors (raw, before constraints)."""
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     def fixed(self) -> bool:
         """True when every dimension has exactly one candidate."""
@@ -349,27 +356,45 @@ class SearchSpace:
         ``(tp, pp, cp[, dp], vp)`` prefix passes the constraints that depend on the prefix alone
         (GPU count, heads, scale-up domain, layers, sequence split). The prefix genes come
         first in the gene order, so each valid prefix is one contiguous range of flat indices;
-        the invalid ranges (most of the raw space) are skipped without being decoded."""
+        the invalid ranges (most of the raw space) are skipped without being decoded. The
+        prefixes themselves are checked :data:`PREFIX_BLOCK` at a time: memory stays bounded
+        whatever the space."""
         if not prune:
             for start in range(0, self.size, chunk_size):
                 yield np.arange(start, min(start + chunk_size, self.size), dtype=np.int64)
             return
-        k = self.dims.index("vp") + 1
-        block = int(np.prod(self.shape[k:], dtype=np.int64))
-        n_prefix = int(np.prod(self.shape[:k], dtype=np.int64))
-        genes = np.unravel_index(np.arange(n_prefix, dtype=np.int64), self.shape[:k])
-        zeros = np.zeros(n_prefix, dtype=np.int64)
-        a = {d: self.values[d][g] for d, g in
-             zip(self.dims, [*genes] + [zeros] * (len(self.dims) - k), strict=True)}
-        masks = self._constraint_masks(a)
-        ok = np.logical_and.reduce([masks[n] for n in _PREFIX_CONSTRAINTS])
-        starts = np.flatnonzero(ok).astype(np.int64) * block
-        if starts.size == 0:
-            return
+        block = self._suffix_size()
         per_chunk = max(1, chunk_size // block)
         offsets = np.arange(block, dtype=np.int64)
-        for i in range(0, starts.size, per_chunk):
-            yield (starts[i:i + per_chunk, None] + offsets).ravel()
+        for starts in self._valid_prefix_starts():
+            for i in range(0, starts.size, per_chunk):
+                yield (starts[i:i + per_chunk, None] + offsets).ravel()
+
+    def _suffix_size(self) -> int:
+        """Configurations per ``(tp, pp, cp[, dp], vp)`` prefix."""
+        return math.prod(self.shape[self.dims.index("vp") + 1:])
+
+    def _valid_prefix_starts(self) -> Iterator[np.ndarray]:
+        """First flat index of each prefix that passes the prefix constraints, ascending, in
+        arrays of at most :data:`PREFIX_BLOCK` prefixes checked."""
+        k = self.dims.index("vp") + 1
+        block = self._suffix_size()
+        n_prefix = math.prod(self.shape[:k])
+        for p0 in range(0, n_prefix, PREFIX_BLOCK):
+            genes = np.unravel_index(
+                np.arange(p0, min(p0 + PREFIX_BLOCK, n_prefix), dtype=np.int64), self.shape[:k])
+            zeros = np.zeros(genes[0].size, dtype=np.int64)
+            a = {d: self.values[d][g] for d, g in
+                 zip(self.dims, [*genes] + [zeros] * (len(self.dims) - k), strict=True)}
+            masks = self._constraint_masks(a)
+            ok = np.logical_and.reduce([masks[n] for n in _PREFIX_CONSTRAINTS])
+            starts = (np.flatnonzero(ok).astype(np.int64) + p0) * block
+            if starts.size:
+                yield starts
+
+    def pruned_size(self) -> int:
+        """Configurations :meth:`iter_chunks` yields (the space after the prefix pruning)."""
+        return sum(int(s.size) for s in self._valid_prefix_starts()) * self._suffix_size()
 
     def encode(self, config: ParallelConfig) -> int | None:
         """Flat index of a configuration, or None if one of its values is not a candidate."""
@@ -586,6 +611,8 @@ def make_space(
     """
     fixed = {ALIASES.get(k, k): v for k, v in fixed.items() if v is not None}
     nmb = fixed.pop("num_microbatches", None)
+    _strict_flags(allow_idle_gpus=allow_idle_gpus, allow_tp_across_nodes=allow_tp_across_nodes,
+                  uneven_layers=uneven_layers)
     unknown = sorted(set(fixed) - set(SEARCH_DIMS))
     if unknown:
         raise SpecError(
@@ -786,3 +813,28 @@ class Problem:
         score = objective_score(self.objective, step, peak, gpus)
         score = np.where((violations == 0) & fits & self.within_limits(step, peak), score, np.inf)
         return Scored(flat, violations, fits, step, peak, gpus, score)
+
+
+def check_search_size(space: SearchSpace, limit: int | None = MAX_GRID_CONFIGURATIONS) -> int:
+    """Configurations a full enumeration of ``space`` evaluates (after the prefix pruning);
+    :class:`SpecError` (one line, with how to narrow the search) when over ``limit`` (None:
+    no limit)."""
+    n = space.pruned_size()
+    if limit is not None and n > limit:
+        pinned = [d for d in ("tp", "pp", "cp", "vp") if len(space.values[d]) == 1]
+        free = [d for d in ("tp", "pp", "cp", "vp", "micro_batch_size") if d not in pinned]
+        raise SpecError(
+            f"the grid would evaluate {n:.3g} configurations (limit {limit:.3g}): narrow the "
+            f"search: pin {', '.join('--' + d.replace('_size', '').replace('_', '-') for d in free)}"
+            f", give fewer --gpus{' or drop --allow-idle-gpus' if space.allow_idle_gpus else ''}, "
+            "or use --strategy nsga2 or ga (they sample the space)"
+        )
+    return n
+
+
+def _strict_flags(**flags: Any) -> None:
+    """:class:`SpecError` for a switch that is not True or False (``allow_idle_gpus='no'`` was
+    taken as True)."""
+    for name, v in flags.items():
+        if not isinstance(v, (bool, np.bool_)):
+            raise SpecError(f"{name} = {v!r}: expected True or False")

@@ -34,6 +34,7 @@ count) and predict the others.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -45,15 +46,23 @@ from typing import Annotated, Any
 import numpy as np
 import pandas as pd
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 from scipy.optimize import least_squares
 
-from hardware_specs import preset_dir
+from hardware_specs import find_preset, preset_dir
 from perfmodel.core.errors import SpecError
+from perfmodel.core.files import (
+    atomic_write,
+    plain_name,
+    read_text_bounded,
+    refuse_input_as_output,
+    shown,
+)
 from perfmodel.hardware.profile import PARAMETERS, EfficiencyProfile, load_profile, profile_toml
 from perfmodel.parallel.config import resolve_config
-from perfmodel.spec.specs import load_cluster
+from perfmodel.spec.specs import format_validation_error, load_cluster
 from validation.validate import VALIDATION_DIR, Case, case_from_row, predict_case
 
 __all__ = [
@@ -125,13 +134,13 @@ def read_runs(path: str | Path) -> pd.DataFrame:
     """Read a runs CSV and fill the optional columns; SpecError (one line) when malformed."""
     p = Path(path)
     if not p.exists():
-        raise SpecError(f"--runs {p}: file does not exist")
+        raise SpecError(f"--runs {shown(p)}: file does not exist")
+    text = read_text_bounded(p, "CSV")
     try:
-        df = pd.read_csv(p, dtype={"row_id": str})
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise SpecError(f"--runs {p}: not a readable CSV table: {str(e).splitlines()[0]}") from None
-    except OSError as e:
-        raise SpecError(f"--runs {p}: cannot read: {e.strerror}") from None
+        df = pd.read_csv(io.StringIO(text), dtype={"row_id": str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as e:
+        raise SpecError(f"--runs {shown(p)}: not a readable CSV table: "
+                        f"{shown(str(e).splitlines()[0] if str(e) else type(e).__name__)}") from None
     return normalize_runs(df, str(p))
 
 
@@ -150,8 +159,11 @@ def normalize_runs(df: pd.DataFrame, source: str = "runs") -> pd.DataFrame:
     for c in OPTIONAL_COLUMNS:
         if c not in df.columns:
             df[c] = np.nan
-    df["row_id"] = [str(r) if isinstance(r, str) and r.strip() else f"row{i + 1}"
+    # a row id goes into the profile file: one line, control characters escaped
+    df["row_id"] = [shown(r, 60) if isinstance(r, str) and r.strip() else f"row{i + 1}"
                     for i, r in enumerate(df["row_id"])]
+    # a row repeated verbatim (its id aside) is one run, not two
+    df = df[~df.drop(columns="row_id").astype(str).duplicated()].reset_index(drop=True)
     for c in ("measurement_scope", "sequence_parallel", "activation_recompute",
               "zero_or_dist_optimizer", "software", "source", "reliability"):
         df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
@@ -179,9 +191,11 @@ def runs_to_cases(df: pd.DataFrame, cluster: Any = None) -> tuple[list[Case],
                 c = replace(c, cluster=cl, config=cfg)
             cases.append(c)
         except SpecError as e:
-            skipped.append((str(r["row_id"]), str(e)))
-        except (ValueError, TypeError, KeyError) as e:
-            skipped.append((str(r["row_id"]), f"malformed value: {e}"))
+            skipped.append((str(r["row_id"]), shown(str(e), 400)))
+        except ValidationError as e:
+            skipped.append((str(r["row_id"]), shown(format_validation_error(e), 400)))
+        except (ValueError, TypeError, KeyError, ArithmeticError) as e:
+            skipped.append((str(r["row_id"]), f"malformed value: {shown(e, 200)}"))
     return cases, skipped
 
 
@@ -731,7 +745,8 @@ def profile_everywhere(profile: str | Path | EfficiencyProfile,
 
 
 def write_profile(fit: FitResult, path: str | Path, header: str = "") -> None:
-    Path(path).write_text(profile_toml(fit.profile, header))
+    """Write the fitted profile's TOML to ``path`` atomically (temporary file and rename)."""
+    atomic_write(path, profile_toml(fit.profile, header))
 
 
 
@@ -762,6 +777,10 @@ def calibrate_command(
         raise typer.Exit(2)
 
     try:
+        plain_name(name, "--name")
+        if out is not None:  # --out r.csv with --runs r.csv destroyed the runs
+            refuse_input_as_output(out, [runs, cluster, find_preset("cluster", cluster or "")],
+                                   "--out")
         df = read_runs(runs)
         cases, skipped = runs_to_cases(df, cluster)
         if skipped and len(cases) < 2:

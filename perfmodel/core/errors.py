@@ -1,4 +1,8 @@
-"""The one error a user sees: a spec or option that cannot be planned (one line, exit 2)."""
+"""The one user-error type of the project."""
+
+from __future__ import annotations
+
+__all__ = ["SpecError"]
 
 
 class SpecError(ValueError):

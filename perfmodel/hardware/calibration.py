@@ -45,7 +45,7 @@ ratio (:data:`perfmodel.compute.layer.LOW_PRECISION_GEMM_RATIO`).
 from __future__ import annotations
 
 import functools
-import json
+import io
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -57,6 +57,7 @@ from scipy.spatial import Delaunay
 
 from hardware_specs import calibration_dir
 from perfmodel.core.errors import SpecError
+from perfmodel.core.files import parse_json, read_text_bounded, shown
 from perfmodel.hardware.gemm_tiles import TileParams, fit_tile_params, tile_time_s
 from perfmodel.hardware.overlap import gpu_generation
 from perfmodel.spec.specs import GPUSpec, load_gpu
@@ -92,11 +93,58 @@ FP8_GEMM_FILE = "gemm_fp8.csv"
 """Optional file of a calibration folder: paired fp8 / bf16 GEMM times (``calibrate_gpu.py``)."""
 
 
+#: Columns each calibration table must hold: numeric ones (finite, > 0 for times) and text ones.
+_CSV_COLUMNS = {
+    "gemm.csv": (("m", "n", "k", "seconds"), ("layout",)),
+    FP8_GEMM_FILE: (("m", "n", "k", "seconds", "bf16_seconds"), ("layout",)),
+    "attention.csv": (("batch", "heads", "seq", "head_dim", "seconds"), ("pass",)),
+    "memops.csv": (("bytes_moved", "seconds"), ("op",)),
+}
+
+
 def _read_csv(folder: Path, name: str) -> pd.DataFrame:
+    """A calibration table, checked: bounded UTF-8 text, the columns of :data:`_CSV_COLUMNS`,
+    at least one row, every number finite and positive; :class:`SpecError` (one line) else."""
     p = folder / name
     if not p.exists():
-        raise SpecError(f"calibration folder '{folder}': missing {name}")
-    return pd.read_csv(p)
+        raise SpecError(f"calibration folder '{shown(folder)}': missing {name}")
+    text = read_text_bounded(p, "CSV")
+    try:
+        df = pd.read_csv(io.StringIO(text))
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as err:
+        raise SpecError(f"{shown(p)}: not a CSV table: {shown(err)}") from None
+    numeric, textual = _CSV_COLUMNS[name]
+    missing = [c for c in (*numeric, *textual) if c not in df.columns]
+    if missing or df.empty:
+        raise SpecError(f"{shown(p)}: " + (f"missing columns {missing}" if missing else "no rows"))
+    for col in numeric:
+        values = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=np.float64)
+        bad = ~(np.isfinite(values) & (values > 0))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise SpecError(f"{shown(p)}: row {i + 2}: {col} = {shown(df[col].iloc[i], 40)}: "
+                            "expected a finite number > 0")
+        df[col] = values
+    for col in textual:
+        df[col] = df[col].astype(str)
+    return df
+
+
+def _read_env(folder: Path) -> dict:
+    """``env.json`` of a calibration folder ({} where absent); :class:`SpecError` when it is
+    not a JSON object or its ``sms`` / ``matmul_bf16_8192_tflops`` are not positive numbers."""
+    f = folder / "env.json"
+    if not f.exists():
+        return {}
+    env = parse_json(read_text_bounded(f, "JSON"), str(f))
+    for key in ("sms", "matmul_bf16_8192_tflops"):
+        v = env.get(key)
+        if key in env and (isinstance(v, bool) or not isinstance(v, (int, float))
+                           or not np.isfinite(v) or v <= 0):
+            raise SpecError(f"{shown(f)}: {key} = {shown(repr(v), 40)}: expected a number > 0")
+    if "name" in env and not isinstance(env["name"], str):
+        raise SpecError(f"{shown(f)}: name = {shown(repr(env['name']), 40)}: expected text")
+    return env
 
 
 @dataclass(frozen=True, eq=False)
@@ -435,6 +483,13 @@ def _attention_points(df: pd.DataFrame, peak: float) -> dict:
     for s, g in df.groupby("seq"):
         f = g[g["pass"] == "fwd"].set_index("bh").sort_index()
         fb = g[g["pass"] == "fwd+bwd"].set_index("bh").sort_index()
+        if f.index.nunique() < 2 or not len(f.index.intersection(fb.index)):
+            raise SpecError(
+                f"attention.csv: sequence {s:g} has {f.index.nunique()} forward batch*heads "
+                f"size(s) and "
+                f"{len(f.index.intersection(fb.index))} with fwd+bwd: need at least two forward "
+                "sizes and one of them also fwd+bwd"
+            )
         slope, t0 = np.polyfit(f["flops"], f["t"], 1)
         t0 = max(t0, 0.0)
         rate = 1.0 / slope if slope > 0 else float(np.max(f["flops"] / f["t"]))
@@ -495,13 +550,7 @@ def load_calibration(folder: str | Path, gpu: str | GPUSpec | None = None) -> Ca
 def _check_measured_part(path: Path, gpu: GPUSpec) -> None:
     """Refuse a calibration measured on another part: its absolute rates would be read as
     fractions of this GPU's peak (an H200 table on an A100 gives 90 % MFU)."""
-    env_file = path / "env.json"
-    if not env_file.exists():
-        return
-    try:
-        measured = str(json.loads(env_file.read_text()).get("name", ""))
-    except (json.JSONDecodeError, OSError):
-        return
+    measured = _read_env(path).get("name", "")
     models = re.findall(r"\b([A-Z]{1,3}\d{2,4}[A-Z]?)\b", measured.upper())
     if models and not any(m_ in gpu.name.upper() for m_ in models):
         raise SpecError(
@@ -516,16 +565,14 @@ def _load_cached(path: str, gpu_json: str) -> Calibration:
     gpu = GPUSpec.model_validate_json(gpu_json)
     folder = Path(path)
     peak = gpu.peak_flops("bf16")
-    env = {}
-    if (folder / "env.json").exists():
-        env = json.loads((folder / "env.json").read_text())
+    env = _read_env(folder)
     gemm = _read_csv(folder, "gemm.csv")
     tiles = fit_tile_params(gemm["m"], gemm["n"], gemm["k"], gemm["layout"], gemm["seconds"],
                             sms=int(env.get("sms", 132)))  # env.json: the measured part's SMs
     fp8_points, fp8_gen = None, None
     if (folder / FP8_GEMM_FILE).exists():
         peak8 = gpu.peak_flops("fp8") if gpu.peak_tflops.fp8 is not None else 2.0 * peak
-        fp8_points = _fp8_ratio_points(pd.read_csv(folder / FP8_GEMM_FILE), peak, peak8)
+        fp8_points = _fp8_ratio_points(_read_csv(folder, FP8_GEMM_FILE), peak, peak8)
         fp8_gen = gpu_generation(gpu)
     return Calibration(
         name=folder.name,

@@ -14,17 +14,17 @@ is one line naming the field, the value and what was expected.
 from __future__ import annotations
 
 import difflib
-import json
-import tomllib
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+import numpy as np
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hardware_specs import find_preset, list_presets
 from perfmodel.core import units
 from perfmodel.core.errors import SpecError
+from perfmodel.core.files import parse_json, parse_toml, plain_name, read_text_bounded, shown
 from perfmodel.spec.hybrid import check_hybrid, hf_hybrid_fields, hybrid_layer_params
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "load_model",
     "load_training",
     "model_from_hf_config",
+    "spec_path",
 ]
 
 
@@ -58,9 +59,29 @@ class Dtype(str, Enum):
 #: are typing errors, and the space's divisor lists stay small.
 MAX_GPUS = 2**20
 
+#: Bounds that keep the work of a search and the integer products of the cost models finite
+#: (a 10^30 batch overflowed int64; 10^9 layers hung the layer layouts). Far above any model.
+MAX_GLOBAL_BATCH = 2**32
+"""Largest global batch [sequences]."""
+MAX_SEQ_LEN = 2**24
+"""Longest training sequence [tokens]."""
+MAX_LAYERS = 100_000
+"""Most transformer layers of a model."""
+
 PosFloat = Annotated[float, Field(gt=0)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
 PosInt = Annotated[int, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
+
+
+def _no_control_chars(value: str) -> str:
+    """A name goes into reports and emitted files: no newline or other control character."""
+    return plain_name(value)
+
+
+#: A spec's name: text without control characters (a newline in a model name became live
+#: tables of an emitted TOML file).
+Name = Annotated[str, AfterValidator(_no_control_chars)]
 
 
 class Spec(BaseModel):
@@ -89,7 +110,7 @@ class PeakTflops(Spec):
 class GPUSpec(Spec):
     """One accelerator: dense peak FLOP/s per dtype, HBM capacity and bandwidth."""
 
-    name: str
+    name: Name
     vendor: str = "nvidia"
     peak_tflops: PeakTflops
     hbm_gib: PosFloat
@@ -117,7 +138,7 @@ class GPUSpec(Spec):
         default=None,
         description="the clock the datasheet's tensor peaks are stated at [GHz]",
     )
-    sustained_gemm_fraction: PosFloat | None = Field(
+    sustained_gemm_fraction: Fraction | None = Field(
         default=None,
         description="GEMM throughput of a whole node training at its power limit relative to "
         "the one-GPU matmul ceiling (mamf_tflops); None uses perfmodel.compute.layer's value for the "
@@ -184,7 +205,7 @@ class LinkTier(Spec):
     presets); 1 leaves the line rate.
     """
 
-    name: str
+    name: Name
     kind: Literal["nvlink", "infiniband", "roce", "ethernet", "pcie", "gloo", "other"]
     domain_size: PosInt | None = None
     bw_gbyte_per_s: PosFloat | None = None
@@ -229,7 +250,7 @@ class LinkTier(Spec):
 class ClusterSpec(Spec):
     """GPUs, how many per node, how many nodes, and the link tiers innermost first."""
 
-    name: str
+    name: Name
     gpu: GPUSpec
     gpus_per_node: PosInt
     num_nodes: PosInt
@@ -251,6 +272,11 @@ class ClusterSpec(Spec):
                 raise ValueError(
                     f"tier '{t.name}': domain_size ({size}) must be a multiple of the inner "
                     f"tier's domain_size ({prev})"
+                )
+            if i == 0 and size % self.gpus_per_node and self.gpus_per_node % size:
+                raise ValueError(
+                    f"tier '{t.name}': domain_size ({size}) must divide gpus_per_node "
+                    f"({self.gpus_per_node}) or be a multiple of it"
                 )
             prev = size
         return self
@@ -317,14 +343,14 @@ class ModelSpec(Spec):
     makes it a hybrid Mamba2 / attention / MLP / MoE stack (:mod:`perfmodel.compute.mamba`).
     """
 
-    name: str
-    num_layers: PosInt
+    name: Name
+    num_layers: Annotated[int, Field(gt=0, le=MAX_LAYERS)]
     hidden_size: PosInt
     num_attention_heads: PosInt
     num_kv_heads: PosInt | None = None
     head_dim: PosInt | None = None
     ffn_hidden_size: PosInt
-    vocab_size: PosInt
+    vocab_size: Annotated[int, Field(ge=2)]
     max_seq_len: PosInt = 2048
     activation: Literal["gelu", "swiglu", "relu2"] = "gelu"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
@@ -689,8 +715,8 @@ class TrainingSpec(Spec):
     fp8 block scales, Blackwell; alias ``fp4``).
     """
 
-    global_batch_size: PosInt = 1536
-    seq_len: PosInt = 2048
+    global_batch_size: Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)] = 1536
+    seq_len: Annotated[int, Field(gt=0, le=MAX_SEQ_LEN)] = 2048
     precision: Literal["fp32", "bf16", "fp16", "fp8", "fp4"] = "bf16"
     low_precision_recipe: Literal["fp8-delayed", "fp8-cs", "fp8-block", "mxfp8", "nvfp4"] | None = (
         Field(default=None, description="scaling recipe of the fp8/fp4 GEMMs (set from precision)")
@@ -927,7 +953,7 @@ def format_validation_error(err: ValidationError, source: str = "", data: Any = 
             close = difflib.get_close_matches(key, _fields_at(cls, e["loc"][:-1]), n=1,
                                               cutoff=0.6) if cls is not None else []
             hint = f"; did you mean '{close[0]}'?" if close else ""
-            parts.append(f"unknown key '{loc}' (value {e.get('input')!r}): not a field of this "
+            parts.append(f"unknown key '{loc}' (value {shown(repr(e.get('input')), 100)}): not a field of this "
                          f"spec{hint}")
         elif e["type"] == "missing":
             parts.append(f"missing key '{loc}'")
@@ -937,13 +963,13 @@ def format_validation_error(err: ValidationError, source: str = "", data: Any = 
                 msg = msg.split(": ", 1)[-1]
             parts.append(msg)
         elif e["type"] == "finite_number":
-            parts.append(f"{loc} = {e.get('input')!r}: expected a finite number (not NaN or "
+            parts.append(f"{loc} = {shown(repr(e.get('input')), 100)}: expected a finite number (not NaN or "
                          "infinity)")
         else:
-            parts.append(f"{loc} = {e.get('input')!r}: {msg.removeprefix('Value error, ')}")
+            parts.append(f"{loc} = {shown(repr(e.get('input')), 100)}: {msg.removeprefix('Value error, ')}")
         parts[start:] = [where + x for x in parts[start:]]
     prefix = f"{source}: " if source else ""
-    return prefix + "; ".join(parts)
+    return shown(prefix + "; ".join(parts), limit=4000)  # one line, whatever the keys hold
 
 
 def _tuples_from_lists(cls: type[Spec], data: Any) -> Any:
@@ -973,45 +999,56 @@ def _build(cls: type[Spec], data: dict[str, Any], source: str) -> Any:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    return parse_toml(read_text_bounded(path, "TOML"), str(path))
+
+
+def spec_path(value: Any, what: str) -> Path:
+    """``value`` as a path: :class:`SpecError` unless it is text or a path (``None``, a number
+    or a list given as a model raised TypeError)."""
+    value = getattr(value, "value", value)  # an Enum member
+    if not isinstance(value, (str, Path)):
+        raise SpecError(f"{what} = {shown(repr(value), 60)}: expected a preset name, a file path "
+                        "or a spec object")
+    if str(value) == "":
+        raise SpecError(f"{what} '': expected a preset name or a file path")
+    return Path(value)
+
+
+def _is_file(p: Path) -> bool:
+    """Whether ``p`` exists (False for a name the OS refuses, e.g. one over 255 bytes)."""
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except tomllib.TOMLDecodeError as err:
-        raise SpecError(f"{path}: not valid TOML: {err}") from None
-    except UnicodeDecodeError:
-        raise SpecError(f"{path}: not a text file (not UTF-8): expected TOML") from None
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read: {err.strerror}") from None
+        return p.exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _resolve(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
-    """Read a preset by name or a file by path; return (data, source label)."""
-    p = Path(name_or_path)
-    if p.suffix in (".toml", ".json") or p.exists():
-        if not p.exists():
-            raise SpecError(f"{kind} file '{p}' does not exist")
+    """Read a preset by name or a file by path; return (data, source label).
+
+    A preset is a plain name of the shipped list (``llama3.1-8b``); anything else must be a
+    path to an existing file (``./secret`` is never looked up among the presets)."""
+    p = spec_path(name_or_path, kind)
+    if p.suffix in (".toml", ".json") or _is_file(p):
+        if not _is_file(p):
+            raise SpecError(f"{kind} file '{shown(p)}' does not exist")
         if p.suffix == ".json":
-            try:
-                return json.loads(p.read_text()), str(p)
-            except json.JSONDecodeError as err:
-                raise SpecError(f"{p}: not valid JSON: {err}") from None
-            except UnicodeDecodeError:
-                raise SpecError(f"{p}: not a text file (not UTF-8): expected JSON") from None
-            except OSError as err:
-                raise SpecError(f"{p}: cannot read: {err.strerror}") from None
+            return parse_json(read_text_bounded(p, "JSON"), str(p)), str(p)
         return _read_toml(p), str(p)
     name = str(name_or_path).lower()
-    path = find_preset(kind, name)
+    names = list_presets(kind)
+    path = find_preset(kind, name) if name in names else None
     if path is None:
-        names = list_presets(kind)
+        if any(sep in name for sep in ("/", "\\")) or name.startswith("."):
+            raise SpecError(f"{kind} '{shown(name_or_path)}': no such file, and not a preset name "
+                            f"(see plan --list)")
         close = list(
             dict.fromkeys(
                 [n for n in names if name in n]
-                + difflib.get_close_matches(name, names, n=3, cutoff=0.4)
+                + difflib.get_close_matches(name[:200], names, n=3, cutoff=0.4)
             )
         )[:3]
         hint = f"; closest: {', '.join(close)}" if close else f"; known: {', '.join(names)}"
-        raise SpecError(f"unknown {kind} preset '{name_or_path}'{hint}")
+        raise SpecError(f"unknown {kind} preset '{shown(name_or_path)}'{hint}")
     return _read_toml(path), f"preset {kind} '{name}'"
 
 
@@ -1143,24 +1180,44 @@ def _hf_check_types(data: dict[str, Any], name: str) -> None:
     for key in _HF_INT_KEYS:
         v = data.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise SpecError(f"{name}: {key} = {v!r}: expected an integer")
+            raise SpecError(f"{name}: {key} = {shown(repr(v), 40)}: expected an integer")
     for key in _HF_BOOL_KEYS:
         v = data.get(key)
         if v is not None and not isinstance(v, bool):
-            raise SpecError(f"{name}: {key} = {v!r}: expected true or false")
+            raise SpecError(f"{name}: {key} = {shown(repr(v), 40)}: expected true or false")
+    v = data.get("rope_theta", 10000.0)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise SpecError(f"{name}: rope_theta = {shown(repr(v), 40)}: expected a number")
+    v = data.get("layer_types")
+    if v is not None and not (isinstance(v, list) and all(isinstance(t, str) for t in v)):
+        raise SpecError(f"{name}: layer_types = {shown(v, 40)}: expected a list of strings")
 
 
 def model_from_hf_config(data: dict[str, Any], name: str = "hf-model") -> ModelSpec:
     """A ModelSpec from a Hugging Face ``config.json`` dict (Llama-style or GPT-2-style keys;
     MoE and MLA keys of Mixtral, Qwen3-MoE, DeepSeek-V3, GPT-OSS, Llama 4: see
     :func:`_hf_moe_fields`). A multimodal config's ``text_config`` is what is read."""
+    name = plain_name(name, "model name")
+    if not isinstance(data, dict):
+        raise SpecError(f"{name}: a Hugging Face config is a JSON object, not "
+                        f"{type(data).__name__} {shown(data, 40)}")
     if isinstance(data.get("text_config"), dict) and "num_hidden_layers" not in data:
         data = data["text_config"]
     _hf_check_types(data, name)
+    try:
+        fields = _hf_fields(data, name)
+    except KeyError as err:
+        raise SpecError(f"{name}: missing key {shown(err.args[0])!r}") from None
+    return _build(ModelSpec, fields, name)
+
+
+def _hf_fields(data: dict[str, Any], name: str) -> dict[str, Any]:
+    """ModelSpec fields of a (type-checked) Hugging Face config."""
     if "num_hidden_layers" in data:  # Llama / Mistral / Qwen style
         act = data.get("hidden_act", "silu")
-        if act not in _HF_ACT:
-            raise SpecError(f"{name}: hidden_act = {act!r}: expected one of {sorted(_HF_ACT)}")
+        if not isinstance(act, str) or act not in _HF_ACT:
+            raise SpecError(f"{name}: hidden_act = {shown(repr(act), 40)}: expected one of "
+                            f"{sorted(_HF_ACT)}")
         fields = {
             "name": name,
             "num_layers": data["num_hidden_layers"],
@@ -1204,7 +1261,7 @@ def model_from_hf_config(data: dict[str, Any], name: str = "hf-model") -> ModelS
         raise SpecError(
             f"{name}: not a recognised Hugging Face config (need num_hidden_layers or n_layer)"
         )
-    return _build(ModelSpec, fields, name)
+    return fields
 
 
 def load_model(spec: str | Path | ModelSpec) -> ModelSpec:
@@ -1215,11 +1272,15 @@ def load_model(spec: str | Path | ModelSpec) -> ModelSpec:
     if Path(str(spec)).suffix == ".json":
         p = Path(str(spec))
         label = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
-        try:
-            return model_from_hf_config(data, name=label or "hf-model")
-        except KeyError as err:
-            raise SpecError(f"{src}: missing key {err.args[0]!r}") from None
+        plain_name(label, f"{shown(src)}: model name (the file's folder)")
+        return model_from_hf_config(data, name=label or "hf-model")
     return _build(ModelSpec, data, src)
+
+
+def _plain_value(v: Any) -> Any:
+    """An Enum member as its value, a numpy scalar (``np.int64(16)``) as the Python number."""
+    v = getattr(v, "value", v)
+    return v.item() if isinstance(v, np.generic) else v
 
 
 def load_training(spec: str | Path | TrainingSpec | dict | None = None, **overrides) -> TrainingSpec:
@@ -1231,6 +1292,6 @@ def load_training(spec: str | Path | TrainingSpec | dict | None = None, **overri
     elif isinstance(spec, dict):
         data = dict(spec)
     else:
-        data = _read_toml(Path(spec))
-    data.update({k: getattr(v, "value", v) for k, v in overrides.items() if v is not None})
+        data = _read_toml(spec_path(spec, "training"))
+    data.update({k: _plain_value(v) for k, v in overrides.items() if v is not None})
     return _build(TrainingSpec, data, "training")

@@ -644,7 +644,7 @@ def _even_splits(problem: Problem, keeper: _Keeper, progress=None) -> _OuterRows
     """Phase 1 of :meth:`DPSearch.run`: every valid outer configuration evaluated with the even
     split (kept by ``keeper``), and those the DP can lay out with their lower bound (None when
     there is none)."""
-    space = problem.space  # MoE: the layout model has the expert terms (perfmodel.layout)
+    space = problem.space  # MoE: the layout model has the expert terms (perfmodel.memory.stage_layout)
     L = space.model.num_layers
     rows_l, bound_l, other_l = [], [], []
     total = space.size

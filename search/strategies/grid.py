@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from search.pareto import Tally
 from search.result import SearchResult, finalize_tally
-from search.space import Problem
+from search.space import MAX_GRID_CONFIGURATIONS, Problem, check_search_size
 
 __all__ = ["GridSearch", "Progress"]
 
@@ -40,12 +40,15 @@ class GridSearch:
     top: int = 10
     chunk_size: int = 2**18
     name: str = "grid"
+    max_configurations: int | None = MAX_GRID_CONFIGURATIONS
+    """Refuse (SpecError, one line) a space larger than this; None: go on whatever its size."""
 
     def run(self, problem: Problem, seed: int = 0, progress: Progress | None = None
             ) -> SearchResult:
         """Search the whole space; ``seed`` is unused (exhaustive search is deterministic)."""
         t0 = time.perf_counter()
         tally = Tally(self.top, repeats=False)
+        check_search_size(problem.space, self.max_configurations)
         total = problem.space.size
         for flat in problem.space.iter_chunks(self.chunk_size):
             tally.add(problem.score_flat(flat))
