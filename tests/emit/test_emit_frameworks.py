@@ -354,7 +354,7 @@ def test_cli_emit_output_is_a_file_the_framework_reads(fmt, readers):
     from typer.testing import CliRunner
 
     from cli.main import app
-    from tests.search.test_cli_emit_validate import ALL_RUN
+    from tests.cli.test_cli_emit_validate import ALL_RUN
 
     r = CliRunner().invoke(app, [*ALL_RUN, "--emit", fmt])
     assert r.exit_code == 0, r.output
