@@ -42,6 +42,7 @@ from perfmodel.specs import (
 from search.grid import GridSearch, Progress
 from search.result import SearchResult
 from search.space import SEARCH_DIMS, Problem, SearchSpace, make_space
+from search.train import attach_train, run_settings_for
 
 __all__ = [
     "DEFAULT_CLUSTER",
@@ -295,6 +296,10 @@ def make_problem(
     overlap_p2p_comm: bool | None = None,
     zero3_gather: str | None = None,
     profile: Any = None,
+    train_tokens: float | None = None,
+    train_steps: int | None = None,
+    gpu_hour_price: float | None = None,
+    checkpoint_mode: str | None = None,
     **fixed: Any,
 ) -> Problem:
     """Load the specs, build the space and bind the evaluation path (see :func:`plan`)."""
@@ -323,7 +328,9 @@ def make_problem(
     return Problem(space, evaluator, getattr(objective, "value", objective), kernels,
                    calibration, memory_headroom=headroom,
                    max_step_time_s=max_step_time_s, max_memory_bytes=max_memory_bytes,
-                   assumed=why, profile=None if prof is None else prof.name)
+                   assumed=why, profile=None if prof is None else prof.name,
+                   run=run_settings_for(space, train_tokens, train_steps, gpu_hour_price,
+                                        checkpoint_mode))
 
 
 def _check_single(space: SearchSpace) -> None:
@@ -388,6 +395,10 @@ def plan(
     overlap_p2p_comm: bool | None = None,
     zero3_gather: str | None = None,
     profile: Any = None,
+    train_tokens: float | None = None,
+    train_steps: int | None = None,
+    gpu_hour_price: float | None = None,
+    checkpoint_mode: str | None = None,
     **fixed: Any,
 ) -> SearchResult:
     """Search the parallel configurations of ``model`` on ``cluster`` and rank them.
@@ -410,8 +421,9 @@ def plan(
         ``uneven_layers``), ``"nsga2"`` (multi-objective, pymoo), ``"ga"`` (genetic), or a
         strategy object with ``run(problem, seed, progress)``.
     objective
-        ``"time"`` (step time), ``"memory"`` (peak memory per GPU) or ``"cost"``
-        (GPU-seconds per step).
+        ``"time"`` (step time), ``"memory"`` (peak memory per GPU), ``"cost"``
+        (GPU-seconds per step) or ``"time-to-train"`` (expected wall time of the whole run,
+        failures and checkpoints included; needs ``train_tokens`` or ``train_steps``).
     top
         Number of configurations in ``result.top``.
     seed
@@ -446,6 +458,13 @@ def plan(
         (``"nemo-24.09"``), a TOML path or an :class:`perfmodel.profile.EfficiencyProfile`;
         it scales kernel rates and link bandwidths and adds a per-step host time (see
         ``perfmodel.profile``). None: the uncalibrated model.
+    train_tokens, train_steps, gpu_hour_price, checkpoint_mode
+        The whole run (give one of the two lengths): ``result.train`` then holds its days,
+        GPU-hours, energy, cost, expected interruptions, checkpoint interval and goodput for
+        each configuration of ``top`` (:class:`perfmodel.run.TrainRun`, ``.to_dict()`` for the
+        best, ``.to_dataframe()``); ``gpu_hour_price`` overrides the cluster file's;
+        ``checkpoint_mode`` ``"sync"`` (default) or ``"async"`` (:mod:`perfmodel.run`).
+        ``objective="time-to-train"`` ranks by the run's expected wall time.
     **fixed
         Pin parallel dimensions: ``dp tp pp vp cp zero_stage micro_batch_size recompute
         sequence_parallel schedule ep etp num_microbatches`` (ep, etp: expert parallel and
@@ -479,7 +498,8 @@ def plan(
         framework=framework, profile=profile,
         flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
         overlap_tp_comm=overlap_tp_comm, overlap_p2p_comm=overlap_p2p_comm,
-        zero3_gather=zero3_gather, **fixed,
+        zero3_gather=zero3_gather, train_tokens=train_tokens, train_steps=train_steps,
+        gpu_hour_price=gpu_hour_price, checkpoint_mode=checkpoint_mode, **fixed,
     )
     space = problem.space
     threads = nullcontext() if evaluator is not None else search_threads()
@@ -512,7 +532,7 @@ def _annotate(result: SearchResult, problem: Problem) -> SearchResult:
                     f"{m.moe_top_k}); expert parallelism is not modelled yet, so it is planned "
                     "as a dense model holding every expert on each GPU")
     result.setup["warnings"] = warn
-    return result
+    return attach_train(result, problem)
 
 
 def evaluate_config(

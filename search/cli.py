@@ -30,6 +30,7 @@ from perfmodel import units
 from perfmodel.specs import MAX_GPUS, SpecError, format_validation_error
 from perfmodel.step import MFU_CONVENTION
 from search import api
+from search.train import run_lines
 
 __all__ = ["SUBCOMMANDS", "app", "main"]
 
@@ -95,6 +96,12 @@ class Objective(str, Enum):
     time = "time"
     memory = "memory"
     cost = "cost"
+    time_to_train = "time-to-train"
+
+
+class CheckpointMode(str, Enum):
+    sync = "sync"
+    async_ = "async"
 
 
 class Kernels(str, Enum):
@@ -491,7 +498,8 @@ def planner(
     etp: Annotated[int | None, typer.Option(help="expert tensor-parallel size (MoE)")] = None,
     strategy: Annotated[Strategy, typer.Option(help="search strategy")] = Strategy.grid,
     objective: Annotated[Objective, typer.Option(help="what 'best' minimises: step time, "
-                                                 "peak memory, or GPU-seconds per step")] =
+                                                 "peak memory, GPU-seconds per step, or the "
+                                                 "run's expected wall time (time-to-train)")] =
     Objective.time,
     top: Annotated[int, typer.Option(min=1, help="configurations in the table")] = 10,
     kernels: Annotated[Kernels, typer.Option(help="fused (Megatron/TE) or eager PyTorch")] =
@@ -549,6 +557,18 @@ def planner(
     profile: Annotated[str | None, typer.Option(
         help="efficiency profile: a shipped one (megatron-2021, megatron-2022, nemo-24.07, "
              "nemo-24.09, bridge-25.x) or a TOML file written by `plan calibrate`")] = None,
+    # the whole run (perfmodel.run): a run section in the report and `train` in --json
+    train_tokens: Annotated[float | None, typer.Option(
+        min=1.0, help="tokens of the whole run, e.g. 15.6e12: time to train, GPU-hours, energy, "
+        "cost, interruptions, checkpoints, goodput")] = None,
+    train_steps: Annotated[int | None, typer.Option(
+        min=1, help="steps of the whole run (instead of --train-tokens)")] = None,
+    gpu_hour_price: Annotated[float | None, typer.Option(
+        min=0.0, help="price of one GPU-hour for the run's cost (default: the cluster file's "
+        "gpu_hour_price)")] = None,
+    checkpoint: Annotated[CheckpointMode | None, typer.Option(
+        help="checkpoint mode of the run: sync (training waits for the storage write, the "
+        "default) or async (only the copy to host memory blocks)")] = None,
 ) -> None:
     """Search (or, with every parallel option given, evaluate) parallel configurations."""
     if ctx.invoked_subcommand is not None:
@@ -587,6 +607,9 @@ def planner(
             "sequence_parallel": sequence_parallel,
             "schedule": schedule.value if schedule else None,
             "ep": ep, "etp": etp,
+            "train_tokens": train_tokens, "train_steps": train_steps,
+            "gpu_hour_price": gpu_hour_price,
+            "checkpoint_mode": checkpoint.value if checkpoint else None,
         }
         plan_kwargs["max_step_time_s"] = _quantity(max_step_time, _UNITS_S, "--max-step-time", "s")
         plan_kwargs["max_memory_bytes"] = _quantity(max_memory, _UNITS_B, "--max-memory", "gib")
@@ -634,6 +657,8 @@ def planner(
     if emit is not None and launches[emit.value].text is None:
         _fail(launches[emit.value].message())
     _print_best(out, result)
+    for line in run_lines(result):
+        out.print(line, soft_wrap=True, markup=False)
     if result.strategy != "single":
         out.print()
         _print_top(out, result, gpus_column=allow_idle_gpus)

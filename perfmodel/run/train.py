@@ -90,9 +90,15 @@ class TrainRun:
     gpu_power_w: np.ndarray
     goodput: np.ndarray
 
-    def row(self, i: int = 0) -> dict[str, float]:
-        """One configuration as a JSON-able dict (the CLI's ``train`` object)."""
-        return {f.name: float(np.asarray(getattr(self, f.name))[i]) for f in fields(self)}
+    def row(self, i: int = 0) -> dict[str, float | None]:
+        """One configuration as a JSON-able dict (the CLI's ``train`` object); what cannot be
+        computed (cost without a price, energy without a TDP) is None."""
+        out = {f.name: float(np.asarray(getattr(self, f.name))[i]) for f in fields(self)}
+        return {k: None if math.isnan(v) else v for k, v in out.items()}
+
+    def to_dict(self) -> dict[str, float | None]:
+        """The first configuration (the best of a search) as a dict: :meth:`row` of 0."""
+        return self.row(0)
 
     def to_dataframe(self):
         """A pandas DataFrame, one row per configuration."""
@@ -205,17 +211,19 @@ def train_run(settings: RunSettings, step_time_s, gpus, staged_bytes_per_gpu=0.0
              if s.tdp_w is not None else np.full_like(step, np.nan))
     hours = en.gpu_hours(n, wall)
     shape = np.broadcast(step, n).shape
-    out = dict(
-        train_steps=float(s.train_steps),
-        train_tokens=float(s.train_steps) * s.tokens_per_step,
-        useful_s=useful, wall_s=wall, days=wall / SECONDS_PER_DAY, gpu_hours=hours,
-        energy_mwh=en.energy_j(n, wall, power, s.node_other_w_per_gpu, s.pue)
+    out = {
+        "train_steps": float(s.train_steps),
+        "train_tokens": float(s.train_steps) * s.tokens_per_step,
+        "useful_s": useful, "wall_s": wall, "days": wall / SECONDS_PER_DAY, "gpu_hours": hours,
+        "energy_mwh": en.energy_j(n, wall, power, s.node_other_w_per_gpu, s.pue)
         / en.JOULES_PER_MWH,
-        cost=en.cost(hours, s.gpu_hour_price),
-        expected_interruptions=fl.expected_interruptions(s.interruptions_per_gpu_hour, n, wall),
-        mtbf_s=mtbf, checkpoint_bytes=s.checkpoint_bytes, checkpoint_s=delta,
-        checkpoint_write_s=write, checkpoint_interval_s=tau, checkpoint_interval_steps=tau_steps,
-        restart_s=restart, lost_work_s=lost, gpu_power_w=power, goodput=useful / wall,
-    )
+        "cost": en.cost(hours, s.gpu_hour_price),
+        "expected_interruptions": fl.expected_interruptions(s.interruptions_per_gpu_hour, n,
+                                                            wall),
+        "mtbf_s": mtbf, "checkpoint_bytes": s.checkpoint_bytes, "checkpoint_s": delta,
+        "checkpoint_write_s": write, "checkpoint_interval_s": tau,
+        "checkpoint_interval_steps": tau_steps, "restart_s": restart, "lost_work_s": lost,
+        "gpu_power_w": power, "goodput": useful / wall,
+    }
     return TrainRun(**{k: np.broadcast_to(np.asarray(v, dtype=float), shape).copy()
                        for k, v in out.items()})

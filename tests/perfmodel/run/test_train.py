@@ -9,11 +9,11 @@ from perfmodel.specs import SpecError, load_cluster, load_model, load_training
 
 
 def _settings(**kw):
-    base = dict(train_steps=1000, tokens_per_step=1000, checkpoint_bytes=1e12,
-                interruptions_per_gpu_hour=3.6e-5, unexpected_fraction=1.0, gpus_per_node=8,
-                storage_bytes_per_s=1e11, relaunch_s=600.0, tdp_w=700.0,
-                idle_power_fraction=0.15, node_other_w_per_gpu=575.0, pue=1.1,
-                gpu_hour_price=2.0, interval="young")
+    base = {"train_steps": 1000, "tokens_per_step": 1000, "checkpoint_bytes": 1e12,
+            "interruptions_per_gpu_hour": 3.6e-5, "unexpected_fraction": 1.0,
+            "gpus_per_node": 8, "storage_bytes_per_s": 1e11, "relaunch_s": 600.0,
+            "tdp_w": 700.0, "idle_power_fraction": 0.15, "node_other_w_per_gpu": 575.0,
+            "pue": 1.1, "gpu_hour_price": 2.0, "interval": "young"}
     base.update(kw)
     return RunSettings(**base)
 
