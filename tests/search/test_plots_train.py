@@ -6,10 +6,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import numpy as np  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import numpy as np
+from matplotlib.figure import Figure
 
-from search import plots  # noqa: E402
+from search import plots
 
 
 def test_train_frame_and_plots():

@@ -79,3 +79,17 @@ def test_run_settings_from_specs_and_cluster_overrides():
     assert run_settings(m, t, c, train_steps=1, gpu_hour_price=5.0).gpu_hour_price == 5.0
     with pytest.raises(SpecError, match="checkpoint_mode"):
         run_settings(m, t, c, train_steps=1, checkpoint_mode="x")
+
+
+def test_cluster_file_run_fields_are_validated(tmp_path):
+    base = (tmp_path / "c.toml")
+    text = ('name = "x"\ngpu = "h100-sxm5-80gb"\ngpus_per_node = 8\nnum_nodes = 2\n'
+            '{extra}\n[[tiers]]\nname = "nvl"\nkind = "nvlink"\nbw_gbyte_per_s = 450\n')
+    base.write_text(text.format(extra="interruptions_per_gpu_hour = 3e-5\npue = 1.2"))
+    c = load_cluster(base)
+    assert (c.interruptions_per_gpu_hour, c.pue) == (3e-5, 1.2)
+    for bad, field in (("pue = 0.9", "pue"), ("interruptions_per_gpu_hour = 0", "interruptions"),
+                       ("storage_write_gbyte_per_s = -1", "storage")):
+        base.write_text(text.format(extra=bad))
+        with pytest.raises(SpecError, match=field):
+            load_cluster(base)
