@@ -48,6 +48,7 @@ from perfmodel.step.evaluate import MFU_CONVENTION
 from search import api
 from search.request import Cli, PlanRequest, cli_of
 from search.space import SEARCH_DIMS
+from search.train import run_lines
 from validation.evidence import calibration_evidence, evidence_line
 
 __all__ = ["SUBCOMMANDS", "app", "main"]
@@ -599,6 +600,8 @@ def _print_json(result: Any, launches: dict[str, Any]) -> None:
 def _print_report(out: Console, result: Any, options: dict[str, Any]) -> None:
     """The best configuration, the top table (and the Pareto front) and the search's size."""
     _print_best(out, result)
+    for line in run_lines(result):
+        out.print(line, soft_wrap=True, markup=False)
     if result.strategy == "single":
         return
     out.print()

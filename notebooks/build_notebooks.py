@@ -613,6 +613,50 @@ is the binding constraint here.
 
 
 # =============================================================================================
+NOTEBOOKS["07_time_to_train"] = [
+    md("""
+# 7. Time to train: days, GPU-hours, energy, cost, interruptions and goodput
+
+A step time is only the start. `plan(..., train_tokens=...)` adds the whole run: how many days,
+GPU-hours, MWh and (with a price) money, how many job interruptions to expect at the cluster's
+failure rate, the checkpoint interval (Daly 2006) and the goodput, the share of the wall time
+spent on training that is kept. Every default (interruption rate, storage bandwidth, restart,
+power, PUE) is a named constant of `perfmodel.run` with its source.
+"""),
+    code(SETUP),
+    code("""
+from search import plan
+
+r = plan("llama3.1-8b", "dgx-h100", gpus=256, global_batch_size=512, seq_len=8192,
+         tp=8, pp=1, cp=1, vp=1, zero_stage=1, micro_batch_size=1, recompute="selective",
+         sequence_parallel=True, train_tokens=1e12, gpu_hour_price=2.0)
+pd.Series(r.train.to_dict())
+"""),
+    md("""
+More GPUs finish sooner, but a synchronous job stops whenever any of its GPUs fails, so its
+interruptions grow with its size and its goodput falls. A sweep over GPU counts (layout pinned so
+that each point is one evaluation):
+"""),
+    code("""
+from search import plots
+
+frame = plots.train_frame("llama3.1-8b", "dgx-h100", [64, 256, 1024, 4096, 16384],
+                          global_batch_size=2048, seq_len=8192, train_tokens=1e12,
+                          gpu_hour_price=2.0, tp=8, pp=1, cp=1, vp=1, zero_stage=1,
+                          micro_batch_size=1, recompute="selective", sequence_parallel=True)
+frame[["gpus", "step_time_s", "days", "gpu_hours", "energy_mwh", "cost",
+       "expected_interruptions", "checkpoint_interval_s", "goodput"]]
+"""),
+    code("""
+fig = plots.plot_goodput_vs_gpus(frame, title="Llama 3.1 8B, 1 T tokens on DGX H100")
+fig
+"""),
+    code("""
+plots.plot_cost_vs_days(frame)
+"""),
+]
+
+
 def build(name: str) -> nbformat.NotebookNode:
     """The notebook ``name`` (without outputs)."""
     cells = []

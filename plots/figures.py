@@ -17,13 +17,12 @@ from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from perfmodel.compute import layer as compute
 from perfmodel.core import units
-from perfmodel.core.errors import SpecError
 from perfmodel.hardware import collectives as coll
 from perfmodel.parallel.config import ConfigBatch
 from perfmodel.parallel.layers import layout_chunk_times, stage_layer_table
 from perfmodel.parallel.topology import group_placement
 from perfmodel.pipeline.schedules import simulate
-from perfmodel.spec.specs import load_cluster
+from perfmodel.spec.specs import SpecError, load_cluster
 from perfmodel.step.evaluate import MEMORY_TERMS, TIME_TERMS
 from perfmodel.step.timeline import layout_timeline
 from search.api import plan
@@ -41,6 +40,8 @@ __all__ = [
     "memory_breakdown_frame",
     "plot_allreduce_vs_size",
     "plot_config_timeline",
+    "plot_cost_vs_days",
+    "plot_goodput_vs_gpus",
     "plot_memory_breakdown",
     "plot_pareto_front",
     "plot_pipeline_timeline",
@@ -49,6 +50,7 @@ __all__ = [
     "plot_validation_scatter",
     "scaling_frame",
     "time_breakdown_frame",
+    "train_frame",
 ]
 
 _OP_COLORS = {"F": "#4C72B0", "B": "#55A868", "W": "#DD8452"}
@@ -806,3 +808,114 @@ def plot_config_timeline(
              f"{'/'.join(map(str, table[0]))}, of rank {c.pp - 1} "
              f"{'/'.join(map(str, table[-1]))}; makespan {tl.makespan_s:.3g} s")
     return plot_pipeline_timeline(tl, ax=ax, title=title, labels=labels)
+
+
+# --------------------------------------------------------------------------------------------
+# The whole run: goodput, days and cost versus GPU count
+# --------------------------------------------------------------------------------------------
+_TRAIN_COLS = ("days", "gpu_hours", "energy_mwh", "cost", "expected_interruptions",
+               "checkpoint_interval_s", "goodput", "wall_s")
+
+
+def train_frame(
+    model: Any,
+    cluster: Any,
+    gpu_counts: Iterable[int],
+    training: Any = None,
+    *,
+    train_tokens: float | None = None,
+    train_steps: int | None = None,
+    **plan_kwargs: Any,
+) -> pd.DataFrame:
+    """The whole run of the best configuration at each GPU count (one :func:`search.plan`
+    each, with ``train_tokens`` or ``train_steps``).
+
+    Returns a DataFrame: ``gpus``, ``step_time_s``, the run's ``days``, ``gpu_hours``,
+    ``energy_mwh``, ``cost``, ``expected_interruptions``, ``checkpoint_interval_s``,
+    ``goodput``, ``wall_s`` (:class:`perfmodel.run.TrainRun`), ``config``; NaN where nothing
+    fits (``config`` says why).
+    """
+    rows = []
+    for n in gpu_counts:
+        row: dict[str, Any] = {"gpus": int(n), "step_time_s": np.nan, "config": "",
+                               **dict.fromkeys(_TRAIN_COLS, np.nan)}
+        try:
+            r = plan(model, cluster, training, gpus=int(n), top=1, train_tokens=train_tokens,
+                     train_steps=train_steps, **plan_kwargs)
+        except SpecError as err:
+            row["config"] = str(err)[:80]
+            rows.append(row)
+            continue
+        if not r.fits_any:
+            row["config"] = "nothing fits"
+            rows.append(row)
+            continue
+        t = r.train.to_dict()
+        row.update({k: np.nan if t[k] is None else t[k] for k in _TRAIN_COLS})
+        row.update(step_time_s=r.rows[0]["step_time_s"], config=config_label(r.best.iloc[0]))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def plot_goodput_vs_gpus(frame: pd.DataFrame, *, ax: Axes | None = None,
+                         title: str | None = None) -> Figure:
+    """Goodput (useful / wall time) and days to train versus GPU count, from a
+    :func:`train_frame`: more GPUs finish sooner but are interrupted more often.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    df = frame.dropna(subset=["goodput"])
+    fig, ax = _new_axes(ax, (7.0, 4.2))
+    g = df["gpus"].to_numpy(dtype=float)
+    ax.plot(g, df["goodput"].to_numpy(dtype=float) * 100, "o-", color="#4C72B0",
+            label="goodput")
+    ax.set_xscale("log", base=2)
+    if len(g):
+        ax.set_xticks(g)
+        ax.set_xticklabels([f"{int(v)}" for v in g])
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("goodput [% of wall time training]", color="#4C72B0")
+    ax2 = ax.twinx()
+    ax2.plot(g, df["days"].to_numpy(dtype=float), "s:", color="#C44E52", label="days")
+    ax2.set_ylabel("time to train [days]", color="#C44E52")
+    ax2.set_yscale("log")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="lower left", frameon=False)
+    ax.set_title(title or "goodput and time to train versus GPU count", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    return fig
+
+
+def plot_cost_vs_days(frame: pd.DataFrame, *, ax: Axes | None = None,
+                      title: str | None = None) -> Figure:
+    """GPU-hours (or cost, where priced) versus days to train, one point per GPU count of a
+    :func:`train_frame`, the Pareto front (neither faster nor cheaper) joined.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    priced = frame["cost"].notna().any()
+    col = "cost" if priced else "gpu_hours"
+    df = frame.dropna(subset=["days", col])
+    fig, ax = _new_axes(ax, (6.0, 4.2))
+    x = df["days"].to_numpy(dtype=float)
+    y = df[col].to_numpy(dtype=float)
+    ax.scatter(x, y, color="#4C72B0", zorder=3)
+    for xi, yi, n in zip(x, y, df["gpus"]):
+        ax.annotate(f"{int(n)} GPUs", (xi, yi), textcoords="offset points", xytext=(4, 4),
+                    fontsize=7)
+    front = _front_2d(x, y)
+    order = front[np.argsort(x[front])]
+    ax.plot(x[order], y[order], "-", color="gray", label="Pareto front")
+    ax.set_xlabel("time to train [days]")
+    ax.set_ylabel("cost" if priced else "GPU-hours")
+    ax.legend(fontsize=8, frameon=False)
+    ax.set_title(title or "cost versus time to train", fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig

@@ -57,6 +57,7 @@ from search.strategies.dp import DPSearch
 from search.strategies.evolutionary import GeneticSearch
 from search.strategies.grid import GridSearch
 from search.strategies.nsga2 import NSGA2Search
+from search.train import attach_train, run_settings_for
 
 try:  # a dependency; the planner stays usable without it
     from threadpoolctl import threadpool_limits
@@ -252,7 +253,9 @@ def problem_of(request: PlanRequest) -> Problem:
     return Problem(space, evaluator, getattr(r.objective, "value", r.objective), kernels,
                    r.calibration, memory_headroom=headroom,
                    max_step_time_s=r.max_step_time_s, max_memory_bytes=r.max_memory_bytes,
-                   assumed=why, profile=None if prof is None else prof.name)
+                   assumed=why, profile=None if prof is None else prof.name,
+                   run=run_settings_for(space, r.train_tokens, r.train_steps, r.gpu_hour_price,
+                                        r.checkpoint_mode))
 
 
 def _check_single(space: SearchSpace) -> None:
@@ -326,7 +329,8 @@ def plan_request(request: PlanRequest) -> SearchResult:
     if all(len(space.values[d]) == 1 for d in space.dims):
         _check_single(space)
         with threads:
-            return _annotate(GridSearch(top=1, name="single").run(problem), problem)
+            return attach_train(_annotate(GridSearch(top=1, name="single").run(problem),
+                                          problem), problem)
     with threads:
         result = _annotate(_strategy(request.strategy, request.top).run(
             problem, request.seed, request.progress), problem)
@@ -336,7 +340,7 @@ def plan_request(request: PlanRequest) -> SearchResult:
         raise SpecError(
             f"{result.strategy} found no valid configuration; run the grid strategy to see why"
         )
-    return result
+    return attach_train(result, problem)
 
 
 def _annotate(result: SearchResult, problem: Problem) -> SearchResult:

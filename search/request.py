@@ -189,8 +189,8 @@ class PlanRequest(BaseModel):
         None, description="expert tensor-parallel size (MoE)")
     strategy: Strategy | SearchStrategy = Field("grid", description="search strategy")
     objective: Objective = Field(
-        "time", description="what 'best' minimises: step time, peak memory, or GPU-seconds per "
-        "step")
+        "time", description="what 'best' minimises: step time, peak memory, GPU-seconds per "
+        "step, or the run's expected wall time (time-to-train)")
     top: Annotated[int, Cli(min=1, limit=(MAX_TOP, "rows"))] = Field(
         10, description="configurations in the table")
     kernels: Kernels = Field("fused", description="fused (Megatron/TE) or eager PyTorch")
@@ -230,6 +230,18 @@ class PlanRequest(BaseModel):
         None, description="pipeline sends / receives overlap compute")
     zero3_gather: Zero3Gather | None = Field(
         None, description="ZeRO-3 gathers per layer (FSDP2) or per tensor (DeepSpeed 2021)")
+    # the whole run (perfmodel.run): a run section in the report and `train` in --json
+    train_tokens: Annotated[float | None, Cli(min=1.0)] = Field(
+        None, description="tokens of the whole run, e.g. 15.6e12: time to train, GPU-hours, "
+        "energy, cost, interruptions, checkpoints, goodput")
+    train_steps: Annotated[int | None, Cli(min=1)] = Field(
+        None, description="steps of the whole run (instead of --train-tokens)")
+    gpu_hour_price: Annotated[float | None, Cli(min=0.0)] = Field(
+        None, description="price of one GPU-hour for the run's cost (default: the cluster "
+        "file's gpu_hour_price)")
+    checkpoint_mode: Annotated[Literal["sync", "async"] | None, Cli(("--checkpoint",))] = Field(
+        None, description="checkpoint mode of the run: sync (training waits for the storage "
+        "write, the default) or async (only the copy to host memory blocks)")
     profile: str | Path | EfficiencyProfile | None = Field(
         None, description="efficiency profile: a shipped one (megatron-2021, megatron-2022, "
         "nemo-24.07, nemo-24.09, bridge-25.x) or a TOML file written by `plan calibrate`")

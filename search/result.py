@@ -233,6 +233,9 @@ class SearchResult:
     limits: dict[str, float] = field(default_factory=dict)
     setup: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the whole run of the ``top`` configurations (perfmodel.run.TrainRun) when the search
+    #: was given its length (train_tokens or train_steps)
+    train: Any = None
 
     @property
     def best(self) -> pd.DataFrame:
@@ -306,6 +309,7 @@ class SearchResult:
             "diagnostics": [d.to_json() for d in self.diagnostics],
             "setup": self.setup,
             "search": self.stats(),
+            **({"train": self.train.to_dict()} if self.train is not None else {}),
         }
 
 

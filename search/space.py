@@ -31,6 +31,7 @@ from perfmodel.core.errors import SpecError
 from perfmodel.memory.breakdown import usable_hbm_bytes
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig, resolve_config
 from perfmodel.parallel.layers import megatron_layout
+from perfmodel.run import train_run
 from perfmodel.spec.frameworks import (
     FrameworkSpec,
     capability_mask,
@@ -41,7 +42,12 @@ from perfmodel.spec.frameworks import (
     zero_pp_allowed,
 )
 from perfmodel.spec.hybrid import unsupported_parallelism
-from perfmodel.spec.specs import ClusterSpec, ModelSpec, TrainingSpec, format_validation_error
+from perfmodel.spec.specs import (
+    ClusterSpec,
+    ModelSpec,
+    TrainingSpec,
+    format_validation_error,
+)
 
 __all__ = [
     "ALIASES",
@@ -71,7 +77,7 @@ SEARCH_DIMS = (
     "etp",
 )
 #: Single objectives: what "best" minimises.
-OBJECTIVES = ("time", "memory", "cost")
+OBJECTIVES = ("time", "memory", "cost", "time-to-train")
 #: Objectives of the multi-objective (Pareto) view, all minimised.
 PARETO_OBJECTIVES = ("step_time_s", "peak_memory_bytes", "gpus")
 
@@ -740,12 +746,18 @@ class Problem:
     #: where each training value the caller left out came from (reported, not used)
     assumed: Mapping[str, str] = field(default_factory=dict)
     profile: str | None = None  # name of the efficiency profile bound into the evaluator
+    #: the whole run (perfmodel.run.RunSettings): steps, checkpoint, failures, power, price;
+    #: needed by the objective ``time-to-train``, reported when given
+    run: Any = None
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise SpecError(
                 f"objective = {self.objective!r}: expected one of {', '.join(OBJECTIVES)}"
             )
+        if self.objective == "time-to-train" and self.run is None:
+            raise SpecError("objective = 'time-to-train' needs the run's length: give "
+                            "train_tokens or train_steps")
         if not 0.0 <= self.memory_headroom < 1.0:
             raise SpecError(
                 f"memory_headroom = {self.memory_headroom!r}: expected a fraction in [0, 1)"
@@ -776,6 +788,18 @@ class Problem:
             except TypeError:
                 res.fits = fits
         return res
+
+    def objective_values(self, res: Any, step_time_s, peak_bytes, gpus) -> np.ndarray:
+        """The single objective of evaluated configurations (``res``: their StepResult). The
+        objective ``time-to-train`` is the expected wall time of the whole run, failures and
+        checkpoints included (:func:`perfmodel.run.train_run`)."""
+        if self.objective != "time-to-train":
+            return objective_score(self.objective, step_time_s, peak_bytes, gpus)
+        step = np.asarray(step_time_s, dtype=float)
+        mem = getattr(res, "memory_bytes", {})
+        staged = np.asarray(mem.get("weights", 0.0)) + np.asarray(mem.get("optimizer", 0.0))
+        compute = np.asarray(getattr(res, "time_s", {}).get("compute", step))
+        return train_run(self.run, step, gpus, staged, compute / step).wall_s
 
     def within_limits(self, step_time_s: np.ndarray, peak_bytes: np.ndarray) -> np.ndarray:
         """Whether each configuration meets ``max_step_time_s`` and ``max_memory_bytes``."""
@@ -810,7 +834,9 @@ class Problem:
             peak[valid] = res.memory_bytes["peak"]
             fits[valid] = res.fits
         gpus = a["dp"] * a["tp"] * a["pp"] * a["cp"]
-        score = objective_score(self.objective, step, peak, gpus)
+        score = np.full(n, np.inf)
+        if valid.size:
+            score[valid] = self.objective_values(res, step[valid], peak[valid], gpus[valid])
         score = np.where((violations == 0) & fits & self.within_limits(step, peak), score, np.inf)
         return Scored(flat, violations, fits, step, peak, gpus, score)
 

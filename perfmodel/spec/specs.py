@@ -158,6 +158,10 @@ class GPUSpec(Spec):
         default=None,
         description="exponentials (MUFU.EX2) per clock and SM of the special function units; "
         "None uses perfmodel.compute.attention_kernels' 16 (Volta to Blackwell)")
+    tdp_w: PosFloat | None = Field(
+        default=None,
+        description="thermal design power of the board [W] (datasheet maximum): the GPU's "
+        "draw while it computes, for the run's energy (perfmodel.run.energy); None: no energy")
 
     @property
     def compute_capability_tuple(self) -> tuple[int, int] | None:
@@ -256,6 +260,20 @@ class ClusterSpec(Spec):
     num_nodes: PosInt
     tiers: list[LinkTier] = Field(min_length=1)
     description: str = ""
+    # Whole-run terms (perfmodel.run); None takes the documented default of perfmodel.run.
+    interruptions_per_gpu_hour: PosFloat | None = Field(
+        default=None, description="job interruptions per GPU-hour; None: "
+        "perfmodel.run.failures.INTERRUPTIONS_PER_GPU_HOUR (Llama 3's 466 in 54 days on 16K)")
+    storage_write_gbyte_per_s: PosFloat | None = Field(
+        default=None, description="aggregate checkpoint write (and read) bandwidth of the "
+        "storage tier [GB/s]; None: perfmodel.run.checkpoint's 1 GB/s per node")
+    gpu_hour_price: PosFloat | None = Field(
+        default=None, description="price of one GPU-hour (any currency) for the run's cost")
+    pue: Annotated[float, Field(ge=1.0)] | None = Field(
+        default=None, description="site power usage effectiveness; None: perfmodel.run.energy.PUE")
+    node_other_w_per_gpu: NonNegFloat | None = Field(
+        default=None, description="power of a node's CPUs, memory, NICs and fans per GPU [W]; "
+        "None: perfmodel.run.energy.NODE_OTHER_W_PER_GPU (DGX H100 datasheet)")
 
     @model_validator(mode="after")
     def _tiers_nest(self) -> ClusterSpec:

@@ -58,7 +58,7 @@ from perfmodel.parallel.config import ConfigBatch
 from perfmodel.step.evaluate import evaluate, layer_times_by_type
 from search.pareto import Tally
 from search.result import SearchResult, finalize_batch
-from search.space import Problem, Scored, objective_score
+from search.space import Problem, Scored
 
 __all__ = ["DPLayout", "DPSearch", "balanced_counts", "brute_force_partition", "partition_dp",
            "range_dp"]
@@ -611,7 +611,7 @@ class _Keeper:
         peak = np.asarray(res.memory_bytes["peak"], dtype=float)
         fits = np.asarray(res.fits, dtype=bool)
         ok = fits & problem.within_limits(step, peak)
-        score = np.where(ok, objective_score(problem.objective, step, peak, cand.gpus),
+        score = np.where(ok, problem.objective_values(res, step, peak, cand.gpus),
                          np.inf)
         tally.add(Scored(ids, np.zeros(len(cand), dtype=np.int8), fits, step, peak,
                          cand.gpus, score))

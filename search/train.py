@@ -1,0 +1,91 @@
+"""The run section of a search: time to train, cost, energy and goodput of the reported
+configurations (:mod:`perfmodel.run`), for the API's ``result.train`` and the CLI's report.
+
+``run_settings_for(space, ...)`` binds the whole-run settings to a search's specs;
+``attach_train(result, problem)`` adds ``result.train`` (a :class:`perfmodel.run.TrainRun`
+over ``result.rows``, best first); ``run_lines(result)`` are the report's lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from perfmodel.core import units
+from perfmodel.run import RunSettings, TrainRun, run_settings, train_run
+
+__all__ = ["attach_train", "run_lines", "run_settings_for", "train_of_rows"]
+
+
+def run_settings_for(space: Any, train_tokens: float | None, train_steps: int | None,
+                     gpu_hour_price: float | None, checkpoint_mode: str | None
+                     ) -> RunSettings | None:
+    """The run's settings for a search's specs; None when neither length is given (and no
+    price or checkpoint mode either, which need one: SpecError)."""
+    if train_tokens is None and train_steps is None:
+        if gpu_hour_price is not None or checkpoint_mode is not None:
+            from perfmodel.spec.specs import SpecError
+
+            raise SpecError("gpu_hour_price and checkpoint_mode price the whole run: give "
+                            "train_tokens or train_steps as well")
+        return None
+    return run_settings(space.model, space.training, space.cluster, train_tokens=train_tokens,
+                        train_steps=train_steps, gpu_hour_price=gpu_hour_price,
+                        checkpoint_mode=checkpoint_mode or "sync")
+
+
+def train_of_rows(settings: RunSettings, rows: list[dict[str, Any]]) -> TrainRun:
+    """:func:`perfmodel.run.train_run` of JSON rows (``SearchResult.rows``): their step time,
+    GPUs, staged weights + optimizer bytes and compute share of the step."""
+    step = np.array([r["step_time_s"] for r in rows], dtype=float)
+    gpus = np.array([r["gpus"] for r in rows], dtype=float)
+    staged = np.array([r["memory_bytes"].get("weights", 0.0)
+                       + r["memory_bytes"].get("optimizer", 0.0) for r in rows])
+    compute = np.array([r["time_s"].get("compute", r["step_time_s"]) for r in rows])
+    return train_run(settings, step, gpus, staged, compute / step)
+
+
+def attach_train(result: Any, problem: Any) -> Any:
+    """``result`` with ``train`` set when the problem carries run settings."""
+    if getattr(problem, "run", None) is None or not result.rows:
+        return result
+    return dataclasses.replace(result, train=train_of_rows(problem.run, result.rows))
+
+
+def _money(v: float | None) -> str:
+    return "no price (--gpu-hour-price)" if v is None else f"{v:,.0f}"
+
+
+def _duration(s: float) -> str:
+    """Seconds as seconds, minutes or hours, whichever reads best."""
+    if s >= 3600:
+        return f"{s / 3600:.1f} h"
+    if s >= 60:
+        return f"{s / 60:.1f} min"
+    return units.fmt_seconds(s)
+
+
+def run_lines(result: Any) -> list[str]:
+    """The report's run section for the best configuration (plain text lines)."""
+    t = getattr(result, "train", None)
+    if t is None:
+        return []
+    r = t.row(0)
+    energy = ("no TDP in the GPU spec" if r["energy_mwh"] is None else
+              f"{r['energy_mwh']:,.0f} MWh (GPU {r['gpu_power_w']:.0f} W + node and site)")
+    head = (f"run: {units.fmt_count(r['train_tokens'])} tokens in {r['train_steps']:,.0f} "
+            f"steps: {r['days']:.1f} days, {units.fmt_count(r['gpu_hours'])} GPU-hours, "
+            f"energy {energy}, cost "
+            f"{_money(r['cost'])}")
+    every = r["wall_s"] / max(r["expected_interruptions"], 1e-12)
+    failures = (f"  goodput {r['goodput']:.1%} (failure-free {r['useful_s'] / 86_400:.1f} "
+                f"days); expected interruptions {r['expected_interruptions']:,.0f} (one every "
+                f"{_duration(every)})")
+    ckpt = (f"  checkpoint {units.fmt_bytes(r['checkpoint_bytes'])} every "
+            f"{r['checkpoint_interval_steps']:,.0f} steps "
+            f"({_duration(r['checkpoint_interval_s'])}), blocking "
+            f"{units.fmt_seconds(r['checkpoint_s'])}; restart {_duration(r['restart_s'])}"
+            f", lost work {_duration(r['lost_work_s'])} per unexpected interruption")
+    return [head, failures, ckpt]
