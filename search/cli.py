@@ -39,6 +39,7 @@ SUBCOMMANDS: dict[str, str] = {
     "validate": "search.validate:validate_command",
     "verify": "harness.cli_verify:verify_cmd",
     "calibrate": "search.calibrate:calibrate_command",
+    "sweep": "sweep.cli:sweep_cmd",
 }
 
 app = typer.Typer(

@@ -35,13 +35,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from perfmodel.specs import SpecError
 from search.api import plan
-from sweep.spec import MAX_SCENARIOS, Scenario, SweepSpec, check_spec, load_sweep_spec
-from sweep.spec import scenario_cluster
+from sweep.spec import (
+    MAX_SCENARIOS,
+    Scenario,
+    SweepSpec,
+    check_spec,
+    load_sweep_spec,
+    scenario_cluster,
+)
 from sweep.store import ResultStore, typed
 
 __all__ = [
     "SECONDS_PER_DAY",
     "TASK_TARGET_S",
+    "batch_size",
     "run_batch",
     "run_figures",
     "run_scenario",

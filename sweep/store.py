@@ -56,14 +56,21 @@ def typed(frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` with every column of :data:`COLUMNS` (missing ones as NA) in its type, in
     order, the other columns (overrides, intervals: float) after them sorted by name, and
     the rows sorted by (scenario id, rank)."""
-    out = {}
-    for name, dtype in COLUMNS.items():
-        col = frame[name] if name in frame else pd.Series(pd.NA, index=frame.index)
-        out[name] = col.astype(dtype)
+    out = {name: _as(frame, name, dtype) for name, dtype in COLUMNS.items()}
     for name in sorted(set(frame.columns) - set(COLUMNS)):
-        out[name] = frame[name].astype("float64")
+        out[name] = _as(frame, name, "float64")
     result = pd.DataFrame(out, index=frame.index)
     return result.sort_values(["scenario_id", "rank"], kind="stable").reset_index(drop=True)
+
+
+def _as(frame: pd.DataFrame, name: str, dtype: str) -> pd.Series:
+    """Column ``name`` of ``frame`` (all missing when absent) as ``dtype``."""
+    if name not in frame:
+        return pd.Series(float("nan") if dtype == "float64" else pd.NA, index=frame.index,
+                         dtype=dtype)
+    if dtype == "float64":
+        return pd.to_numeric(frame[name]).astype(dtype)
+    return frame[name].astype(dtype)
 
 
 def _read(path: Path) -> pd.DataFrame:
