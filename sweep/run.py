@@ -197,7 +197,7 @@ def _dask_client(client: Client | str | None, workers: int | None) -> Iterator[C
             yield own
         return
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                      dashboard_address=None, silence_logs=logging.ERROR) as cluster, \
+                      dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
             Client(cluster) as own:
         yield own
 
