@@ -276,9 +276,9 @@ def sweep(
 
 def _execute(pending: list[Scenario], client: Client | str | None, workers: int | None,
              emit: Callable[[list[dict]], None]) -> None:
-    if not pending:
-        return
-    if workers == 0:
+    """Run ``pending`` here (``workers=0``, or no more than the probe's two scenarios), or
+    on Dask."""
+    if workers == 0 or len(pending) <= 2:
         for s in pending:
             emit(run_scenario(s))
         return
