@@ -52,8 +52,6 @@ def sweep_cmd(
                             "cluster's own workers run the sweep")
         if workers is not None and workers < 0:
             raise SpecError(f"--workers {workers}: expected a count >= 0")
-        if out.is_dir():
-            raise SpecError(f"--out {out}: is a folder, expected a Parquet file path")
         table = sweep(s, client=scheduler, out=out, workers=workers, yes=yes, progress=True)
     except SpecError as err:
         _fail(str(err))

@@ -86,6 +86,10 @@ class ResultStore:
     def __init__(self, out: str | Path | None) -> None:
         self.out = None if out is None else Path(out)
         self.parts = None if out is None else Path(f"{out}.parts")
+        if self.out is not None and not self.out.parent.is_dir():
+            raise SpecError(f"{self.out}: the folder {self.out.parent} does not exist")
+        if self.out is not None and self.out.is_dir():
+            raise SpecError(f"{self.out}: is a folder, expected a Parquet file path")
         self._buffer: list[dict[str, Any]] = []
         self._frames: list[pd.DataFrame] = []
         self._last_flush = time.monotonic()

@@ -214,3 +214,10 @@ def test_unreadable_output_is_a_spec_error(tmp_path):
     with pytest.raises(SpecError, match="not a readable Parquet file"):
         sweep({"models": ["gpt3-125m"], "clusters": ["dgx-h100"], "gpus": [8],
                "global_batch": [16], "seq_len": [1024]}, out=out, workers=0)
+
+
+def test_an_output_folder_that_does_not_exist_is_refused_before_work(tmp_path):
+    with pytest.raises(SpecError, match="does not exist"):
+        sweep({"models": ["gpt3-125m"], "clusters": ["dgx-h100"], "gpus": [8],
+               "global_batch": [16], "seq_len": [1024]}, out=tmp_path / "no" / "r.parquet",
+              workers=0)
