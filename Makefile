@@ -28,14 +28,14 @@ plan: $(STAMP)
 	$(BIN)/plan --framework megatron-2022
 
 test: $(STAMP) $(FW_STAMP)
-	$(BIN)/ruff check perfmodel search hardware_specs harness cli validation emit realtime plots tests
+	$(BIN)/ruff check perfmodel search hardware_specs harness cli validation emit realtime plots sweep tests
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_search.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check perfmodel search hardware_specs harness cli validation emit realtime plots tests
+	$(BIN)/ruff check perfmodel search hardware_specs harness cli validation emit realtime plots sweep tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

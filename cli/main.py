@@ -59,6 +59,7 @@ SUBCOMMANDS: dict[str, str] = {
     "validate": "cli.validate:validate_command",
     "verify": "cli.verify:verify_cmd",
     "calibrate": "validation.calibrate:calibrate_command",
+    "sweep": "sweep.cli:sweep_cmd",
 }
 
 def _raw_value(argv: list[str], param: Any) -> str | None:

@@ -6,7 +6,8 @@
 
 The notebooks are committed *with* their outputs so they read well on a code host;
 ``tests/test_notebooks.py`` re-executes them so they never rot, and checks that the committed
-cells match the sources here. Notebooks use only the public API (``perfmodel``, ``search``).
+cells match the sources here. Notebooks use only the public API (``perfmodel``, ``search``,
+``sweep``).
 """
 
 from __future__ import annotations
@@ -653,10 +654,60 @@ fig
 """),
     code("""
 plots.plot_cost_vs_days(frame)
+NOTEBOOKS["08_sweep"] = [
+    md("""
+# 8. A sweep: many scenarios, one search each
+
+A sweep spec holds lists; a scenario is one element of their product, and each scenario runs the
+full search. Here: two small models on two clusters at three GPU counts, and two HBM sizes of
+the GPU (a hardware override), 24 scenarios, with the run figures for 20 B training tokens.
+`workers=0` runs them in this process; leave it out for a Dask LocalCluster, or pass
+`client="tcp://host:8786"` for a running cluster (`plan sweep SPEC.toml --out results.parquet`
+on the command line; see `docs/sweep.md`).
+"""),
+    code(SETUP),
+    code("""
+from sweep import load_sweep_spec, sweep
+from sweep.plots import mfu_heatmap, plot_cost_vs_days
+
+spec = load_sweep_spec({
+    "models": ["gpt3-125m", "gpt3-350m"],
+    "clusters": ["dgx-h100", "dgx-a100-80g"],
+    "gpus": [8, 16, 32],
+    "global_batch": [64],
+    "seq_len": [2048],
+    "train_tokens": 20e9,
+    "overrides": {"gpu.hbm_gib": [2, 80]},
+})
+table = sweep(spec, workers=0)
+print(f"{spec.size} scenarios:", table["status"].value_counts().to_dict())
+table[["model", "cluster", "gpus", "gpu.hbm_gib", "status", "dp", "tp", "pp", "zero_stage",
+       "micro_batch_size", "step_time_s", "mfu", "train_days", "gpu_hours"]].head(8)
+"""),
+    md("""
+A scenario where nothing fits is a row with the reason (here: 2 GiB of HBM), not an error:
+"""),
+    code("""
+print(table.loc[table["status"] != "ok", "reason"].iloc[0])
+"""),
+    md("""
+The best MFU per (cluster, GPU count), over the other parameters (here: the HBM size), one panel
+per model; "-" where no scenario fits:
+"""),
+    code("""
+mfu_heatmap(table)
+"""),
+    md("""
+Cost (GPU-hours) against days to train, one point per scenario, and the Pareto front: the
+scenarios no other one beats on both.
+"""),
+    code("""
+plot_cost_vs_days(table)
 """),
 ]
 
 
+# =============================================================================================
 def build(name: str) -> nbformat.NotebookNode:
     """The notebook ``name`` (without outputs)."""
     cells = []
