@@ -654,6 +654,11 @@ fig
 """),
     code("""
 plots.plot_cost_vs_days(frame)
+"""),
+]
+
+
+# =============================================================================================
 NOTEBOOKS["08_sweep"] = [
     md("""
 # 8. A sweep: many scenarios, one search each
