@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.accuracy_tables import PAGES, rendered_pages, render
+from benchmarks.accuracy_tables import PAGES, render, rendered_pages
 
 
 def test_render_replaces_only_marked_text():
