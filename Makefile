@@ -4,8 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 FW_STAMP := $(VENV)/.frameworks
+DOCS_STAMP := $(VENV)/.docs
 
-.PHONY: plan test setup frameworks bench lint clean
+.PHONY: plan test setup frameworks docs bench lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -24,10 +25,18 @@ $(FW_STAMP): $(STAMP)
 
 frameworks: $(FW_STAMP)
 
+# mkdocs-material for the documentation site (docs/, mkdocs.yml); `make test` builds it strictly.
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,harness,docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
 plan: $(STAMP)
 	$(BIN)/plan --framework megatron-2022
 
-test: $(STAMP) $(FW_STAMP)
+test: $(STAMP) $(FW_STAMP) $(DOCS_STAMP)
 	$(BIN)/ruff check perfmodel search hardware_specs harness cli validation emit realtime plots sweep tests
 	$(BIN)/python -m pytest -q
 
@@ -38,4 +47,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check perfmodel search hardware_specs harness cli validation emit realtime plots sweep tests
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info
