@@ -38,6 +38,7 @@ plan: $(STAMP)
 
 test: $(STAMP) $(FW_STAMP) $(DOCS_STAMP)
 	$(BIN)/ruff check perfmodel search hardware_specs harness cli validation emit realtime plots sweep tests
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

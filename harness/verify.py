@@ -19,10 +19,14 @@ from typing import Any
 
 import numpy as np
 
+from harness.calibrate import calibrate, local_cluster
 from harness.isolation import private_temp_root
+from harness.launch import job_spec, run_config
 from perfmodel.core.errors import SpecError
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig, resolve_config
 from perfmodel.spec.specs import ClusterSpec, ModelSpec, TrainingSpec
+from perfmodel.step.evaluate import evaluate
+from search.api import MAX_TOP, plan
 
 __all__ = ["harness_training", "select_configs", "spearman", "verify"]
 
@@ -78,7 +82,7 @@ def select_configs(
     refuses. Returns config dicts, fastest predicted first, the poor ones last.
     """
     from harness.worker import ConfigRefused, check_config
-    from search.api import MAX_TOP, plan
+
 
     training = training or harness_training()
     # every configuration: a harness model on <= 64 processes has under 1000 that fit
@@ -133,10 +137,6 @@ def verify(
     ``predicted`` and ``measured`` both hold ``step_time_s``, ``comm_bytes`` (per dimension, bytes
     sent per step by the busiest rank) and ``peak_memory_bytes`` (largest rank).
     """
-    from harness.calibrate import calibrate, local_cluster
-    from harness.launch import job_spec, run_config
-    from perfmodel.step.evaluate import evaluate
-
     training = training or harness_training()
     if cluster is None:
         cluster = local_cluster(nproc, calibrate((nproc,), calibration_path))

@@ -15,6 +15,7 @@ import numpy as np
 
 from perfmodel.core import units
 from perfmodel.run import RunSettings, TrainRun, run_settings, train_run
+from perfmodel.spec.specs import SpecError
 
 __all__ = ["attach_train", "run_lines", "run_settings_for", "train_of_rows"]
 
@@ -26,8 +27,6 @@ def run_settings_for(space: Any, train_tokens: float | None, train_steps: int | 
     price or checkpoint mode either, which need one: SpecError)."""
     if train_tokens is None and train_steps is None:
         if gpu_hour_price is not None or checkpoint_mode is not None:
-            from perfmodel.spec.specs import SpecError
-
             raise SpecError("gpu_hour_price and checkpoint_mode price the whole run: give "
                             "train_tokens or train_steps as well")
         return None
