@@ -26,10 +26,10 @@ from validation import validate
 __all__ = ["SOURCE_FRAMEWORK", "calibration_evidence", "evidence_line"]
 
 #: The framework preset (``hardware_specs/frameworks``) each source's runs used: the vendor
-#: recipes (:data:`validation.validate._SOURCE_FRAMEWORK`) and the Megatron-LM papers (Narayanan et
+#: recipes (:data:`validation.validate.VENDOR_SOURCE_FRAMEWORK`) and the Megatron-LM papers (Narayanan et
 #: al. 2021 ran the SC21 scripts, Korthikanti et al. 2022 added sequence parallelism and
 #: selective recompute: the ``megatron-2021`` and ``megatron-2022`` presets describe them).
-SOURCE_FRAMEWORK = {**validate._SOURCE_FRAMEWORK, "Megatron-LM 2021": "megatron-2021",
+SOURCE_FRAMEWORK = {**validate.VENDOR_SOURCE_FRAMEWORK, "Megatron-LM 2021": "megatron-2021",
                     "Korthikanti 2022": "megatron-2022"}
 
 

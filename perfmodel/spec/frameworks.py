@@ -31,8 +31,8 @@ from perfmodel.spec.specs import (
     RecomputeModule,
     Spec,
     TrainingSpec,
-    _build,
-    _resolve,
+    build_spec,
+    resolve_spec,
 )
 
 __all__ = ["PRECISION_RECIPES", "RECIPE_MIN_COMPUTE_CAPABILITY", "Capabilities", "FrameworkSpec",
@@ -230,8 +230,8 @@ def load_framework(spec: str | Path | FrameworkSpec) -> FrameworkSpec:
     name = getattr(spec, "value", spec)
     if not isinstance(name, (str, Path)):
         raise SpecError(f"framework = {spec!r}: expected a preset name or a TOML path")
-    data, src = _resolve("framework", name)
-    return _build(FrameworkSpec, data, src)
+    data, src = resolve_spec("framework", name)
+    return build_spec(FrameworkSpec, data, src)
 
 
 def apply_framework(training: TrainingSpec, fw: FrameworkSpec | None,
