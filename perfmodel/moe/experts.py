@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfmodel.core.codes import Recompute
 from perfmodel.hardware import collectives as coll
 from perfmodel.moe import dispatch as moe_dispatch
 from perfmodel.parallel.config import ConfigBatch
@@ -324,7 +325,7 @@ def a2a_per_layer(batch: ConfigBatch) -> tuple[np.ndarray, np.ndarray]:
     recompute). Forward 2 (dispatch, combine), backward 2 (their gradients), plus 2 when full
     recomputation repeats the forward (Megatron recomputes the whole layer)."""
     fwd = np.full(batch.tp.shape, 2.0)
-    return fwd, 2.0 + np.where(batch.recompute == 2, 2.0, 0.0)
+    return fwd, 2.0 + np.where(batch.recompute == Recompute.FULL, 2.0, 0.0)
 
 
 def dispatch_ops_per_layer(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch,

@@ -27,7 +27,7 @@ from perfmodel.comm import comm_volume, cp_ring, zero3_deepspeed
 from perfmodel.compute import flops, quantise
 from perfmodel.compute import layer as compute
 from perfmodel.compute.mtp import mtp_stage_s
-from perfmodel.core.codes import COMPRESSION, RECOMPUTE, SCHEDULE
+from perfmodel.core.codes import COMPRESSION, RECOMPUTE, SCHEDULE, Recompute, Schedule
 from perfmodel.hardware import overlap
 from perfmodel.hardware.calibration import KERNEL_MIN_S
 from perfmodel.memory import offload
@@ -65,7 +65,6 @@ MFU_CONVENTION = (
 MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other", "peak")
 COMM_DIMS = ("dp", "tp", "pp", "cp", "ep")
 
-_SCHED_GPIPE, _SCHED_1F1B, _SCHED_INTERLEAVED, _SCHED_ZB = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -244,14 +243,14 @@ def pipeline_makespan_s(
         t_max = t_max_s
     total = np.where(p > 1, t_first_s + t_last_s + np.maximum(p - 2, 0) * t_mid_s, t_first_s)
     fill = total - t_max
-    fill = np.where(schedule == _SCHED_INTERLEAVED, fill / vp, fill)
+    fill = np.where(schedule == Schedule.INTERLEAVED, fill / vp, fill)
     # ZB-H1 (Qi et al. 2024, Sec. 3.1): the fill/drain is (p-1)*max(F+B-W, F, B) instead of
     # (p-1)*(F+B+W), with B the input-gradient and W the weight-gradient part of the backward;
     # the max(.., F, B) bounds come from our simulator (docs/pipeline.md). 1/3 when equal.
     f = fwd_fraction
     b_in = 1.0 - fwd_fraction - w_fraction
     zb_factor = np.clip(np.maximum(np.maximum(f + b_in - w_fraction, f), b_in), 0.0, 1.0)
-    fill = np.where(schedule == _SCHED_ZB, fill * zb_factor, fill)
+    fill = np.where(schedule == Schedule.ZB, fill * zb_factor, fill)
     steady = m * t_max
     return steady + fill, steady
 
@@ -338,8 +337,8 @@ def cp_exposed_s(model, training, b, ct, comm, slowdown):
     ``core_attn`` (Megatron-Core checkpoints the whole ``core_attention``, ring included),
     re-run the forward ring."""
     a = model.attention_layer_fraction if model.is_hybrid else 1.0
-    rerun = (b.recompute == 2) | ((b.recompute == 1)
-                                  & ("core_attn" in training.recompute_modules))
+    rerun = (b.recompute == Recompute.FULL) | ((b.recompute == Recompute.SELECTIVE)
+                                                & ("core_attn" in training.recompute_modules))
     return cp_ring.ring_layer_s(b.cp, ct["attn_fwd_s"], ct["attn_bwd_s"], comm["cp_kv_send_s"],
                                 comm["cp_kv_dkv_send_s"], rerun, slowdown, a)
 
@@ -431,7 +430,7 @@ def pp_sends_per_microbatch(schedule, vp) -> np.ndarray:
     """Pipeline sends per micro-batch per stage boundary: one activation forward and one
     gradient backward, ``v`` times each with the interleaved schedule (Narayanan et al. 2021,
     Sec. 2.2.2)."""
-    return 2.0 * np.where(schedule == _SCHED_INTERLEAVED, vp, 1.0)
+    return 2.0 * np.where(schedule == Schedule.INTERLEAVED, vp, 1.0)
 
 
 def exposed_p2p_s(overlapped: bool, pp, m, sends, p2p_s) -> np.ndarray:
@@ -534,7 +533,8 @@ def _with_layouts(model, training, cluster, b, ct, embed_s, head_s, even, *, ker
                               (("first", t_first), ("mid", t_mid), ("last", t_last)))
     t_max = np.where(lay, st["max"], t_max)
     layers_per_stage = np.where(lay, st["max_layers"], layers_per_stage)
-    layer_bwd_s = np.where(lay & (b.recompute == 2), ct["layer_bwd_s"] + st["recompute_share"]
+    full_recompute = lay & (b.recompute == Recompute.FULL)
+    layer_bwd_s = np.where(full_recompute, ct["layer_bwd_s"] + st["recompute_share"]
                            * ct["layer_recompute_s"], layer_bwd_s)
     return (t_first, t_mid, t_last, t_max, layers_per_stage, layer_bwd_s,
             st["hardware_flops"])

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from perfmodel.compute import layer as compute
+from perfmodel.core.codes import Schedule
 from perfmodel.hardware.calibration import KERNEL_MIN_S
 from perfmodel.spec.specs import load_training
 from perfmodel.step import evaluate as step
@@ -89,7 +90,7 @@ def test_stage_comm_shares():
 
 
 def test_pp_sends_per_microbatch():
-    out = step.pp_sends_per_microbatch(np.array([step._SCHED_1F1B, step._SCHED_INTERLEAVED]),
+    out = step.pp_sends_per_microbatch(np.array([Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED]),
                                        a(3.0, 3.0))
     assert out.tolist() == [2.0, 6.0]
 
