@@ -41,7 +41,7 @@ from perfmodel.spec.specs import (
     spec_path,
 )
 from perfmodel.step.evaluate import evaluate as step_evaluate
-from perfmodel.step.profiled import evaluate as profile_evaluate
+from perfmodel.step.profiled import evaluate_profiled as profile_evaluate
 from search.request import (
     DEFAULT_CLUSTER,
     DEFAULT_MODEL,

@@ -33,7 +33,12 @@ SOURCE_FRAMEWORK = {**validate.VENDOR_SOURCE_FRAMEWORK, "Megatron-LM 2021": "meg
                     "Korthikanti 2022": "megatron-2022"}
 
 
-def _precision_class(precision: str) -> str:
+def _precision_family(precision: str) -> str:
+    """The precision family a plan's precision is matched on against the calibration rows:
+    every fp8 recipe (MXFP8 included) is ``fp8``, ``fp4``, bf16 / fp16 ``16-bit``, anything
+    else itself (``fp32``). Coarser than the calibration groups
+    (:func:`validation.calibrate.group_key`, which keep FP8-MX apart): evidence from any fp8
+    recipe counts for a plan in another."""
     p = str(precision).lower()
     if "fp4" in p:
         return "fp4"
@@ -75,10 +80,10 @@ def calibration_evidence(gpu_name: str, framework: str | None = None,
     if framework is not None and any(SOURCE_FRAMEWORK.get(x[0]) == framework for x in on_gpu):
         on_gpu = [x for x in on_gpu if SOURCE_FRAMEWORK.get(x[0]) == framework]
         matched_by = f"framework {framework}"
-    elif precision is not None and any(_precision_class(x[2]) == _precision_class(precision)
+    elif precision is not None and any(_precision_family(x[2]) == _precision_family(precision)
                                        for x in on_gpu):
-        on_gpu = [x for x in on_gpu if _precision_class(x[2]) == _precision_class(precision)]
-        matched_by = f"{_precision_class(precision)} precision"
+        on_gpu = [x for x in on_gpu if _precision_family(x[2]) == _precision_family(precision)]
+        matched_by = f"{_precision_family(precision)} precision"
     groups: dict[tuple, dict] = {}
     for src, gpu, prec, case in on_gpu:
         res = evaluate(case.model, case.training, case.cluster,

@@ -44,7 +44,7 @@ from perfmodel.spec.specs import (
     load_cluster,
 )
 from perfmodel.step.evaluate import evaluate
-from perfmodel.step.profiled import evaluate as profile_evaluate
+from perfmodel.step.profiled import evaluate_profiled as profile_evaluate
 from search.api import plan
 
 VALIDATION_DIR = SPECS_ROOT / "validation"

@@ -66,6 +66,7 @@ __all__ = [
     "ep_dispatch_bytes",
     "expert_dp_ops",
     "grad_bytes_per_elem",
+    "largest_stage_params",
     "param_bytes_per_elem",
     "params_per_gpu",
     "pp_activation_bytes",
@@ -73,7 +74,6 @@ __all__ = [
     "pp_tied_embedding_bytes",
     "replicated_layer_params",
     "sequence_parallel_grad_params",
-    "stage_params",
     "tp_activation_bytes",
     "tp_boundary_bytes",
     "tp_collectives_per_layer",
@@ -132,7 +132,7 @@ def _stage_layers(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
     return batch.layer_counts(model.num_layers)["max_rank"].astype(np.float64)
 
 
-def stage_params(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
+def largest_stage_params(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
     """Parameters of the largest pipeline stage (before tensor-parallel splitting).
 
     ``L/pp`` layers, plus on the first stage the input embeddings and on the last the final norm
@@ -191,7 +191,7 @@ def params_per_gpu(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
     ``VocabParallelEmbedding`` for words, a plain embedding for positions). First stage: layers
     + word embedding / tp + positions; last (``pp > 1``): layers + final norm + output layer / tp
     (a tied model's copy of the word embedding); ``pp == 1``: all of them. The largest of the
-    two end stages. Without replicated parameters this is ``stage_params / tp``.
+    two end stages. Without replicated parameters this is ``largest_stage_params / tp``.
 
     References
     ----------

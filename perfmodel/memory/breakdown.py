@@ -1437,7 +1437,7 @@ def _memory_context(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, batc
 
 
 @dataclass(frozen=True)
-class _StageParamCounts:
+class _RankParamCounts:
     """Parameters per GPU [count] and transformer layers of the first, last and a middle rank:
     ``stage`` is :func:`stage_params`' dict; ``experts_*`` the rank's routed expert parameters
     (:func:`stage_expert_params`), ``experts_layer`` one MoE layer's share."""
@@ -1455,7 +1455,7 @@ class _StageParamCounts:
     experts_layer: np.ndarray
 
 
-def _stage_param_counts(ctx: _MemoryContext) -> _StageParamCounts:
+def _stage_param_counts(ctx: _MemoryContext) -> _RankParamCounts:
     """Step 1 of :func:`memory_breakdown`: parameters per GPU [count], with Megatron-LM's layer
     layout (uneven first/last stages, or the embedding and the loss counted as layers:
     :func:`perfmodel.parallel.layers.stage_layer_counts`), and each rank's routed experts
@@ -1471,7 +1471,7 @@ def _stage_param_counts(ctx: _MemoryContext) -> _StageParamCounts:
     layers_first, layers_last, layers_mid = (
         stage["layers_first"], stage["layers_last"], stage["layers_middle"])
     dense_first, dense_last = stage_dense_layers(model, ctx.pp, lc["first_chunk0"])
-    return _StageParamCounts(
+    return _RankParamCounts(
         stage=stage,
         params_first=stage["first"], params_last=stage["last"], params_mid=stage["middle"],
         layers_first=layers_first, layers_last=layers_last, layers_mid=layers_mid,
@@ -1483,7 +1483,7 @@ def _stage_param_counts(ctx: _MemoryContext) -> _StageParamCounts:
 
 
 @dataclass(frozen=True)
-class _StageStateBytes:
+class _RankStateBytes:
     """Model states of the first and last rank, ``(weights, gradients, optimizer)`` [bytes];
     the bytes per parameter of :func:`kernel_state_bytes_per_param` (``w_bpp``, ``g_bpp``,
     ``o_bpp``, ``copy_bpp``, ``fp8_params``) and ``state``, the ZeRO operands of
@@ -1499,7 +1499,7 @@ class _StageStateBytes:
     last: tuple
 
 
-def _stage_model_state_bytes(ctx: _MemoryContext, par: _StageParamCounts) -> _StageStateBytes:
+def _stage_model_state_bytes(ctx: _MemoryContext, par: _RankParamCounts) -> _RankStateBytes:
     """Step 2 of :func:`memory_breakdown`: weights, gradients and optimizer states by ZeRO stage
     [bytes per parameter -> bytes] (:func:`kernel_state_bytes_per_param`,
     :func:`rank_state_bytes`: :func:`zero_state_bytes` over the ``dp * cp`` ranks that hold the
@@ -1521,12 +1521,12 @@ def _stage_model_state_bytes(ctx: _MemoryContext, par: _StageParamCounts) -> _St
                                                    w_bpp)
         w2 = w2 + fsdp2_zero2_sharded_weight_bytes(par.params_last, ctx.dp, ctx.cp, ctx.zero,
                                                    w_bpp)
-    return _StageStateBytes(w_bpp=w_bpp, g_bpp=g_bpp, o_bpp=o_bpp, copy_bpp=copy_bpp,
+    return _RankStateBytes(w_bpp=w_bpp, g_bpp=g_bpp, o_bpp=o_bpp, copy_bpp=copy_bpp,
                             fp8_params=fp8_params, state=state, first=(w1, g1, o1),
                             last=(w2, g2, o2))
 
 
-def _without_bucketed_gradients(states: _StageStateBytes, grads_in_buffer) -> _StageStateBytes:
+def _without_bucketed_gradients(states: _RankStateBytes, grads_in_buffer) -> _RankStateBytes:
     """The model states with the gradients set to 0 where they live in the gradient bucket
     buffer (eager DDP's bucket copy of every gradient, :func:`gradient_bucket_bytes`), which
     :func:`_stage_other_bytes` counts instead [bytes]."""
@@ -1557,7 +1557,7 @@ class _StageActivationBytes:
     last: np.ndarray
 
 
-def _stage_activation_bytes(ctx: _MemoryContext, par: _StageParamCounts
+def _stage_activation_bytes(ctx: _MemoryContext, par: _RankParamCounts
                             ) -> _StageActivationBytes:
     """Step 3 of :func:`memory_breakdown`: activations [bytes]. One layer (kept under the
     recompute mode, plus MoE extras: :func:`stage_layer_activation_bytes`,
@@ -1621,7 +1621,7 @@ class _StageOtherBytes:
     last: np.ndarray
 
 
-def _stage_other_bytes(ctx: _MemoryContext, par: _StageParamCounts, states: _StageStateBytes,
+def _stage_other_bytes(ctx: _MemoryContext, par: _RankParamCounts, states: _RankStateBytes,
                        acts: _StageActivationBytes) -> _StageOtherBytes:
     """Step 4 of :func:`memory_breakdown`: other buffers [bytes]. Workspaces
     (:func:`library_workspace_bytes`), gradient buckets (:func:`gradient_bucket_bytes`), ZeRO-3
@@ -1665,7 +1665,7 @@ def _stage_other_bytes(ctx: _MemoryContext, par: _StageParamCounts, states: _Sta
                             first=other_first, last=other_last)
 
 
-def _middle_rank_bytes(ctx: _MemoryContext, par: _StageParamCounts, states: _StageStateBytes,
+def _middle_rank_bytes(ctx: _MemoryContext, par: _RankParamCounts, states: _RankStateBytes,
                        acts: _StageActivationBytes, other: _StageOtherBytes) -> tuple:
     """Fused kernels: a middle rank's (weights, gradients, optimizer, activations, other)
     [bytes], rank 1 (:func:`fused_peak_stage`), with its in-flight micro-batches
@@ -1687,8 +1687,8 @@ def _middle_rank_bytes(ctx: _MemoryContext, par: _StageParamCounts, states: _Sta
     )
 
 
-def _fused_peak_terms_bytes(ctx: _MemoryContext, par: _StageParamCounts,
-                            states: _StageStateBytes, acts: _StageActivationBytes,
+def _fused_peak_terms_bytes(ctx: _MemoryContext, par: _RankParamCounts,
+                            states: _RankStateBytes, acts: _StageActivationBytes,
                             other: _StageOtherBytes) -> tuple:
     """Step 5 of :func:`memory_breakdown`, fused kernels: everything is held at once, so the
     peak is the plain sum on the rank needing most, first, last or a middle rank
@@ -1712,8 +1712,8 @@ def _fused_peak_terms_bytes(ctx: _MemoryContext, par: _StageParamCounts,
     return weights, grads, opt, act, oth, peak_stage
 
 
-def _eager_peak_terms_bytes(ctx: _MemoryContext, par: _StageParamCounts,
-                            states: _StageStateBytes, acts: _StageActivationBytes,
+def _eager_peak_terms_bytes(ctx: _MemoryContext, par: _RankParamCounts,
+                            states: _RankStateBytes, acts: _StageActivationBytes,
                             other: _StageOtherBytes) -> tuple:
     """Step 5 of :func:`memory_breakdown`, eager PyTorch: the largest moment of the step
     (:func:`_eager_moments`) on the first or last rank, with the zero-bubble GEMM output

@@ -28,6 +28,9 @@ from perfmodel.core.files import parse_json, parse_toml, plain_name, read_text_b
 from perfmodel.spec.hybrid import check_hybrid, hf_hybrid_fields, hybrid_layer_params
 
 __all__ = [
+    "PRECISIONS",
+    "PRECISION_RECIPES",
+    "RECIPE_PRECISIONS",
     "ClusterSpec",
     "Dtype",
     "GPUSpec",
@@ -917,6 +920,9 @@ PRECISION_RECIPES = {
     "nvfp4": ("fp4", "nvfp4"),
 }
 PRECISIONS = ("fp32", "bf16", "fp16", *PRECISION_RECIPES)
+#: The precisions a framework preset or a launch config names: the plain dtypes and each recipe
+#: of :data:`PRECISION_RECIPES` once, by its own name (``fp8-delayed``, not the alias ``fp8``).
+RECIPE_PRECISIONS = ("fp32", "bf16", "fp16", "fp8-cs", "fp8-delayed", "fp8-block", "mxfp8", "nvfp4")
 
 
 # --------------------------------------------------------------------------------------------

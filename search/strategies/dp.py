@@ -452,7 +452,7 @@ def _range_costs(problem: Problem, rows: ConfigBatch, recompute_units: np.ndarra
                  kk: np.ndarray, ii: np.ndarray):
     """Time and recomputed units of every stage holding units ``kk..ii-1`` (``(K,)`` pairs) of
     every job (rows of one pp and vp), ``(J, p, K)``, priced by the layout model's own terms:
-    the stage's dense and MoE layers at their own time (:func:`perfmodel.memory.stage_layout.stage_times_s`'
+    the stage's dense and MoE layers at their own time (:func:`perfmodel.parallel.layers.stage_times_s`'
     formula) and its memory (:func:`perfmodel.memory.stage_layout.stage_memory_bytes` with its MoE layers);
     inf where it does not fit. Recompute: ``min(N, n)`` units, or (N < 0) the fewest that fit,
     from the memory at 0, 1 and 2 recomputed units (memory is affine in them)."""
