@@ -69,6 +69,7 @@ from validation.validate import (
 __all__ = [
     "RECIPE_ERROR_BAND",
     "SEARCH_GAIN_BAND",
+    "model_from_row",
     "moe_case_from_row",
     "moe_runs_report",
     "moe_summary",
@@ -87,7 +88,10 @@ _PRESETS = {"deepseek-v3": "deepseek-v3", "qwen3-235b-a22b": "qwen3-235b-a22b",
 _HYBRID_PRESETS = {"nemotron-3-nano-30b-a3b": "nemotron3-nano-30b-a3b"}
 
 
-def _model(r: pd.Series) -> ModelSpec:
+def model_from_row(r: pd.Series) -> ModelSpec:
+    """The model of a published MoE run: its preset where one exists (a hybrid Mamba2 row's
+    shipped preset), else built from the row's columns (layers, widths, experts, vocabulary);
+    :class:`SpecError` when the row does not publish the architecture."""
     name = str(r["model"])
     key = name.lower()
     if key in _PRESETS:
@@ -528,7 +532,7 @@ def moe_case_from_row(r: pd.Series, siblings: pd.DataFrame | None = None) -> Cas
     """One row of ``moe_runs_dev.csv`` as a :class:`~validation.validate.Case`; raises SpecError
     with the reason when the row cannot be expressed. ``siblings``: the whole table, to infer
     an unmatched row's dispatcher switches (:func:`sibling_recipe_switches`)."""
-    model = _model(r)
+    model = model_from_row(r)
     measured = number_or_none(r["seconds_per_iteration"])
     if measured is None:
         tps = number_or_none(r["tokens_per_sec_per_gpu"])
