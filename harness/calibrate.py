@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from harness.isolation import private_dir, worker_env
-from harness.launch import _kill_all, torchrun_command
+from harness.launch import kill_all, torchrun_command
 from harness.watchdog import launcher_env, terminate_as_interrupt
 from perfmodel.core import units
 from perfmodel.core.files import atomic_write
@@ -156,7 +156,7 @@ def _run_one(nproc: int, timeout_s: float) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             pass
         finally:
-            _kill_all(proc, [])
+            kill_all(proc, [])
     f = out / "calibration.json"
     if not f.exists():
         raise RuntimeError(f"calibration with {nproc} processes failed (see {out})")

@@ -34,7 +34,7 @@ from perfmodel.parallel.config import ParallelConfig
 from perfmodel.spec.specs import ModelSpec
 
 __all__ = [
-    "descendants", "job_spec", "rank_processes", "run_config", "summarize", "torchrun_command",
+    "descendants", "job_spec", "kill_all", "rank_processes", "run_config", "summarize", "torchrun_command",
 ]  # fmt: skip
 
 PARALLEL_KEYS = (
@@ -123,7 +123,7 @@ def _kill_verified(pid: int, ticks: str | None) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _kill_all(proc: subprocess.Popen, ranks: list[tuple[int, str]]) -> None:
+def kill_all(proc: subprocess.Popen, ranks: list[tuple[int, str]]) -> None:
     """Kill torchrun (its process group while it is not reaped), its live descendants and the
     ranks named by ``ranks``; each pid only after its start time is checked."""
     tree: list[tuple[int, str | None]] = []
@@ -212,7 +212,7 @@ def run_config(
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:
-            _kill_all(proc, rank_processes(out))
+            kill_all(proc, rank_processes(out))
             log.close()
     wall_s = time.perf_counter() - t0
     res = summarize(out, nproc)

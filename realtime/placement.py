@@ -60,7 +60,7 @@ from perfmodel.compute import inference
 from perfmodel.core import units
 from perfmodel.core.errors import SpecError
 from perfmodel.core.files import parse_json, parse_toml, read_text_bounded
-from perfmodel.spec.specs import MAX_LAYERS, Spec, _is_file, format_validation_error, spec_path
+from perfmodel.spec.specs import MAX_LAYERS, Spec, format_validation_error, path_exists, spec_path
 
 __all__ = [
     "MAX_COMBINATIONS",
@@ -271,7 +271,7 @@ def load_realtime(spec: str | Path | dict | RealtimeSpec) -> RealtimeSpec:
         data, source = spec, "realtime spec"
     else:
         p = spec_path(spec, "realtime spec")
-        if not _is_file(p):
+        if not path_exists(p):
             preset = find_preset("realtime", str(spec)) if p.suffix == "" else None
             if preset is None:
                 known = ", ".join(list_presets("realtime"))

@@ -32,16 +32,16 @@ from perfmodel.spec.specs import (
     ClusterSpec,
     ModelSpec,
     TrainingSpec,
-    _is_file,
-    _read_toml,
     format_validation_error,
     load_cluster,
     load_model,
     load_training,
+    path_exists,
+    read_toml,
     spec_path,
 )
 from perfmodel.step.evaluate import evaluate as step_evaluate
-from perfmodel.step.profiled import evaluate as profile_evaluate
+from perfmodel.step.profiled import evaluate_profiled as profile_evaluate
 from search.request import (
     DEFAULT_CLUSTER,
     DEFAULT_MODEL,
@@ -152,9 +152,9 @@ def _training_data(training: Any) -> tuple[Any, set[str], str]:
     if isinstance(training, dict):
         return dict(training), set(training), "training dict"
     path = spec_path(training, "training")
-    if not _is_file(path):
+    if not path_exists(path):
         raise SpecError(f"training file '{path}' does not exist")
-    data = _read_toml(path)
+    data = read_toml(path)
     return data, set(data), f"training file {path}"
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from perfmodel.core.codes import RECOMPUTE, SCHEDULE
+from perfmodel.core.codes import RECOMPUTE, SCHEDULE, Recompute, Schedule
 from perfmodel.core.errors import SpecError
 from perfmodel.memory.breakdown import usable_hbm_bytes
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig, resolve_config
@@ -85,10 +85,6 @@ PARETO_OBJECTIVES = ("step_time_s", "peak_memory_bytes", "gpus")
 ALIASES = {"zero": "zero_stage", "micro_batch": "micro_batch_size", "mbs": "micro_batch_size",
             "sp": "sequence_parallel"}
 _CATEGORICAL = {"recompute": RECOMPUTE, "schedule": SCHEDULE}
-_INTERLEAVED = SCHEDULE.index("interleaved")
-_ZB = SCHEDULE.index("zb")
-_GPIPE = SCHEDULE.index("gpipe")
-_1F1B = SCHEDULE.index("1f1b")
 
 #: Constraint names, in the order they are checked (and reported when nothing is left).
 #: Constraints that depend only on the (tp, pp, cp, dp, vp) prefix of the gene vector.
@@ -256,7 +252,7 @@ class SearchSpace:
                     m.num_layers, pp, vp, explicit=self.explicit_layout)["valid"]
         else:
             layers_ok = m.num_layers % (pp * vp) == 0
-        interleaved = sched == _INTERLEAVED
+        interleaved = sched == Schedule.INTERLEAVED
         batch_ok = t.global_batch_size % per_step == 0
         if self.num_microbatches is not None:
             batch_ok &= np.isin(nmb, self.num_microbatches)
@@ -273,7 +269,7 @@ class SearchSpace:
             "batch": batch_ok,
             # vp > 1 <=> interleaved; interleaved/zb need pp > 1; interleaved needs pp | nmb
             "schedule": ((vp > 1) == interleaved)
-            & ((pp > 1) | ((sched != _INTERLEAVED) & (sched != _ZB)))
+            & ((pp > 1) | ((sched != Schedule.INTERLEAVED) & (sched != Schedule.ZB)))
             & (~interleaved | (nmb % pp == 0)),
             # what the chosen training stack runs (--framework): ZeRO with pipelines, SP rule
             "framework": zero_pp_allowed(self.framework, zero, pp, tp, sp),
@@ -285,8 +281,8 @@ class SearchSpace:
         # dp = 1 the ZeRO stage does not (keep the smallest stage offered).
         canonical = np.ones(tp.shape, dtype=bool)
         sched_vals = self.values["schedule"]
-        if _1F1B in sched_vals:
-            canonical &= ~((pp == 1) & (sched == _GPIPE))
+        if Schedule.ONE_F_ONE_B in sched_vals:
+            canonical &= ~((pp == 1) & (sched == Schedule.GPIPE))
         zmin = self.values["zero_stage"].min()
         canonical &= ~((dp == 1) & (zero > zmin))
         masks["canonical"] = canonical
@@ -328,11 +324,12 @@ class SearchSpace:
                 g[mask, col[d]] = i
 
         pp1 = val["pp"] == 1
-        setto("schedule", pp1, _1F1B)
+        setto("schedule", pp1, Schedule.ONE_F_ONE_B)
         setto("vp", pp1, 1)
         vp_many = ~pp1 & (val["vp"] > 1)
-        setto("schedule", vp_many, _INTERLEAVED)
-        setto("schedule", ~pp1 & (val["vp"] == 1) & (val["schedule"] == _INTERLEAVED), _1F1B)
+        setto("schedule", vp_many, Schedule.INTERLEAVED)
+        setto("schedule", ~pp1 & (val["vp"] == 1) & (val["schedule"] == Schedule.INTERLEAVED),
+              Schedule.ONE_F_ONE_B)
         setto("sequence_parallel", val["tp"] == 1, 0)
         return g
 
@@ -653,12 +650,12 @@ def make_space(
         values[d].setflags(write=False)
     # the GPU and the stack's release run the training setup (precision recipe, dispatcher, ...)
     check_training_supported(framework, model, training, cluster.gpu,
-                             selective=RECOMPUTE.index("selective") in values["recompute"])
+                             selective=Recompute.SELECTIVE in values["recompute"])
     # A vp pinned above 1 implies the interleaved schedule, and sp is only meaningful with tp>1:
     # narrow the free dimensions rather than make the user say so.
     if "schedule" not in fixed and values["vp"].min() > 1:
-        values["schedule"] = np.array([_INTERLEAVED])
-    if "vp" not in fixed and "schedule" in fixed and _INTERLEAVED not in values["schedule"]:
+        values["schedule"] = np.array([Schedule.INTERLEAVED])
+    if "vp" not in fixed and "schedule" in fixed and Schedule.INTERLEAVED not in values["schedule"]:
         values["vp"] = np.array([1])
     return SearchSpace(
         model=model,

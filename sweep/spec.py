@@ -39,11 +39,11 @@ from perfmodel.spec.frameworks import load_framework
 from perfmodel.spec.specs import (
     ClusterSpec,
     SpecError,
-    _read_toml,
     format_validation_error,
     load_cluster,
     load_model,
     load_training,
+    read_toml,
 )
 
 __all__ = [
@@ -236,7 +236,7 @@ def load_sweep_spec(spec: str | Path | dict | SweepSpec) -> SweepSpec:
         path = Path(spec)
         if not path.exists():
             raise SpecError(f"sweep spec '{path}' does not exist")
-        spec, source = _read_toml(path), str(path)
+        spec, source = read_toml(path), str(path)
     try:
         return SweepSpec.model_validate(spec)
     except ValidationError as err:

@@ -5,6 +5,8 @@
 * No import of a project module inside a function (a function-local import hides an import
   circle); the one exception is the command line's lazy import of the torch harness, which
   needs the optional ``torch``.
+* No private name (``_name``) of one project module used by another: a name another module
+  needs is public (in its module's ``__all__``, with a docstring), or the code moves.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def _parse(path: Path) -> ast.Module:
 
 
 def _rel(path: Path) -> str:
-    return path.relative_to(ROOT).as_posix()
+    return (path.relative_to(ROOT) if path.is_relative_to(ROOT) else path).as_posix()
 
 
 def long_functions() -> list[str]:
@@ -141,3 +143,73 @@ def test_no_function_local_project_imports():
     assert not local, (f"{len(local)} import(s) of project modules inside functions: import "
                        "at module top (an import circle is fixed by moving code, not hidden)\n"
                        + "\n".join(local))
+
+
+def _is_project_module(dotted: str) -> bool:
+    """Whether a dotted name is a module or package of the project (not a name inside one)."""
+    if dotted.split(".")[0] not in PROJECT_MODULES:
+        return False
+    base = ROOT.joinpath(*dotted.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _module_aliases(tree: ast.Module, path: Path) -> dict[str, str]:
+    """Local name -> project module, for every import binding a project module to a name."""
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if _is_project_module(a.name):
+                    aliases[a.asname or a.name.split(".")[0]] = a.asname and a.name or \
+                        a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            mod = _imported_modules(node, path)[0]
+            for a in node.names:
+                if _is_project_module(f"{mod}.{a.name}"):
+                    aliases[a.asname or a.name] = f"{mod}.{a.name}"
+    return aliases
+
+
+def cross_module_private_uses(paths: list[Path] | None = None) -> list[str]:
+    """``path:line: module._name`` for every private name of a project module that another
+    module imports (``from m import _x``) or reads (``m._x``)."""
+    out = []
+    for path in _sources() if paths is None else paths:
+        tree = _parse(path)
+        aliases = _module_aliases(tree, path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                mod = _imported_modules(node, path)[0]
+                if mod.split(".")[0] in PROJECT_MODULES:
+                    out += [f"{_rel(path)}:{node.lineno}: {mod}.{a.name}" for a in node.names
+                            if _private(a.name)]
+            elif (isinstance(node, ast.Attribute) and _private(node.attr)
+                  and isinstance(node.value, ast.Name) and node.value.id in aliases):
+                out.append(f"{_rel(path)}:{node.lineno}: {aliases[node.value.id]}.{node.attr}")
+    return sorted(set(out))
+
+
+def test_cross_module_private_uses_are_found(tmp_path):
+    src = tmp_path / "probe.py"
+    text = ("from perfmodel.spec.specs import load_gpu, _hidden\n"
+            "from perfmodel.spec import specs\nimport perfmodel.core.units as u\n"
+            "x = specs._other + u._third + load_gpu._not_a_module\n")
+    found = sorted(line.split(": ", 1)[1] for line in _uses_in(src, text))
+    assert found == ["perfmodel.core.units._third", "perfmodel.spec.specs._hidden",
+                     "perfmodel.spec.specs._other"]
+
+
+def _uses_in(path: Path, text: str) -> list[str]:
+    path.write_text(text, encoding="utf-8")
+    return cross_module_private_uses([path])
+
+
+def test_no_private_names_used_across_modules():
+    uses = cross_module_private_uses()
+    assert not uses, (f"{len(uses)} private name(s) of one module used by another: make the "
+                      "name public (in __all__, with a docstring) or move the code\n"
+                      + "\n".join(uses))

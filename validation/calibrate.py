@@ -584,7 +584,9 @@ def _gpu_class(text: str) -> str:
     return next((k for k in _GPU_CLASSES if k in t), t)
 
 
-def _precision_class(text: str) -> str:
+def _precision_group(text: str) -> str:
+    """The precision part of a calibration group: ``fp8-mx`` (MXFP8) apart from the other fp8
+    recipes, ``fp4``, and ``16-bit`` for everything else."""
     t = str(text).lower()
     if "fp8-mx" in t or "mxfp8" in t:
         return "fp8-mx"
@@ -601,7 +603,7 @@ def group_key(r: pd.Series) -> str:
     stack = " [DeepSpeed]" if "deepspeed" in str(r["zero_or_dist_optimizer"]).lower() else ""
     src = re.split(r"[,(]", str(r["source"]))[0].strip()
     return (f"{src} | {r['software']}{stack} | {_gpu_class(r['gpu_type'])} | "
-            f"{_precision_class(r['precision'])}")
+            f"{_precision_group(r['precision'])}")
 
 
 #: Era of each dev-split row, by its ``software`` column (first match), and the shipped profile.

@@ -26,14 +26,19 @@ from validation import validate
 __all__ = ["SOURCE_FRAMEWORK", "calibration_evidence", "evidence_line"]
 
 #: The framework preset (``hardware_specs/frameworks``) each source's runs used: the vendor
-#: recipes (:data:`validation.validate._SOURCE_FRAMEWORK`) and the Megatron-LM papers (Narayanan et
+#: recipes (:data:`validation.validate.VENDOR_SOURCE_FRAMEWORK`) and the Megatron-LM papers (Narayanan et
 #: al. 2021 ran the SC21 scripts, Korthikanti et al. 2022 added sequence parallelism and
 #: selective recompute: the ``megatron-2021`` and ``megatron-2022`` presets describe them).
-SOURCE_FRAMEWORK = {**validate._SOURCE_FRAMEWORK, "Megatron-LM 2021": "megatron-2021",
+SOURCE_FRAMEWORK = {**validate.VENDOR_SOURCE_FRAMEWORK, "Megatron-LM 2021": "megatron-2021",
                     "Korthikanti 2022": "megatron-2022"}
 
 
-def _precision_class(precision: str) -> str:
+def _precision_family(precision: str) -> str:
+    """The precision family a plan's precision is matched on against the calibration rows:
+    every fp8 recipe (MXFP8 included) is ``fp8``, ``fp4``, bf16 / fp16 ``16-bit``, anything
+    else itself (``fp32``). Coarser than the calibration groups
+    (:func:`validation.calibrate.group_key`, which keep FP8-MX apart): evidence from any fp8
+    recipe counts for a plan in another."""
     p = str(precision).lower()
     if "fp4" in p:
         return "fp4"
@@ -75,10 +80,10 @@ def calibration_evidence(gpu_name: str, framework: str | None = None,
     if framework is not None and any(SOURCE_FRAMEWORK.get(x[0]) == framework for x in on_gpu):
         on_gpu = [x for x in on_gpu if SOURCE_FRAMEWORK.get(x[0]) == framework]
         matched_by = f"framework {framework}"
-    elif precision is not None and any(_precision_class(x[2]) == _precision_class(precision)
+    elif precision is not None and any(_precision_family(x[2]) == _precision_family(precision)
                                        for x in on_gpu):
-        on_gpu = [x for x in on_gpu if _precision_class(x[2]) == _precision_class(precision)]
-        matched_by = f"{_precision_class(precision)} precision"
+        on_gpu = [x for x in on_gpu if _precision_family(x[2]) == _precision_family(precision)]
+        matched_by = f"{_precision_family(precision)} precision"
     groups: dict[tuple, dict] = {}
     for src, gpu, prec, case in on_gpu:
         res = evaluate(case.model, case.training, case.cluster,

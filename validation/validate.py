@@ -44,7 +44,7 @@ from perfmodel.spec.specs import (
     load_cluster,
 )
 from perfmodel.step.evaluate import evaluate
-from perfmodel.step.profiled import evaluate as profile_evaluate
+from perfmodel.step.profiled import evaluate_profiled as profile_evaluate
 from search.api import plan
 
 VALIDATION_DIR = SPECS_ROOT / "validation"
@@ -65,7 +65,7 @@ class Case:
     reliability: str
 
 
-def _f(x) -> float | None:
+def number_or_none(x) -> float | None:
     try:
         v = float(x)
     except (TypeError, ValueError):
@@ -88,7 +88,7 @@ _CLUSTER_BY_GPU = (  # (substrings of gpu_type / interconnect text, cluster pres
 )
 
 
-def _cluster_for(gpu_type: str, gpus: int) -> ClusterSpec:
+def cluster_for(gpu_type: str, gpus: int) -> ClusterSpec:
     """The cluster preset of a published run's GPU (DGX-class nodes of that GPU)."""
     g = gpu_type.upper()
     for keys, name in _CLUSTER_BY_GPU:
@@ -140,7 +140,7 @@ def _modern(r: pd.Series) -> bool:
 
 def _count(r: pd.Series, col: str, *, minimum: int = 1) -> int:
     """A whole number >= minimum from a CSV cell, or SpecError naming the column and value."""
-    v = _f(r.get(col))
+    v = number_or_none(r.get(col))
     if v is None or not v.is_integer() or v < minimum:
         raise SpecError(f"{col} = {r.get(col)!r}: expected a whole number >= {minimum}")
     return int(v)
@@ -304,7 +304,7 @@ def case_from_row(r: pd.Series) -> Case:
     model = _row_model(r, modern)
     training = _row_training(r, model.max_seq_len, gb, modern)
     cfg, gpus = _row_config(r, gb, modern)
-    cluster = _cluster_for(_dated_gpu_type(r), gpus)
+    cluster = cluster_for(_dated_gpu_type(r), gpus)
     scope = "layer" if layer_scope else "step"
     if layer_scope:  # one micro-batch through one layer on one data-parallel rank
         training = training.model_copy(update={"global_batch_size": cfg.micro_batch_size})
@@ -317,9 +317,9 @@ def case_from_row(r: pd.Series) -> Case:
 
 def _row_global_batch(r: pd.Series, layer_scope: bool) -> float:
     """The row's global batch [sequences]: one micro-batch for a one-layer measurement."""
-    gb = _f(r["global_batch_size"])
+    gb = number_or_none(r["global_batch_size"])
     if layer_scope:
-        gb = _f(r["micro_batch_size"])  # one micro-batch through one layer
+        gb = number_or_none(r["micro_batch_size"])  # one micro-batch through one layer
     if gb is None:
         raise SpecError("global batch size not published")
     return gb
@@ -335,11 +335,11 @@ def _row_model(r: pd.Series, modern: bool) -> ModelSpec:
                         "(validation.validate_moe), which carry the expert layout")
     L, h = _count(r, "num_layers"), _count(r, "hidden_size")
     heads = _count(r, "num_attention_heads")
-    kv = _f(r.get("num_query_groups"))
+    kv = number_or_none(r.get("num_query_groups"))
     gated = any(k in lname for k in _GATED)
     is_nemotron = "nemotron" in lname
     rope = gated or is_nemotron or "bloom" not in lname and modern and "gpt" not in lname
-    vocab = _f(r.get("vocab_size"))
+    vocab = number_or_none(r.get("vocab_size"))
     if vocab is None:
         # NeMo's default tokenizers: Nemotron 256000, GPT-3 51200 (validation README notes).
         vocab = 256000 if is_nemotron else (128256 if "llama3" in lname.replace("-", "")
@@ -352,7 +352,7 @@ def _row_model(r: pd.Series, modern: bool) -> ModelSpec:
         hidden_size=h,
         num_attention_heads=heads,
         num_kv_heads=int(kv) if kv else None,
-        ffn_hidden_size=int(_f(r.get("ffn_hidden_size")) or 4 * h),
+        ffn_hidden_size=int(number_or_none(r.get("ffn_hidden_size")) or 4 * h),
         vocab_size=int(vocab),
         max_seq_len=seq,
         activation=act,
@@ -417,7 +417,7 @@ def _row_switches(r: pd.Series, modern: bool, precision: str) -> dict:
         sw["zero3_gather"] = load_framework("deepspeed-2021").zero3_gather
     env = dgxc_attention_env(r)
     if env and modern:  # the attention kernel the recipe's environment leaves TE
-        sw.update(attention_switches(_cluster_for(_dated_gpu_type(r), 8).gpu, env))
+        sw.update(attention_switches(cluster_for(_dated_gpu_type(r), 8).gpu, env))
     return sw
 
 
@@ -447,7 +447,7 @@ def _row_config(r: pd.Series, gb: float, modern: bool) -> tuple[ParallelConfig, 
 def _row_micro_batch(r: pd.Series, gb: float, d: int, p: int) -> int:
     """The row's micro-batch [sequences]: published, or the whole per-rank batch of a
     one-micro-batch step, corrected by the row's own gradient-accumulation column."""
-    mbs = _f(r["micro_batch_size"])
+    mbs = number_or_none(r["micro_batch_size"])
     if mbs is None:
         # Megatron README 2020 rows print no micro-batch: one micro-batch per step (p = 1).
         if p > 1 or gb % d or gb < d:
@@ -487,11 +487,11 @@ def _row_zero_stage(zero_txt: str, modern: bool) -> int:
 
 def _row_measured_s(r: pd.Series, layer_scope: bool, gb: float, seq: int, gpus: int) -> float:
     """The row's measured time [s]: its iteration time, or the step its tokens/s imply."""
-    measured = _f(r["seconds_per_iteration"])
+    measured = number_or_none(r["seconds_per_iteration"])
     if not layer_scope and measured is None:
-        tps = _f(r["tokens_per_sec_per_gpu"])
+        tps = number_or_none(r["tokens_per_sec_per_gpu"])
         if tps is None:
-            tps_total = _f(r.get("tokens_per_sec_total"))
+            tps_total = number_or_none(r.get("tokens_per_sec_total"))
             if tps_total is None:
                 raise SpecError("neither iteration time nor tokens/s published")
             tps = tps_total / gpus
@@ -608,7 +608,7 @@ _SOURCE_GROUPS = (  # (substring of the source text, short name); first match
 )
 #: The framework preset (``hardware_specs/frameworks``) each vendor source ran: the tuned
 #: search keeps to what that stack can run (its ZeRO stages, schedules, recompute modes).
-_SOURCE_FRAMEWORK = {"NeMo 24.07": "nemo-24.07", "NeMo 24.09 DGX Cloud": "nemo-24.09",
+VENDOR_SOURCE_FRAMEWORK = {"NeMo 24.07": "nemo-24.07", "NeMo 24.09 DGX Cloud": "nemo-24.09",
                      "Megatron-Bridge 25.09": "bridge-25.09", "Megatron-Bridge 25.11": "bridge-25.x"}
 #: Sources that publish tuned vendor recipes (what ``--tuned`` searches against).
 VENDOR_RECIPE_SOURCES = ("NeMo 24.07", "NeMo 24.09 DGX Cloud", "Megatron-Bridge 25.09",
@@ -666,7 +666,7 @@ def tuned_report(path: Path | None = None) -> pd.DataFrame:
         measured = min(c.measured_step_s for c in cases)
         try:
             res = plan(c0.model, c0.cluster, c0.training, gpus=key[3], top=1,
-                       framework=_SOURCE_FRAMEWORK.get(key[-1][0]))
+                       framework=VENDOR_SOURCE_FRAMEWORK.get(key[-1][0]))
             best = float(res.best_row["step_time_s"])
             cfg = res.best_row["config"]
             txt = (f"d{cfg['dp']} t{cfg['tp']} p{cfg['pp']} v{cfg['vp']} cp{cfg['cp']} "

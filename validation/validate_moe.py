@@ -58,17 +58,18 @@ from search.api import plan
 from validation.validate import (
     VALIDATION_DIR,
     Case,
-    _cluster_for,
-    _f,
     attention_switches,
+    cluster_for,
     dgxc_attention_env,
     era_switches,
+    number_or_none,
     precision_from_text,
 )
 
 __all__ = [
     "RECIPE_ERROR_BAND",
     "SEARCH_GAIN_BAND",
+    "model_from_row",
     "moe_case_from_row",
     "moe_runs_report",
     "moe_summary",
@@ -87,7 +88,10 @@ _PRESETS = {"deepseek-v3": "deepseek-v3", "qwen3-235b-a22b": "qwen3-235b-a22b",
 _HYBRID_PRESETS = {"nemotron-3-nano-30b-a3b": "nemotron3-nano-30b-a3b"}
 
 
-def _model(r: pd.Series) -> ModelSpec:
+def model_from_row(r: pd.Series) -> ModelSpec:
+    """The model of a published MoE run: its preset where one exists (a hybrid Mamba2 row's
+    shipped preset), else built from the row's columns (layers, widths, experts, vocabulary);
+    :class:`SpecError` when the row does not publish the architecture."""
     name = str(r["model"])
     key = name.lower()
     if key in _PRESETS:
@@ -99,19 +103,19 @@ def _model(r: pd.Series) -> ModelSpec:
         if hybrid is None:
             raise SpecError(f"hybrid Mamba2 model {name!r}: no preset with its layer pattern")
         return load_model(hybrid)
-    vocab = _f(r["vocab_size"]) or _f(str(r["vocab_size"]).split(" ")[0])
+    vocab = number_or_none(r["vocab_size"]) or number_or_none(str(r["vocab_size"]).split(" ")[0])
     L, h = int(r["num_layers"]), int(r["hidden_size"])
-    if _f(r["num_experts"]) is None or vocab is None:
+    if number_or_none(r["num_experts"]) is None or vocab is None:
         raise SpecError("architecture not published (expert count or vocabulary missing)")
-    kv = _f(r["num_query_groups"])
-    d = _f(r["head_dim"])
+    kv = number_or_none(r["num_query_groups"])
+    d = number_or_none(r["head_dim"])
     return ModelSpec(
         name=name, num_layers=L, hidden_size=h, num_attention_heads=int(r["num_attention_heads"]),
         num_kv_heads=int(kv) if kv else None, head_dim=int(d) if d else None,
         ffn_hidden_size=int(r["ffn_hidden_size"]),
-        moe_ffn_hidden_size=int(_f(r["moe_ffn_hidden_size"]) or r["ffn_hidden_size"]),
+        moe_ffn_hidden_size=int(number_or_none(r["moe_ffn_hidden_size"]) or r["ffn_hidden_size"]),
         num_experts=int(r["num_experts"]), moe_top_k=int(r["moe_top_k"]),
-        num_shared_experts=int(_f(r["num_shared_experts"]) or 0), vocab_size=int(vocab),
+        num_shared_experts=int(number_or_none(r["num_shared_experts"]) or 0), vocab_size=int(vocab),
         max_seq_len=int(r["seq_len"]), activation="swiglu",  # GeGLU: the same three matrices
         norm="rmsnorm", position_embedding="rope", tied_embeddings=False, linear_bias=False,
     )
@@ -134,7 +138,7 @@ def _cluster(r: pd.Series) -> ClusterSpec:
     elif gpu.startswith("H800"):
         raise SpecError("H800 (export NVLink 400 GB/s) has no cluster preset")
     else:
-        c = _cluster_for(gpu, gpus)
+        c = cluster_for(gpu, gpus)
     return _nvlink_segment(c, r)
 
 
@@ -196,12 +200,12 @@ def flop_convention(r: pd.Series) -> tuple[str, int]:
 def _step_from_tflops(r: pd.Series, model: ModelSpec) -> float:
     """Step time from a published TFLOP/s/GPU under the source's own FLOP formula."""
 
-    tflops = _f(r["tflops_per_gpu"])
+    tflops = number_or_none(r["tflops_per_gpu"])
     if tflops is None:
         raise SpecError("no step time, tokens/s or TFLOP/s published")
     form, mtp = flop_convention(r)
     f_tok = megatron_flops_per_token(model, int(r["seq_len"]),
-                                     tp=int(_f(r["tensor_parallel"]) or 1), mtp_layers=mtp,
+                                     tp=int(number_or_none(r["tensor_parallel"]) or 1), mtp_layers=mtp,
                                      form=form)
     return step_time_from_tflops(tflops, f_tok, int(r["global_batch_size"]), int(r["seq_len"]),
                                  int(r["num_gpus"]))
@@ -306,7 +310,7 @@ def row_layout(r: pd.Series) -> str:
     """A row's GPUs, parallel layout and batch as :data:`RECIPE_FACTS_BY_LAYOUT` keys them
     (``n256 t1 p4 v4 ep64 b1 gbs4096``)."""
     def n(col: str) -> int:
-        return int(_f(r.get(col)) or 1)
+        return int(number_or_none(r.get(col)) or 1)
     return (f"n{n('num_gpus')} t{n('tensor_parallel')} p{n('pipeline_parallel')} "
             f"v{n('virtual_pipeline_stages')} ep{n('expert_parallel')} "
             f"b{n('micro_batch_size')} gbs{n('global_batch_size')}")
@@ -528,10 +532,10 @@ def moe_case_from_row(r: pd.Series, siblings: pd.DataFrame | None = None) -> Cas
     """One row of ``moe_runs_dev.csv`` as a :class:`~validation.validate.Case`; raises SpecError
     with the reason when the row cannot be expressed. ``siblings``: the whole table, to infer
     an unmatched row's dispatcher switches (:func:`sibling_recipe_switches`)."""
-    model = _model(r)
-    measured = _f(r["seconds_per_iteration"])
+    model = model_from_row(r)
+    measured = number_or_none(r["seconds_per_iteration"])
     if measured is None:
-        tps = _f(r["tokens_per_sec_per_gpu"])
+        tps = number_or_none(r["tokens_per_sec_per_gpu"])
         if tps is not None:
             measured = int(r["global_batch_size"]) * int(r["seq_len"]) / (
                 tps * int(r["num_gpus"]))
@@ -559,13 +563,13 @@ def moe_case_from_row(r: pd.Series, siblings: pd.DataFrame | None = None) -> Cas
         grad_reduce_in_fp32=recipe_grad_reduce_in_fp32(r) if RECIPE_GRAD_DTYPE else True,
     )
     gpus = int(r["num_gpus"])
-    t = int(_f(r["tensor_parallel"]) or 1)
-    p = int(_f(r["pipeline_parallel"]) or 1)
-    cp = int(_f(r["context_parallel"]) or 1)
-    vp = int(_f(r["virtual_pipeline_stages"]) or 1)
-    ep = int(_f(r["expert_parallel"]) or 1)
-    etp = int(_f(r["expert_tensor_parallel"]) or _default_etp(r, t))
-    fsdp = bool(_f(r["fsdp"]))
+    t = int(number_or_none(r["tensor_parallel"]) or 1)
+    p = int(number_or_none(r["pipeline_parallel"]) or 1)
+    cp = int(number_or_none(r["context_parallel"]) or 1)
+    vp = int(number_or_none(r["virtual_pipeline_stages"]) or 1)
+    ep = int(number_or_none(r["expert_parallel"]) or 1)
+    etp = int(number_or_none(r["expert_tensor_parallel"]) or _default_etp(r, t))
+    fsdp = bool(number_or_none(r["fsdp"]))
     dp = gpus // (t * p * cp)
     cfg = ParallelConfig(
         dp=dp, tp=t, pp=p, vp=vp, cp=cp, ep=ep, etp=etp, zero_stage=3 if fsdp else 1,
@@ -589,7 +593,7 @@ def moe_case_from_row(r: pd.Series, siblings: pd.DataFrame | None = None) -> Cas
         if "must divide tp*cp*dp" in str(err):  # ep*etp*pp larger than the GPU count
             # Megatron-Core initialize_model_parallel: world_size % (etp*ep*pp) == 0. The row's
             # own GA (= GBS / (MBS * dp)) fixes dp, hence pp, so the EP cell is what disagrees.
-            ga = _f(r.get("grad_accum"))
+            ga = number_or_none(r.get("grad_accum"))
             ga_note = ""
             if ga and int(ga) * cfg.micro_batch_size * dp == int(r["global_batch_size"]):
                 ga_note = (f"; the row's GA {int(ga)} = GBS/(MBS*dp) confirms dp {dp} and pp {p}")

@@ -46,6 +46,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from perfmodel.core.codes import Compression, Recompute
 from perfmodel.hardware.collectives import bytes_per_gpu
 from perfmodel.moe import experts as moe
 from perfmodel.moe.experts import expert_params_per_gpu, uses_dispatcher
@@ -65,6 +66,7 @@ __all__ = [
     "ep_dispatch_bytes",
     "expert_dp_ops",
     "grad_bytes_per_elem",
+    "largest_stage_params",
     "param_bytes_per_elem",
     "params_per_gpu",
     "pp_activation_bytes",
@@ -72,7 +74,6 @@ __all__ = [
     "pp_tied_embedding_bytes",
     "replicated_layer_params",
     "sequence_parallel_grad_params",
-    "stage_params",
     "tp_activation_bytes",
     "tp_boundary_bytes",
     "tp_collectives_per_layer",
@@ -131,7 +132,7 @@ def _stage_layers(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
     return batch.layer_counts(model.num_layers)["max_rank"].astype(np.float64)
 
 
-def stage_params(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
+def largest_stage_params(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
     """Parameters of the largest pipeline stage (before tensor-parallel splitting).
 
     ``L/pp`` layers, plus on the first stage the input embeddings and on the last the final norm
@@ -190,7 +191,7 @@ def params_per_gpu(model: ModelSpec, batch: ConfigBatch) -> np.ndarray:
     ``VocabParallelEmbedding`` for words, a plain embedding for positions). First stage: layers
     + word embedding / tp + positions; last (``pp > 1``): layers + final norm + output layer / tp
     (a tied model's copy of the word embedding); ``pp == 1``: all of them. The largest of the
-    two end stages. Without replicated parameters this is ``stage_params / tp``.
+    two end stages. Without replicated parameters this is ``largest_stage_params / tp``.
 
     References
     ----------
@@ -279,7 +280,7 @@ def zero_ops(psi: np.ndarray, n: np.ndarray, training: TrainingSpec, batch: Conf
     ``n`` GPUs (the body of :func:`dp_ops`)."""
     m = batch.num_microbatches.astype(np.float64)
     z = batch.zero_stage
-    topk = batch.grad_compression == 1
+    topk = batch.grad_compression == Compression.TOPK
     gc = compressed_grad_bytes_per_elem(training, batch)
     w = param_bytes_per_elem(training)
     zeros = np.zeros_like(psi)
@@ -298,7 +299,8 @@ def zero_ops(psi: np.ndarray, n: np.ndarray, training: TrainingSpec, batch: Conf
             "all_gather", psi * w, np.where((z == 1) | (z == 2), one, zeros), n
         ),
         "zero3_param_all_gather": CollectiveOp(
-            "all_gather", psi * w, np.where(z == 3, (2 + (batch.recompute == 2)) * m, zeros), n
+            "all_gather", psi * w,
+            np.where(z == 3, (2 + (batch.recompute == Recompute.FULL)) * m, zeros), n
         ),
     }
 
@@ -324,7 +326,7 @@ def tp_collectives_per_layer(batch: ConfigBatch, model: ModelSpec | None = None
     """
     blocks = float(model.norms_per_layer) if model is not None else 2.0  # hybrid: 1 a layer
     fwd = np.full(batch.tp.shape, blocks)
-    bwd = blocks + np.where(batch.recompute == 2, blocks, 0.0)
+    bwd = blocks + np.where(batch.recompute == Recompute.FULL, blocks, 0.0)
     if model is not None and model.is_moe:
         # MoE layers with expert parallelism (or etp != tp): the router takes the sequence-
         # parallel slice and the tokens travel by the dispatcher (perfmodel.moe.experts), so the MLP's
@@ -333,7 +335,7 @@ def tp_collectives_per_layer(batch: ConfigBatch, model: ModelSpec | None = None
 
         gone = np.where(uses_dispatcher(batch), model.moe_layer_fraction, 0.0)
         fwd = fwd - gone
-        bwd = bwd - gone * np.where(batch.recompute == 2, 2.0, 1.0)
+        bwd = bwd - gone * np.where(batch.recompute == Recompute.FULL, 2.0, 1.0)
     return fwd, bwd
 
 
@@ -454,7 +456,7 @@ def cp_sends_per_layer(batch: ConfigBatch) -> tuple[np.ndarray, np.ndarray]:
     Liu et al. 2023, Sec. 3.
     """
     k = np.maximum(batch.cp - 1, 0).astype(np.float64)
-    bwd = 2.0 * k + np.where(batch.recompute == 2, k, 0.0)
+    bwd = 2.0 * k + np.where(batch.recompute == Recompute.FULL, k, 0.0)
     return k, bwd
 
 

@@ -49,6 +49,7 @@ from __future__ import annotations
 import numpy as np
 
 from perfmodel.comm.comm_volume import param_bytes_per_elem
+from perfmodel.core.codes import Recompute
 from perfmodel.hardware import collectives as coll
 from perfmodel.parallel.config import ConfigBatch
 from perfmodel.parallel.topology import GroupPlacement
@@ -93,7 +94,7 @@ def kept_for_backward(numel: np.ndarray, batch: ConfigBatch) -> np.ndarray:
     layer) hold fewer than :data:`MAX_REUSE_DISTANCE_NUMEL` elements. Without recompute the
     forward and the backward of a layer are the whole rest of the model apart: none is kept."""
     after = np.cumsum(numel[:, ::-1], axis=1)[:, ::-1] - numel
-    full = (batch.recompute == 2)[:, None]
+    full = (batch.recompute == Recompute.FULL)[:, None]
     return full & (after < MAX_REUSE_DISTANCE_NUMEL) & (numel > 0)
 
 
@@ -122,7 +123,7 @@ def collective_times_s(model: ModelSpec, training: TrainingSpec, batch: ConfigBa
 def _passes(batch: ConfigBatch) -> np.ndarray:
     """Forward-like passes per micro-batch that gather every weight: 2 with full recompute
     (forward, recomputed forward), else 1."""
-    return np.where(batch.recompute == 2, 2.0, 1.0)
+    return np.where(batch.recompute == Recompute.FULL, 2.0, 1.0)
 
 
 def link_times_s(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch,
@@ -167,7 +168,7 @@ def exposed_times_s(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch
     g_bwd = np.where(kept, 0.0, g)
     g_bwd_next = np.roll(g_bwd, 1, axis=1)  # backward runs fc2, fc1, proj, qkv
     fwd = pass_exposed_s(layer_fwd_s[:, None] * share, g_fwd_next)
-    rec = np.where(batch.recompute == 2,
+    rec = np.where(batch.recompute == Recompute.FULL,
                    pass_exposed_s(layer_recompute_s[:, None] * share, g_fwd_next), 0.0)
     bwd = pass_exposed_s(layer_bwd_s[:, None] * share, g_bwd_next)
     m = batch.num_microbatches.astype(np.float64)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from perfmodel.compute.mamba import mamba_matmul_flops_per_token, ssd_flops_per_token
+from perfmodel.core.codes import Recompute
 from perfmodel.spec.specs import ModelSpec, TrainingSpec
 
 __all__ = [
@@ -40,7 +41,6 @@ __all__ = [
     "model_flops_per_step",
 ]
 
-_RECOMPUTE_NONE, _RECOMPUTE_SELECTIVE, _RECOMPUTE_FULL = 0, 1, 2
 
 
 def megatron_96_flops(batch_size, seq_len, num_layers, hidden_size, vocab_size):
@@ -187,6 +187,6 @@ def hardware_flops_per_step(
     L = model.num_layers
     attn = layer_attention_flops_per_token(model, training.seq_len, causal)
     layer = layer_matmul_flops_per_token(model) + attn
-    extra = np.where(rc == _RECOMPUTE_FULL, L * layer,
-                     np.where(rc == _RECOMPUTE_SELECTIVE, L * attn, 0.0))
+    extra = np.where(rc == Recompute.FULL, L * layer,
+                     np.where(rc == Recompute.SELECTIVE, L * attn, 0.0))
     return model_flops_per_step(model, training, causal) + tokens * extra

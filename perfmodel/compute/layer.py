@@ -43,6 +43,7 @@ from perfmodel.comm import cp_ring
 from perfmodel.comm.comm_volume import cp_kv_chunk_bytes
 from perfmodel.compute import attention_kernels, mamba, quantise
 from perfmodel.compute import eager as eager_kernels
+from perfmodel.core.codes import Recompute
 from perfmodel.core.errors import SpecError
 from perfmodel.hardware.calibration import KERNEL_MIN_S, Calibration, calibration_for
 from perfmodel.hardware.overlap import gpu_generation
@@ -331,7 +332,6 @@ def optimizer_bytes_per_param(training: TrainingSpec, kernels: str = "fused") ->
     return b
 
 
-_RECOMPUTE_SELECTIVE, _RECOMPUTE_FULL = 1, 2
 
 
 FP8_TABLE_RECIPES = ("fp8-delayed", "fp8-cs")
@@ -1185,7 +1185,7 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
                               layer_bwd_s)
     rc = batch.recompute
     layer_recompute_s = np.where(
-        rc == _RECOMPUTE_FULL, full_s, np.where(rc == _RECOMPUTE_SELECTIVE, sel_s, 0.0)
+        rc == Recompute.FULL, full_s, np.where(rc == Recompute.SELECTIVE, sel_s, 0.0)
     )
 
     ef, eb = _embedding_phases(c)  # first stage

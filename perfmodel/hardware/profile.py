@@ -36,7 +36,7 @@ from pydantic import Field
 
 from perfmodel.core.errors import SpecError
 from perfmodel.hardware.calibration import Calibration
-from perfmodel.spec.specs import ClusterSpec, Spec, _build, _resolve
+from perfmodel.spec.specs import ClusterSpec, Spec, build_spec, resolve_spec
 
 __all__ = [
     "LOW_PRECISIONS",
@@ -131,7 +131,7 @@ class EfficiencyProfile(Spec):
         """A copy with some parameters replaced (validated)."""
         data = self.model_dump()
         data.update(values)
-        return _build(EfficiencyProfile, data, f"profile '{self.name}'")
+        return build_spec(EfficiencyProfile, data, f"profile '{self.name}'")
 
     # ---- hook 1: kernel rates -----------------------------------------------------------
     def gemm_scale(self, precision: str) -> float:
@@ -191,10 +191,10 @@ def load_profile(spec: str | Path | EfficiencyProfile | None) -> EfficiencyProfi
     name = getattr(spec, "value", spec)
     if not isinstance(name, (str, Path)):
         raise SpecError(f"profile = {spec!r}: expected a profile name or a TOML path")
-    data, src = _resolve("profile", name)
+    data, src = resolve_spec("profile", name)
     data = dict(data)
     data.setdefault("name", Path(str(name)).stem)
-    return _build(EfficiencyProfile, data, src)
+    return build_spec(EfficiencyProfile, data, src)
 
 
 def _toml_value(v: Any) -> str:

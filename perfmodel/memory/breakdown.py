@@ -29,13 +29,14 @@ from typing import Literal
 
 import numpy as np
 
+from perfmodel.core.codes import Recompute, Schedule
 from perfmodel.core.units import GIB, MIB
 from perfmodel.memory.hybrid import hybrid_layer_activation_bytes
 from perfmodel.memory.offload import resident_activation_layers
 from perfmodel.memory.operands import activation_operands
 from perfmodel.moe import experts as moe
 from perfmodel.parallel.config import ConfigBatch
-from perfmodel.pipeline.schedules import GPIPE, SCHEDULE, inflight_microbatches, schedule_code
+from perfmodel.pipeline.schedules import inflight_microbatches, schedule_code
 from perfmodel.spec.specs import ClusterSpec, GPUSpec, ModelSpec, TrainingSpec
 
 __all__ = [
@@ -116,8 +117,6 @@ ZERO3_LIVE_LAYERS = 2
 """Layers whose full (all-gathered) parameters are live at once under ZeRO-3: the one computing
 and the one being prefetched (DeepSpeed / FSDP prefetch one module ahead)."""
 
-_CODE_NONE, _CODE_SELECTIVE, _CODE_FULL = 0, 1, 2
-_CODE_ZB = SCHEDULE.index("zb")
 _EAGER_LOGITS_PEAK_VALUES = 14  # bytes per logit at the loss backward, see memory_breakdown
 
 
@@ -310,7 +309,7 @@ def layer_activation_bytes(
     attn_mask = mask * sb * h / r  # dropout mask after the projection: sbh
     scores = (e + mask + e * mask) * a * s * s * b / t  # softmax out, dropout mask, dropout out
     lse = 4.0 * a * sb / t  # flash: fp32 log-sum-exp per head and token
-    score_terms = np.where(flash, lse, np.where(rc == _CODE_SELECTIVE, 0.0, scores))
+    score_terms = np.where(flash, lse, np.where(rc == Recompute.SELECTIVE, 0.0, scores))
     attention = qkv_input + q + kv + proj_input + attn_mask + score_terms
 
     # MLP block (Korthikanti Eq. 2 terms): fc1 input, activation input(s), fc2 input, mask.
@@ -321,7 +320,7 @@ def layer_activation_bytes(
 
     none = norm_inputs + attention + mlp
     full = e * sb * h / r  # layer input only
-    return np.where(rc == _CODE_FULL, full, none)
+    return np.where(rc == Recompute.FULL, full, none)
 
 
 def selective_recompute_freed_bytes(
@@ -471,7 +470,7 @@ def eager_layer_activation_bytes(
     masks = np.where(np.asarray(dropout, dtype=bool), 2.0 * sb * h / r, 0.0)
     rotated = e * sb * (a + g) * d / t if rope else 0.0  # roped Q and K saved by SDPA
     none = residuals + norm_casts + qkv_out + repeat_kv + attn_out + mlp + masks + rotated
-    return np.where(np.asarray(recompute) == _CODE_FULL, 4.0 * sb * h / r, none)
+    return np.where(np.asarray(recompute) == Recompute.FULL, 4.0 * sb * h / r, none)
 
 
 def optimizer_grad_copy_bytes(precision: str, grad_reduce_in_fp32: bool) -> float:
@@ -700,7 +699,7 @@ def loss_inflight_microbatches(schedule, m, inflight_last) -> np.ndarray:
     """
     code = schedule_code(schedule)
     infl = np.ceil(np.asarray(inflight_last, dtype=np.float64))
-    return np.where(code == GPIPE, infl, np.minimum(infl, 1.0) + 0.0 * np.asarray(m))
+    return np.where(code == Schedule.GPIPE, infl, np.minimum(infl, 1.0) + 0.0 * np.asarray(m))
 
 
 def usable_hbm_bytes(gpu: GPUSpec, headroom: float = 0.0) -> float:
@@ -868,7 +867,7 @@ def stage_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, seq_l
         def _hybrid(mode):
             def x(f):
                 return layer_activation_bytes(
-                    s, b, h, a, recompute=np.where(np.asarray(mode) == _CODE_FULL, 0, mode),
+                    s, b, h, a, recompute=np.where(np.asarray(mode) == Recompute.FULL, 0, mode),
                     flash=flash_attention, dropout=dropout, bytes_per_value=e,
                     gemm_input_bytes=gi, **{**kw, "ffn_hidden_size": f})
             return hybrid_layer_activation_bytes(
@@ -879,7 +878,7 @@ def stage_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, seq_l
     freed = selective_recompute_freed_bytes(
         model, training.recompute_modules, s, b, tp=tp, sequence_parallel=sequence_parallel,
         bytes_per_value=e, gemm_input_bytes=gi)
-    kept = kept - np.where(rc == _CODE_SELECTIVE, freed, 0.0)
+    kept = kept - np.where(rc == Recompute.SELECTIVE, freed, 0.0)
     return kept, full, e, gi
 
 
@@ -896,7 +895,7 @@ def moe_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, batch: 
     """
     extra = moe.moe_activation_extra_bytes(model, training, batch, bytes_per_value,
                                            gemm_input_bytes)
-    return np.where(np.asarray(recompute) == _CODE_FULL, 0.0, extra), extra
+    return np.where(np.asarray(recompute) == Recompute.FULL, 0.0, extra), extra
 
 
 def stage_inflight_microbatches(training: TrainingSpec, batch: ConfigBatch, pp, m, schedule, vp,
@@ -919,7 +918,7 @@ def stage_inflight_microbatches(training: TrainingSpec, batch: ConfigBatch, pp, 
     infl_first = np.minimum(infl_first + a2a_extra, np.maximum(m, infl_first))
     infl_last = np.minimum(infl_last + a2a_extra, np.maximum(m, infl_last))
     if eager:
-        infl_last = np.where(schedule_code(schedule) == _CODE_ZB,
+        infl_last = np.where(schedule_code(schedule) == Schedule.ZB,
                              torch_zb_retained_microbatches(pp, m), infl_last)
     return infl_first, infl_last
 
@@ -1203,7 +1202,7 @@ def eager_zero_bubble_gradient_bytes(model: ModelSpec, precision: str, tokens, t
     dy_layer = dy_layer + 2.0 * dy_norm
     n_zb = torch_zb_retained_microbatches(pp, m)
     return np.where(
-        schedule_code(schedule) == _CODE_ZB,
+        schedule_code(schedule) == Schedule.ZB,
         n_zb * (layers_last * dy_layer + dy_norm + e_gemm * logits)
         + 2.0 * e_gemm * tokens * qkv_cols / tp + (n_zb - 1.0) * 8.0 * logits,
         0.0,
@@ -1438,7 +1437,7 @@ def _memory_context(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, batc
 
 
 @dataclass(frozen=True)
-class _StageParamCounts:
+class _RankParamCounts:
     """Parameters per GPU [count] and transformer layers of the first, last and a middle rank:
     ``stage`` is :func:`stage_params`' dict; ``experts_*`` the rank's routed expert parameters
     (:func:`stage_expert_params`), ``experts_layer`` one MoE layer's share."""
@@ -1456,7 +1455,7 @@ class _StageParamCounts:
     experts_layer: np.ndarray
 
 
-def _stage_param_counts(ctx: _MemoryContext) -> _StageParamCounts:
+def _stage_param_counts(ctx: _MemoryContext) -> _RankParamCounts:
     """Step 1 of :func:`memory_breakdown`: parameters per GPU [count], with Megatron-LM's layer
     layout (uneven first/last stages, or the embedding and the loss counted as layers:
     :func:`perfmodel.parallel.layers.stage_layer_counts`), and each rank's routed experts
@@ -1472,7 +1471,7 @@ def _stage_param_counts(ctx: _MemoryContext) -> _StageParamCounts:
     layers_first, layers_last, layers_mid = (
         stage["layers_first"], stage["layers_last"], stage["layers_middle"])
     dense_first, dense_last = stage_dense_layers(model, ctx.pp, lc["first_chunk0"])
-    return _StageParamCounts(
+    return _RankParamCounts(
         stage=stage,
         params_first=stage["first"], params_last=stage["last"], params_mid=stage["middle"],
         layers_first=layers_first, layers_last=layers_last, layers_mid=layers_mid,
@@ -1484,7 +1483,7 @@ def _stage_param_counts(ctx: _MemoryContext) -> _StageParamCounts:
 
 
 @dataclass(frozen=True)
-class _StageStateBytes:
+class _RankStateBytes:
     """Model states of the first and last rank, ``(weights, gradients, optimizer)`` [bytes];
     the bytes per parameter of :func:`kernel_state_bytes_per_param` (``w_bpp``, ``g_bpp``,
     ``o_bpp``, ``copy_bpp``, ``fp8_params``) and ``state``, the ZeRO operands of
@@ -1500,7 +1499,7 @@ class _StageStateBytes:
     last: tuple
 
 
-def _stage_model_state_bytes(ctx: _MemoryContext, par: _StageParamCounts) -> _StageStateBytes:
+def _stage_model_state_bytes(ctx: _MemoryContext, par: _RankParamCounts) -> _RankStateBytes:
     """Step 2 of :func:`memory_breakdown`: weights, gradients and optimizer states by ZeRO stage
     [bytes per parameter -> bytes] (:func:`kernel_state_bytes_per_param`,
     :func:`rank_state_bytes`: :func:`zero_state_bytes` over the ``dp * cp`` ranks that hold the
@@ -1522,12 +1521,12 @@ def _stage_model_state_bytes(ctx: _MemoryContext, par: _StageParamCounts) -> _St
                                                    w_bpp)
         w2 = w2 + fsdp2_zero2_sharded_weight_bytes(par.params_last, ctx.dp, ctx.cp, ctx.zero,
                                                    w_bpp)
-    return _StageStateBytes(w_bpp=w_bpp, g_bpp=g_bpp, o_bpp=o_bpp, copy_bpp=copy_bpp,
+    return _RankStateBytes(w_bpp=w_bpp, g_bpp=g_bpp, o_bpp=o_bpp, copy_bpp=copy_bpp,
                             fp8_params=fp8_params, state=state, first=(w1, g1, o1),
                             last=(w2, g2, o2))
 
 
-def _without_bucketed_gradients(states: _StageStateBytes, grads_in_buffer) -> _StageStateBytes:
+def _without_bucketed_gradients(states: _RankStateBytes, grads_in_buffer) -> _RankStateBytes:
     """The model states with the gradients set to 0 where they live in the gradient bucket
     buffer (eager DDP's bucket copy of every gradient, :func:`gradient_bucket_bytes`), which
     :func:`_stage_other_bytes` counts instead [bytes]."""
@@ -1558,7 +1557,7 @@ class _StageActivationBytes:
     last: np.ndarray
 
 
-def _stage_activation_bytes(ctx: _MemoryContext, par: _StageParamCounts
+def _stage_activation_bytes(ctx: _MemoryContext, par: _RankParamCounts
                             ) -> _StageActivationBytes:
     """Step 3 of :func:`memory_breakdown`: activations [bytes]. One layer (kept under the
     recompute mode, plus MoE extras: :func:`stage_layer_activation_bytes`,
@@ -1580,7 +1579,7 @@ def _stage_activation_bytes(ctx: _MemoryContext, par: _StageParamCounts
     moe_kept_bytes, moe_full_bytes = moe_layer_activation_bytes(model, training, c, rc, e, gi)
     layer_bytes = layer_bytes + moe_kept_bytes
     layer_full_bytes = layer_full_bytes + moe_full_bytes
-    recompute_bytes = np.where(rc == _CODE_FULL, 0.0 if eager else layer_full_bytes, 0.0)
+    recompute_bytes = np.where(rc == Recompute.FULL, 0.0 if eager else layer_full_bytes, 0.0)
     infl_first, infl_last = stage_inflight_microbatches(training, c, ctx.pp, ctx.m, ctx.sched,
                                                         ctx.vp, eager=eager)
     embed_bytes = embedding_activation_bytes(ctx.tokens, ctx.h, ctx.sp_div, ctx.dropout,
@@ -1622,7 +1621,7 @@ class _StageOtherBytes:
     last: np.ndarray
 
 
-def _stage_other_bytes(ctx: _MemoryContext, par: _StageParamCounts, states: _StageStateBytes,
+def _stage_other_bytes(ctx: _MemoryContext, par: _RankParamCounts, states: _RankStateBytes,
                        acts: _StageActivationBytes) -> _StageOtherBytes:
     """Step 4 of :func:`memory_breakdown`: other buffers [bytes]. Workspaces
     (:func:`library_workspace_bytes`), gradient buckets (:func:`gradient_bucket_bytes`), ZeRO-3
@@ -1666,7 +1665,7 @@ def _stage_other_bytes(ctx: _MemoryContext, par: _StageParamCounts, states: _Sta
                             first=other_first, last=other_last)
 
 
-def _middle_rank_bytes(ctx: _MemoryContext, par: _StageParamCounts, states: _StageStateBytes,
+def _middle_rank_bytes(ctx: _MemoryContext, par: _RankParamCounts, states: _RankStateBytes,
                        acts: _StageActivationBytes, other: _StageOtherBytes) -> tuple:
     """Fused kernels: a middle rank's (weights, gradients, optimizer, activations, other)
     [bytes], rank 1 (:func:`fused_peak_stage`), with its in-flight micro-batches
@@ -1688,8 +1687,8 @@ def _middle_rank_bytes(ctx: _MemoryContext, par: _StageParamCounts, states: _Sta
     )
 
 
-def _fused_peak_terms_bytes(ctx: _MemoryContext, par: _StageParamCounts,
-                            states: _StageStateBytes, acts: _StageActivationBytes,
+def _fused_peak_terms_bytes(ctx: _MemoryContext, par: _RankParamCounts,
+                            states: _RankStateBytes, acts: _StageActivationBytes,
                             other: _StageOtherBytes) -> tuple:
     """Step 5 of :func:`memory_breakdown`, fused kernels: everything is held at once, so the
     peak is the plain sum on the rank needing most, first, last or a middle rank
@@ -1713,8 +1712,8 @@ def _fused_peak_terms_bytes(ctx: _MemoryContext, par: _StageParamCounts,
     return weights, grads, opt, act, oth, peak_stage
 
 
-def _eager_peak_terms_bytes(ctx: _MemoryContext, par: _StageParamCounts,
-                            states: _StageStateBytes, acts: _StageActivationBytes,
+def _eager_peak_terms_bytes(ctx: _MemoryContext, par: _RankParamCounts,
+                            states: _RankStateBytes, acts: _StageActivationBytes,
                             other: _StageOtherBytes) -> tuple:
     """Step 5 of :func:`memory_breakdown`, eager PyTorch: the largest moment of the step
     (:func:`_eager_moments`) on the first or last rank, with the zero-bubble GEMM output
@@ -1800,7 +1799,7 @@ def _eager_moments(
     held = 2.0 if autocast else 4.0  # the logits tensor the step keeps referencing [B/logit]
     lo16 = 2.0 if autocast else 0.0  # separate 16-bit logits next to the fp32 ones
     h, v = float(model.hidden_size), float(model.vocab_size)
-    full = rc == _CODE_FULL
+    full = rc == Recompute.FULL
     layers_first, layers_last = layers
     head_gemm = v * h / tp  # the output layer's GEMM weight (a cast of a tied embedding)
     tied_single = (model.output_params() == 0) & (pp == 1)

@@ -36,6 +36,7 @@ import dataclasses
 
 import numpy as np
 
+from perfmodel.core.codes import Recompute
 from perfmodel.memory import breakdown as mem
 from perfmodel.moe import experts as moe
 from perfmodel.parallel.config import ConfigBatch
@@ -54,7 +55,6 @@ __all__ = [
     "stage_memory_bytes",
 ]
 
-_SELECTIVE, _FULL = 1, 2
 
 
 def _col(x, ndim: int) -> np.ndarray:
@@ -319,10 +319,10 @@ def _layer_kept_and_all_bytes(ctx: _StageMemoryContext, mdl: ModelSpec, kw: dict
     e, gi = kw["bytes_per_value"], kw["gemm_input_bytes"]
     kw = {**kw, "ffn_hidden_size": moe.effective_ffn_size(mdl)}
     a = ctx.model.num_attention_heads
-    keep = mem.layer_activation_bytes(s, b, h, a, recompute=np.where(rc == _SELECTIVE,
-                                                                      _SELECTIVE, 0), **kw)
+    keep = mem.layer_activation_bytes(s, b, h, a, recompute=np.where(rc == Recompute.SELECTIVE,
+                                                                      Recompute.SELECTIVE, 0), **kw)
     # what selective recomputation of the training's modules does not keep
-    freed = np.where(rc == _SELECTIVE, mem.selective_recompute_freed_bytes(
+    freed = np.where(rc == Recompute.SELECTIVE, mem.selective_recompute_freed_bytes(
         mdl, training.recompute_modules, s, b, tp=ctx.tp, sequence_parallel=ctx.sp,
         bytes_per_value=e, gemm_input_bytes=gi), 0.0)
     keep = keep - freed
@@ -348,7 +348,7 @@ def _stage_activation_bytes(ctx: _StageMemoryContext, e: float) -> np.ndarray:
     kw = _layer_activation_kwargs(ctx, e)
     s, b, h, a = ctx.s, ctx.b, ctx.h, ctx.model.num_attention_heads
     n_l, n_r, m = ctx.n_l, ctx.n_r, ctx.m
-    act_ckpt = mem.layer_activation_bytes(s, b, h, a, recompute=_FULL, **kw)
+    act_ckpt = mem.layer_activation_bytes(s, b, h, a, recompute=Recompute.FULL, **kw)
     if ctx.typed:  # each layer type's own activations; the recomputed ones of the stage's mix
         dense_keep, dense_all = _layer_kept_and_all_bytes(ctx, ctx.dense_m, kw)
         moe_keep, moe_all = _layer_kept_and_all_bytes(ctx, ctx.moe_m, kw)

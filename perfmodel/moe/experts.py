@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfmodel.core.codes import Recompute
 from perfmodel.hardware import collectives as coll
 from perfmodel.moe import dispatch as moe_dispatch
 from perfmodel.parallel.config import ConfigBatch
@@ -91,7 +92,7 @@ names (:mod:`perfmodel.moe.dispatch`), jointly with :data:`TE_GROUPED_GEMM_SLOWD
 (``python -m benchmarks.moe_time_refit --grid``): 0.07 ms on the 98 rows with the rows' own fp8
 recipes and TE's quantisation casts on the routed experts' top-k rows (s5-fp8): MAPE 10.40 %,
 64 % within 10 %, leave-one-model-out 11.2 % (folds 0.07-0.11 ms, slowdown 0-0.3; (0.08 ms,
-0.20) fits as well); 0.09 ms before those casts (10.33 % on 94 rows, leave-one-model-out 11.0 %); docs/moe.md "Per-expert host time and grouped GEMMs"). Alone it was
+0.20) fits as well); 0.09 ms before those casts (10.33 % on 94 rows, leave-one-model-out 11.0 %); docs/moe.md, "Compute"). Alone it was
 0.13 ms (11.2 %): then it also carried device time that grows with the micro-batch's tokens (the
 multi-stream grouped GEMM), so fewer, larger micro-batches looked too cheap to the search.
 Megatron-Core's remedies confirm the effect: ``--moe-pad-expert-input-to-capacity`` (no sync),
@@ -123,7 +124,7 @@ share the SMs at once, and the join waits for the slowest stream. TE itself depr
 ("Please migrate to nvte_multi_tensor_gemm (with CUTLASS Grouped GEMM support)"), and the
 partial-CUDA-graph write-up of Megatron-LM's MoE path on Blackwell shows the per-expert kernels
 and the gap after them. Fitted on ``moe_runs_dev.csv`` jointly with :data:`MOE_EXPERT_HOST_S`
-(benchmarks/moe_time_refit.py; docs/moe.md "Per-expert host time and grouped GEMMs"): the
+(benchmarks/moe_time_refit.py; docs/moe.md, "Compute"): the
 per-expert host term alone has to carry work that grows with the tokens of a micro-batch, which
 made larger micro-batches look too cheap to the search. One local expert (Mixtral, Grok-1,
 Llama-4 Scout at ep = E) is a plain GEMM on the caller's stream: factor 1.
@@ -324,7 +325,7 @@ def a2a_per_layer(batch: ConfigBatch) -> tuple[np.ndarray, np.ndarray]:
     recompute). Forward 2 (dispatch, combine), backward 2 (their gradients), plus 2 when full
     recomputation repeats the forward (Megatron recomputes the whole layer)."""
     fwd = np.full(batch.tp.shape, 2.0)
-    return fwd, 2.0 + np.where(batch.recompute == 2, 2.0, 0.0)
+    return fwd, 2.0 + np.where(batch.recompute == Recompute.FULL, 2.0, 0.0)
 
 
 def dispatch_ops_per_layer(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch,

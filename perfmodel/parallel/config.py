@@ -22,9 +22,9 @@ from perfmodel.core.codes import (
     COMPRESSION,
     RECOMPUTE,
     SCHEDULE,
-    Compression,
-    Recompute,
-    Schedule,
+    CompressionName,
+    RecomputeName,
+    ScheduleName,
 )
 from perfmodel.core.errors import SpecError
 from perfmodel.parallel.layers import balanced_layer_counts, megatron_layout, stage_layer_counts
@@ -51,10 +51,10 @@ class ParallelConfig(Spec):
     zero_stage: Annotated[int, Field(ge=0, le=3)] = 0
     micro_batch_size: PosInt = 1
     num_microbatches: PosInt | None = None
-    recompute: Recompute = "none"
+    recompute: RecomputeName = "none"
     sequence_parallel: bool = False
-    schedule: Schedule = "1f1b"
-    grad_compression: Compression = "none"
+    schedule: ScheduleName = "1f1b"
+    grad_compression: CompressionName = "none"
     topk_ratio: Annotated[float, Field(gt=0, le=1)] = 0.01
     ep: PosInt = 1
     etp: PosInt | None = None

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from perfmodel.core.codes import Recompute
+
 if TYPE_CHECKING:  # pragma: no cover
     from perfmodel.parallel.config import ConfigBatch
     from perfmodel.spec.specs import ModelSpec
@@ -34,7 +36,6 @@ __all__ = [
     "without_layout",
 ]
 
-_SELECTIVE, _FULL = 1, 2  # recompute codes (perfmodel.core.codes.RECOMPUTE)
 
 
 def _finite_nonneg(name: str, x) -> np.ndarray:
@@ -471,9 +472,9 @@ def without_layout(batch: ConfigBatch, recompute: str | None = None) -> ConfigBa
     ``recompute="full"`` makes every layer recompute."""
     rc = batch.recompute
     if recompute == "keep":
-        rc = np.where(rc == _SELECTIVE, _SELECTIVE, 0)
+        rc = np.where(rc == Recompute.SELECTIVE, Recompute.SELECTIVE, 0)
     elif recompute == "full":
-        rc = np.full_like(rc, _FULL)
+        rc = np.full_like(rc, Recompute.FULL)
     return dataclasses.replace(batch, recompute=rc, stage_layers=None,
                                stage_recompute_layers=None)
 
@@ -501,7 +502,7 @@ def stage_counts(model: ModelSpec, batch: ConfigBatch) -> tuple[np.ndarray, np.n
         lay = np.zeros((n, width), dtype=np.int64)
         lay[:, :batch.stage_layers.shape[1]] = batch.stage_layers
         layers = np.where(batch.has_layout[:, None], lay, even)
-    full = (batch.recompute == _FULL)[:, None]
+    full = (batch.recompute == Recompute.FULL)[:, None]
     rec = np.where(full, layers, 0)
     if batch.stage_recompute_layers is not None:
         given = np.full((n, width), -1, dtype=np.int64)

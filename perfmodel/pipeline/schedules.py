@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from perfmodel.core.codes import SCHEDULE
+from perfmodel.core.codes import SCHEDULE, Schedule
 
 __all__ = [
     "SCHEDULE",
@@ -48,7 +48,6 @@ __all__ = [
     "stage_op_order",
 ]
 
-GPIPE, ONE_F_ONE_B, INTERLEAVED, ZB = 0, 1, 2, 3
 
 
 def schedule_code(schedule) -> np.ndarray:
@@ -124,15 +123,15 @@ def bubble_fraction(p, m, schedule="1f1b", v=1) -> np.ndarray:
     m = _whole_at_least_one("m (micro-batches)", m)
     v = _whole_at_least_one("v (chunks per device)", v)
     code = schedule_code(schedule)
-    if np.any(code == ZB):
+    if np.any(code == Schedule.ZB):
         # ZB-H1 for m < p is not the (p-1)F formula; use the general time form with F = B = W.
         t = pipeline_time_s(p, m, 1.0, 2.0, 1.0, schedule=code, v=v)
         zb = 1.0 - 3.0 * m / t
     else:
         zb = 0.0
-    units = np.where(code == INTERLEAVED, v * m, m)  # work in units of the bubble's slots
+    units = np.where(code == Schedule.INTERLEAVED, v * m, m)  # work in units of the bubble's slots
     fb = (p - 1) / (units + p - 1)
-    return np.where(code == ZB, zb, fb)
+    return np.where(code == Schedule.ZB, zb, fb)
 
 
 def pipeline_efficiency(p, m, schedule="1f1b", v=1) -> np.ndarray:
@@ -237,7 +236,7 @@ def _pipeline_time_s(p, m, f, b, w, code, v, c):
     zb_hops = 2.0 * c * ((p - 1) + np.minimum(np.maximum(m - 2, 0.0), p - 1))
     t_zb = np.where(m >= p, t_zb_big, t_zb_small) + zb_hops
     out = np.select(
-        [code == GPIPE, code == ONE_F_ONE_B, code == INTERLEAVED],
+        [code == Schedule.GPIPE, code == Schedule.ONE_F_ONE_B, code == Schedule.INTERLEAVED],
         [t_gpipe, t_1f1b, t_inter],
         default=t_zb,
     )
@@ -275,7 +274,8 @@ def inflight_microbatches(p, m, schedule="1f1b", v=1, stage=0) -> np.ndarray:
     one_f_one_b = np.minimum(p - s, m)
     warmup = 2.0 * (p - s - 1) + (v - 1) * p
     inter = np.minimum(warmup + 1, v * m) / v
-    return np.select([code == GPIPE, code == INTERLEAVED], [m + 0.0 * p, inter], one_f_one_b)
+    return np.select([code == Schedule.GPIPE, code == Schedule.INTERLEAVED], [m + 0.0 * p, inter],
+                     one_f_one_b)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -304,9 +304,9 @@ def stage_op_order(p: int, m: int, stage: int, schedule="1f1b", v: int = 1) -> l
     """
     code = int(schedule_code(schedule))
     s = stage
-    if code == GPIPE:
+    if code == Schedule.GPIPE:
         return [("F", j, 0) for j in range(m)] + [("B", j, 0) for j in range(m)]
-    if code == ONE_F_ONE_B:
+    if code == Schedule.ONE_F_ONE_B:
         ops: list[Op] = []
         for x in range(m + p - 1 - s):
             if x < m:
@@ -315,7 +315,7 @@ def stage_op_order(p: int, m: int, stage: int, schedule="1f1b", v: int = 1) -> l
             if 0 <= j < m:
                 ops.append(("B", j, 0))
         return ops
-    if code == ZB:
+    if code == Schedule.ZB:
         ops = []
         for x in range(m + p - 1):
             if x < m:
@@ -458,7 +458,7 @@ def simulate(
     dur = _op_durations(code, p, v, stage_fwd_s, stage_bwd_s, stage_w_s)
     hop = _p2p_hops(p2p_s, p * v)
     events = _run_orders(code, p, m, v, dur, hop)
-    peak_inflight, peak_held, busy = _stage_peaks(events, p, v, split=code == ZB)
+    peak_inflight, peak_held, busy = _stage_peaks(events, p, v, split=code == Schedule.ZB)
     makespan = max(e[5] for e in events)
     return Timeline(p, m, v, SCHEDULE[code], events, makespan, peak_inflight, peak_held, busy)
 
@@ -467,11 +467,11 @@ def _check_pipeline(code: int, p: int, m: int, v: int) -> None:
     """ValueError for a pipeline :func:`simulate` cannot run: chunks without interleaving, a
     count below 1, or interleaving over micro-batches that ``p`` does not divide."""
     name = SCHEDULE[code]
-    if code != INTERLEAVED and v != 1:
+    if code != Schedule.INTERLEAVED and v != 1:
         raise ValueError(f"v ({v}) > 1 needs schedule 'interleaved' (got '{name}')")
     if m < 1 or p < 1 or v < 1:
         raise ValueError(f"need p, m, v >= 1 (got p={p}, m={m}, v={v})")
-    if code == INTERLEAVED and m % p:
+    if code == Schedule.INTERLEAVED and m % p:
         raise ValueError(
             f"interleaved schedule: pp ({p}) must divide num_microbatches ({m}), as in Megatron-LM"
         )
@@ -482,7 +482,7 @@ def _op_durations(code: int, p: int, v: int, stage_fwd_s, stage_bwd_s,
     """Duration [s] of each op kind (F, B and, for ZB-H1, W) per device and chunk, (p, v)."""
     fc = _per_chunk(stage_fwd_s, p, v, "stage_fwd_s")
     bc = _per_chunk(stage_bwd_s, p, v, "stage_bwd_s")
-    if code != ZB:
+    if code != Schedule.ZB:
         return {"F": fc, "B": bc}
     wc = 0.5 * bc if stage_w_s is None else _per_chunk(stage_w_s, p, v, "stage_w_s")
     if np.any(wc > bc + 1e-15) or np.any(wc < 0):

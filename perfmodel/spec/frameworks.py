@@ -23,30 +23,27 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from perfmodel.core.codes import RECOMPUTE, SCHEDULE
+from perfmodel.core.codes import RECOMPUTE, SCHEDULE, RecomputeName, ScheduleName
 from perfmodel.core.errors import SpecError
 from perfmodel.spec.specs import (
+    RECIPE_PRECISIONS,
     GPUSpec,
     ModelSpec,
     RecomputeModule,
     Spec,
     TrainingSpec,
-    _build,
-    _resolve,
+    build_spec,
+    resolve_spec,
 )
 
-__all__ = ["PRECISION_RECIPES", "RECIPE_MIN_COMPUTE_CAPABILITY", "Capabilities", "FrameworkSpec",
+__all__ = ["RECIPE_MIN_COMPUTE_CAPABILITY", "Capabilities", "FrameworkSpec",
            "apply_framework", "capability_mask", "capability_refusals", "check_training_supported",
            "explicit_layout_allowed", "framework_pins", "load_framework", "with_switches_of", "zero_pp_allowed"]
 
-ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb"]
-RecomputeName = Literal["none", "selective", "full"]
-#: Precision recipes a launch config can name (``emit.launch`` maps each to the stack's switch):
-#: plain ``fp8`` is delayed scaling (Transformer Engine's and Megatron's default), ``fp4`` NVFP4.
-PrecisionRecipe = Literal["fp32", "bf16", "fp16", "fp8-cs", "fp8-delayed", "fp8-block", "mxfp8",
-                          "nvfp4"]
-PRECISION_RECIPES: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8-cs", "fp8-delayed",
-                                      "fp8-block", "mxfp8", "nvfp4")
+#: Precisions a launch config can name (``emit.launch`` maps each to the stack's switch): the
+#: names of :data:`perfmodel.spec.specs.RECIPE_PRECISIONS` (plain ``fp8`` is delayed scaling,
+#: ``fp4`` NVFP4, as :data:`perfmodel.spec.specs.PRECISION_RECIPES` resolves them).
+PrecisionRecipe = Literal[RECIPE_PRECISIONS]
 
 
 class Capability(Spec):
@@ -170,7 +167,7 @@ class FrameworkSpec(Spec):
     context_parallel: bool
     uneven_pipeline: bool = Field(description="stages may hold different layer counts")
     precisions: tuple[PrecisionRecipe, ...] = Field(
-        default=PRECISION_RECIPES, min_length=1,
+        default=RECIPE_PRECISIONS, min_length=1,
         description="precision recipes the stack's launch config can switch on")
     capabilities: Capabilities = Field(default_factory=Capabilities)
 
@@ -230,8 +227,8 @@ def load_framework(spec: str | Path | FrameworkSpec) -> FrameworkSpec:
     name = getattr(spec, "value", spec)
     if not isinstance(name, (str, Path)):
         raise SpecError(f"framework = {spec!r}: expected a preset name or a TOML path")
-    data, src = _resolve("framework", name)
-    return _build(FrameworkSpec, data, src)
+    data, src = resolve_spec("framework", name)
+    return build_spec(FrameworkSpec, data, src)
 
 
 def apply_framework(training: TrainingSpec, fw: FrameworkSpec | None,

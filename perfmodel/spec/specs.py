@@ -28,6 +28,9 @@ from perfmodel.core.files import parse_json, parse_toml, plain_name, read_text_b
 from perfmodel.spec.hybrid import check_hybrid, hf_hybrid_fields, hybrid_layer_params
 
 __all__ = [
+    "PRECISIONS",
+    "PRECISION_RECIPES",
+    "RECIPE_PRECISIONS",
     "ClusterSpec",
     "Dtype",
     "GPUSpec",
@@ -35,12 +38,16 @@ __all__ = [
     "ModelSpec",
     "SpecError",
     "TrainingSpec",
+    "build_spec",
     "format_validation_error",
     "load_cluster",
     "load_gpu",
     "load_model",
     "load_training",
     "model_from_hf_config",
+    "path_exists",
+    "read_toml",
+    "resolve_spec",
     "spec_path",
 ]
 
@@ -913,6 +920,9 @@ PRECISION_RECIPES = {
     "nvfp4": ("fp4", "nvfp4"),
 }
 PRECISIONS = ("fp32", "bf16", "fp16", *PRECISION_RECIPES)
+#: The precisions a framework preset or a launch config names: the plain dtypes and each recipe
+#: of :data:`PRECISION_RECIPES` once, by its own name (``fp8-delayed``, not the alias ``fp8``).
+RECIPE_PRECISIONS = ("fp32", "bf16", "fp16", "fp8-cs", "fp8-delayed", "fp8-block", "mxfp8", "nvfp4")
 
 
 # --------------------------------------------------------------------------------------------
@@ -1006,7 +1016,7 @@ def _tuples_from_lists(cls: type[Spec], data: Any) -> Any:
     return out
 
 
-def _build(cls: type[Spec], data: dict[str, Any], source: str) -> Any:
+def build_spec(cls: type[Spec], data: dict[str, Any], source: str) -> Any:
     """Validate what a file (or a dict) holds, strictly: no coercion, so ``gpus_per_node =
     true`` or ``num_nodes = "128"`` is an error naming the field, not 1 or 128 (an int is
     still accepted where a float is expected)."""
@@ -1016,7 +1026,9 @@ def _build(cls: type[Spec], data: dict[str, Any], source: str) -> Any:
         raise SpecError(format_validation_error(err, source, data, cls)) from None
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def read_toml(path: Path) -> dict[str, Any]:
+    """The table a TOML file holds (size-bounded read; :class:`SpecError` naming the file if it
+    cannot be read or parsed)."""
     return parse_toml(read_text_bounded(path, "TOML"), str(path))
 
 
@@ -1032,7 +1044,7 @@ def spec_path(value: Any, what: str) -> Path:
     return Path(value)
 
 
-def _is_file(p: Path) -> bool:
+def path_exists(p: Path) -> bool:
     """Whether ``p`` exists (False for a name the OS refuses, e.g. one over 255 bytes)."""
     try:
         return p.exists()
@@ -1040,18 +1052,18 @@ def _is_file(p: Path) -> bool:
         return False
 
 
-def _resolve(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
+def resolve_spec(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
     """Read a preset by name or a file by path; return (data, source label).
 
     A preset is a plain name of the shipped list (``llama3.1-8b``); anything else must be a
     path to an existing file (``./secret`` is never looked up among the presets)."""
     p = spec_path(name_or_path, kind)
-    if p.suffix in (".toml", ".json") or _is_file(p):
-        if not _is_file(p):
+    if p.suffix in (".toml", ".json") or path_exists(p):
+        if not path_exists(p):
             raise SpecError(f"{kind} file '{shown(p)}' does not exist")
         if p.suffix == ".json":
             return parse_json(read_text_bounded(p, "JSON"), str(p)), str(p)
-        return _read_toml(p), str(p)
+        return read_toml(p), str(p)
     name = str(name_or_path).lower()
     names = list_presets(kind)
     path = find_preset(kind, name) if name in names else None
@@ -1067,15 +1079,15 @@ def _resolve(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
         )[:3]
         hint = f"; closest: {', '.join(close)}" if close else f"; known: {', '.join(names)}"
         raise SpecError(f"unknown {kind} preset '{shown(name_or_path)}'{hint}")
-    return _read_toml(path), f"preset {kind} '{name}'"
+    return read_toml(path), f"preset {kind} '{name}'"
 
 
 def load_gpu(spec: str | Path | GPUSpec) -> GPUSpec:
     """A GPU from a preset name (``h100-sxm5-80gb``), a TOML path or a GPUSpec."""
     if isinstance(spec, GPUSpec):
         return spec
-    data, src = _resolve("gpu", spec)
-    return _build(GPUSpec, data, src)
+    data, src = resolve_spec("gpu", spec)
+    return build_spec(GPUSpec, data, src)
 
 
 def load_cluster(spec: str | Path | ClusterSpec, gpus: int | None = None) -> ClusterSpec:
@@ -1087,13 +1099,13 @@ def load_cluster(spec: str | Path | ClusterSpec, gpus: int | None = None) -> Clu
     if isinstance(spec, ClusterSpec):
         cluster = spec
     else:
-        data, src = _resolve("cluster", spec)
+        data, src = resolve_spec("cluster", spec)
         data = dict(data)
         gpu = data.get("gpu")
         if isinstance(gpu, str):
             data["gpu"] = load_gpu(gpu)
         elif isinstance(gpu, dict):
-            data["gpu"] = _build(GPUSpec, gpu, f"{src} [gpu]")
+            data["gpu"] = build_spec(GPUSpec, gpu, f"{src} [gpu]")
         if "total_gpus" in data:
             total = data.pop("total_gpus")
             gpn = data.get("gpus_per_node", 1)
@@ -1103,7 +1115,7 @@ def load_cluster(spec: str | Path | ClusterSpec, gpus: int | None = None) -> Clu
                     f"{src}: total_gpus ({total}) must be a positive multiple of gpus_per_node ({gpn})"
                 )
             data["num_nodes"] = total // gpn
-        cluster = _build(ClusterSpec, data, src)
+        cluster = build_spec(ClusterSpec, data, src)
     if gpus is not None:
         cluster = cluster.with_gpus(gpus)
     return cluster
@@ -1226,7 +1238,7 @@ def model_from_hf_config(data: dict[str, Any], name: str = "hf-model") -> ModelS
         fields = _hf_fields(data, name)
     except KeyError as err:
         raise SpecError(f"{name}: missing key {shown(err.args[0])!r}") from None
-    return _build(ModelSpec, fields, name)
+    return build_spec(ModelSpec, fields, name)
 
 
 def _hf_fields(data: dict[str, Any], name: str) -> dict[str, Any]:
@@ -1286,13 +1298,13 @@ def load_model(spec: str | Path | ModelSpec) -> ModelSpec:
     """A model from a preset name (``gpt3-175b``), a TOML path, or a HF ``config.json`` path."""
     if isinstance(spec, ModelSpec):
         return spec
-    data, src = _resolve("model", spec)
+    data, src = resolve_spec("model", spec)
     if Path(str(spec)).suffix == ".json":
         p = Path(str(spec))
         label = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
         plain_name(label, f"{shown(src)}: model name (the file's folder)")
         return model_from_hf_config(data, name=label or "hf-model")
-    return _build(ModelSpec, data, src)
+    return build_spec(ModelSpec, data, src)
 
 
 def _plain_value(v: Any) -> Any:
@@ -1310,6 +1322,6 @@ def load_training(spec: str | Path | TrainingSpec | dict | None = None, **overri
     elif isinstance(spec, dict):
         data = dict(spec)
     else:
-        data = _read_toml(spec_path(spec, "training"))
+        data = read_toml(spec_path(spec, "training"))
     data.update({k: _plain_value(v) for k, v in overrides.items() if v is not None})
-    return _build(TrainingSpec, data, "training")
+    return build_spec(TrainingSpec, data, "training")

@@ -27,7 +27,7 @@ from perfmodel.comm import comm_volume, cp_ring, zero3_deepspeed
 from perfmodel.compute import flops, quantise
 from perfmodel.compute import layer as compute
 from perfmodel.compute.mtp import mtp_stage_s
-from perfmodel.core.codes import COMPRESSION, RECOMPUTE, SCHEDULE
+from perfmodel.core.codes import COMPRESSION, RECOMPUTE, SCHEDULE, Recompute, Schedule
 from perfmodel.hardware import overlap
 from perfmodel.hardware.calibration import KERNEL_MIN_S
 from perfmodel.memory import offload
@@ -65,7 +65,6 @@ MFU_CONVENTION = (
 MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other", "peak")
 COMM_DIMS = ("dp", "tp", "pp", "cp", "ep")
 
-_SCHED_GPIPE, _SCHED_1F1B, _SCHED_INTERLEAVED, _SCHED_ZB = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -244,14 +243,14 @@ def pipeline_makespan_s(
         t_max = t_max_s
     total = np.where(p > 1, t_first_s + t_last_s + np.maximum(p - 2, 0) * t_mid_s, t_first_s)
     fill = total - t_max
-    fill = np.where(schedule == _SCHED_INTERLEAVED, fill / vp, fill)
+    fill = np.where(schedule == Schedule.INTERLEAVED, fill / vp, fill)
     # ZB-H1 (Qi et al. 2024, Sec. 3.1): the fill/drain is (p-1)*max(F+B-W, F, B) instead of
     # (p-1)*(F+B+W), with B the input-gradient and W the weight-gradient part of the backward;
     # the max(.., F, B) bounds come from our simulator (docs/pipeline.md). 1/3 when equal.
     f = fwd_fraction
     b_in = 1.0 - fwd_fraction - w_fraction
     zb_factor = np.clip(np.maximum(np.maximum(f + b_in - w_fraction, f), b_in), 0.0, 1.0)
-    fill = np.where(schedule == _SCHED_ZB, fill * zb_factor, fill)
+    fill = np.where(schedule == Schedule.ZB, fill * zb_factor, fill)
     steady = m * t_max
     return steady + fill, steady
 
@@ -338,8 +337,8 @@ def cp_exposed_s(model, training, b, ct, comm, slowdown):
     ``core_attn`` (Megatron-Core checkpoints the whole ``core_attention``, ring included),
     re-run the forward ring."""
     a = model.attention_layer_fraction if model.is_hybrid else 1.0
-    rerun = (b.recompute == 2) | ((b.recompute == 1)
-                                  & ("core_attn" in training.recompute_modules))
+    rerun = (b.recompute == Recompute.FULL) | ((b.recompute == Recompute.SELECTIVE)
+                                                & ("core_attn" in training.recompute_modules))
     return cp_ring.ring_layer_s(b.cp, ct["attn_fwd_s"], ct["attn_bwd_s"], comm["cp_kv_send_s"],
                                 comm["cp_kv_dkv_send_s"], rerun, slowdown, a)
 
@@ -366,7 +365,7 @@ def head_stage_s(model, layer_s, logits_s) -> np.ndarray:
     return logits_s
 
 
-def stage_times_s(n_first, n_mid, n_last, layer_s, embed_s, head_s, pp):
+def first_mid_last_times_s(n_first, n_mid, n_last, layer_s, embed_s, head_s, pp):
     """Forward + backward of one micro-batch on the first, a middle and the last pipeline
     stage [s], as ``(t_first, t_mid, t_last)``: their layers, the embedding on the first and
     the head on the last; with pp = 1 the one stage holds all three (Narayanan et al. 2021,
@@ -427,11 +426,11 @@ def stage_comm_shares(layers_per_stage, t_max, tp_comm_s, cp_comm_s, ep_comm_s, 
             "tp_overlap": np.where(t_max > 0, (layers_per_stage * tp_overlap_s) / t_max, 0.0)}
 
 
-def pp_sends_per_microbatch(schedule, vp) -> np.ndarray:
+def boundary_sends_per_microbatch(schedule, vp) -> np.ndarray:
     """Pipeline sends per micro-batch per stage boundary: one activation forward and one
     gradient backward, ``v`` times each with the interleaved schedule (Narayanan et al. 2021,
     Sec. 2.2.2)."""
-    return 2.0 * np.where(schedule == _SCHED_INTERLEAVED, vp, 1.0)
+    return 2.0 * np.where(schedule == Schedule.INTERLEAVED, vp, 1.0)
 
 
 def exposed_p2p_s(overlapped: bool, pp, m, sends, p2p_s) -> np.ndarray:
@@ -534,7 +533,8 @@ def _with_layouts(model, training, cluster, b, ct, embed_s, head_s, even, *, ker
                               (("first", t_first), ("mid", t_mid), ("last", t_last)))
     t_max = np.where(lay, st["max"], t_max)
     layers_per_stage = np.where(lay, st["max_layers"], layers_per_stage)
-    layer_bwd_s = np.where(lay & (b.recompute == 2), ct["layer_bwd_s"] + st["recompute_share"]
+    full_recompute = lay & (b.recompute == Recompute.FULL)
+    layer_bwd_s = np.where(full_recompute, ct["layer_bwd_s"] + st["recompute_share"]
                            * ct["layer_recompute_s"], layer_bwd_s)
     return (t_first, t_mid, t_last, t_max, layers_per_stage, layer_bwd_s,
             st["hardware_flops"])
@@ -658,14 +658,14 @@ class _StageTerms:
 
 def _stage_terms_s(c: _StepContext, layer: _LayerTerms) -> _StageTerms:
     """Step 2, the per-stage time of one micro-batch (forward + backward) [s]: the stage's
-    layers, the embedding on the first and the head on the last stage (:func:`stage_times_s`,
+    layers, the embedding on the first and the head on the last stage (:func:`first_mid_last_times_s`,
     Narayanan et al. 2021, Sec. 2.2), plus the exposed CPU activation-offload copies with fused
     kernels (:func:`_offload_s`)."""
     ct = c.ct
     embed_s = ct["embed_fwd_s"] + ct["embed_bwd_s"]
     logits_s = ct["logits_fwd_s"] + ct["logits_bwd_s"]
     head_s = head_stage_s(c.model, layer.total_s, logits_s)
-    t_first, t_mid, t_last = stage_times_s(c.n_first, c.n_mid, c.n_last, layer.total_s, embed_s,
+    t_first, t_mid, t_last = first_mid_last_times_s(c.n_first, c.n_mid, c.n_last, layer.total_s, embed_s,
                                            head_s, c.pp)
     if c.training.cpu_offload_layers and c.kernels == "fused":  # CPU activation offloading
         t_first, t_mid, t_last = (t + _offload_s(c.model, c.training, c.cluster, c.batch, n, ct)
@@ -732,9 +732,9 @@ class _P2PTerms:
 
 
 def _p2p_terms_s(c: _StepContext) -> _P2PTerms:
-    """Step 4a, pipeline p2p [s]: the sends of a micro-batch (:func:`pp_sends_per_microbatch`)
+    """Step 4a, pipeline p2p [s]: the sends of a micro-batch (:func:`boundary_sends_per_microbatch`)
     and what stays exposed when blocking or overlapped (:func:`exposed_p2p_s`)."""
-    sends = pp_sends_per_microbatch(c.batch.schedule, c.vp)
+    sends = boundary_sends_per_microbatch(c.batch.schedule, c.vp)
     p2p_s = np.where(c.pp > 1, c.comm["pp_p2p_s"], 0.0)
     pp_exposed_s = exposed_p2p_s(c.training.overlap_p2p_comm, c.pp, c.m, sends, p2p_s)
     return _P2PTerms(sends=sends, link_s=p2p_s, exposed_s=pp_exposed_s)
@@ -883,10 +883,10 @@ def evaluate(
     The recipe: the inputs (:func:`_step_context`: compute and link times of one layer), one
     layer (:func:`_layer_terms_s`: :func:`tp_exposed_s`, :func:`cp_exposed_s`,
     :func:`ep_exposed_s`), the stages (:func:`_stage_terms_s`: :func:`head_stage_s`,
-    :func:`stage_times_s`, :func:`_offload_s`), the pipeline (:func:`_pipeline_terms_s`:
+    :func:`first_mid_last_times_s`, :func:`_offload_s`), the pipeline (:func:`_pipeline_terms_s`:
     :func:`backward_fractions`, :func:`slowest_stage_s`, :func:`pipeline_makespan_s`,
     :func:`stage_comm_shares`), the exposed communication (:func:`_p2p_terms_s`:
-    :func:`pp_sends_per_microbatch`, :func:`exposed_p2p_s`; :func:`_dp_terms_s`:
+    :func:`boundary_sends_per_microbatch`, :func:`exposed_p2p_s`; :func:`_dp_terms_s`:
     :func:`dp_grad_link_s`, :func:`zero3_gather_link_s`, :func:`_exposed_dp_s`,
     :func:`exposed_zero3_gather_s`), the optimizer, the overlap slowdown
     (:func:`_comm_overlap_slowdown_s`), fp8's amax reductions (:func:`amax_exposed_s`), the sum

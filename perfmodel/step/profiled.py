@@ -15,8 +15,10 @@ from perfmodel.hardware.profile import EfficiencyProfile, load_profile
 from perfmodel.spec.specs import ClusterSpec, ModelSpec, TrainingSpec
 from perfmodel.step.evaluate import evaluate as step_evaluate
 
+__all__ = ["evaluate_profiled"]
 
-def evaluate(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, batch,
+
+def evaluate_profiled(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, batch,
              *, profile: EfficiencyProfile | str | Path | None = None, kernels: str = "fused",
              calibration: Any = None, evaluator=None):
     """:func:`perfmodel.step.evaluate.evaluate` under ``profile`` (None or neutral: exactly the same).

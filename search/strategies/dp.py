@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from perfmodel.core.codes import Recompute, Schedule
 from perfmodel.core.errors import SpecError
 from perfmodel.memory import stage_layout as layout_mod
 from perfmodel.parallel import layers as layers_mod
@@ -63,7 +64,6 @@ from search.space import Problem, Scored
 __all__ = ["DPLayout", "DPSearch", "balanced_counts", "brute_force_partition", "partition_dp",
            "range_dp"]
 
-_NONE, _SELECTIVE, _FULL = 0, 1, 2
 
 
 # --------------------------------------------------------------------------------------------
@@ -387,7 +387,7 @@ def _coefficients(problem: Problem, rows: ConfigBatch, width: int) -> dict[str, 
         full_s = rho * lt["moe_full"] + (1.0 - rho) * lt["dense_full"]
         dense_fixed_s = D * (lt["dense_keep"] - keep_s)
     # the last stage's logits + loss, and the MTP layers (perfmodel.compute.mtp) of the row's mode
-    head = np.where(rows.recompute == _FULL, full["head_s"], keep["head_s"])
+    head = np.where(rows.recompute == Recompute.FULL, full["head_s"], keep["head_s"])
     out = {
         "unit_s": rows.vp * keep_s,
         "recompute_unit_s": rows.vp * np.maximum(full_s - keep_s, 0.0),
@@ -452,7 +452,7 @@ def _range_costs(problem: Problem, rows: ConfigBatch, recompute_units: np.ndarra
                  kk: np.ndarray, ii: np.ndarray):
     """Time and recomputed units of every stage holding units ``kk..ii-1`` (``(K,)`` pairs) of
     every job (rows of one pp and vp), ``(J, p, K)``, priced by the layout model's own terms:
-    the stage's dense and MoE layers at their own time (:func:`perfmodel.memory.stage_layout.stage_times_s`'
+    the stage's dense and MoE layers at their own time (:func:`perfmodel.parallel.layers.stage_times_s`'
     formula) and its memory (:func:`perfmodel.memory.stage_layout.stage_memory_bytes` with its MoE layers);
     inf where it does not fit. Recompute: ``min(N, n)`` units, or (N < 0) the fewest that fit,
     from the memory at 0, 1 and 2 recomputed units (memory is affine in them)."""
@@ -488,7 +488,7 @@ def _range_costs(problem: Problem, rows: ConfigBatch, recompute_units: np.ndarra
                                                         "moe_full"))
     keep = evaluate(model, tr, cl, layers_mod.without_layout(rows, "keep"), **kw).extra
     full = evaluate(model, tr, cl, layers_mod.without_layout(rows, "full"), **kw).extra
-    head = np.where(rows.recompute == _FULL, full["head_s"], keep["head_s"])
+    head = np.where(rows.recompute == Recompute.FULL, full["head_s"], keep["head_s"])
     n = n_u * vp
     frac = n_m / n
     t = ((n - n_m) * dk + n_m * mk + r * vp * ((1.0 - frac) * (df - dk) + frac * (mf - mk))
@@ -760,10 +760,10 @@ class DPSearch:
         # Jobs: keep-mode rows (none / selective) solve with no recompute; full rows with the
         # per-stage optimum, then (Megatron) one count around its largest and "all".
         job_row = np.arange(len(sub))
-        job_n = np.where(rc == _FULL, -1, 0)
+        job_n = np.where(rc == Recompute.FULL, -1, 0)
         cnt, rec, bott = _solve(problem, sub, coef, job_n, job_row)
         if not self.per_stage_recompute:
-            full_rows = np.flatnonzero(rc == _FULL)
+            full_rows = np.flatnonzero(rc == Recompute.FULL)
             n_ps = np.where(np.isfinite(bott[full_rows]), rec[full_rows].max(axis=1), 1)
             extra_rows, extra_n = [], []
             for d in (-1, 0, 1):
@@ -771,8 +771,9 @@ class DPSearch:
                 extra_n.append(np.clip(n_ps + d, 1, units[full_rows]))
             extra_rows.append(full_rows)
             extra_n.append(units[full_rows])
-            jr = np.concatenate([np.flatnonzero(rc != _FULL), *extra_rows])
-            jn = np.concatenate([np.zeros(int(np.sum(rc != _FULL)), dtype=np.int64), *extra_n])
+            jr = np.concatenate([np.flatnonzero(rc != Recompute.FULL), *extra_rows])
+            n_kept = int(np.sum(rc != Recompute.FULL))
+            jn = np.concatenate([np.zeros(n_kept, dtype=np.int64), *extra_n])
             cnt, rec, bott = _solve(problem, sub, coef, jn, jr)
             job_row = jr
         ok_job = np.isfinite(bott)
@@ -785,8 +786,8 @@ class DPSearch:
         any_rec = stage_rec.sum(axis=1) > 0
         rc_j = lay.recompute
         # A full row whose layout recomputes nothing is the no-recompute layout.
-        new_rc = np.where((rc_j == _FULL) & ~any_rec, _NONE, rc_j)
-        rec_m = np.where(((new_rc == _FULL) & any_rec)[:, None], stage_rec, -1)
+        new_rc = np.where((rc_j == Recompute.FULL) & ~any_rec, Recompute.NONE, rc_j)
+        rec_m = np.where(((new_rc == Recompute.FULL) & any_rec)[:, None], stage_rec, -1)
         zeros = np.zeros(len(lay), dtype=np.int64)
         lay = dataclasses.replace(lay, recompute=new_rc, stage_layers=stage_layers,
                                   stage_recompute_layers=rec_m, first_stage_layers=zeros,
@@ -842,8 +843,8 @@ def _step_lower_bound(problem: Problem, rows: ConfigBatch, other_s: np.ndarray, 
         total = MOE_BOUND_SLACK * total
     T = np.maximum(total / P, c + np.where(P > 1, np.maximum(e, g), e + g))
     m = rows.num_microbatches.astype(np.float64)
-    v = np.where(rows.schedule == 2, rows.vp, 1).astype(np.float64)
-    z = np.where(rows.schedule == 3, 1.0 / 3.0, 1.0) / v
+    v = np.where(rows.schedule == Schedule.INTERLEAVED, rows.vp, 1).astype(np.float64)
+    z = np.where(rows.schedule == Schedule.ZB, 1.0 / 3.0, 1.0) / v
     z = np.where(P > 1, z, 0.0)
     makespan = (m - z) * T + z * total
     step = makespan + other_s

@@ -14,7 +14,7 @@ import pytest
 
 from harness import isolation
 from harness.isolation import private_temp_root, project_root, python_command, worker_env
-from harness.launch import _kill_all, rank_processes, torchrun_command
+from harness.launch import kill_all, rank_processes, torchrun_command
 from harness.watchdog import process_start_ticks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,10 +144,10 @@ def test_kill_only_processes_whose_start_time_matches(tmp_path):
         ticks = process_start_ticks(sleeper.pid)
         (tmp_path / "rank_0.pid").write_text(f"{sleeper.pid} 1")  # a reused pid: other start
         (tmp_path / "rank_1.pid").write_text(f"{sleeper.pid}")  # no start time: never trusted
-        _kill_all(_Reaped(), rank_processes(tmp_path))
+        kill_all(_Reaped(), rank_processes(tmp_path))
         assert sleeper.poll() is None
         (tmp_path / "rank_0.pid").write_text(f"{sleeper.pid} {ticks}")
-        _kill_all(_Reaped(), rank_processes(tmp_path))
+        kill_all(_Reaped(), rank_processes(tmp_path))
         assert sleeper.wait(timeout=10) != 0
     finally:
         sleeper.kill()

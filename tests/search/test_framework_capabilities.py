@@ -18,7 +18,7 @@ from perfmodel.spec.frameworks import (
 )
 from perfmodel.spec.specs import (
     GPUSpec,
-    _build,
+    build_spec,
     list_presets,
     load_cluster,
     load_gpu,
@@ -171,7 +171,7 @@ def test_compute_capability_field():
     assert load_gpu("h100-sxm5-80gb").compute_capability_tuple == (9, 0)
     assert load_gpu("mi300x").compute_capability_tuple is None  # no CUDA compute capability
     with pytest.raises(SpecError, match=r"compute_capability.*'nine'"):
-        _build(GPUSpec, {**load_gpu("h100-sxm5-80gb").model_dump(), "compute_capability": "nine"},
+        build_spec(GPUSpec, {**load_gpu("h100-sxm5-80gb").model_dump(), "compute_capability": "nine"},
                "test")
 
 

@@ -23,7 +23,7 @@ from perfmodel.spec.specs import (
     GPUSpec,
     ModelSpec,
     SpecError,
-    _build,
+    build_spec,
     load_cluster,
     load_gpu,
     load_model,
@@ -191,12 +191,12 @@ def test_absurd_specs_are_refused():
     _one_line(model_from_hf_config, {**VALID_HF, "vocab_size": 1})
     c = load_cluster("dgx-h100").model_dump()
     c["tiers"][0]["domain_size"] = 3
-    _one_line(_build, ClusterSpec, c, "c", match="domain_size")
+    _one_line(build_spec, ClusterSpec, c, "c", match="domain_size")
     g = load_gpu("h100-sxm5-80gb").model_dump()
     g["sustained_gemm_fraction"] = 5.0
-    _one_line(_build, GPUSpec, g, "g", match="sustained_gemm_fraction")
+    _one_line(build_spec, GPUSpec, g, "g", match="sustained_gemm_fraction")
     m["num_layers"] = 10**9
-    _one_line(_build, ModelSpec, m, "m", match="num_layers")
+    _one_line(build_spec, ModelSpec, m, "m", match="num_layers")
 
 
 def test_training_global_batch_beyond_int64_is_one_line(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perfmodel.core.codes import SCHEDULE
+from perfmodel.core.codes import SCHEDULE, Schedule
 from perfmodel.core.errors import SpecError
 from perfmodel.parallel.config import ParallelConfig, resolve_config
 from perfmodel.spec.specs import ModelSpec, TrainingSpec, load_cluster
@@ -49,8 +49,8 @@ def fake_evaluate(model, training, cluster, batch, *, kernels="fused", calibrati
     eff = 0.5 * (1 + 0.1 * np.log2(mbs)) / (1 + 0.02 * (tp - 1))
     rc = np.array([1.0, 1.04, 1.33])[b.recompute]
     compute = 6 * P * tokens / (gpus * 312e12 * eff) * rc
-    bubble = compute * (pp - 1) / (vp * m) * np.where(b.schedule == 3, 0.3, 1.0)
-    bubble = np.where(b.schedule == 0, bubble * 1.05, bubble)
+    bubble = compute * (pp - 1) / (vp * m) * np.where(b.schedule == Schedule.ZB, 0.3, 1.0)
+    bubble = np.where(b.schedule == Schedule.GPIPE, bubble * 1.05, bubble)
     tp_comm = compute * 0.02 * (tp - 1) * np.where(b.sequence_parallel, 0.9, 1.0)
     cp_comm = compute * 0.05 * (cp - 1)
     dp_comm = 2 * P / (tp * pp) * 2 / 25e9 * (dp - 1) / dp * np.where(b.zero_stage == 3, 1.5, 1)
@@ -64,7 +64,7 @@ def fake_evaluate(model, training, cluster, batch, *, kernels="fused", calibrati
     optim = 12 * shard / np.where(b.zero_stage >= 1, dp, 1)
     act_f = np.array([34.0, 10.0, 2.0])[b.recompute] * np.where(b.sequence_parallel, 1, 1.3)
     acts = act_f * mbs * training.seq_len / cp * model.hidden_size * model.num_layers / pp / tp
-    acts = acts * np.where(b.schedule == 0, m, np.minimum(pp, m))
+    acts = acts * np.where(b.schedule == Schedule.GPIPE, m, np.minimum(pp, m))
     other = np.full(len(b), 2.0 * 2**30)
     peak = weights + grads + optim + acts + other
     mfu = 6 * P * tokens / (step * gpus * 312e12)

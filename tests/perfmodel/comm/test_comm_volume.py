@@ -36,7 +36,7 @@ def batch(**kw):
 
 def test_stage_params_pp1_is_the_whole_model():
     b = batch(pp=[1])
-    assert v.stage_params(GPT3, b)[0] == GPT3.param_count()
+    assert v.largest_stage_params(GPT3, b)[0] == GPT3.param_count()
     # tp splits everything but the norms, the row-parallel biases and the positions
     rep = 96 * (4 * 12288 + 2 * 12288) + 2048 * 12288 + 2 * 12288
     assert v.replicated_layer_params(GPT3) == 4 * 12288 + 2 * 12288
@@ -60,11 +60,11 @@ def test_params_per_gpu_tiny_hand():
 def test_stage_params_pp_gt_1_largest_end_stage():
     # tied embeddings: the last stage keeps a copy of the word embedding, the first also has
     # positions; the first stage is the largest
-    p = v.stage_params(GPT3, batch(pp=[8]))[0]
+    p = v.largest_stage_params(GPT3, batch(pp=[8]))[0]
     expect = 96 / 8 * GPT3.layer_params() + GPT3.embedding_params()
     assert p == pytest.approx(expect)
     # untied: the last stage holds norm + output layer (= word embedding size, no positions)
-    q = v.stage_params(LLAMA_LIKE, batch(pp=[2]))[0]
+    q = v.largest_stage_params(LLAMA_LIKE, batch(pp=[2]))[0]
     assert q == pytest.approx(4 * LLAMA_LIKE.layer_params() + 1024 + 32000 * 1024)
 
 

@@ -59,14 +59,14 @@ def test_2024_form_refuses_what_it_cannot_count():
                                      ("E0031", 0), ("E0205", 0), ("E0255", 0), ("E0256", 0)])
 def test_reproduces_the_published_tflops_over_tokens(row, mtp):
     """TFLOP/s over tokens/s of a row is the formula's FLOP per token (within the rounding)."""
-    from validation.validate_moe import _model, flop_convention
+    from validation.validate_moe import flop_convention, model_from_row
 
     df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv").set_index("row_id", drop=False)
     r = df.loc[row]
     form, m = flop_convention(r)
     assert (form, m) == ("2025", mtp)
     implied = r["tflops_per_gpu"] * 1e12 / r["tokens_per_sec_per_gpu"]
-    f = megatron_flops_per_token(_model(r), int(r["seq_len"]), tp=int(r["tensor_parallel"]),
+    f = megatron_flops_per_token(model_from_row(r), int(r["seq_len"]), tp=int(r["tensor_parallel"]),
                                  mtp_layers=m, form=form)
     assert f == pytest.approx(implied, rel=0.004)
 

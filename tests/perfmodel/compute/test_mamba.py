@@ -174,10 +174,10 @@ def test_megatron_mamba_flops_convention():
 def test_hybrid_spec_errors_name_field_and_value(update, words):
     data = {**NANO.model_dump(exclude_none=True), **update}
     data.pop("published_training", None)
-    from perfmodel.spec.specs import ModelSpec, _build
+    from perfmodel.spec.specs import ModelSpec, build_spec
 
     with pytest.raises(SpecError) as e:
-        _build(ModelSpec, data, "test")
+        build_spec(ModelSpec, data, "test")
     assert all(w in str(e.value) for w in words), str(e.value)
 
 

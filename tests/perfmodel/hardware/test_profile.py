@@ -29,7 +29,7 @@ def test_neutral_profile_gives_exactly_todays_predictions(setup):
     model, training, cluster, batch = setup
     base = evaluate(model, training, cluster, batch)
     for p in (None, EfficiencyProfile(), EfficiencyProfile(name="x", description="y")):
-        res = prof_mod.evaluate(model, training, cluster, batch, profile=p)
+        res = prof_mod.evaluate_profiled(model, training, cluster, batch, profile=p)
         assert np.array_equal(res.step_time_s, base.step_time_s)
         for k in base.time_s:
             assert np.array_equal(res.time_s[k], base.time_s[k])
@@ -69,7 +69,7 @@ def test_link_scales_apply_per_tier():
 def test_step_overhead_adds_host_term(setup):
     model, training, cluster, batch = setup
     base = evaluate(model, training, cluster, batch)
-    res = prof_mod.evaluate(model, training, cluster, batch,
+    res = prof_mod.evaluate_profiled(model, training, cluster, batch,
                             profile=EfficiencyProfile(step_overhead_ms=250.0))
     assert np.allclose(res.step_time_s, base.step_time_s + 0.25)
     assert np.allclose(res.time_s["host"], 0.25)
@@ -80,7 +80,7 @@ def test_step_overhead_adds_host_term(setup):
 def test_slower_gemms_slow_the_step(setup):
     model, training, cluster, batch = setup
     base = evaluate(model, training, cluster, batch).step_time_s
-    slow = prof_mod.evaluate(model, training, cluster, batch,
+    slow = prof_mod.evaluate_profiled(model, training, cluster, batch,
                              profile=EfficiencyProfile(gemm_16bit=0.8)).step_time_s
     assert np.all(slow > base * 1.1) and np.all(slow < base / 0.8 + 1e-9)
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from perfmodel.compute import layer as compute
+from perfmodel.core.codes import Schedule
 from perfmodel.hardware.calibration import KERNEL_MIN_S
 from perfmodel.spec.specs import load_training
 from perfmodel.step import evaluate as step
@@ -58,7 +59,7 @@ def test_head_stage_s_without_mtp():
 
 def test_stage_times_s():
     # pp 1: one stage with 4 layers of 1 s + embed 0.5 + head 2; pp 4: 1/2/3 layers
-    f, mid, last = step.stage_times_s(a(4, 1), a(0, 2), a(4, 3), a(1.0, 1.0), a(0.5, 0.5),
+    f, mid, last = step.first_mid_last_times_s(a(4, 1), a(0, 2), a(4, 3), a(1.0, 1.0), a(0.5, 0.5),
                                       a(2.0, 2.0), a(1, 4))
     assert f.tolist() == [6.5, 1.5] and mid.tolist() == [0.0, 2.0] and last.tolist() == [6.5, 5.0]
 
@@ -89,7 +90,7 @@ def test_stage_comm_shares():
 
 
 def test_pp_sends_per_microbatch():
-    out = step.pp_sends_per_microbatch(np.array([step._SCHED_1F1B, step._SCHED_INTERLEAVED]),
+    out = step.boundary_sends_per_microbatch(np.array([Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED]),
                                        a(3.0, 3.0))
     assert out.tolist() == [2.0, 6.0]
 

@@ -10,6 +10,7 @@ import itertools
 import numpy as np
 import pytest
 
+from perfmodel.core.codes import Recompute
 from perfmodel.memory import stage_layout as layout
 from perfmodel.parallel import layers as layers_mod
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig
@@ -160,7 +161,7 @@ def _exhaustive_best(problem, L: int):
         if valid.size:
             rows.append(sp.batch(a, valid))
     B = _concat(rows)
-    B = B.take(np.flatnonzero(B.recompute != 2))
+    B = B.take(np.flatnonzero(B.recompute != Recompute.FULL))
     pp = int(B.pp[0])
     lays = np.array([np.diff((0, *c, L)) for c in itertools.combinations(range(1, L), pp - 1)])
     n = len(B)
