@@ -15,7 +15,7 @@
 Host link: PCIe Gen5 x16 (~55 GB/s per direction measured, shared by the GPUs of a switch) or
 GB200 NVLink-C2C (450 GB/s per direction): ``ClusterSpec.host_link_gbyte_per_s``, else
 :func:`perfmodel.memory.offload.host_link_bytes_per_s`. Offload never adds HBM: the resident terms
-only shrink (the gradient buffers stay, as Megatron keeps its main grads on the GPU).
+only shrink (the gradient buckets stay; Megatron keeps its main grads on the GPU).
 """
 
 from __future__ import annotations
@@ -96,7 +96,10 @@ def param_fetch_s(gathers, shard_bytes, link_bytes_per_s: float) -> np.ndarray:
 def offloaded_memory(mem: dict[str, np.ndarray], training: TrainingSpec, batch: ConfigBatch
                      ) -> dict[str, np.ndarray]:
     """:func:`perfmodel.memory.recipe.memory_breakdown`'s dict with the offloaded states off
-    the GPU: ``optimizer`` times ``1 - fraction``; ``weights`` 0 on ZeRO-3 rows with
+    the GPU: ``optimizer`` times ``1 - fraction``, and so the sharded ``gradients`` of ZeRO-2/3
+    rows (ZeRO-Offload moves each reduced gradient partition to the host, Ren et al. 2021,
+    Sec. 4.1; Megatron's distributed optimizer, ZeRO-1, keeps its main-grad buffer on the GPU);
+    ``weights`` 0 on ZeRO-3 rows with
     ``params`` offload (the gathered layers stay in the buffers); peak and fit updated.
     ``mem`` itself without optimizer or parameter offload."""
     off = set(training.offload)
@@ -105,9 +108,12 @@ def offloaded_memory(mem: dict[str, np.ndarray], training: TrainingSpec, batch: 
     out = dict(mem)
     removed = np.zeros_like(np.asarray(mem["peak"], dtype=np.float64))
     if "optimizer" in off:
+        keep = 1.0 - training.optimizer_offload_fraction
         opt = np.asarray(mem["optimizer"], dtype=np.float64)
-        out["optimizer"] = opt * (1.0 - training.optimizer_offload_fraction)
-        removed = removed + opt - out["optimizer"]
+        out["optimizer"] = opt * keep
+        g = np.asarray(mem["gradients"], dtype=np.float64)
+        out["gradients"] = np.where(np.asarray(batch.zero_stage) >= 2, g * keep, g)
+        removed = removed + opt - out["optimizer"] + g - out["gradients"]
     if "params" in off:
         w = np.asarray(mem["weights"], dtype=np.float64)
         out["weights"] = np.where(np.asarray(batch.zero_stage) == 3, 0.0, w)
