@@ -486,6 +486,8 @@ def _print_best(out: Console, r: Any) -> None:
     out.print(f"  {MFU_CONVENTION}")
     for w in s.get("warnings") or ():
         out.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
+    for w in s.get("searched") or ():  # HSDP and offload tried (search.host_sharding)
+        out.print(f"  searched: {w}", soft_wrap=True)
     for d in r.diagnostics:
         out.print(f"[yellow]warning:[/] {d.message}")
 
