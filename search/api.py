@@ -42,6 +42,7 @@ from perfmodel.spec.specs import (
 )
 from perfmodel.step.evaluate import evaluate as step_evaluate
 from perfmodel.step.profiled import evaluate as profile_evaluate
+from search import host_sharding
 from search.request import (
     DEFAULT_CLUSTER,
     DEFAULT_MODEL,
@@ -53,7 +54,6 @@ from search.request import (
 )
 from search.result import SearchResult
 from search.space import SEARCH_DIMS, Problem, SearchSpace, make_space
-from search import host_sharding
 from search.strategies.dp import DPSearch
 from search.strategies.evolutionary import GeneticSearch
 from search.strategies.grid import GridSearch

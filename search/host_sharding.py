@@ -75,14 +75,17 @@ def search_hsdp(request: Any, result: Any, gpus: int, run: Callable[[Any], Any])
     """The better of ``result`` (full sharding) and the plan with each HSDP shard group of
     :func:`hsdp_candidates` on ``gpus`` GPUs, by the request's objective; every one tried is a
     line of ``setup["searched"]``, and the last says which won."""
-    lines = [_line("HSDP off (ZeRO-3 over all of dp)", result)]
+    lines = [_line("HSDP off (ZeRO-3 shards over all of dp)", result)]
     best, best_score, won = result, _score(result), None
     for s in hsdp_candidates(gpus):
         alt = run(request.model_copy(update={"hsdp_shard": s}))
         lines.append(_line(f"HSDP shard {s} (replicated across dp / {s})", alt))
         if _score(alt) < best_score:
             best, best_score, won = alt, _score(alt), s
-    lines.append(f"HSDP wins: shard {won}" if won else "HSDP does not win here")
+    zero = best.rows[0]["config"]["zero_stage"] if best.rows else None
+    why = "" if zero in (None, 3) else f" (the best configuration runs ZeRO-{zero}; HSDP " \
+        "shards ZeRO-3 states: pin --zero 3 to compare)"
+    lines.append(f"HSDP wins: shard {won}" if won else "HSDP does not win here" + why)
     best.setup["searched"] = [*result.setup.get("searched", []), *lines]
     return best
 
