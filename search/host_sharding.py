@@ -5,8 +5,8 @@ training setup (:func:`training_with_options`). Left out, two of them are search
 framework preset says its stack runs them (``[capabilities]`` ``hsdp`` and ``offload``,
 :mod:`perfmodel.spec.frameworks`): the plan is run again with each HSDP shard group of
 :func:`hsdp_candidates` and the best is kept (:func:`search_hsdp`); when nothing fits, it is run
-again with the stack's optimizer / parameter offload (:func:`search_offload`). Each alternative
-tried is a line of ``result.setup["searched"]``.
+again with the stack's optimizer / parameter offload (:func:`search_offload`). When an
+alternative wins, what was tried is listed in ``result.setup["searched"]``.
 """
 
 from __future__ import annotations
@@ -73,8 +73,9 @@ def _line(label: str, result: Any) -> str:
 
 def search_hsdp(request: Any, result: Any, gpus: int, run: Callable[[Any], Any]) -> Any:
     """The better of ``result`` (full sharding) and the plan with each HSDP shard group of
-    :func:`hsdp_candidates` on ``gpus`` GPUs, by the request's objective; every one tried is a
-    line of ``setup["searched"]``, and the last says which won."""
+    :func:`hsdp_candidates` on ``gpus`` GPUs, by the request's objective. When a shard group
+    wins, every plan tried is a line of ``setup["searched"]`` and the last says which won;
+    otherwise ``result`` comes back as it was."""
     lines = [_line("HSDP off (ZeRO-3 shards over all of dp)", result)]
     best, best_score, won = result, _score(result), None
     for s in hsdp_candidates(gpus):
@@ -82,11 +83,9 @@ def search_hsdp(request: Any, result: Any, gpus: int, run: Callable[[Any], Any])
         lines.append(_line(f"HSDP shard {s} (replicated across dp / {s})", alt))
         if _score(alt) < best_score:
             best, best_score, won = alt, _score(alt), s
-    zero = best.rows[0]["config"]["zero_stage"] if best.rows else None
-    why = "" if zero in (None, 3) else f" (the best configuration runs ZeRO-{zero}; HSDP " \
-        "shards ZeRO-3 states: pin --zero 3 to compare)"
-    lines.append(f"HSDP wins: shard {won}" if won else "HSDP does not win here" + why)
-    best.setup["searched"] = [*result.setup.get("searched", []), *lines]
+    if won is not None:  # a plan that HSDP does not improve reports what it always did
+        lines.append(f"HSDP wins: shard {won}")
+        best.setup["searched"] = [*result.setup.get("searched", []), *lines]
     return best
 
 
