@@ -31,8 +31,9 @@ def _names(v: Any) -> tuple[str, ...]:
 
 def training_with_options(t: TrainingSpec, model: ModelSpec, request: Any) -> TrainingSpec:
     """``t`` with the request's ``moe_imbalance``, ``hsdp_shard``, ``offload`` and
-    ``optimizer_offload_fraction`` (``activations`` offload: every layer of a stage but its last,
-    unless ``cpu_offload_layers`` is set); ``t`` itself when none is given."""
+    ``optimizer_offload_fraction`` (``activations`` offload: ``L - 1`` layers, Megatron's
+    largest ``--cpu-offloading-num-layers``, each stage keeping at least its last, unless
+    ``cpu_offload_layers`` is set); ``t`` itself when none is given."""
     over: dict[str, Any] = {}
     for k in ("moe_imbalance", "hsdp_shard", "optimizer_offload_fraction"):
         if getattr(request, k) is not None:
@@ -40,7 +41,7 @@ def training_with_options(t: TrainingSpec, model: ModelSpec, request: Any) -> Tr
     if request.offload is not None:
         over["offload"] = _names(request.offload)
         if "activations" in over["offload"] and not t.cpu_offload_layers:
-            over["cpu_offload_layers"] = model.num_layers
+            over["cpu_offload_layers"] = max(model.num_layers - 1, 0)  # Megatron: N < L
     return load_training(t, **over) if over else t
 
 

@@ -31,7 +31,9 @@ def memory_breakdown(
     even split's terms (:func:`perfmodel.memory.breakdown.even_memory_breakdown`, where the
     terms and their sources are listed) or, when any row carries a per-stage layout
     (``stage_layers``, the dynamic-programming search's), every stage's
-    (:func:`perfmodel.memory.stage_layout.layout_memory_breakdown`)."""
+    (:func:`perfmodel.memory.stage_layout.layout_memory_breakdown`); then the ZeRO-3 states of
+    an HSDP shard group (:func:`perfmodel.memory.hsdp.with_hsdp_memory`) and what offload
+    keeps on the host (:func:`perfmodel.memory.optimizer_offload.offloaded_memory`)."""
     mem = _states_memory_breakdown(model, training, cluster, batch, kernels=kernels,
                                    flash_attention=flash_attention, dropout=dropout,
                                    headroom=headroom)

@@ -24,7 +24,7 @@ def test_training_with_options():
     t1 = training_with_options(t, m, r)
     assert t1.offload == ("optimizer", "activations") and t1.hsdp_shard == 8
     assert t1.moe_imbalance == 1.2 and t1.optimizer_offload_fraction == 0.5
-    assert t1.cpu_offload_layers == m.num_layers
+    assert t1.cpu_offload_layers == m.num_layers - 1
 
 
 def test_hsdp_candidates():
