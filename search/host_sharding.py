@@ -25,7 +25,10 @@ HSDP_SHARDS = (8, 32)
 
 
 def _names(v: Any) -> tuple[str, ...]:
-    """Offload names as plain strings (the command line gives str Enums)."""
+    """Offload names as plain strings (the command line gives str Enums; one name alone is
+    taken as a list of one)."""
+    if isinstance(v, str):
+        v = [v]
     return tuple(str(getattr(x, "value", x)) for x in v)
 
 

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 import search
 from cli.main import app
+from perfmodel.core.errors import SpecError
 from perfmodel.spec.specs import load_model, load_training
 from search.host_sharding import hsdp_candidates, training_with_options
 from search.request import PlanRequest
@@ -25,6 +26,15 @@ def test_training_with_options():
     assert t1.offload == ("optimizer", "activations") and t1.hsdp_shard == 8
     assert t1.moe_imbalance == 1.2 and t1.optimizer_offload_fraction == 0.5
     assert t1.cpu_offload_layers == m.num_layers - 1
+
+
+def test_one_offload_name_and_a_bad_one():
+    t = load_training(global_batch_size=64, seq_len=2048)
+    m = load_model("llama3.1-8b")
+    assert training_with_options(t, m, PlanRequest(offload="optimizer")).offload == (
+        "optimizer",)
+    with pytest.raises(SpecError, match="offload"):
+        training_with_options(t, m, PlanRequest(offload=["gpu"]))
 
 
 def test_hsdp_candidates():
