@@ -181,6 +181,9 @@ def _cli_type(name: str, field: FieldInfo) -> Any:
     t = field.annotation
     if get_origin(t) in (Union, UnionType):
         t = next(a for a in get_args(t) if a is not type(None))
+    if get_origin(t) is list and get_origin(get_args(t)[0]) is Literal:  # a repeatable name
+        names = get_args(get_args(t)[0])
+        return list[Enum(name.title().replace("_", ""), {n: n for n in names}, type=str)]
     if get_origin(t) is Literal:
         names = get_args(t)
         t = Enum(name.title().replace("_", ""), {n: n for n in names}, type=str)
@@ -483,6 +486,8 @@ def _print_best(out: Console, r: Any) -> None:
     out.print(f"  {MFU_CONVENTION}")
     for w in s.get("warnings") or ():
         out.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
+    for w in s.get("searched") or ():  # HSDP and offload tried (search.host_sharding)
+        out.print(f"  searched: {w}", soft_wrap=True)
     for d in r.diagnostics:
         out.print(f"[yellow]warning:[/] {d.message}")
 

@@ -34,6 +34,7 @@ Fields that later issues add are read with ``getattr`` and written only when pre
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -374,6 +375,9 @@ def _megatron_data_parallel_args(c: ParallelConfig, training: TrainingSpec) -> l
             a.append("--overlap-param-gather")
     if training.overlap_tp_comm and c.tp > 1 and c.sequence_parallel:
         a.append("--tp-comm-overlap")
+    if "optimizer" in training.offload:  # HybridDeviceOptimizer (megatron/core/optimizer)
+        a += ["--optimizer-cpu-offload",
+              f"--optimizer-offload-fraction {training.optimizer_offload_fraction:g}"]
     a += [f"--micro-batch-size {c.micro_batch_size}",
           f"--global-batch-size {training.global_batch_size}"]
     return a
@@ -461,7 +465,8 @@ def _bridge_sections(config: ParallelConfig, model: ModelSpec, training: Trainin
                   "global_batch_size": training.global_batch_size},
         "dataset": {"sequence_length": training.seq_len},
         "ddp": ddp,
-        "optimizer": {"use_distributed_optimizer": c.zero_stage == 1},
+        "optimizer": {"use_distributed_optimizer": c.zero_stage == 1,
+                      **_bridge_optimizer(training)},
     }
     if c.zero_stage >= 2:
         out["dist"] = {"use_megatron_fsdp": True}
@@ -559,6 +564,15 @@ def _bridge_ddp(c: ParallelConfig, training: TrainingSpec) -> dict[str, Any]:
     return ddp
 
 
+def _bridge_optimizer(training: TrainingSpec) -> dict[str, Any]:
+    """The ``optimizer`` section's CPU offload (Megatron-Core OptimizerConfig
+    ``optimizer_cpu_offload``, ``optimizer_offload_fraction``); empty without it."""
+    if "optimizer" not in training.offload:
+        return {}
+    return {"optimizer_cpu_offload": True,
+            "optimizer_offload_fraction": training.optimizer_offload_fraction}
+
+
 def _join_lines(lines: list[str]) -> str:
     """The file's text, one entry per line: a control character inside an entry (a newline in
     a name that reached a ``#`` comment) is escaped, so it cannot start a line of its own."""
@@ -639,6 +653,9 @@ def torchtitan_toml(config: ParallelConfig, model: ModelSpec, training: Training
     chunks = stage_layers(c, m)
     if c.zero_stage >= 2:
         replicate, shard = 1, c.dp
+        if c.zero_stage == 3 and training.hsdp_shard:  # HSDP (perfmodel.comm.hsdp)
+            shard = math.gcd(c.dp, training.hsdp_shard)
+            replicate = c.dp // shard
         reshard = "always" if c.zero_stage == 3 else "never"
     else:
         replicate, shard, reshard = c.dp, 1, "default"
@@ -721,6 +738,7 @@ def deepspeed_json(config: ParallelConfig, model: ModelSpec, training: TrainingS
                             "overlap_comm": bool(training.overlap_grad_reduce)}
     if c.zero_stage >= 2:
         zero["contiguous_gradients"] = True
+    zero.update(_deepspeed_offload(c, training))
     cfg: dict[str, Any] = {
         "train_batch_size": training.global_batch_size,
         "train_micro_batch_size_per_gpu": c.micro_batch_size,
@@ -751,6 +769,17 @@ def deepspeed_json(config: ParallelConfig, model: ModelSpec, training: TrainingS
         notes.append("wrap each layer in deepspeed.checkpointing.checkpoint")
     cfg["_comment"] = "; ".join(notes)
     return json.dumps(cfg, indent=2) + "\n"
+
+
+def _deepspeed_offload(c: ParallelConfig, training: TrainingSpec) -> dict[str, Any]:
+    """``zero_optimization.offload_optimizer`` / ``offload_param`` to pinned host memory
+    (DeepSpeed ``runtime/zero/offload_config.py``; ``offload_param`` needs stage 3)."""
+    out: dict[str, Any] = {}
+    if "optimizer" in training.offload and c.zero_stage >= 1:
+        out["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if "params" in training.offload and c.zero_stage == 3:
+        out["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return out
 
 
 _EMITTERS: dict[str, Callable[..., str]] = {

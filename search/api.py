@@ -42,6 +42,7 @@ from perfmodel.spec.specs import (
 )
 from perfmodel.step.evaluate import evaluate as step_evaluate
 from perfmodel.step.profiled import evaluate_profiled as profile_evaluate
+from search import host_sharding
 from search.request import (
     DEFAULT_CLUSTER,
     DEFAULT_MODEL,
@@ -237,6 +238,7 @@ def problem_of(request: PlanRequest) -> Problem:
     m, t, c, why = _specs(r.model, r.cluster, r.training, r.gpus, {
         k: getattr(r, k) for k in ("global_batch_size", "seq_len", "precision", "optimizer",
                                    *TRAINING_SWITCHES)}, fw)
+    t = host_sharding.training_with_options(t, m, r)
     # the DP's layouts need not divide the layers evenly
     uneven_layers = r.uneven_layers or getattr(r.strategy, "value", r.strategy) == "dp"
     space = make_space(m, t, c, allow_idle_gpus=r.allow_idle_gpus,
@@ -322,7 +324,24 @@ plan.__signature__ = PlanRequest.signature()  # type: ignore[attr-defined]
 
 
 def plan_request(request: PlanRequest) -> SearchResult:
-    """:func:`plan` of a :class:`PlanRequest`."""
+    """:func:`plan` of a :class:`PlanRequest`, with hybrid sharding and offload searched
+    where the framework runs them and the request leaves them out
+    (:mod:`search.host_sharding`)."""
+    result = _plan_request_one(request)
+    fw = None if request.framework is None else load_framework(request.framework)
+    caps = None if fw is None else fw.capabilities
+    if caps is not None and request.hsdp_shard is None and caps.hsdp is not None and (
+            caps.hsdp.value):
+        gpus = load_cluster(request.cluster, request.gpus).total_gpus
+        result = host_sharding.search_hsdp(request, result, gpus, _plan_request_one)
+    if caps is not None and request.offload is None and caps.offload is not None:
+        result = host_sharding.search_offload(request, result, caps.offload.value,
+                                              _plan_request_one)
+    return result
+
+
+def _plan_request_one(request: PlanRequest) -> SearchResult:
+    """:func:`plan` of a :class:`PlanRequest` as given (nothing more searched)."""
     problem = problem_of(request)
     space = problem.space
     threads = nullcontext() if request.evaluator is not None else search_threads()

@@ -75,6 +75,7 @@ FIXED_OPTIONS = (*SEARCH_DIMS, "num_microbatches")
 Precision = Literal[PRECISIONS]
 Optimizer = Literal[get_args(TrainingSpec.model_fields["optimizer"].annotation)]
 Zero3Gather = Literal[get_args(TrainingSpec.model_fields["zero3_gather"].annotation)]
+OffloadKind = Literal["optimizer", "params", "activations"]
 Recompute = Literal[RECOMPUTE]
 Schedule = Literal[SCHEDULE]
 Strategy = Literal[STRATEGIES]
@@ -230,6 +231,21 @@ class PlanRequest(BaseModel):
         None, description="pipeline sends / receives overlap compute")
     zero3_gather: Zero3Gather | None = Field(
         None, description="ZeRO-3 gathers per layer (FSDP2) or per tensor (DeepSpeed 2021)")
+    # MoE routing imbalance, hybrid sharding and offload (perfmodel.moe.imbalance,
+    # perfmodel.comm.hsdp, perfmodel.memory.optimizer_offload)
+    moe_imbalance: Annotated[float | None, Cli(min=1.0)] = Field(
+        None, description="MoE routing imbalance: tokens of the busiest expert over the mean "
+        "(e.g. 1.25; capped at the capacity factor; default: the model's)")
+    hsdp_shard: Annotated[int | None, Cli(min=0, limit=(MAX_GPUS, "GPUs"))] = Field(
+        None, description="hybrid sharding: ZeRO-3 shard group of N data-parallel ranks, "
+        "replicated across dp / N (0: shard over all of dp; default: searched where the "
+        "framework runs HSDP)")
+    offload: list[OffloadKind] | None = Field(
+        None, description="offload to host memory: optimizer, params, activations "
+        "(repeatable; default: none, or searched where the framework runs it and nothing fits)")
+    optimizer_offload_fraction: Annotated[float | None, Cli(min=0.0, max=1.0)] = Field(
+        None, description="share of the optimizer states on the host with --offload optimizer "
+        "(default 1)")
     # the whole run (perfmodel.run): a run section in the report and `train` in --json
     train_tokens: Annotated[float | None, Cli(min=1.0)] = Field(
         None, description="tokens of the whole run, e.g. 15.6e12: time to train, GPU-hours, "

@@ -414,10 +414,19 @@ def finalize_batch(
                 "cross_entropy", "cpu_offload_layers", "overlap_moe_comm",
                 "moe_token_dispatcher", "moe_flex_backend", "moe_router_fusion",
                 "cuda_graph_scope", "cuda_graph_full_iteration",
-                "moe_pad_expert_input_to_capacity", "moe_parallel_folding")},
+                "moe_pad_expert_input_to_capacity", "moe_parallel_folding")}
+            | _set_host_sharding_switches(space.training),
         },
         extra=dict(extra or {}),
     )
+
+
+def _set_host_sharding_switches(training: Any) -> dict[str, Any]:
+    """The routing-imbalance, HSDP and offload fields of the training setup that differ from
+    their defaults (so that a plan without them reports what it always did)."""
+    defaults = {"moe_imbalance": None, "hsdp_shard": 0, "offload": (),
+                "optimizer_offload_fraction": 1.0}
+    return {k: getattr(training, k) for k, d in defaults.items() if getattr(training, k) != d}
 
 
 def finalize_tally(

@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from perfmodel.memory.breakdown import DEFAULT_MEMORY_HEADROOM, Kernels, even_memory_breakdown
+from perfmodel.memory.hsdp import with_hsdp_memory
+from perfmodel.memory.optimizer_offload import offloaded_memory
 from perfmodel.memory.stage_layout import layout_memory_breakdown
 from perfmodel.parallel.config import ConfigBatch
 from perfmodel.spec.specs import ClusterSpec, ModelSpec, TrainingSpec
@@ -29,7 +31,19 @@ def memory_breakdown(
     even split's terms (:func:`perfmodel.memory.breakdown.even_memory_breakdown`, where the
     terms and their sources are listed) or, when any row carries a per-stage layout
     (``stage_layers``, the dynamic-programming search's), every stage's
-    (:func:`perfmodel.memory.stage_layout.layout_memory_breakdown`)."""
+    (:func:`perfmodel.memory.stage_layout.layout_memory_breakdown`); then the ZeRO-3 states of
+    an HSDP shard group (:func:`perfmodel.memory.hsdp.with_hsdp_memory`) and what offload
+    keeps on the host (:func:`perfmodel.memory.optimizer_offload.offloaded_memory`)."""
+    mem = _states_memory_breakdown(model, training, cluster, batch, kernels=kernels,
+                                   flash_attention=flash_attention, dropout=dropout,
+                                   headroom=headroom)
+    # hybrid sharding, then what offload takes to the host (both: mem itself when off)
+    return offloaded_memory(with_hsdp_memory(mem, training, batch), training, batch)
+
+
+def _states_memory_breakdown(model, training, cluster, batch, *, kernels, flash_attention,
+                             dropout, headroom) -> dict[str, np.ndarray]:
+    """:func:`memory_breakdown` before hybrid sharding and offload."""
     if kernels not in ("fused", "eager"):
         raise ValueError(f"kernels = {kernels!r}: expected 'fused' or 'eager'")
     if batch.stage_layers is not None and np.any(batch.has_layout):  # search/dp.py layouts

@@ -86,6 +86,10 @@ class RecomputeModules(Capability):
     value: tuple[RecomputeModule, ...]
 
 
+class OffloadKinds(Capability):
+    value: tuple[Literal["optimizer", "params", "activations"], ...]
+
+
 class Capabilities(Spec):
     """What a release can run beyond the stack-wide fields of :class:`FrameworkSpec`; an entry
     left out is not constrained."""
@@ -115,6 +119,14 @@ class Capabilities(Spec):
         "layers (perfmodel.parallel.layers.balanced_stage_layers); left out: not used")
     recompute_modules: RecomputeModules | None = Field(
         default=None, description="modules selective recompute can name")
+    hsdp: Supported | None = Field(
+        default=None, description="hybrid sharding: ZeRO-3 within a shard group, replicated "
+        "across groups (torchtitan data_parallel_shard_degree / data_parallel_replicate_degree); "
+        "true: the search tries shard groups (perfmodel.comm.hsdp); left out: not searched")
+    offload: OffloadKinds | None = Field(
+        default=None, description="what the stack can offload to host memory (optimizer, "
+        "params, activations): the search tries it when nothing fits "
+        "(perfmodel.memory.optimizer_offload); left out: not searched")
 
 
 class FrameworkSpec(Spec):

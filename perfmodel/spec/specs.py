@@ -281,6 +281,17 @@ class ClusterSpec(Spec):
     node_other_w_per_gpu: NonNegFloat | None = Field(
         default=None, description="power of a node's CPUs, memory, NICs and fans per GPU [W]; "
         "None: perfmodel.run.energy.NODE_OTHER_W_PER_GPU (DGX H100 datasheet)")
+    # Offload to the host (perfmodel.memory.optimizer_offload); None takes that module's default.
+    host_link_gbyte_per_s: PosFloat | None = Field(
+        default=None, description="device-host copy bandwidth per GPU and direction when every "
+        "GPU of the node copies at once [GB/s] (PCIe Gen5 x16 ~55 measured, shared by the GPUs "
+        "behind one switch; GB200 NVLink-C2C 450); None: perfmodel.memory.offload's per-GPU value")
+    cpu_cores_per_node: PosInt | None = Field(
+        default=None, description="host CPU cores of a node that run the offloaded optimizer "
+        "step; None: perfmodel.memory.optimizer_offload.CPU_CORES_PER_GPU per GPU")
+    cpu_adam_params_per_s_per_core: PosFloat | None = Field(
+        default=None, description="parameters one CPU core updates per second with DeepSpeed's "
+        "vectorised CPU-Adam; None: perfmodel.memory.optimizer_offload.CPU_ADAM_PARAMS_PER_S_PER_CORE")
 
     @model_validator(mode="after")
     def _tiers_nest(self) -> ClusterSpec:
@@ -858,6 +869,21 @@ class TrainingSpec(Spec):
         description="ZeRO-3 all-gather granularity: one per layer (PyTorch FSDP2, Megatron-FSDP) "
         "or one per parameter tensor (DeepSpeed ZeRO-3 as of 2021)",
     )
+    moe_imbalance: Annotated[float, Field(ge=1.0)] | None = Field(
+        default=None, description="MoE routing imbalance: tokens of the busiest expert over the "
+        "mean; capped at the capacity factor where tokens are dropped (perfmodel.moe.imbalance); "
+        "None: the model's moe_load_imbalance")
+    hsdp_shard: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="hybrid sharding (HSDP): ZeRO-3 states sharded within groups of "
+        "this many data-parallel ranks and replicated across dp / N groups (torchtitan "
+        "data_parallel_shard_degree; the shard degree is gcd(N, dp)); 0: shard over all of dp")
+    offload: tuple[Literal["optimizer", "params", "activations"], ...] = Field(
+        default=(), description="what goes to host memory: 'optimizer' (ZeRO-Offload, "
+        "Megatron --optimizer-cpu-offload), 'params' (ZeRO-Infinity offload_param, ZeRO-3), "
+        "'activations' (--cpu-offloading; see cpu_offload_layers); () = none")
+    optimizer_offload_fraction: Fraction = Field(
+        default=1.0, description="share of the optimizer states (and their step) on the host "
+        "with 'optimizer' offload (Megatron --optimizer-offload-fraction)")
 
     @model_validator(mode="before")
     @classmethod

@@ -32,6 +32,7 @@ from perfmodel.hardware import overlap
 from perfmodel.hardware.calibration import KERNEL_MIN_S
 from perfmodel.memory import offload
 from perfmodel.moe import experts as moe
+from perfmodel.moe.imbalance import with_imbalance
 from perfmodel.parallel import layers as layers_mod
 from perfmodel.parallel.config import ConfigBatch
 from perfmodel.parallel.layers import (
@@ -42,6 +43,7 @@ from perfmodel.parallel.layers import (
 )
 from perfmodel.parallel.topology import group_placement, parallel_groups
 from perfmodel.spec.specs import ClusterSpec, ModelSpec, TrainingSpec
+from perfmodel.step.host_and_sharding import with_sharding_and_offload
 
 # Order of the time terms in the breakdown; they add up to ``step_time_s``.
 TIME_TERMS = (
@@ -596,6 +598,11 @@ def _step_context(model, training, cluster, b, kernels, calibration) -> _StepCon
     ct = compute.compute_times(model, training, cluster.gpu, b, kernels=kernels,
                                calibration=calibration)
     comm = comm_time_mod.comm_times(model, training, cluster, b)
+    # hybrid sharding and offload to the host (perfmodel.step.host_and_sharding; unchanged
+    # without them): the window hiding the gradients' copy is the slowest stage's backward
+    bwd_window_s = (np.maximum(np.maximum(n_first, n_mid), n_last)
+                    * (ct["layer_bwd_s"] + ct["layer_recompute_s"]))
+    ct, comm = with_sharding_and_offload(model, training, cluster, b, ct, comm, bwd_window_s)
     return _StepContext(model=model, training=training, cluster=cluster, batch=b,
                         kernels=kernels, calibration=calibration, m=m, pp=pp, vp=vp,
                         n_first=n_first, n_mid=n_mid, n_last=n_last, ct=ct, comm=comm,
@@ -899,6 +906,9 @@ def evaluate(
     Korthikanti et al. 2022, Sec. 5 (recompute and sequence parallelism);
     Qi et al. 2024 (zero-bubble schedules).
     """
+    # MoE routing imbalance (--moe-imbalance): the busiest expert's rows (perfmodel.moe.imbalance)
+    model = with_imbalance(model, training.moe_imbalance,
+                           training.moe_pad_expert_input_to_capacity)
     c = _step_context(model, training, cluster, batch, kernels, calibration)
     # 1. one layer, one micro-batch: compute, plus what TP/CP/EP communication leaves exposed.
     layer = _layer_terms_s(c)

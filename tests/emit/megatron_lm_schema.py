@@ -46,7 +46,7 @@ _STORE_TRUE = ["--group-query-attention", "--swiglu", "--squared-relu",
                "--overlap-param-gather", "--tp-comm-overlap", "--bf16", "--fp16",
                "--account-for-embedding-in-pipeline-split",
                "--account-for-loss-in-pipeline-split", "--cpu-offloading",
-               "--cross-entropy-loss-fusion"]
+               "--cross-entropy-loss-fusion", "--optimizer-cpu-offload"]
 # (flag, dest, action) for the flags whose dest differs from the flag name
 _DEST = [("--disable-bias-linear", "add_bias_linear", "store_false"),
          ("--add-qkv-bias", "add_qkv_bias", "store_true"),
@@ -61,6 +61,7 @@ def parser() -> argparse.ArgumentParser:
     for f, ch in _CHOICES.items():
         p.add_argument(f, type=str, choices=ch, default=None)
     p.add_argument("--recompute-modules", nargs="*", type=str, default=None)
+    p.add_argument("--optimizer-offload-fraction", type=float, default=1.0)
     p.add_argument("--pipeline-model-parallel-layout", type=str, default=None)
     p.add_argument("--fp8-format", dest="fp8", choices=["e4m3", "hybrid"], default=None)
     p.add_argument("--fp8-recipe", dest="fp8_recipe", default="delayed",
