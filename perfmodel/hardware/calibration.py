@@ -209,7 +209,7 @@ class Calibration:
                     cKDTree(np.asarray(pts, dtype=np.float64)),
                 )
 
-    def _lookup(self, key: str, name: str, pts: np.ndarray) -> np.ndarray:
+    def _lookup(self, key: str, name: str, pts: np.ndarray, distinct: bool = False) -> np.ndarray:
         """``exp`` of the piecewise-linear interpolant at each row of ``pts``, elementwise.
 
         The value at a point depends on that point only, never on the rest of the batch (a
@@ -224,8 +224,12 @@ class Calibration:
         if len(pts) == 0:
             return np.empty(0)
         # A batch has few distinct shapes (they depend on tp, cp and the micro-batch only):
-        # interpolate each distinct point once (exact float rows, no rounding).
-        uniq, inv = np.unique(pts, axis=0, return_inverse=True)
+        # interpolate each distinct point once (exact float rows, no rounding); ``distinct``:
+        # the caller has already made the rows distinct.
+        if distinct:
+            uniq, inv = pts, np.arange(len(pts))
+        else:
+            uniq, inv = np.unique(pts, axis=0, return_inverse=True)
         if tri is None:  # too few or coplanar points to triangulate: nearest measured point
             return np.exp(vals[tree.query(uniq)[1]])[inv.reshape(-1)]
         simplex = tri.find_simplex(uniq, bruteforce=True)
@@ -274,7 +278,7 @@ class Calibration:
             raw = np.stack([m_lookup.ravel(), n.ravel(), k.ravel()], axis=1)
             u, inv = np.unique(raw, axis=0, return_inverse=True)
             mu, nu, ku = u[:, 0], u[:, 1], u[:, 2]
-            eu = self._lookup("gemm", layout, np.log2(u)) * _tile_efficiency(
+            eu = self._lookup("gemm", layout, np.log2(u), distinct=True) * _tile_efficiency(
                 mu, nu, ku, self.gemm_tiles[layout], self.gemm_tiles_peak_flops)
             eff = eu[inv.reshape(-1)].reshape(m.shape) * self.gemm_scale
         flops = 2.0 * m * n * k

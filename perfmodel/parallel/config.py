@@ -450,7 +450,17 @@ class ConfigBatch:
     def unique_by(self, names: tuple[str, ...]) -> tuple[ConfigBatch, np.ndarray]:
         """The distinct configurations by the fields ``names`` (first occurrences) and, for
         every configuration, the index of its representative: ``f(batch) == f(sub)[codes]`` for
-        any cost ``f`` that reads only those fields. Exact (mixed-radix key of per-field codes)."""
+        any cost ``f`` that reads only those fields. Exact (mixed-radix key of per-field codes).
+        Computed once per batch and ``names`` (shared; ``codes`` read-only)."""
+        cache = self.__dict__.setdefault("_unique_cache", {})
+        names = tuple(names)
+        if names not in cache:
+            sub, codes = self._unique_by(names)
+            codes.setflags(write=False)
+            cache[names] = (sub, codes)
+        return cache[names]
+
+    def _unique_by(self, names: tuple[str, ...]) -> tuple[ConfigBatch, np.ndarray]:
         key = np.zeros(len(self), dtype=np.int64)
         radix = 1  # distinct values key can take so far
         for name in names:
