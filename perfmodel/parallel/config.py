@@ -361,6 +361,11 @@ class ConfigBatch:
         return dict(cache[num_layers])
 
     def _layer_counts(self, num_layers: int) -> dict[str, np.ndarray]:
+        if len(self) > 256:  # a search batch: each distinct layout once, spread back
+            sub, codes = self.unique_by(_LAYOUT_KEY_FIELDS)
+            if 2 * len(sub) < len(self):
+                return {k: v.take(codes, axis=0)
+                        for k, v in sub._layer_counts(num_layers).items()}
         first, last = self.first_stage_layers, self.last_stage_layers
         emb, loss = self.embedding_as_layer, self.loss_as_layer
         # rows that name no layout and whose pp*vp does not divide the layers: the default
@@ -509,6 +514,8 @@ _LAYOUT_FIELDS = ("first_stage_layers", "last_stage_layers", "embedding_as_layer
 _LAYOUT_DEFAULTS = {"first_stage_layers": 0, "last_stage_layers": 0, "embedding_as_layer": False,
                     "loss_as_layer": False}
 _STAGE_FIELDS = ("stage_layers", "stage_recompute_layers")
+#: The fields :meth:`ConfigBatch.layer_counts` reads (with the model's layer count).
+_LAYOUT_KEY_FIELDS = ("pp", "vp", *_LAYOUT_FIELDS)
 
 
 def _factorize(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

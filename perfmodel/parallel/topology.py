@@ -211,7 +211,7 @@ def _spread_groups(cluster: ClusterSpec, batch: ConfigBatch, sub_batch: ConfigBa
     missing = [k for k in keys if cache.get(k, (None,))[0] is not cluster]
     if missing:
         for k, g in parallel_groups(cluster, sub_batch, tuple(missing)).items():
-            spread = {f.name: getattr(g, f.name)[codes] for f in fields(g)}
+            spread = {f.name: getattr(g, f.name).take(codes, axis=0) for f in fields(g)}
             for v in spread.values():
                 v.setflags(write=False)
             cache[k] = (cluster, GroupPlacement(**spread))
