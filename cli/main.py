@@ -4,10 +4,12 @@ are the keywords of :func:`search.api.plan`, and where the report goes), and the
 numbers come from the :class:`SearchResult`.
 
 ``plan [OPTIONS]`` runs the planner (with no options: GPT-3 175B on 1024 A100-80GB).
-Subcommands (``plan realtime SPEC``, later ``plan validate``, ``plan verify``) live in other
-modules: add ``"name": "module:function"`` to :data:`SUBCOMMANDS` and the function (a typer
-command) is registered on :data:`app` when this module is imported. ``plan [OPTIONS]`` with no
-subcommand name runs the planner (a typer callback with ``invoke_without_command=True``).
+Subcommands (``plan realtime SPEC``, ``plan validate``, ``plan verify``, ``plan sweep``) live in
+other modules: add ``"name": "module:function"`` to :data:`SUBCOMMANDS`; the module is imported
+when the subcommand is invoked or listed (``plan --help``), not when the planner runs (click's
+lazily loading group: validation, sweep and their libraries stay out of ``plan [OPTIONS]``).
+``plan [OPTIONS]`` with no subcommand name runs the planner (a typer callback with
+``invoke_without_command=True``).
 
 Exit status: 0 on success, 2 on any user error or when nothing fits (one line on stderr).
 """
@@ -35,6 +37,8 @@ from rich.progress import BarColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 from typer._click.exceptions import BadParameter, ClickException, UsageError
 from typer.core import TyperGroup
+from typer.main import get_command_from_info
+from typer.models import CommandInfo
 
 from emit.launch import FORMATS, check_outputs, launch_from_result, plan_inputs, write_emit_dir
 from hardware_specs import list_presets
@@ -53,7 +57,7 @@ from validation.evidence import calibration_evidence, evidence_line
 
 __all__ = ["SUBCOMMANDS", "app", "main"]
 
-#: Subcommands: name -> "module:function" (a typer command function), registered on import.
+#: Subcommands: name -> "module:function" (a typer command function), imported when used.
 SUBCOMMANDS: dict[str, str] = {
     "realtime": "cli.realtime:realtime",
     "validate": "cli.validate:validate_command",
@@ -134,6 +138,36 @@ class _PlanGroup(TyperGroup):
     def invoke(self, ctx: Any) -> Any:
         with _one_line_usage(ctx.meta.get("plan.argv", [])):
             return super().invoke(ctx)
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        """The commands registered on :data:`app`, then those of :data:`SUBCOMMANDS`."""
+        names = list(super().list_commands(ctx))
+        return names + [n for n in SUBCOMMANDS if n not in names]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        """A registered command, or the :data:`SUBCOMMANDS` entry, imported now (None when
+        its module does not exist)."""
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is None and cmd_name in SUBCOMMANDS:
+            cmd = _load_subcommand(cmd_name)
+            if cmd is not None:
+                self.add_command(cmd, cmd_name)
+        return cmd
+
+
+def _load_subcommand(name: str) -> Any:
+    """The click command of ``SUBCOMMANDS[name]``, built as ``app.command(name)`` would build
+    it; None when its module is not there."""
+    module, func = SUBCOMMANDS[name].split(":")
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name == module:  # not written yet: skip
+            return None
+        raise
+    return get_command_from_info(CommandInfo(name=name, callback=getattr(mod, func)),
+                                 pretty_exceptions_short=app.pretty_exceptions_short,
+                                 rich_markup_mode=app.rich_markup_mode)
 
 
 app = typer.Typer(
@@ -663,21 +697,6 @@ def planner(ctx: typer.Context, **options: Any) -> None:
 
 planner.__signature__ = command_signature(PlanCommand)  # type: ignore[attr-defined]
 app.callback(invoke_without_command=True)(planner)
-
-
-def _register_subcommands() -> None:
-    for name, target in SUBCOMMANDS.items():
-        module, func = target.split(":")
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name == module:  # not written yet: skip
-                continue
-            raise
-        app.command(name)(getattr(mod, func))
-
-
-_register_subcommands()
 
 
 def main(argv: list[str] | None = None) -> None:

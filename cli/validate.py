@@ -18,7 +18,6 @@ from validation.validate import (
     summary,
     training_runs_report,
     tuned_report,
-    vtrain_report,
 )
 from validation.validate_moe import (
     moe_doc,
@@ -27,6 +26,7 @@ from validation.validate_moe import (
     print_moe_report,
     print_moe_tuned,
 )
+from validation.vtrain import vtrain_report
 
 
 def validate_command(

@@ -6,6 +6,7 @@ lists and locates them; parsing and validation live in :mod:`perfmodel.spec.spec
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -21,7 +22,15 @@ def preset_dir(kind: str) -> Path:
 def list_presets(kind: str) -> list[str]:
     """Sorted preset names of ``kind`` (file stems, lower case)."""
     d = preset_dir(kind)
-    return sorted(p.stem for p in d.glob("*.toml")) if d.exists() else []
+    if not d.exists():
+        return []
+    return list(_preset_names(str(d), d.stat().st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=64)
+def _preset_names(folder: str, mtime_ns: int) -> tuple[str, ...]:
+    """The folder's preset names, listed once per folder state (its modification time)."""
+    return tuple(sorted(p.stem for p in Path(folder).glob("*.toml")))
 
 
 def find_preset(kind: str, name: str) -> Path | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import importlib
 import os
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
@@ -54,10 +55,7 @@ from search.request import (
 )
 from search.result import SearchResult
 from search.space import SEARCH_DIMS, Problem, SearchSpace, make_space
-from search.strategies.dp import DPSearch
-from search.strategies.evolutionary import GeneticSearch
 from search.strategies.grid import GridSearch
-from search.strategies.nsga2 import NSGA2Search
 from search.train import attach_train, run_settings_for
 
 try:  # a dependency; the planner stays usable without it
@@ -72,6 +70,7 @@ __all__ = [
     "DEFAULT_TOKENS_PER_STEP",
     "MAX_TOP",
     "STRATEGIES",
+    "STRATEGY_CLASSES",
     "TRAINING_SWITCHES",
     "PlanRequest",
     "evaluate_config",
@@ -79,6 +78,7 @@ __all__ = [
     "plan",
     "plan_request",
     "problem_of",
+    "strategy_class",
 ]
 
 #: The embedded default's training setup (``plan`` with no arguments, see
@@ -130,17 +130,26 @@ def _default_evaluator() -> Callable[..., Any]:
     return step_evaluate
 
 
-#: The search strategies by name (:data:`search.request.STRATEGIES`).
-_STRATEGY_CLASSES = {"grid": GridSearch, "dp": DPSearch, "ga": GeneticSearch,
-                     "nsga2": NSGA2Search}
+#: The search strategies by name (:data:`search.request.STRATEGIES`): ``module:class``, imported
+#: when a request names it (NSGA-II brings pymoo, which the other strategies do not need).
+STRATEGY_CLASSES = {"grid": "search.strategies.grid:GridSearch",
+                    "dp": "search.strategies.dp:DPSearch",
+                    "ga": "search.strategies.evolutionary:GeneticSearch",
+                    "nsga2": "search.strategies.nsga2:NSGA2Search"}
+
+
+def strategy_class(name: str) -> type:
+    """The strategy class registered as ``name`` in :data:`STRATEGY_CLASSES`."""
+    module, cls = STRATEGY_CLASSES[name].split(":")
+    return getattr(importlib.import_module(module), cls)
 
 
 def _strategy(strategy: Any, top: int) -> Any:
     if not isinstance(strategy, str):
         return strategy  # any object with run(problem, seed, progress)
     name = getattr(strategy, "value", strategy)
-    if name in _STRATEGY_CLASSES:
-        return _STRATEGY_CLASSES[name](top=top)
+    if name in STRATEGY_CLASSES:
+        return strategy_class(name)(top=top)
     raise SpecError(f"strategy = {strategy!r}: expected one of {', '.join(STRATEGIES)}")
 
 

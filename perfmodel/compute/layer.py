@@ -636,7 +636,7 @@ def compute_times(
         sub_batch, codes = batch.unique_by(_SHAPE_FIELDS)  # exact (no hash collisions)
         if len(sub_batch) < len(batch):
             sub = _compute_times(model, training, gpu, sub_batch, kernels, calibration)
-            out = {k: v[codes] for k, v in sub.items()}
+            out = {k: v.take(codes, axis=0) for k, v in sub.items()}
             out["optimizer_s"] = _optimizer_s(model, training, gpu, batch, kernels, calibration)
             return out
     return _compute_times(model, training, gpu, batch, kernels, calibration)

@@ -45,20 +45,21 @@ ratio (:data:`perfmodel.compute.layer.LOW_PRECISION_GEMM_RATIO`).
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
+import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.interpolate import NearestNDInterpolator
-from scipy.spatial import Delaunay
+from scipy.spatial import Delaunay, cKDTree
 
 from hardware_specs import calibration_dir
 from perfmodel.core.errors import SpecError
-from perfmodel.core.files import parse_json, read_text_bounded, shown
-from perfmodel.hardware.gemm_tiles import TileParams, fit_tile_params, tile_time_s
+from perfmodel.core.files import atomic_write, parse_json, read_text_bounded, shown
+from perfmodel.hardware.gemm_tiles import TileParams, fit_tile_x, tile_params_of, tile_time_s
 from perfmodel.hardware.overlap import gpu_generation
 from perfmodel.spec.specs import GPUSpec, load_gpu
 
@@ -68,9 +69,12 @@ __all__ = [
     "KERNEL_MIN_S",
     "LAYOUTS",
     "MEMOPS",
+    "TILE_FIT_FILE",
     "Calibration",
     "calibration_for",
     "load_calibration",
+    "tile_fit_digest",
+    "write_tile_fit",
 ]
 
 LAYOUTS = ("fwd", "dgrad", "wgrad")
@@ -90,6 +94,11 @@ MAX_EFFICIENCY = 0.95
 _REFERENCE_GPU = {"h200": "h200-sxm-141gb"}
 
 FP8_GEMM_FILE = "gemm_fp8.csv"
+
+#: The tile model's least-squares fit to ``gemm.csv`` (:func:`fit_tile_x`), saved in the folder
+#: with a digest of what it was fitted on (:func:`write_tile_fit`): a shipped calibration is not
+#: refitted at every start. A missing file or another digest: fitted when loaded.
+TILE_FIT_FILE = "gemm_tiles_fit.json"
 """Optional file of a calibration folder: paired fp8 / bf16 GEMM times (``calibrate_gpu.py``)."""
 
 
@@ -193,13 +202,14 @@ class Calibration:
     def __post_init__(self) -> None:
         for key, table in (("gemm", self.gemm_points), ("fp8", self.gemm_fp8_points or {})):
             for name, (pts, vals) in table.items():
+                # nearest measured point: a k-d tree (scipy's NearestNDInterpolator's)
                 self._interp[(key, name)] = (
                     _delaunay_or_none(pts),
                     np.asarray(vals, dtype=np.float64),
-                    NearestNDInterpolator(pts, vals),
+                    cKDTree(np.asarray(pts, dtype=np.float64)),
                 )
 
-    def _lookup(self, key: str, name: str, pts: np.ndarray) -> np.ndarray:
+    def _lookup(self, key: str, name: str, pts: np.ndarray, distinct: bool = False) -> np.ndarray:
         """``exp`` of the piecewise-linear interpolant at each row of ``pts``, elementwise.
 
         The value at a point depends on that point only, never on the rest of the batch (a
@@ -209,15 +219,19 @@ class Calibration:
         barycentric sum is written out term by term (no BLAS reduction whose blocking depends
         on the batch length).
         """
-        tri, vals, near = self._interp[(key, name)]
+        tri, vals, tree = self._interp[(key, name)]
         pts = np.asarray(pts, dtype=np.float64)
         if len(pts) == 0:
             return np.empty(0)
         # A batch has few distinct shapes (they depend on tp, cp and the micro-batch only):
-        # interpolate each distinct point once (exact float rows, no rounding).
-        uniq, inv = np.unique(pts, axis=0, return_inverse=True)
+        # interpolate each distinct point once (exact float rows, no rounding); ``distinct``:
+        # the caller has already made the rows distinct.
+        if distinct:
+            uniq, inv = pts, np.arange(len(pts))
+        else:
+            uniq, inv = np.unique(pts, axis=0, return_inverse=True)
         if tri is None:  # too few or coplanar points to triangulate: nearest measured point
-            return np.exp(near(uniq))[inv.reshape(-1)]
+            return np.exp(vals[tree.query(uniq)[1]])[inv.reshape(-1)]
         simplex = tri.find_simplex(uniq, bruteforce=True)
         inside = simplex >= 0
         s = np.where(inside, simplex, 0)
@@ -228,7 +242,7 @@ class Calibration:
         lin = (c[0] * v_s[:, 0] + c[1] * v_s[:, 1] + c[2] * v_s[:, 2]
                + (1.0 - c[0] - c[1] - c[2]) * v_s[:, 3])  # fmt: skip
         if not inside.all():
-            lin = np.where(inside, lin, near(uniq))
+            lin = np.where(inside, lin, vals[tree.query(uniq)[1]])
         return np.exp(lin)[inv.reshape(-1)]
 
     def gemm_efficiency(self, m, n, k, layout: str = "fwd") -> np.ndarray:
@@ -264,7 +278,7 @@ class Calibration:
             raw = np.stack([m_lookup.ravel(), n.ravel(), k.ravel()], axis=1)
             u, inv = np.unique(raw, axis=0, return_inverse=True)
             mu, nu, ku = u[:, 0], u[:, 1], u[:, 2]
-            eu = self._lookup("gemm", layout, np.log2(u)) * _tile_efficiency(
+            eu = self._lookup("gemm", layout, np.log2(u), distinct=True) * _tile_efficiency(
                 mu, nu, ku, self.gemm_tiles[layout], self.gemm_tiles_peak_flops)
             eff = eu[inv.reshape(-1)].reshape(m.shape) * self.gemm_scale
         flops = 2.0 * m * n * k
@@ -567,8 +581,7 @@ def _load_cached(path: str, gpu_json: str) -> Calibration:
     peak = gpu.peak_flops("bf16")
     env = _read_env(folder)
     gemm = _read_csv(folder, "gemm.csv")
-    tiles = fit_tile_params(gemm["m"], gemm["n"], gemm["k"], gemm["layout"], gemm["seconds"],
-                            sms=int(env.get("sms", 132)))  # env.json: the measured part's SMs
+    tiles = _tile_params(folder, gemm, sms=int(env.get("sms", 132)))  # env.json: measured SMs
     fp8_points, fp8_gen = None, None
     if (folder / FP8_GEMM_FILE).exists():
         peak8 = gpu.peak_flops("fp8") if gpu.peak_tflops.fp8 is not None else 2.0 * peak
@@ -594,6 +607,45 @@ def _load_cached(path: str, gpu_json: str) -> Calibration:
                  if gpu.sm_count is not None and gpu.boost_clock_ghz is not None else None),
         source=f"measured on {env.get('name', gpu.name)} ({folder})",
     )
+
+
+def tile_fit_digest(gemm: pd.DataFrame, sms: int) -> str:
+    """SHA-256 of what the tile model is fitted on: the GEMM rows (shape, layout, seconds) and
+    the SM count."""
+    h = hashlib.sha256(f"sms={sms};".encode())
+    for col in ("m", "n", "k", "seconds"):
+        h.update(np.ascontiguousarray(gemm[col].to_numpy(dtype=np.float64)).tobytes())
+    h.update("\0".join(gemm["layout"].astype(str)).encode())
+    return h.hexdigest()
+
+
+def _fit_x(gemm: pd.DataFrame, sms: int) -> np.ndarray:
+    return fit_tile_x(gemm["m"], gemm["n"], gemm["k"], gemm["layout"], gemm["seconds"], sms=sms)
+
+
+def _tile_params(folder: Path, gemm: pd.DataFrame, sms: int) -> dict:
+    """layout -> TileParams of ``gemm.csv``: the saved fit (:data:`TILE_FIT_FILE`) when it was
+    made on these rows, else a fresh fit."""
+    lays = sorted(set(gemm["layout"].tolist()))
+    f = folder / TILE_FIT_FILE
+    saved = parse_json(read_text_bounded(f, "JSON"), str(f)) if f.exists() else {}
+    x = saved.get("x")
+    if (saved.get("digest") == tile_fit_digest(gemm, sms) and isinstance(x, list)
+            and len(x) == 7 and all(isinstance(v, float) for v in x)):
+        return tile_params_of(np.array(x, dtype=np.float64), lays, sms)
+    return tile_params_of(_fit_x(gemm, sms), lays, sms)
+
+
+def write_tile_fit(folder: str | Path) -> Path:
+    """Fit the tile model to a calibration folder's ``gemm.csv`` and save the fit there
+    (:data:`TILE_FIT_FILE`; run after measuring or changing the table). Returns its path."""
+    folder = Path(folder)
+    sms = int(_read_env(folder).get("sms", 132))
+    gemm = _read_csv(folder, "gemm.csv")
+    doc = {"digest": tile_fit_digest(gemm, sms), "x": [float(v) for v in _fit_x(gemm, sms)]}
+    path = folder / TILE_FIT_FILE
+    atomic_write(path, json.dumps(doc, indent=1) + "\n")
+    return path
 
 
 def calibration_for(

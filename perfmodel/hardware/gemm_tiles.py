@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SPLIT_K", "TILE_CANDIDATES", "TileParams", "fit_tile_params", "tile_time_s",
-           "wave_utilisation"]
+__all__ = ["SPLIT_K", "TILE_CANDIDATES", "TileParams", "fit_tile_params", "fit_tile_x",
+           "tile_params_of", "tile_time_s", "wave_utilisation"]
 
 TILE_CANDIDATES = (
     # (tile_m, tile_n, class): class 0 the largest tiles (rate 1), 1 = 128x128, 2 = 64-wide
@@ -97,6 +97,17 @@ def _params(x, layout: str, sms: int) -> TileParams:
 def fit_tile_params(m, n, k, layout, seconds, sms: int = 132) -> dict[str, TileParams]:
     """Least-squares fit (robust, on ``log(predicted / measured)``) of :class:`TileParams` to
     measured GEMM times: the rate per layout, everything else shared. Returns layout -> params."""
+    lays = sorted(set(np.asarray(layout).tolist()))
+    return tile_params_of(fit_tile_x(m, n, k, layout, seconds, sms), lays, sms)
+
+
+def tile_params_of(x, layouts, sms: int) -> dict[str, TileParams]:
+    """layout -> :class:`TileParams` of the fitted vector ``x`` (:func:`fit_tile_x`)."""
+    return {lay: _params(x, lay, sms) for lay in layouts}
+
+
+def fit_tile_x(m, n, k, layout, seconds, sms: int = 132) -> np.ndarray:
+    """The fitted parameter vector of :func:`fit_tile_params` (see :func:`_params`)."""
     from scipy.optimize import least_squares
 
     m, n, k, t = (np.asarray(v, dtype=np.float64) for v in (m, n, k, seconds))
@@ -112,4 +123,4 @@ def fit_tile_params(m, n, k, layout, seconds, sms: int = 132) -> dict[str, TileP
 
     x0 = np.array([np.log(20e-6), np.log(700e12), np.log(128.0), 1.0, 1.0, 0.0, 0.0])
     res = least_squares(lambda x: np.log(pred(x) / t), x0, loss="soft_l1", f_scale=0.1)
-    return {lay: _params(res.x, lay, sms) for lay in lays}
+    return res.x

@@ -348,8 +348,24 @@ class ConfigBatch:
 
     def layer_counts(self, num_layers: int) -> dict[str, np.ndarray]:
         """Layers per pipeline rank and chunk of every configuration
-        (:func:`perfmodel.parallel.layers.stage_layer_counts`)."""
+        (:func:`perfmodel.parallel.layers.stage_layer_counts`).
 
+        Computed once per batch and layer count (time, memory and communication all read it):
+        the arrays are shared and read-only."""
+        cache = self.__dict__.setdefault("_layer_counts_cache", {})
+        if num_layers not in cache:
+            out = {k: v.view() for k, v in self._layer_counts(num_layers).items()}
+            for v in out.values():
+                v.setflags(write=False)
+            cache[num_layers] = out
+        return dict(cache[num_layers])
+
+    def _layer_counts(self, num_layers: int) -> dict[str, np.ndarray]:
+        if len(self) > 256:  # a search batch: each distinct layout once, spread back
+            sub, codes = self.unique_by(_LAYOUT_KEY_FIELDS)
+            if 2 * len(sub) < len(self):
+                return {k: v.take(codes, axis=0)
+                        for k, v in sub._layer_counts(num_layers).items()}
         first, last = self.first_stage_layers, self.last_stage_layers
         emb, loss = self.embedding_as_layer, self.loss_as_layer
         # rows that name no layout and whose pp*vp does not divide the layers: the default
@@ -439,14 +455,33 @@ class ConfigBatch:
     def unique_by(self, names: tuple[str, ...]) -> tuple[ConfigBatch, np.ndarray]:
         """The distinct configurations by the fields ``names`` (first occurrences) and, for
         every configuration, the index of its representative: ``f(batch) == f(sub)[codes]`` for
-        any cost ``f`` that reads only those fields. Exact (mixed-radix key of per-field codes)."""
-        import pandas as pd
+        any cost ``f`` that reads only those fields. Exact (mixed-radix key of per-field codes).
+        Computed once per batch and ``names`` (shared; ``codes`` read-only)."""
+        cache = self.__dict__.setdefault("_unique_cache", {})
+        names = tuple(names)
+        if names not in cache:
+            sub, codes = self._unique_by(names)
+            codes.setflags(write=False)
+            cache[names] = (sub, codes)
+        return cache[names]
 
+    def _unique_by(self, names: tuple[str, ...]) -> tuple[ConfigBatch, np.ndarray]:
         key = np.zeros(len(self), dtype=np.int64)
+        radix = 1  # distinct values key can take so far
         for name in names:
-            codes, uniq = pd.factorize(getattr(self, name))
-            key = pd.factorize(key * len(uniq) + codes)[0]  # re-coded: stays < len(self)
-        codes, uniq = pd.factorize(key)
+            v = np.asarray(getattr(self, name))
+            v = v.astype(np.int64) if v.dtype.kind == "b" else v
+            lo, hi = (v.min(), v.max()) if len(v) else (0, 0)
+            span = int(hi) - int(lo) + 1 if v.dtype.kind in "iu" else 0
+            if span <= 0 or radix * span >= 2**62:  # not small integers: code the values
+                codes_v, uniq_v = _factorize(v)
+                v, lo, span = codes_v, 0, len(uniq_v)
+            if radix * span >= 2**62:  # re-code the key (stays < len(self))
+                key, uniq_k = _factorize(key)
+                radix = len(uniq_k)
+            key = key * span + (v - lo)
+            radix *= span
+        codes, uniq = _factorize(key)
         first = np.empty(len(uniq), dtype=np.int64)
         first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
         return self.take(first), codes
@@ -479,6 +514,18 @@ _LAYOUT_FIELDS = ("first_stage_layers", "last_stage_layers", "embedding_as_layer
 _LAYOUT_DEFAULTS = {"first_stage_layers": 0, "last_stage_layers": 0, "embedding_as_layer": False,
                     "loss_as_layer": False}
 _STAGE_FIELDS = ("stage_layers", "stage_recompute_layers")
+#: The fields :meth:`ConfigBatch.layer_counts` reads (with the model's layer count).
+_LAYOUT_KEY_FIELDS = ("pp", "vp", *_LAYOUT_FIELDS)
+
+
+def _factorize(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Codes of ``v`` in order of first occurrence, and the distinct values (as
+    ``pandas.factorize``): ``uniq[codes] == v``."""
+    uniq, first, inv = np.unique(v, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return rank[inv.reshape(-1)], uniq[order]
 
 
 def _take(v, idx):

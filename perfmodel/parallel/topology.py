@@ -200,6 +200,24 @@ def nested_group_placement(cluster: ClusterSpec,
     )
 
 
+def _spread_groups(cluster: ClusterSpec, batch: ConfigBatch, sub_batch: ConfigBatch,
+                   codes: np.ndarray, names: tuple[str, ...] | None) -> dict[str, GroupPlacement]:
+    """:func:`parallel_groups` of ``batch`` from its distinct rows ``sub_batch``
+    (``batch == sub_batch[codes]``), each group spread back once per batch and cluster
+    (communication time, the shared links and the data-parallel terms all ask for them): the
+    arrays are shared and read-only."""
+    cache = batch.__dict__.setdefault("_group_cache", {})
+    keys = tuple(("tp", "cp", "dp", "dp_cp", "pp") if names is None else names)
+    missing = [k for k in keys if cache.get(k, (None,))[0] is not cluster]
+    if missing:
+        for k, g in parallel_groups(cluster, sub_batch, tuple(missing)).items():
+            spread = {f.name: getattr(g, f.name).take(codes, axis=0) for f in fields(g)}
+            for v in spread.values():
+                v.setflags(write=False)
+            cache[k] = (cluster, GroupPlacement(**spread))
+    return {k: cache[k][1] for k in keys}
+
+
 def parallel_groups(
     cluster: ClusterSpec, batch: ConfigBatch, names: tuple[str, ...] | None = None
 ) -> dict[str, GroupPlacement]:
@@ -224,11 +242,7 @@ def parallel_groups(
         # A search batch has few distinct (tp, cp, dp, pp): place each once, spread back.
         sub_batch, codes = batch.unique_by(("tp", "cp", "dp", "pp"))  # exact (no hash collisions)
         if len(sub_batch) < len(tp):
-            sub = parallel_groups(cluster, sub_batch, names)
-            return {
-                k: GroupPlacement(**{f.name: getattr(g, f.name)[codes] for f in fields(g)})
-                for k, g in sub.items()
-            }
+            return _spread_groups(cluster, batch, sub_batch, codes, names)
     layout = {  # (size, stride)
         "tp": (tp, 1),
         "cp": (cp, tp),

@@ -13,7 +13,9 @@ is one line naming the field, the value and what was expected.
 
 from __future__ import annotations
 
+import copy
 import difflib
+import functools
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
@@ -1058,6 +1060,16 @@ def read_toml(path: Path) -> dict[str, Any]:
     return parse_toml(read_text_bounded(path, "TOML"), str(path))
 
 
+def _read_preset(path: Path) -> dict[str, Any]:
+    """A shipped preset file, parsed once per process (a copy: callers may change it)."""
+    return copy.deepcopy(_parsed_preset(str(path)))
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_preset(path: str) -> dict[str, Any]:
+    return read_toml(Path(path))
+
+
 def spec_path(value: Any, what: str) -> Path:
     """``value`` as a path: :class:`SpecError` unless it is text or a path (``None``, a number
     or a list given as a model raised TypeError)."""
@@ -1105,7 +1117,7 @@ def resolve_spec(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], s
         )[:3]
         hint = f"; closest: {', '.join(close)}" if close else f"; known: {', '.join(names)}"
         raise SpecError(f"unknown {kind} preset '{shown(name_or_path)}'{hint}")
-    return read_toml(path), f"preset {kind} '{name}'"
+    return _read_preset(path), f"preset {kind} '{name}'"
 
 
 def load_gpu(spec: str | Path | GPUSpec) -> GPUSpec:

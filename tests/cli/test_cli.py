@@ -4,12 +4,15 @@ bad-input case of issue 2 (one line on stderr, exit 2, no traceback)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 import search.api
-from cli.main import app
+from cli.main import SUBCOMMANDS, app
 from tests.search.test_space import fake_evaluate
 
 runner = CliRunner()
@@ -209,7 +212,19 @@ def test_subcommand_dispatch():
 
 
 def test_realtime_subcommand_is_registered():
-    names = [c.name for c in app.registered_commands]
-    assert "realtime" in names
+    assert SUBCOMMANDS["realtime"] == "cli.realtime:realtime"
+    r = run(["--help"])
+    assert r.exit_code == 0 and "realtime" in r.stdout.split("Commands:")[1]
     r = run(["realtime", "--help"])
     assert r.exit_code == 0
+
+
+def test_planner_path_imports_no_heavy_libraries():
+    """``plan [OPTIONS]`` imports the subcommands' modules (sweep, validation's reports) and the
+    libraries only they use (dask, scipy.stats, matplotlib, pymoo) only when they are invoked."""
+    code = ("import sys, cli.main; heavy = ('dask', 'distributed', 'matplotlib', 'pymoo', "
+            "'scipy.stats', 'scipy.interpolate', 'sweep.cli', 'cli.realtime'); "
+            "print(sorted(m for m in heavy if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "[]"

@@ -9,7 +9,8 @@ Targets (the validation README's dev split; no constant is fitted per row):
 import numpy as np
 import pytest
 
-from validation.validate import summary, training_runs_report, vtrain_report
+from validation.validate import summary, training_runs_report
+from validation.vtrain import vtrain_report
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """Calibration tables: interpolation reproduces measured points; scaling to other GPUs."""
 
+import json
 import shutil
 from dataclasses import replace
 
@@ -11,12 +12,14 @@ from hypothesis import strategies as st
 
 from hardware_specs import calibration_dir
 from perfmodel.core.errors import SpecError
+from perfmodel.hardware import calibration as cal_mod
 from perfmodel.hardware.calibration import (
     BENCH_DISPATCH_S,
     Calibration,
     calibration_for,
     load_calibration,
 )
+from perfmodel.hardware.gemm_tiles import fit_tile_params
 from perfmodel.spec.specs import load_gpu
 
 H200_PEAK = 989.4e12
@@ -123,3 +126,28 @@ def test_missing_files_are_spec_errors(tmp_path):
 def test_shipped_h200_tables_equal_shared_ones():
     d = calibration_dir("h200")
     assert len(pd.read_csv(d / "gemm.csv")) == 1008
+
+
+def test_shipped_tile_fit_is_the_fit_of_its_table():
+    """The saved tile-model fit of the shipped table is what fitting ``gemm.csv`` gives now
+    (same digest, same numbers to the bit): a calibration loads it instead of refitting."""
+    folder = calibration_dir("h200")
+    env = cal_mod._read_env(folder)
+    gemm = cal_mod._read_csv(folder, "gemm.csv")
+    sms = int(env.get("sms", 132))
+    saved = json.loads((folder / cal_mod.TILE_FIT_FILE).read_text())
+    assert saved["digest"] == cal_mod.tile_fit_digest(gemm, sms)
+    fresh = fit_tile_params(gemm["m"], gemm["n"], gemm["k"], gemm["layout"], gemm["seconds"],
+                            sms=sms)
+    assert cal_mod._tile_params(folder, gemm, sms) == fresh
+
+
+def test_tile_fit_of_other_rows_is_refitted(tmp_path):
+    """A saved fit whose digest does not match the folder's rows is ignored (refitted)."""
+    src = calibration_dir("h200")
+    for f in ("gemm.csv", "attention.csv", "memops.csv", "env.json"):
+        shutil.copy(src / f, tmp_path / f)
+    gemm = cal_mod._read_csv(tmp_path, "gemm.csv")
+    good = cal_mod._tile_params(tmp_path, gemm, 132)
+    (tmp_path / cal_mod.TILE_FIT_FILE).write_text(json.dumps({"digest": "0" * 64, "x": [0.0] * 7}))
+    assert cal_mod._tile_params(tmp_path, gemm, 132) == good
