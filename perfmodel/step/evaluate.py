@@ -466,6 +466,22 @@ def exposed_zero3_gather_s(overlapped: bool, z3_s, steady_s) -> np.ndarray:
     return z3_s
 
 
+def stream_span_s(makespan_s, zero3_exposed_s) -> np.ndarray:
+    """The time the communication streams of a tier spread over [s]: the makespan plus the
+    ZeRO-3 gathers it could not hide, ``makespan + zero3_exposed``.
+
+    The gathers that do not fit under the steady compute run on after it, so they (and the
+    streams beside them) spread over the longer time. With the makespan alone, a faster term
+    inside it (a faster tensor-parallel link) would shorten the span while the gathers' exposed
+    part grew by just as much, and crowd the gradient reduction's window with the same traffic
+    as if the step had really shortened: the step grew when a link got faster. With the
+    gathers' exposed part in it the span shrinks only as far as the step does, and
+    :func:`perfmodel.comm.comm_time.window_share_s` adds at most that to the reduction.
+    """
+    return np.asarray(makespan_s, dtype=np.float64) + np.asarray(zero3_exposed_s,
+                                                                   dtype=np.float64)
+
+
 def time_breakdown_s(makespan_s, steady_s, shares, pp_exposed_s, dp_exposed_s,
                      zero3_exposed_s, optimizer_s, overlap_s, link_shared_s
                      ) -> dict[str, np.ndarray]:
@@ -769,10 +785,11 @@ def _dp_terms_s(c: _StepContext, layer: _LayerTerms, pipe: _PipelineTerms, p2p: 
                             layer.tp_link_s, dp_grad_s, z3_s)
     tier_busy_s = comm_time_mod.link_busy_s(streams, len(cluster.tiers))
     last_bwd_s = pipe.layers_per_stage * pipe.layer_bwd_s
-    dp_exposed_s = _exposed_dp_s(training, tier_busy_s, tiers, dp_grad_s, last_bwd_s,
-                                 pipe.makespan_s)
-    # 4c. ZeRO-3 parameter gathers.
+    # 4c. ZeRO-3 parameter gathers, then the gradient reduction, whose tier's other streams
+    # spread over the makespan stretched by the gathers it could not hide (:func:`stream_span_s`).
     zero3_exposed_s = exposed_zero3_gather_s(training.overlap_grad_reduce, z3_s, pipe.steady_s)
+    dp_exposed_s = _exposed_dp_s(training, tier_busy_s, tiers, dp_grad_s, last_bwd_s,
+                                 stream_span_s(pipe.makespan_s, zero3_exposed_s))
     if training.zero3_gather == "tensor":  # DeepSpeed ZeRO-3 of 2021
         zero3_exposed_s, dp_exposed_s = _deepspeed_zero3_exposed_s(
             model, training, cluster, b, c.ct, pipe.layers_per_stage, dp_grad_s, dp_exposed_s,
