@@ -68,8 +68,11 @@ def read_runs(path: str | Path | None = None) -> pd.DataFrame:
     (:func:`normalize_runs`); :class:`SpecError` (one line) when it cannot be read as one."""
     p = Path(path) if path is not None else DEFAULT_RUNS
     if not p.exists():
-        raise SpecError(f"--runs {shown(p)}: file does not exist")
-    text = read_text_bounded(p, "CSV", limit=MAX_RUNS_BYTES)
+        raise SpecError(f"--runs {shown(p)}: no such file (the file does not exist)")
+    try:
+        text = read_text_bounded(p, "CSV", limit=MAX_RUNS_BYTES)
+    except SpecError as e:
+        raise SpecError(f"--runs {e}") from None
     if not text.strip():
         raise SpecError(f"--runs {shown(p)}: empty file (expected a CSV header and rows)")
     try:
@@ -93,7 +96,7 @@ def normalize_runs(df: pd.DataFrame, source: str = "runs") -> pd.DataFrame:
     if not any(c in df.columns for c in MEASURED_COLUMNS):
         raise SpecError(f"{source}: no measured speed: give one of {', '.join(MEASURED_COLUMNS)}")
     if len(df) == 0:
-        raise SpecError(f"{source}: no rows")
+        raise SpecError(f"{source}: the table has no rows: no row can be predicted")
     for c in OPTIONAL_COLUMNS:
         if c not in df.columns:
             df[c] = np.nan
