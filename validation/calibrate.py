@@ -34,7 +34,6 @@ count) and predict the others.
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import re
@@ -56,7 +55,6 @@ from perfmodel.core.errors import SpecError
 from perfmodel.core.files import (
     atomic_write,
     plain_name,
-    read_text_bounded,
     refuse_input_as_output,
     shown,
 )
