@@ -12,10 +12,13 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from perfmodel.comm import comm_time
 from perfmodel.spec.specs import ClusterSpec
+from perfmodel.step import evaluate as step
 from perfmodel.step.evaluate import evaluate
 from search.api import make_problem
 
@@ -98,3 +101,28 @@ def test_faster_nvlink_does_not_crowd_the_zero3_window():
     and the gradient reduction beside them may not grow on top of it."""
     space, batch = _case(1)
     _assert_not_slower(space, batch, _scaled_tier(space.cluster, 0, 10.0, 1.0))
+
+
+# ---- the monotone terms, hand-computed ---------------------------------------------------------
+def test_window_share_hand_computed():
+    # 2.7 s of gathers over a 3 s step fill 0.45 s of a 0.5 s window; over 2 s, all of it
+    assert comm_time.window_share_s(2.7, 0.5, 3.0) == pytest.approx(0.45)
+    assert comm_time.window_share_s(2.7, 0.5, 2.0) == pytest.approx(0.5)
+    assert comm_time.stream_busy_in_window_s(0.7, 3.4, 0.5, 2.0) == pytest.approx(1.2)
+
+
+@given(spread=st.floats(0.0, 10.0), window=st.floats(0.0, 5.0), span=st.floats(0.01, 10.0),
+       grow=st.floats(0.0, 5.0))
+def test_span_plus_window_share_never_falls_as_the_span_grows(spread, window, span, grow):
+    window = min(window, span)
+    before = span + comm_time.window_share_s(spread, window, span)
+    after = span + grow + comm_time.window_share_s(spread, window, span + grow)
+    assert after >= before - 1e-12 * max(1.0, before)
+
+
+def test_stream_span_and_zero3_window_hand_computed():
+    assert step.stream_span_s(np.array([5.0]), np.array([1.0])).tolist() == [6.0]
+    # 1F1B (code 1): the steady compute; ZB-H1 (code 3): the whole makespan
+    w = step.zero3_gather_window_s(np.array([10.0, 10.0]), np.array([8.0, 8.0]),
+                                   np.array([1, 3]))
+    assert w.tolist() == [8.0, 10.0]
