@@ -13,6 +13,7 @@ from rich.table import Table
 
 from perfmodel.core.errors import SpecError
 from perfmodel.hardware.profile import load_profile
+from validation.runs import read_runs, row_progress
 from validation.validate import (
     group_table,
     summary,
@@ -87,7 +88,9 @@ def _training_runs_or_exit(runs: Path | None, profile: str | None) -> tuple[
     line on stderr."""
     try:
         prof = load_profile(profile)
-        report, skipped = training_runs_report(runs, profile=prof)
+        table = read_runs(runs)  # validation.runs: the one format of plan validate / calibrate
+        with row_progress(len(table)) as progress:
+            report, skipped = training_runs_report(table, profile=prof, progress=progress)
         if runs is not None and report.empty:
             raise SpecError(f"--runs {runs}: no row can be predicted"
                             + (f" (row {skipped.iloc[0, 0]}: {skipped.iloc[0, -1]})"

@@ -54,7 +54,7 @@ from search.request import (
     PlanRequest,
 )
 from search.result import SearchResult
-from search.space import SEARCH_DIMS, Problem, SearchSpace, make_space
+from search.space import MAX_GRID_CONFIGURATIONS, SEARCH_DIMS, Problem, SearchSpace, make_space
 from search.strategies.grid import GridSearch
 from search.train import attach_train, run_settings_for
 
@@ -144,13 +144,25 @@ def strategy_class(name: str) -> type:
     return getattr(importlib.import_module(module), cls)
 
 
-def _strategy(strategy: Any, top: int) -> Any:
+def _strategy(strategy: Any, top: int, max_configurations: int | None = None) -> Any:
+    """The strategy object of a name (``grid`` with its size limit, :func:`grid_limit`), or
+    ``strategy`` itself when it is an object with ``run``."""
     if not isinstance(strategy, str):
         return strategy  # any object with run(problem, seed, progress)
     name = getattr(strategy, "value", strategy)
+    if name == "grid":
+        return GridSearch(top=top, max_configurations=grid_limit(max_configurations))
     if name in STRATEGY_CLASSES:
         return strategy_class(name)(top=top)
     raise SpecError(f"strategy = {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+
+
+def grid_limit(max_configurations: int | None) -> int | None:
+    """The grid's size limit of a request's ``max_configurations``: None the default
+    (:data:`search.space.MAX_GRID_CONFIGURATIONS`), 0 no limit (None), else the number."""
+    if max_configurations is None:
+        return MAX_GRID_CONFIGURATIONS
+    return None if int(max_configurations) == 0 else int(max_configurations)
 
 
 def _training_data(training: Any) -> tuple[Any, set[str], str]:
@@ -360,7 +372,7 @@ def _plan_request_one(request: PlanRequest) -> SearchResult:
             return attach_train(_annotate(GridSearch(top=1, name="single").run(problem),
                                           problem), problem)
     with threads:
-        result = _annotate(_strategy(request.strategy, request.top).run(
+        result = _annotate(_strategy(request.strategy, request.top, request.max_configurations).run(
             problem, request.seed, request.progress), problem)
     if result.evaluated == 0:
         if result.strategy == "grid":

@@ -194,6 +194,9 @@ class PlanRequest(BaseModel):
         "step, or the run's expected wall time (time-to-train)")
     top: Annotated[int, Cli(min=1, limit=(MAX_TOP, "rows"))] = Field(
         10, description="configurations in the table")
+    max_configurations: Annotated[int | None, Cli(min=0)] = Field(
+        None, description="largest grid the search enumerates [default: 2e7]; 0: no limit "
+        "(a progress bar shows how far a long search has come)")
     kernels: Kernels = Field("fused", description="fused (Megatron/TE) or eager PyTorch")
     calibration: Path | str | Calibration | None = Field(
         None, description="folder of your own GPU measurements (the format calibrate_gpu.py "
@@ -318,6 +321,8 @@ def _check_search(options: Mapping[str, Any]) -> None:
     """``top``, ``seed`` and ``strategy``."""
     _int_arg("top", options.get("top", 10), 1, MAX_TOP)
     _int_arg("seed", options.get("seed", 0), 0, MAX_SEED)
+    if options.get("max_configurations") is not None:
+        _int_arg("max_configurations", options["max_configurations"], 0, MAX_COUNT)
     strategy = options.get("strategy", "grid")
     if not isinstance(getattr(strategy, "value", strategy), str) and (
         not callable(getattr(strategy, "run", None))

@@ -850,7 +850,8 @@ def check_search_size(space: SearchSpace, limit: int | None = MAX_GRID_CONFIGURA
             f"the grid would evaluate {n:.3g} configurations (limit {limit:.3g}): narrow the "
             f"search: pin {', '.join('--' + d.replace('_size', '').replace('_', '-') for d in free)}"
             f", give fewer --gpus{' or drop --allow-idle-gpus' if space.allow_idle_gpus else ''}, "
-            "or use --strategy nsga2 or ga (they sample the space)"
+            "use --strategy nsga2 or ga (they sample the space), or lift the limit with "
+            "--max-configurations N (0: none)"
         )
     return n
 

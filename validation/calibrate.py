@@ -34,7 +34,6 @@ count) and predict the others.
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import re
@@ -56,13 +55,19 @@ from perfmodel.core.errors import SpecError
 from perfmodel.core.files import (
     atomic_write,
     plain_name,
-    read_text_bounded,
     refuse_input_as_output,
     shown,
 )
 from perfmodel.hardware.profile import PARAMETERS, EfficiencyProfile, load_profile, profile_toml
 from perfmodel.parallel.config import resolve_config
 from perfmodel.spec.specs import format_validation_error, load_cluster
+from validation.runs import (
+    OPTIONAL_COLUMNS,
+    REQUIRED_COLUMNS,
+    normalize_runs,
+    read_runs,
+    row_progress,
+)
 from validation.validate import VALIDATION_DIR, Case, case_from_row, predict_case
 
 __all__ = [
@@ -112,76 +117,21 @@ separate the parameters: the spread of the base model's per-group mean error on 
 CONTRADICTION = 0.10
 """Two rows describing the same run whose measured times differ by more than this are refused."""
 
-#: Columns a runs CSV must have (one row per measured run).
-REQUIRED_COLUMNS = (
-    "model", "num_layers", "hidden_size", "num_attention_heads", "seq_len",
-    "global_batch_size", "micro_batch_size", "tensor_parallel", "pipeline_parallel",
-    "gpu_type", "num_gpus", "precision",
-)
-#: One of these gives the measured speed.
-MEASURED_COLUMNS = ("seconds_per_iteration", "tokens_per_sec_per_gpu", "tokens_per_sec_total")
-#: Columns that may be left out (blank: the default described in ``plan calibrate --help``).
-OPTIONAL_COLUMNS = (
-    "row_id", "num_query_groups", "ffn_hidden_size", "vocab_size", "data_parallel",
-    "context_parallel", "virtual_pipeline_stages", "sequence_parallel",
-    "activation_recompute", "zero_or_dist_optimizer", "software", "source",
-    "measurement_scope", "reliability", "tokens_per_sec_total",
-    "seconds_per_iteration", "tokens_per_sec_per_gpu",
-)
-
-
-def read_runs(path: str | Path) -> pd.DataFrame:
-    """Read a runs CSV and fill the optional columns; SpecError (one line) when malformed."""
-    p = Path(path)
-    if not p.exists():
-        raise SpecError(f"--runs {shown(p)}: file does not exist")
-    text = read_text_bounded(p, "CSV")
-    try:
-        df = pd.read_csv(io.StringIO(text), dtype={"row_id": str})
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as e:
-        raise SpecError(f"--runs {shown(p)}: not a readable CSV table: "
-                        f"{shown(str(e).splitlines()[0] if str(e) else type(e).__name__)}") from None
-    return normalize_runs(df, str(p))
-
-
-def normalize_runs(df: pd.DataFrame, source: str = "runs") -> pd.DataFrame:
-    """Check the required columns and add the optional ones (blank)."""
-    df = df.copy()
-    df.columns = [str(c).strip() for c in df.columns]
-    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
-    if missing:
-        raise SpecError(f"{source}: missing column(s) {', '.join(missing)} (a runs table needs "
-                        f"{', '.join(REQUIRED_COLUMNS)} and one of {', '.join(MEASURED_COLUMNS)})")
-    if not any(c in df.columns for c in MEASURED_COLUMNS):
-        raise SpecError(f"{source}: no measured speed: give one of {', '.join(MEASURED_COLUMNS)}")
-    if len(df) == 0:
-        raise SpecError(f"{source}: no rows")
-    for c in OPTIONAL_COLUMNS:
-        if c not in df.columns:
-            df[c] = np.nan
-    # a row id goes into the profile file: one line, control characters escaped
-    df["row_id"] = [shown(r, 60) if isinstance(r, str) and r.strip() else f"row{i + 1}"
-                    for i, r in enumerate(df["row_id"])]
-    # a row repeated verbatim (its id aside) is one run, not two
-    df = df[~df.drop(columns="row_id").astype(str).duplicated()].reset_index(drop=True)
-    for c in ("measurement_scope", "sequence_parallel", "activation_recompute",
-              "zero_or_dist_optimizer", "software", "source", "reliability"):
-        df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
-    return df
-
-
-def runs_to_cases(df: pd.DataFrame, cluster: Any = None) -> tuple[list[Case],
-                                                                  list[tuple[str, str]]]:
+def runs_to_cases(df: pd.DataFrame, cluster: Any = None, progress: Any = None
+                  ) -> tuple[list[Case], list[tuple[str, str]]]:
     """Cases of the rows the tool can express, and ``(row_id, reason)`` for the others.
 
     ``cluster`` (a preset name, TOML path or ClusterSpec) replaces the cluster preset picked
     from each row's ``gpu_type``: describe your own fabric, and the profile is relative to it
-    (use the same cluster with ``plan --profile``).
+    (use the same cluster with ``plan --profile``). ``progress(done, total)`` is called after
+    each row (:func:`validation.runs.row_progress`).
     """
 
 
     cases, skipped = [], []
-    for _, r in df.iterrows():
+    for i, (_, r) in enumerate(df.iterrows()):
+        if progress is not None:
+            progress(i, len(df))
         try:
             c = case_from_row(r)
             if cluster is not None:
@@ -784,7 +734,8 @@ def calibrate_command(
             refuse_input_as_output(out, [runs, cluster, find_preset("cluster", cluster or "")],
                                    "--out")
         df = read_runs(runs)
-        cases, skipped = runs_to_cases(df, cluster)
+        with row_progress(len(df), label="reading runs") as progress:
+            cases, skipped = runs_to_cases(df, cluster, progress)
         if skipped and len(cases) < 2:
             rid, why = skipped[0]
             fail(f"--runs {runs}: row {rid}: {why}" + (

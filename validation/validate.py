@@ -43,6 +43,7 @@ from perfmodel.spec.specs import (
 )
 from perfmodel.step.profiled import evaluate_profiled as profile_evaluate
 from search.api import plan
+from validation.runs import read_runs
 
 VALIDATION_DIR = SPECS_ROOT / "validation"
 
@@ -152,8 +153,6 @@ def _opt_count(r: pd.Series, col: str, default: int | None) -> int | None:
 
 
 #: Columns every row needs (the rest may be blank).
-REQUIRED_COLUMNS = ("row_id", "model", "num_layers", "hidden_size", "num_attention_heads",
-                    "seq_len", "num_gpus", "gpu_type", "measurement_scope")
 
 #: the switches a row's software era decides (the rest follow the source's recipe below)
 ERA_SWITCHES = ("overlap_grad_reduce", "overlap_tp_comm", "overlap_p2p_comm", "flash_attention")
@@ -521,17 +520,23 @@ def predict_case(case: Case, kernels: str = "fused", profile=None) -> float:
     return float(res.step_time_s[0])
 
 
-def training_runs_report(path: Path | None = None, profile=None) -> tuple[
-        pd.DataFrame, pd.DataFrame]:
+def training_runs_report(path: Path | pd.DataFrame | None = None, profile=None,
+                         progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Predicted vs published for every expressible row (under ``profile``, see
     :func:`predict_case`).
+
+    ``path``: a runs CSV (default: the dev split) or a table :func:`validation.runs.read_runs`
+    read; ``progress(done, total)`` is called before each row
+    (:func:`validation.runs.row_progress`).
 
     Returns ``(report, skipped)``: ``report`` has row_id, model, gpus, measured_s, predicted_s,
     error (signed fraction); ``skipped`` has row_id and reason.
     """
-    df = read_runs(path)
+    df = path if isinstance(path, pd.DataFrame) else read_runs(path)
     rows, skipped = [], []
-    for _, r in df.iterrows():
+    for i, (_, r) in enumerate(df.iterrows()):
+        if progress is not None:  # progress(done, total): validation.runs.row_progress
+            progress(i, len(df))
         try:
             case = case_from_row(r)
             pred = predict_case(case, profile=profile)
@@ -566,35 +571,6 @@ def training_runs_report(path: Path | None = None, profile=None) -> tuple[
     return pd.DataFrame(rows), pd.DataFrame(skipped, columns=["row_id", "model", "reason"])
 
 
-def read_runs(path: Path | None = None) -> pd.DataFrame:
-    """A training-runs table; SpecError (one line) when the file cannot be read as one."""
-    src = path or VALIDATION_DIR / "training_runs_dev.csv"
-    try:
-        df = pd.read_csv(src)
-    except FileNotFoundError:
-        raise SpecError(f"--runs {src}: no such file") from None
-    except pd.errors.EmptyDataError:
-        raise SpecError(f"--runs {src}: empty file (expected a CSV header and rows)") from None
-    except UnicodeDecodeError:
-        raise SpecError(f"--runs {src}: not a text file (expected CSV)") from None
-    except (OSError, pd.errors.ParserError, ValueError) as e:
-        raise SpecError(f"--runs {src}: cannot read a CSV table: "
-                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
-    if missing:
-        raise SpecError(f"--runs {src}: not a training-runs table: missing column(s) "
-                        f"{', '.join(missing)} (see the header of training_runs_dev.csv)")
-    # optional columns the mapping reads are blank when absent
-    return df.reindex(columns=list(dict.fromkeys([*df.columns, *_OPTIONAL_COLUMNS])))
-
-
-_OPTIONAL_COLUMNS = ("source", "software", "num_query_groups", "ffn_hidden_size", "vocab_size",
-                     "global_batch_size", "micro_batch_size", "tensor_parallel",
-                     "pipeline_parallel", "data_parallel", "context_parallel",
-                     "virtual_pipeline_stages", "sequence_parallel", "activation_recompute",
-                     "zero_or_dist_optimizer", "precision", "seconds_per_iteration",
-                     "tokens_per_sec_total", "tokens_per_sec_per_gpu", "reliability",
-                     "params_b")
 
 
 _SOURCE_GROUPS = (  # (substring of the source text, short name); first match

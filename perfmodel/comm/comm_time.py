@@ -45,6 +45,7 @@ __all__ = [
     "op_time",
     "shared_link_excess_s",
     "stream_busy_in_window_s",
+    "window_share_s",
 ]
 
 DDP_BUCKET_MIN_PARAMS = 40_000_000  # Megatron-core DDP default bucket: max(40M, 1M * dp) params
@@ -319,16 +320,41 @@ def stream_busy_in_window_s(
 ) -> np.ndarray:
     """Link time a stream effectively needs inside its overlap window [s], when its tier also
     carries other streams spread evenly over the step: its own time plus the other streams'
-    share of the window, ``own + (tier_busy - own) * window / span``.
+    share of the window, ``own + min((tier_busy - own) * window / span, window)``.
 
     Example: the gradient reduce-scatter (``own`` 0.7 s) may overlap only the last backward
     (``window`` 0.5 s of a ``span`` of 3 s); ZeRO-3 gathers on the same NIC (2.7 s over the step)
     take 2.7 * 0.5 / 3 = 0.45 s of that window, so the reduction needs 1.15 s of link time there.
+
+    The other streams' share is capped at the window itself (:func:`window_share_s`): they
+    cannot hold the link longer than the window lasts. The cap is what keeps the step monotone
+    in the span: ``span + (share of the window)`` never falls when the span grows, so a faster
+    term that shortens the span never adds more to this stream than it took off the span.
+    ``span_s`` is the time the other streams spread over (the makespan with whatever of them
+    it could not hide, :func:`perfmodel.step.evaluate._dp_terms_s`).
     """
     own = np.asarray(own_s, dtype=np.float64)
     other = np.maximum(np.asarray(tier_busy_s, dtype=np.float64) - own, 0.0)
-    frac = np.clip(np.asarray(window_s, dtype=np.float64) / np.maximum(span_s, 1e-30), 0.0, 1.0)
-    return own + other * frac
+    return own + window_share_s(other, window_s, span_s)
+
+
+def window_share_s(spread_s: ArrayLike, window_s: ArrayLike, span_s: ArrayLike) -> np.ndarray:
+    """The part of ``spread_s`` seconds of link time, spread evenly over a ``span_s``, that falls
+    in a ``window_s`` of it [s]: ``min(spread * window / span, window)``.
+
+    Monotone in the span: ``span + share`` never decreases as the span grows (for ``spread <
+    span`` its derivative is ``1 - spread * window / span^2 >= 1 - window / span >= 0``; past
+    that the share is the whole window, constant). So a shorter span (a faster link or kernel
+    elsewhere) crowds the window by at most what the span shrank: exposure may grow when a
+    hiding window shrinks, never by more than it shrank.
+
+    Example: 2.7 s of gathers spread over a 3 s step fill 0.45 s of a 0.5 s window; over a
+    2 s step they would fill the whole 0.5 s window (not 0.675 s).
+    """
+    window = np.maximum(np.asarray(window_s, dtype=np.float64), 0.0)
+    span = np.maximum(np.asarray(span_s, dtype=np.float64), 1e-30)
+    frac = np.clip(window / span, 0.0, 1.0)
+    return np.minimum(np.asarray(spread_s, dtype=np.float64) * frac, window)
 
 
 def shared_link_excess_s(tier_busy_s: np.ndarray, step_s: ArrayLike,

@@ -249,12 +249,42 @@ def pipeline_makespan_s(
     # ZB-H1 (Qi et al. 2024, Sec. 3.1): the fill/drain is (p-1)*max(F+B-W, F, B) instead of
     # (p-1)*(F+B+W), with B the input-gradient and W the weight-gradient part of the backward;
     # the max(.., F, B) bounds come from our simulator (docs/pipeline.md). 1/3 when equal.
-    f = fwd_fraction
-    b_in = 1.0 - fwd_fraction - w_fraction
-    zb_factor = np.clip(np.maximum(np.maximum(f + b_in - w_fraction, f), b_in), 0.0, 1.0)
-    fill = np.where(schedule == Schedule.ZB, fill * zb_factor, fill)
+    fill = np.where(schedule == Schedule.ZB, fill * zb_fill_factor(fwd_fraction, w_fraction),
+                    fill)
     steady = m * t_max
     return steady + fill, steady
+
+
+def zb_fill_factor(fwd_fraction, w_fraction) -> np.ndarray:
+    """ZB-H1's fill / drain per stage as a share of the stage time (Qi et al. 2024, Sec. 3.1):
+    ``max(F + B - W, F, B)``, with ``F`` the forward, ``W`` the weight-gradient and ``B`` the
+    rest of the backward (the ``max(.., F, B)`` bounds from our simulator, docs/pipeline.md);
+    1/3 when the three are equal."""
+    f = np.asarray(fwd_fraction, dtype=np.float64)
+    w = np.asarray(w_fraction, dtype=np.float64)
+    b_in = 1.0 - f - w
+    return np.clip(np.maximum(np.maximum(f + b_in - w, f), b_in), 0.0, 1.0)
+
+
+def zero3_gather_window_s(makespan_s, steady_s, schedule) -> np.ndarray:
+    """The compute time that hides the prefetched ZeRO-3 gathers [s]: the steady compute
+    (``m`` times the slowest stage), or with ZB-H1 the whole makespan.
+
+    ZB-H1 (Qi et al. 2024, Sec. 3) fills the fill / drain with the stage's own deferred
+    weight-gradient passes; what is left idle are gaps between passes already scheduled, whose
+    gathers the prefetch has issued and which run on the link whatever the compute stream does.
+    This is what keeps the step monotone: the ZB-H1 fill is ``(p - 1) max(F + B - W, F, B)``,
+    which grows when the weight-gradient pass ``W`` gets faster; with the steady compute alone
+    as the window, gathers longer than it would be exposed by the steady compute's whole
+    shrink while the fill grew, and a faster GPU made the step slower (makespan + exposed
+    gathers = ``max(makespan, gathers + fill)``). With the makespan as the window the sum is
+    ``max(makespan, gathers)``. The other schedules' fill (stages waiting for each other's
+    activations, nothing of their own to run) is not in the window; it never grows as a pass
+    gets faster (``sum - max`` of the stage times).
+    """
+    makespan = np.asarray(makespan_s, dtype=np.float64)
+    steady = np.asarray(steady_s, dtype=np.float64)
+    return np.where(np.asarray(schedule) == Schedule.ZB, np.maximum(makespan, steady), steady)
 
 
 def _link_streams(comm, tiers, b, m, layers_per_stage, sends, p2p_s, tp_link_s, dp_grad_s,
@@ -465,6 +495,22 @@ def exposed_zero3_gather_s(overlapped: bool, z3_s, steady_s) -> np.ndarray:
     if overlapped:
         return np.maximum(z3_s - steady_s, 0.0)
     return z3_s
+
+
+def stream_span_s(makespan_s, zero3_exposed_s) -> np.ndarray:
+    """The time the communication streams of a tier spread over [s]: the makespan plus the
+    ZeRO-3 gathers it could not hide, ``makespan + zero3_exposed``.
+
+    The gathers that do not fit under the steady compute run on after it, so they (and the
+    streams beside them) spread over the longer time. With the makespan alone, a faster term
+    inside it (a faster tensor-parallel link) would shorten the span while the gathers' exposed
+    part grew by just as much, and crowd the gradient reduction's window with the same traffic
+    as if the step had really shortened: the step grew when a link got faster. With the
+    gathers' exposed part in it the span shrinks only as far as the step does, and
+    :func:`perfmodel.comm.comm_time.window_share_s` adds at most that to the reduction.
+    """
+    return np.asarray(makespan_s, dtype=np.float64) + np.asarray(zero3_exposed_s,
+                                                                   dtype=np.float64)
 
 
 def time_breakdown_s(makespan_s, steady_s, shares, pp_exposed_s, dp_exposed_s,
@@ -692,6 +738,7 @@ class _PipelineTerms:
 
     makespan_s: np.ndarray
     steady_s: np.ndarray
+    zero3_window_s: np.ndarray
     layers_per_stage: np.ndarray
     layer_bwd_s: np.ndarray
     shares: dict[str, np.ndarray]
@@ -724,6 +771,7 @@ def _pipeline_terms_s(c: _StepContext, layer: _LayerTerms, stages: _StageTerms
     shares = stage_comm_shares(layers_per_stage, t_max, layer.tp_comm_s, layer.cp_comm_s,
                                layer.ep_comm_s, layer.overlap_s)
     return _PipelineTerms(makespan_s=makespan_s, steady_s=steady_s,
+                          zero3_window_s=zero3_gather_window_s(makespan_s, steady_s, b.schedule),
                           layers_per_stage=layers_per_stage, layer_bwd_s=layer_bwd_s,
                           shares=shares, hardware_flops_layout=hflops_layout)
 
@@ -776,10 +824,12 @@ def _dp_terms_s(c: _StepContext, layer: _LayerTerms, pipe: _PipelineTerms, p2p: 
                             layer.tp_link_s, dp_grad_s, z3_s)
     tier_busy_s = comm_time_mod.link_busy_s(streams, len(cluster.tiers))
     last_bwd_s = pipe.layers_per_stage * pipe.layer_bwd_s
+    # 4c. ZeRO-3 parameter gathers, then the gradient reduction, whose tier's other streams
+    # spread over the makespan stretched by the gathers it could not hide (:func:`stream_span_s`).
+    zero3_exposed_s = exposed_zero3_gather_s(training.overlap_grad_reduce, z3_s,
+                                             pipe.zero3_window_s)
     dp_exposed_s = _exposed_dp_s(training, tier_busy_s, tiers, dp_grad_s, last_bwd_s,
-                                 pipe.makespan_s)
-    # 4c. ZeRO-3 parameter gathers.
-    zero3_exposed_s = exposed_zero3_gather_s(training.overlap_grad_reduce, z3_s, pipe.steady_s)
+                                 stream_span_s(pipe.makespan_s, zero3_exposed_s))
     if training.zero3_gather == "tensor":  # DeepSpeed ZeRO-3 of 2021
         zero3_exposed_s, dp_exposed_s = _deepspeed_zero3_exposed_s(
             model, training, cluster, b, c.ct, pipe.layers_per_stage, dp_grad_s, dp_exposed_s,

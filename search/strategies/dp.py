@@ -61,8 +61,8 @@ from search.pareto import Tally
 from search.result import SearchResult, finalize_batch
 from search.space import Problem, Scored
 
-__all__ = ["DPLayout", "DPSearch", "balanced_counts", "brute_force_partition", "partition_dp",
-           "range_dp"]
+__all__ = ["DP_MAX_CELLS", "DPLayout", "DPSearch", "balanced_counts", "brute_force_partition",
+           "cell_chunks", "partition_dp", "range_dp"]
 
 
 
@@ -673,6 +673,30 @@ def _even_splits(problem: Problem, keeper: _Keeper, progress=None) -> _OuterRows
     return _OuterRows(_concat(rows_l), np.concatenate(bound_l), np.concatenate(other_l))
 
 
+DP_MAX_CELLS = 2**18
+"""(outer configurations x pipeline stages) cells of one pass of the DP: the coefficient,
+count and recompute arrays of a pass are each a few times this many float64 / int64 entries
+(a few MB), whatever the number of stages."""
+
+
+def cell_chunks(pp: np.ndarray, max_cells: int) -> list[np.ndarray]:
+    """Consecutive index ranges of ``pp`` (rows in the order given) whose ``rows x max pp``
+    stays within ``max_cells`` (one row at least per range).
+
+    Example: ``pp = [2, 2, 8, 8]`` and 16 cells give ``[0, 1, 2]`` (3 rows x 8 = 24 > 16,
+    so) ``[0, 1]``, ``[2, 3]``: 2 x 2 and 2 x 8.
+    """
+    pp = np.asarray(pp, dtype=np.int64)
+    out, start, n = [], 0, pp.size
+    while start < n:
+        widest = np.maximum.accumulate(pp[start:])
+        cells = widest * np.arange(1, n - start + 1)
+        k = max(1, int(np.searchsorted(cells, max_cells, side="right")))
+        out.append(np.arange(start, start + k))
+        start += k
+    return out
+
+
 @dataclass(frozen=True)
 class DPSearch:
     """For every outer configuration, the even split plus the DP's per-stage layouts.
@@ -685,12 +709,16 @@ class DPSearch:
         ``--recompute-num-layers`` is one count for every stage). Default False: one count for
         every stage, searched around the per-stage optimum (its largest count, one less, one
         more) and at "all layers".
-    chunk_rows : outer configurations solved per numpy pass.
+    chunk_rows : outer configurations solved per numpy pass, at most.
+    max_cells : (configurations x stages) cells per numpy pass, at most (:func:`cell_chunks`):
+        the per-stage arrays of a pass hold ``rows x max pp`` entries each, so a model with
+        thousands of stages solves fewer rows at a time and memory stays bounded.
     """
 
     top: int = 10
     per_stage_recompute: bool = False
     chunk_rows: int = 4096
+    max_cells: int = DP_MAX_CELLS
     name: str = "dp"
 
     def run(self, problem: Problem, seed: int = 0, progress=None) -> SearchResult:
@@ -744,11 +772,12 @@ class DPSearch:
                 idx = idx[tight < kth]
                 if idx.size == 0:
                     continue
-            lay = self._layouts(problem, rows.take(idx), L)
-            n_solved += idx.size
-            if len(lay):
-                n_layouts += len(lay)
-                keeper.score(lay)
+            for part in cell_chunks(rows.pp[idx], self.max_cells):
+                lay = self._layouts(problem, rows.take(idx[part]), L)
+                n_solved += part.size
+                if len(lay):
+                    n_layouts += len(lay)
+                    keeper.score(lay)
         return n_layouts, n_solved
 
     # ------------------------------------------------------------------------------------
