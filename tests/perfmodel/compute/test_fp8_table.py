@@ -18,7 +18,7 @@ from perfmodel.hardware.calibration import FP8_GEMM_FILE, LAYOUTS, load_calibrat
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig
 from perfmodel.spec.specs import TrainingSpec, load_gpu, load_model
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "benchmarks" / "calibrate_gpu.py"
 H200, H100, B200 = load_gpu("h200-sxm-141gb"), load_gpu("H100-SXM5-80GB"), load_gpu("B200")
 DISPATCH_S = 8e-6  # calibration.BENCH_DISPATCH_S, subtracted from both times
