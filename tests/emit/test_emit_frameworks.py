@@ -192,11 +192,14 @@ def bridge_config():
 
 
 @pytest.fixture(scope="module")
-def megatron_config():
+def megatron_config(tmp_path_factory):
     pytest.importorskip("megatron.core")
+    d = tmp_path_factory.mktemp("megatron")
+    for name in ("0", "1", ","):  # files a bare glob pattern like [0,1] would match
+        (d / name).write_text("")
 
     def read(text, gpus):
-        args = megatron_lm_schema.parse(text)
+        args = megatron_lm_schema.parse(text, d)
         tc, ddp, dp = megatron_lm_schema.core_configs(args, gpus)
         vp = tc.virtual_pipeline_model_parallel_size
         if tc.pipeline_model_parallel_layout is not None:
