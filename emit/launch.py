@@ -642,9 +642,11 @@ def torchtitan_toml(config: ParallelConfig, model: ModelSpec, training: Training
         reshard = "always" if c.zero_stage == 3 else "never"
     else:
         replicate, shard, reshard = c.dp, 1, "default"
-    schedule = {"gpipe": "GPipe", "1f1b": "1F1B",
-                "interleaved": "Interleaved1F1B",
-                "zb": "InterleavedZeroBubble" if c.vp > 1 else "ZBVZeroBubble"}[c.schedule]
+    # zb is ZB-H1 with one model chunk per rank: torch.distributed.pipelining's
+    # ScheduleInterleavedZeroBubble (ZB1P, looped stages, any count per rank); ZBVZeroBubble
+    # and DualPipeV are V schedules that pipeline_module_split builds only with 2 chunks a rank
+    schedule = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B",
+                "zb": "InterleavedZeroBubble"}[c.schedule]
     local_batch = training.global_batch_size // c.dp
     name, flavor = _TORCHTITAN_FLAVOR.get(m.name, ("llama3", m.name))
     sec: dict[str, dict[str, Any]] = {

@@ -16,6 +16,7 @@ parsed (``ast``) from the installed Bridge source.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -49,13 +50,7 @@ def deepspeed_config():
     # data-parallel size; DeepSpeed's CPU shared-memory all-reduce kernel (a JIT C++ build)
     # is not needed to read a config
     if not tdist.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
-                          WORLD_SIZE="1", LOCAL_RANK="0")
-        tdist.init_process_group("gloo", rank=0, world_size=1,
-                                 init_method=f"tcp://127.0.0.1:{port}")
+        _gloo_world()
     shm = get_accelerator().create_op_builder("ShareMemCommBuilder")
     if shm is not None:
         deepspeed.ops.__compatible_ops__[shm.NAME] = False
@@ -81,6 +76,75 @@ def deepspeed_config():
     return read
 
 
+@contextlib.contextmanager
+def _fake_world(rank, world_size):
+    """A ``fake`` default process group of ``world_size`` ranks (torch's FakeStore: no
+    communication) in place of the one-process gloo group the DeepSpeed reader set up, which
+    is put back afterwards."""
+    import torch.distributed as tdist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    had = tdist.is_initialized()
+    if had:
+        tdist.destroy_process_group()
+    tdist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        tdist.destroy_process_group()
+        if had:
+            _gloo_world()
+
+
+def _gloo_world():
+    """A one-process gloo group on the loopback."""
+    import torch.distributed as tdist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
+                      WORLD_SIZE="1", LOCAL_RANK="0")
+    tdist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+
+
+def _torchtitan_stages(jc, gpus, n_layers):
+    """torchtitan's pipeline split of the job config, as ``pipeline_llm`` runs it: a small
+    llama3 (the debug model with the planned layer count) on the meta device, split by
+    ``pipeline_module_split`` with the configured schedule on the first and the last pipeline
+    rank of a fake process group, and the schedule built by ``build_pipeline_schedule``.
+    Returns {pp rank: (schedule class name, micro-batches, [(stage index, decoder layers)])}."""
+    import torch
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed.pipeline_parallel import (
+        build_pipeline_schedule,
+        pipeline_module_split,
+    )
+    from torchtitan.models.llama3 import Transformer, llama3_args
+
+    p = jc.parallelism
+    args = dataclasses.replace(llama3_args["debugmodel"], n_layers=n_layers)
+    with torch.device("meta"):
+        model = Transformer(args)
+    out = {}
+    for pp_rank in sorted({0, p.pipeline_parallel_degree - 1}):
+        with _fake_world(pp_rank * (gpus // p.pipeline_parallel_degree), gpus):
+            dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree,
+                                dp_shard=p.data_parallel_shard_degree,
+                                cp=p.context_parallel_degree, tp=p.tensor_parallel_degree,
+                                pp=p.pipeline_parallel_degree, ep=1, etp=1, world_size=gpus)
+            mesh = dims.get_mesh("pp")
+            assert mesh.get_local_rank() == pp_rank
+            stages, parts = pipeline_module_split(
+                model, mesh, p.pipeline_parallel_schedule, torch.device("meta"),
+                p.module_fqns_per_model_part)
+            sched = build_pipeline_schedule(jc, stages, lambda out, target: out.sum())
+            out[pp_rank] = (type(sched).__name__, sched._n_microbatches,
+                            [(st.stage_index, len(m.layers)) for st, m in zip(stages, parts,
+                                                                            strict=True)])
+    return out
+
+
 @pytest.fixture(scope="module")
 def torchtitan_config(tmp_path_factory):
     pytest.importorskip("torchtitan")
@@ -98,8 +162,13 @@ def torchtitan_config(tmp_path_factory):
                             dp_shard=p.data_parallel_shard_degree, cp=p.context_parallel_degree,
                             tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
                             ep=1, etp=1, world_size=gpus)  # raises unless the degrees fill it
-        return {"jc": jc, "dp": dims.dp_replicate * dims.dp_shard, "tp": dims.tp,
-                "pp": dims.pp, "cp": dims.cp, "chunks": p.module_fqns_per_model_part}
+        got = {"jc": jc, "dp": dims.dp_replicate * dims.dp_shard, "tp": dims.tp,
+               "pp": dims.pp, "cp": dims.cp, "chunks": p.module_fqns_per_model_part}
+        if dims.pp > 1:
+            n_layers = sum(x.startswith("layers.") for part in p.module_fqns_per_model_part
+                           for x in part)
+            got["stages"] = _torchtitan_stages(jc, gpus, n_layers)
+        return got
 
     return read
 
@@ -258,6 +327,14 @@ def _check(fmt, text, c, model, training, gpus, readers):
         if c.pp > 1:  # the planned split, not torchtitan's default one
             layers = [sum(x.startswith("layers.") for x in part) for part in got["chunks"]]
             assert layers == chunks
+            # built as torchtitan builds it: the chunks of each pipeline rank, the schedule
+            cls = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
+                   "interleaved": "ScheduleInterleaved1F1B",
+                   "zb": "ScheduleInterleavedZeroBubble"}[c.schedule]
+            for rank, (name, n_micro, built) in got["stages"].items():
+                assert name == cls
+                assert n_micro == training.global_batch_size // (c.dp * c.micro_batch_size)
+                assert built == [(rank + k * c.pp, chunks[rank + k * c.pp]) for k in range(c.vp)]
         if c.zero_stage == 3:
             assert jc.parallelism.fsdp_reshard_after_forward == "always"
     if fmt == "deepspeed":
