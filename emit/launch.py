@@ -510,22 +510,27 @@ def _bridge_model_fields(c: ParallelConfig, m: ModelSpec,
 
 
 def _bridge_layout_fields(c: ParallelConfig, m: ModelSpec, chunks: list[int]) -> dict[str, Any]:
-    """The model section's pipeline split: a layout string (which implies vp), or lighter first
-    / last stages, and the embedding / loss counted as layers."""
+    """The model section's pipeline split, in one of Megatron-Core's exclusive forms
+    (``TransformerConfig.__post_init__``: a layout "cannot be set with other pipeline layout
+    arguments", first / last counts not with the embedding / loss accounting): a layout string
+    (which implies vp), or the split the plan names (lighter first / last stages, or the
+    embedding / loss counted as layers, vp kept), or Megatron-LM's default uneven split."""
+    first, last, emb, loss = _layout_fields(c)
+    if _explicit_layout(c, m) or (_is_uneven(chunks) and c.vp > 1
+                                  and not (first or last or emb or loss)):
+        # per-stage counts (search/dp.py, balanced), or an unnamed interleaved uneven split
+        return {"virtual_pipeline_model_parallel_size": None,  # implied by the layout
+                "pipeline_model_parallel_layout": _layout(chunks)}
     out: dict[str, Any] = {}
-    uneven = _is_uneven(chunks)
-    if _explicit_layout(c, m):  # per-stage counts (search/dp.py, balanced): the layout
-        out["virtual_pipeline_model_parallel_size"] = None  # implied by the layout
-        out["pipeline_model_parallel_layout"] = _layout(chunks)
-    elif uneven and c.vp == 1:
-        out["num_layers_in_first_pipeline_stage"] = chunks[0]
-        out["num_layers_in_last_pipeline_stage"] = chunks[-1]
-    elif uneven:
-        out["virtual_pipeline_model_parallel_size"] = None  # implied by the layout
-        out["pipeline_model_parallel_layout"] = _layout(chunks)
-    if getattr(c, "embedding_as_layer", False):
+    if not (first or last or emb or loss) and _is_uneven(chunks):  # vp == 1
+        first, last = chunks[0], chunks[-1]
+    if first:
+        out["num_layers_in_first_pipeline_stage"] = first
+    if last:
+        out["num_layers_in_last_pipeline_stage"] = last
+    if emb:
         out["account_for_embedding_in_pipeline_split"] = True
-    if getattr(c, "loss_as_layer", False):
+    if loss:
         out["account_for_loss_in_pipeline_split"] = True
     return out
 
