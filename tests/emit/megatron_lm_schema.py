@@ -154,6 +154,8 @@ def core_configs(args: argparse.Namespace, world_size: int):
         kw["virtual_pipeline_model_parallel_size"] = (
             args.num_layers // args.pipeline_model_parallel_size
             // args.num_layers_per_virtual_pipeline_stage)
+    elif args.num_virtual_stages_per_pipeline_rank is not None:  # validate_args, uneven
+        kw["virtual_pipeline_model_parallel_size"] = args.num_virtual_stages_per_pipeline_rank
     kw["num_layers_in_first_pipeline_stage"] = args.decoder_first_pipeline_num_layers
     kw["num_layers_in_last_pipeline_stage"] = args.decoder_last_pipeline_num_layers
     if args.attention_backend is not None:

@@ -27,7 +27,15 @@ from pathlib import Path
 
 import pytest
 
-from emit.launch import FORMATS, emit, launch_settings, refusals, stage_layers
+from emit.launch import (
+    _BRIDGE_PRECISION,
+    FORMATS,
+    emit,
+    launch_settings,
+    precision_recipe,
+    refusals,
+    stage_layers,
+)
 from tests.emit import megatron_lm_schema
 from tests.emit.emit_plans import PLANS, load_plan
 
@@ -71,7 +79,7 @@ def deepspeed_config():
                 "accum": cfg.gradient_accumulation_steps, "batch": cfg.train_batch_size,
                 "tp": max(cfg.tensor_parallel_config.autotp_size, 1),
                 "pp": cfg.pipeline["stages"] if "pipeline" in json.loads(text) else 1,
-                "bf16": cfg.bfloat16_config.enabled}
+                "bf16": cfg.bfloat16_config.enabled, "fp16": cfg.float16_config.enabled}
 
     return read
 
@@ -161,9 +169,11 @@ def torchtitan_config(tmp_path_factory):
         dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree,
                             dp_shard=p.data_parallel_shard_degree, cp=p.context_parallel_degree,
                             tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
-                            ep=1, etp=1, world_size=gpus)  # raises unless the degrees fill it
+                            ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree,
+                            world_size=gpus)  # raises unless the degrees fill it
         got = {"jc": jc, "dp": dims.dp_replicate * dims.dp_shard, "tp": dims.tp,
-               "pp": dims.pp, "cp": dims.cp, "chunks": p.module_fqns_per_model_part}
+               "pp": dims.pp, "cp": dims.cp, "ep": dims.ep,
+               "chunks": p.module_fqns_per_model_part}
         if dims.pp > 1:
             n_layers = sum(x.startswith("layers.") for part in p.module_fqns_per_model_part
                            for x in part)
@@ -284,63 +294,120 @@ def megatron_config(tmp_path_factory):
 # the matrix: 7 plans x 4 formats
 # ------------------------------------------------------------------------------------------
 def _check(fmt, text, c, model, training, gpus, readers):
+    """Read the file back with the framework's own code and compare each planned choice:
+    degrees (dp, tp, pp, vp, cp, ep), micro-batch, micro-batches per step and global batch,
+    schedule, recompute and precision."""
     got = readers[fmt](text, gpus) if fmt != "deepspeed" else readers[fmt](text, c.dp)
     assert got["dp"] == c.dp and got["tp"] == c.tp and got["pp"] == c.pp
-    chunks = stage_layers(c, model)
-    if fmt in ("megatron", "bridge"):
-        tc = got["tc"]
-        assert got["cp"] == c.cp and got["vp"] == c.vp
-        assert tc.sequence_parallel == c.sequence_parallel
-        assert tc.num_layers == model.num_layers and tc.num_query_groups == model.kv_heads
-        assert tc.recompute_granularity == (None if c.recompute == "none" else c.recompute)
-        lay = getattr(tc, "pipeline_model_parallel_layout", None)
-        if lay is not None:  # an explicit layout (DP searcher): Megatron-Core's own parse
-            from megatron.core.transformer.enums import LayerType
+    plan = {"chunks": stage_layers(c, model), "recipe": precision_recipe(training),
+            "n_micro": training.global_batch_size // (c.dp * c.micro_batch_size)}
+    {"megatron": _check_megatron, "bridge": _check_bridge, "torchtitan": _check_torchtitan,
+     "deepspeed": _check_deepspeed}[fmt](got, c, model, training, plan)
 
-            lay.validate_layer_layout(model.num_layers, 0)
-            built = [lay.layout[i % c.pp][i // c.pp].count(LayerType.decoder)
-                     for i in range(c.pp * c.vp)]
-            assert built == chunks
-        elif len(set(chunks)) > 1 and c.vp == 1:
+
+def _check_megatron_core(tc, got, c, model, training, plan):
+    """Megatron-Core's TransformerConfig (Megatron-LM and Bridge alike)."""
+    chunks = plan["chunks"]
+    assert got["cp"] == c.cp and got["vp"] == c.vp
+    assert tc.expert_model_parallel_size == (c.ep if model.is_moe else 1)
+    if model.is_moe:
+        assert tc.num_moe_experts == model.num_experts
+        assert tc.expert_tensor_parallel_size == c.expert_tp
+        assert tc.moe_router_topk == model.moe_top_k
+    # Megatron runs interleaved 1F1B when vp > 1, else 1F1B: the plan's schedule
+    assert {"interleaved": True, "1f1b": False}[c.schedule if c.pp > 1 else "1f1b"] == (
+        got["vp"] > 1)
+    assert tc.sequence_parallel == c.sequence_parallel
+    assert tc.num_layers == model.num_layers and tc.num_query_groups == model.kv_heads
+    assert tc.recompute_granularity == (None if c.recompute == "none" else c.recompute)
+    lay = getattr(tc, "pipeline_model_parallel_layout", None)
+    if lay is not None:  # an explicit layout: Megatron-Core's own parse
+        from megatron.core.transformer.enums import LayerType
+
+        lay.validate_layer_layout(model.num_layers, 0)
+        built = [lay.layout[i % c.pp][i // c.pp].count(LayerType.decoder)
+                 for i in range(c.pp * c.vp)]
+        assert built == chunks
+    elif len(set(chunks)) > 1 and not (c.embedding_as_layer or c.loss_as_layer):
+        if c.vp == 1:
             assert tc.num_layers_in_first_pipeline_stage == chunks[0]
             assert tc.num_layers_in_last_pipeline_stage == chunks[-1]
-        if training.precision == "fp8":
-            assert tc.fp8 is not None
-    if fmt == "megatron":
-        a = got["args"]
-        assert a.micro_batch_size == c.micro_batch_size
-        assert a.use_distributed_optimizer == (c.zero_stage == 1)
-        assert a.use_megatron_fsdp == (c.zero_stage >= 2)
-        if model.position_embedding == "rope":
-            assert a.rotary_base == int(model.rope_base)
-        assert a.untie_embeddings_and_output_weights == (not model.tied_embeddings)
-    if fmt == "bridge":
-        doc = got["doc"]
-        assert doc["train"]["micro_batch_size"] == c.micro_batch_size
-        assert doc["model"]["share_embeddings_and_output_weights"] == model.tied_embeddings
-    if fmt == "torchtitan":
-        jc = got["jc"]
-        assert got["cp"] == c.cp
-        assert jc.training.local_batch_size * c.dp == training.global_batch_size
-        assert jc.parallelism.pipeline_parallel_microbatch_size == c.micro_batch_size
-        assert jc.activation_checkpoint.mode == c.recompute
-        if c.pp > 1:  # the planned split, not torchtitan's default one
-            layers = [sum(x.startswith("layers.") for x in part) for part in got["chunks"]]
-            assert layers == chunks
-            # built as torchtitan builds it: the chunks of each pipeline rank, the schedule
-            cls = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
-                   "interleaved": "ScheduleInterleaved1F1B",
-                   "zb": "ScheduleInterleavedZeroBubble"}[c.schedule]
-            for rank, (name, n_micro, built) in got["stages"].items():
-                assert name == cls
-                assert n_micro == training.global_batch_size // (c.dp * c.micro_batch_size)
-                assert built == [(rank + k * c.pp, chunks[rank + k * c.pp]) for k in range(c.vp)]
-        if c.zero_stage == 3:
-            assert jc.parallelism.fsdp_reshard_after_forward == "always"
-    if fmt == "deepspeed":
-        assert got["zero"] == c.zero_stage and got["mbs"] == c.micro_batch_size
-        assert got["batch"] == training.global_batch_size
-        assert got["accum"] * c.dp * c.micro_batch_size == training.global_batch_size
+    else:
+        assert tc.account_for_embedding_in_pipeline_split == c.embedding_as_layer
+        assert tc.account_for_loss_in_pipeline_split == c.loss_as_layer
+    recipe = plan["recipe"]
+    assert tc.bf16 == (recipe not in ("fp16", "fp32")) and tc.fp16 == (recipe == "fp16")
+    fp8 = {"fp8-delayed": "delayed", "fp8-cs": "tensorwise", "fp8-block": "blockwise",
+           "mxfp8": "mxfp8"}.get(recipe)
+    assert (tc.fp8 is not None) == (fp8 is not None)
+    return fp8
+
+
+def _check_megatron(got, c, model, training, plan):
+    fp8 = _check_megatron_core(got["tc"], got, c, model, training, plan)
+    a = got["args"]
+    if fp8:  # --fp8-recipe (Bridge's recipe is its mixed_precision name)
+        assert a.fp8_recipe == fp8
+    assert a.micro_batch_size == c.micro_batch_size
+    assert a.global_batch_size == training.global_batch_size
+    assert a.global_batch_size // (a.micro_batch_size * got["dp"]) == plan["n_micro"]
+    assert a.use_distributed_optimizer == (c.zero_stage == 1)
+    assert a.use_megatron_fsdp == (c.zero_stage >= 2)
+    if model.position_embedding == "rope":
+        assert a.rotary_base == int(model.rope_base)
+    assert a.untie_embeddings_and_output_weights == (not model.tied_embeddings)
+    if model.is_moe:  # Megatron-LM's moe_freq_type, as Megatron-Core expands an int
+        d, k = model.moe_dense_layers, model.moe_layer_freq
+        want = [0] * d + [1 if (i + 1) % k == 0 else 0 for i in range(model.num_layers - d)]
+        freq = a.moe_layer_freq
+        if isinstance(freq, int):
+            freq = [1 if i % freq == 0 else 0 for i in range(model.num_layers)]
+        assert freq == want
+
+
+def _check_bridge(got, c, model, training, plan):
+    _check_megatron_core(got["tc"], got, c, model, training, plan)
+    doc = got["doc"]
+    assert doc["train"]["micro_batch_size"] == c.micro_batch_size
+    assert doc["train"]["global_batch_size"] == training.global_batch_size
+    assert doc["model"]["share_embeddings_and_output_weights"] == model.tied_embeddings
+    assert doc["optimizer"]["use_distributed_optimizer"] == (c.zero_stage == 1)
+    assert doc.get("dist", {}).get("use_megatron_fsdp", False) == (c.zero_stage >= 2)
+    assert doc["mixed_precision"] == _BRIDGE_PRECISION.get(plan["recipe"])
+
+
+def _check_torchtitan(got, c, model, training, plan):
+    jc, chunks = got["jc"], plan["chunks"]
+    p = jc.parallelism
+    assert got["cp"] == c.cp and got["ep"] == (c.ep if model.is_moe else 1)
+    assert jc.training.local_batch_size * c.dp == training.global_batch_size
+    assert jc.training.global_batch_size == training.global_batch_size
+    assert p.pipeline_parallel_microbatch_size == c.micro_batch_size
+    assert jc.activation_checkpoint.mode == c.recompute
+    assert {0: "default", 2: "never", 3: "always"}[c.zero_stage] == p.fsdp_reshard_after_forward
+    if c.pp > 1:  # the planned split, not torchtitan's default one
+        layers = [sum(x.startswith("layers.") for x in part) for part in got["chunks"]]
+        assert layers == chunks
+        # built as torchtitan builds it: the chunks of each pipeline rank, the schedule
+        cls = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
+               "interleaved": "ScheduleInterleaved1F1B",
+               "zb": "ScheduleInterleavedZeroBubble"}[c.schedule]
+        for rank, (name, n_micro, built) in got["stages"].items():
+            assert name == cls and n_micro == plan["n_micro"]
+            assert built == [(rank + k * c.pp, chunks[rank + k * c.pp]) for k in range(c.vp)]
+    recipe = plan["recipe"]
+    assert jc.training.mixed_precision_param == ("float32" if recipe == "fp32" else "bfloat16")
+    conv = {"fp8-cs": ["quantize.linear.float8"], "mxfp8": ["quantize.linear.mx"]}
+    assert list(jc.model.converters) == conv.get(recipe, [])
+    if recipe == "fp8-cs":
+        assert jc.quantize.linear.float8.recipe_name == "tensorwise"
+
+
+def _check_deepspeed(got, c, model, training, plan):
+    assert got["zero"] == c.zero_stage and got["mbs"] == c.micro_batch_size
+    assert got["batch"] == training.global_batch_size
+    assert got["accum"] == plan["n_micro"]
+    assert got["bf16"] == (plan["recipe"] == "bf16") and got["fp16"] == (plan["recipe"] == "fp16")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ def test_megatron_moe_and_mla_flags_deepseek():
     for flag in ("--num-experts 256", "--moe-router-topk 8", "--moe-ffn-hidden-size 2048",
                  "--expert-model-parallel-size 64", "--expert-tensor-parallel-size 1",
                  "--moe-token-dispatcher-type alltoall", "--moe-grouped-gemm",
-                 '--moe-layer-freq "([0]*3+[1]*58)"', "--moe-shared-expert-intermediate-size 2048",
+                 "--moe-layer-freq ([0]*3+[1]*58)", "--moe-shared-expert-intermediate-size 2048",
                  "--multi-latent-attention", "--q-lora-rank 1536", "--kv-lora-rank 512",
                  "--qk-pos-emb-head-dim 64", "--v-head-dim 128"):
         assert flag in args, flag
@@ -32,4 +32,4 @@ def test_dense_model_has_no_moe_flags_and_torchtitan_ep():
     toml = emit("torchtitan", cfg, load_model("mixtral-8x7b"), TR)
     assert "expert_parallel_degree = 8" in toml and "expert_tensor_parallel_degree = 1" in toml
     llama4 = load_model("mixtral-8x7b").model_copy(update={"moe_layer_freq": 2})
-    assert '--moe-layer-freq "[0,1,0,1' in " ".join(megatron_moe_args(cfg, llama4, TR))
+    assert "--moe-layer-freq (([0]*1+[1])*16)" in " ".join(megatron_moe_args(cfg, llama4, TR))
