@@ -64,9 +64,10 @@ __all__ = ["FILE_NAMES", "FORMATS", "FORMAT_FRAMEWORK", "Launch", "check_emit_di
            "refusals", "stage_layers", "write_emit_dir"]
 
 FORMATS = ("megatron", "bridge", "torchtitan", "deepspeed")
-#: The framework preset whose capabilities each format is checked against (a ``--framework``
-#: of the same stack replaces it).
-FORMAT_FRAMEWORK = {"megatron": "megatron-lm", "bridge": "bridge-25.x",
+#: Each format's newest shipped framework preset (``hardware_specs/frameworks``): what the file
+#: is checked against, and what ``plan --emit X`` plans for without ``--framework`` (a
+#: ``--framework`` of the same stack replaces it).
+FORMAT_FRAMEWORK = {"megatron": "megatron-lm", "bridge": "bridge-26.02",
                     "torchtitan": "torchtitan", "deepspeed": "deepspeed"}
 FORMAT_STACK = {"megatron": "megatron", "bridge": "megatron", "torchtitan": "torchtitan",
                 "deepspeed": "deepspeed"}
