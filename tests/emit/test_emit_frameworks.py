@@ -507,3 +507,33 @@ def test_cli_emit_output_is_a_file_the_framework_reads(fmt, readers):
     assert r.exit_code == 0, r.output
     got = readers[fmt](r.stdout, 16) if fmt != "deepspeed" else readers[fmt](r.stdout, 8)
     assert (got["dp"], got["tp"], got["pp"]) == (8, 1, 2)
+
+
+#: Searches with no --framework: a dense model, and an MoE one with DeepSeek's dense layers
+_SEARCHES = {
+    "dense": ["--model", "llama3.1-8b", "--cluster", "dgx-h100", "--gpus", "64",
+              "--global-batch", "256", "--seq-len", "8192"],
+    "moe": ["--model", "deepseek-v3", "--cluster", "dgx-h100", "--gpus", "1024",
+            "--global-batch", "4096", "--seq-len", "4096"],
+}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("search", ["dense", pytest.param("moe", marks=pytest.mark.slow)])
+def test_cli_emit_without_framework_plans_for_the_format(search, fmt, readers):
+    """`plan --emit X` alone plans for X's newest preset, says so first, exits 0, and prints
+    a file X's own code reads with the degrees of the plan it reports."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from emit.launch import FORMAT_FRAMEWORK
+
+    args = _SEARCHES[search]
+    r = CliRunner().invoke(app, [*args, "--emit", fmt])
+    assert r.exit_code == 0, r.output
+    assert r.stderr.splitlines()[0].startswith(f"framework {FORMAT_FRAMEWORK[fmt]}: ")
+    doc = json.loads(CliRunner().invoke(app, [*args, "--emit", fmt, "--json"]).stdout)
+    c = doc["best"]["config"]
+    gpus = int(args[args.index("--gpus") + 1])
+    got = readers[fmt](r.stdout, gpus) if fmt != "deepspeed" else readers[fmt](r.stdout, c["dp"])
+    assert (got["dp"], got["tp"], got["pp"]) == (c["dp"], c["tp"], c["pp"])
