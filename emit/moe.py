@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-
 from perfmodel.compute.layer import full_iteration_graphed
 from perfmodel.moe.experts import a2a_overlap_applies
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig

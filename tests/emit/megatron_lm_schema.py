@@ -78,7 +78,7 @@ def _eval_pattern(pattern: str):
     """Megatron-LM ``megatron/training/arguments.py`` ``_eval_pattern``, as written there."""
     if re.compile(r"[^,\d\[\]\(\)\+\*]").search(pattern):
         raise ValueError(f"Invalid pattern: {pattern}")
-    return eval(pattern)  # noqa: S307 (Megatron-LM's own parse, after its character check)
+    return eval(pattern)  # Megatron-LM's own parse, after its character check
 
 
 def moe_freq_type(x):
