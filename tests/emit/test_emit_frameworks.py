@@ -467,8 +467,10 @@ def test_refused_formats_get_an_alternative_that_parses(readers):
             alt = L.alternative
             assert alt and alt.get("text"), (name, fmt, L.refused, alt)
             ac = load_plan_config(alt["config"])
-            alt_training = training.model_copy(update={"precision": "fp8" if "fp8" in alt[
-                "precision"] else alt["precision"]})
+            recipe = alt["precision"]  # a recipe name: the precision and its recipe
+            base = "fp8" if recipe.startswith("fp8") or recipe == "mxfp8" else recipe
+            alt_training = training.model_copy(update={
+                "precision": base, "low_precision_recipe": recipe if recipe != base else None})
             _check(fmt, alt["text"], ac, model, alt_training, gpus, readers)
             assert "nearest that" in L.message()
             seen += 1
