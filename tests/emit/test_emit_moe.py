@@ -4,7 +4,6 @@ import argparse
 
 import pytest
 
-
 from emit.launch import emit
 from emit.moe import megatron_bridge_moe_overrides, megatron_moe_args
 from perfmodel.parallel.config import ParallelConfig
