@@ -253,10 +253,27 @@ def refusals(fmt: str, config: ParallelConfig, model: ModelSpec, training: Train
                    f"the balanced layout of {model.num_layers} layers on pp {c.pp} x vp {c.vp}")
     if recipe not in fw.precisions:
         why.append(f"{name} has no {recipe} precision: it runs {', '.join(fw.precisions)}")
+    if fw.stack == "torchtitan":
+        why += _torchtitan_round_refusals(c, training)
     # what the release adds or lacks ([capabilities]: etp rule, cp with MoE, uneven interleaving)
     why += capability_refusals(fw, model, {"tp": c.tp, "pp": c.pp, "vp": c.vp, "cp": c.cp,
                                            "ep": c.ep, "etp": c.expert_tp, "dp": c.dp})
     return why
+
+
+def _torchtitan_round_refusals(c: ParallelConfig, training: TrainingSpec) -> list[str]:
+    """torch.distributed.pipelining's ``ScheduleInterleaved1F1B`` and
+    ``ScheduleInterleavedZeroBubble`` run the micro-batches in rounds of ``max(1, m // pp)``
+    and raise unless ``m`` is a multiple of the number of rounds
+    (``torch/distributed/pipelining/schedules.py``)."""
+    if c.pp == 1 or c.schedule not in ("interleaved", "zb"):
+        return []
+    m = training.global_batch_size // (c.dp * c.micro_batch_size)
+    rounds = max(1, m // c.pp)
+    if m % rounds == 0:
+        return []
+    return [(f"torchtitan's {c.schedule} schedule runs micro-batches in rounds of "
+             f"max(1, m // pp) = {rounds}: m = {m} is not a multiple of it (pp={c.pp})")]
 
 
 # ------------------------------------------------------------------------------------------

@@ -539,3 +539,20 @@ def test_cli_emit_without_framework_plans_for_the_format(search, fmt, readers):
     gpus = int(args[args.index("--gpus") + 1])
     got = readers[fmt](r.stdout, gpus) if fmt != "deepspeed" else readers[fmt](r.stdout, c["dp"])
     assert (got["dp"], got["tp"], got["pp"]) == (c["dp"], c["tp"], c["pp"])
+
+
+def test_torchtitan_refuses_micro_batches_its_rounds_cannot_split(torchtitan_config):
+    """m = 16 micro-batches on pp = 3: torch's round-based schedules raise; the emitter
+    refuses first, and what it writes (m = 15) builds."""
+    from perfmodel.parallel.config import ParallelConfig
+    from perfmodel.spec.specs import load_model, load_training
+
+    model = load_model("llama3.1-8b")
+    c = ParallelConfig(dp=2, tp=1, pp=3, zero_stage=2, micro_batch_size=1, schedule="zb",
+                       recompute="none", stage_layers=(11, 11, 10))
+    bad = load_training(global_batch_size=32, seq_len=4096)
+    assert "rounds" in " ".join(refusals("torchtitan", c, model, bad))
+    good = load_training(global_batch_size=30, seq_len=4096)
+    got = torchtitan_config(emit("torchtitan", c, model, good), c.gpus)
+    assert all(name == "ScheduleInterleavedZeroBubble" and n == 15
+               for name, n, _ in got["stages"].values())
