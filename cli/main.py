@@ -40,7 +40,14 @@ from typer.core import TyperGroup
 from typer.main import get_command_from_info
 from typer.models import CommandInfo
 
-from emit.launch import FORMATS, check_outputs, launch_from_result, plan_inputs, write_emit_dir
+from emit.launch import (
+    FORMAT_FRAMEWORK,
+    FORMATS,
+    check_outputs,
+    launch_from_result,
+    plan_inputs,
+    write_emit_dir,
+)
 from hardware_specs import list_presets
 from perfmodel.compute.layer import sustained_calibration
 from perfmodel.core import units
@@ -654,6 +661,18 @@ def _print_report(out: Console, result: Any, options: dict[str, Any]) -> None:
               f"{result.strategy} in {result.seconds:.2f} s")
 
 
+def _emit_framework(options: dict[str, Any]) -> str:
+    """``--emit X`` without ``--framework`` plans for X's newest shipped preset
+    (:data:`emit.launch.FORMAT_FRAMEWORK`), so that the file printed is of the configuration
+    the report shows; the report's first line says so ("" when nothing was filled in)."""
+    emit = options["emit"]
+    if emit is None or options.get("framework") is not None:
+        return ""
+    options["framework"] = FORMAT_FRAMEWORK[emit]
+    return (f"framework {FORMAT_FRAMEWORK[emit]}: --emit {emit} without --framework plans "
+            f"for {emit}'s newest preset")
+
+
 def planner(ctx: typer.Context, **options: Any) -> None:
     """Search (or, with every parallel option given, evaluate) parallel configurations."""
     if ctx.invoked_subcommand is not None:
@@ -671,6 +690,7 @@ def planner(ctx: typer.Context, **options: Any) -> None:
     if emit is not None and not json_out:
         # stdout carries only the launch settings (`plan --emit deepspeed > ds.json`)
         out = Console(stderr=True, highlight=False)
+    framework_note = _emit_framework(options)
     progress = _LazyProgress(err) if err.is_terminal and not json_out else None
     plan_kwargs, result = _run_plan(options, progress)
     if not result.fits_any:
@@ -686,6 +706,8 @@ def planner(ctx: typer.Context, **options: Any) -> None:
     if json_out:
         _print_json(result, launches)
         return
+    if framework_note:
+        out.print(framework_note, soft_wrap=True, markup=False)
     for w in result.setup.get("warnings") or ():
         typer.echo(f"plan: warning: {w}", err=True)
     if emit is not None and launches[emit].text is None:

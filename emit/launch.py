@@ -65,9 +65,10 @@ __all__ = ["FILE_NAMES", "FORMATS", "FORMAT_FRAMEWORK", "Launch", "check_emit_di
            "refusals", "stage_layers", "write_emit_dir"]
 
 FORMATS = ("megatron", "bridge", "torchtitan", "deepspeed")
-#: The framework preset whose capabilities each format is checked against (a ``--framework``
-#: of the same stack replaces it).
-FORMAT_FRAMEWORK = {"megatron": "megatron-lm", "bridge": "bridge-25.x",
+#: Each format's newest shipped framework preset (``hardware_specs/frameworks``): what the file
+#: is checked against, and what ``plan --emit X`` plans for without ``--framework`` (a
+#: ``--framework`` of the same stack replaces it).
+FORMAT_FRAMEWORK = {"megatron": "megatron-lm", "bridge": "bridge-26.02",
                     "torchtitan": "torchtitan", "deepspeed": "deepspeed"}
 FORMAT_STACK = {"megatron": "megatron", "bridge": "megatron", "torchtitan": "torchtitan",
                 "deepspeed": "deepspeed"}
@@ -253,10 +254,27 @@ def refusals(fmt: str, config: ParallelConfig, model: ModelSpec, training: Train
                    f"the balanced layout of {model.num_layers} layers on pp {c.pp} x vp {c.vp}")
     if recipe not in fw.precisions:
         why.append(f"{name} has no {recipe} precision: it runs {', '.join(fw.precisions)}")
+    if fw.stack == "torchtitan":
+        why += _torchtitan_round_refusals(c, training)
     # what the release adds or lacks ([capabilities]: etp rule, cp with MoE, uneven interleaving)
     why += capability_refusals(fw, model, {"tp": c.tp, "pp": c.pp, "vp": c.vp, "cp": c.cp,
                                            "ep": c.ep, "etp": c.expert_tp, "dp": c.dp})
     return why
+
+
+def _torchtitan_round_refusals(c: ParallelConfig, training: TrainingSpec) -> list[str]:
+    """torch.distributed.pipelining's ``ScheduleInterleaved1F1B`` and
+    ``ScheduleInterleavedZeroBubble`` run the micro-batches in rounds of ``max(1, m // pp)``
+    and raise unless ``m`` is a multiple of the number of rounds
+    (``torch/distributed/pipelining/schedules.py``)."""
+    if c.pp == 1 or c.schedule not in ("interleaved", "zb"):
+        return []
+    m = training.global_batch_size // (c.dp * c.micro_batch_size)
+    rounds = max(1, m // c.pp)
+    if m % rounds == 0:
+        return []
+    return [(f"torchtitan's {c.schedule} schedule runs micro-batches in rounds of "
+             f"max(1, m // pp) = {rounds}: m = {m} is not a multiple of it (pp={c.pp})")]
 
 
 # ------------------------------------------------------------------------------------------
@@ -515,22 +533,27 @@ def _bridge_model_fields(c: ParallelConfig, m: ModelSpec,
 
 
 def _bridge_layout_fields(c: ParallelConfig, m: ModelSpec, chunks: list[int]) -> dict[str, Any]:
-    """The model section's pipeline split: a layout string (which implies vp), or lighter first
-    / last stages, and the embedding / loss counted as layers."""
+    """The model section's pipeline split, in one of Megatron-Core's exclusive forms
+    (``TransformerConfig.__post_init__``: a layout "cannot be set with other pipeline layout
+    arguments", first / last counts not with the embedding / loss accounting): a layout string
+    (which implies vp), or the split the plan names (lighter first / last stages, or the
+    embedding / loss counted as layers, vp kept), or Megatron-LM's default uneven split."""
+    first, last, emb, loss = _layout_fields(c)
+    if _explicit_layout(c, m) or (_is_uneven(chunks) and c.vp > 1
+                                  and not (first or last or emb or loss)):
+        # per-stage counts (search/dp.py, balanced), or an unnamed interleaved uneven split
+        return {"virtual_pipeline_model_parallel_size": None,  # implied by the layout
+                "pipeline_model_parallel_layout": _layout(chunks)}
     out: dict[str, Any] = {}
-    uneven = _is_uneven(chunks)
-    if _explicit_layout(c, m):  # per-stage counts (search/dp.py, balanced): the layout
-        out["virtual_pipeline_model_parallel_size"] = None  # implied by the layout
-        out["pipeline_model_parallel_layout"] = _layout(chunks)
-    elif uneven and c.vp == 1:
-        out["num_layers_in_first_pipeline_stage"] = chunks[0]
-        out["num_layers_in_last_pipeline_stage"] = chunks[-1]
-    elif uneven:
-        out["virtual_pipeline_model_parallel_size"] = None  # implied by the layout
-        out["pipeline_model_parallel_layout"] = _layout(chunks)
-    if getattr(c, "embedding_as_layer", False):
+    if not (first or last or emb or loss) and _is_uneven(chunks):  # vp == 1
+        first, last = chunks[0], chunks[-1]
+    if first:
+        out["num_layers_in_first_pipeline_stage"] = first
+    if last:
+        out["num_layers_in_last_pipeline_stage"] = last
+    if emb:
         out["account_for_embedding_in_pipeline_split"] = True
-    if getattr(c, "loss_as_layer", False):
+    if loss:
         out["account_for_loss_in_pipeline_split"] = True
     return out
 
@@ -659,9 +682,11 @@ def torchtitan_toml(config: ParallelConfig, model: ModelSpec, training: Training
         reshard = "always" if c.zero_stage == 3 else "never"
     else:
         replicate, shard, reshard = c.dp, 1, "default"
-    schedule = {"gpipe": "GPipe", "1f1b": "1F1B",
-                "interleaved": "Interleaved1F1B",
-                "zb": "InterleavedZeroBubble" if c.vp > 1 else "ZBVZeroBubble"}[c.schedule]
+    # zb is ZB-H1 with one model chunk per rank: torch.distributed.pipelining's
+    # ScheduleInterleavedZeroBubble (ZB1P, looped stages, any count per rank); ZBVZeroBubble
+    # and DualPipeV are V schedules that pipeline_module_split builds only with 2 chunks a rank
+    schedule = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B",
+                "zb": "InterleavedZeroBubble"}[c.schedule]
     local_batch = training.global_batch_size // c.dp
     name, flavor = _TORCHTITAN_FLAVOR.get(m.name, ("llama3", m.name))
     sec: dict[str, dict[str, Any]] = {

@@ -29,16 +29,24 @@ __all__ = ["megatron_bridge_moe_fields", "megatron_bridge_moe_overrides", "megat
 
 
 def _layer_freq(model: ModelSpec) -> str:
-    """``--moe-layer-freq``: ``1`` when every layer is MoE, else the per-layer 0/1 list as a
-    Python expression (Megatron's integer form puts MoE at layers 0, k, 2k, ..., Llama 4 at
-    k-1, 2k-1, ...). Layer ``i`` is MoE when ``i >= d`` and ``(i - d + 1) % k == 0``."""
+    """``--moe-layer-freq``: ``1`` when every layer is MoE, else the per-layer 0/1 pattern as
+    the Python list expression Megatron-LM's ``moe_freq_type`` evaluates (Megatron's integer
+    form puts MoE at layers 0, k, 2k, ..., Llama 4 at k-1, 2k-1, ...). Layer ``i`` is MoE when
+    ``i >= d`` and ``(i - d + 1) % k == 0``.
+
+    The expression is one shell word that bash passes through unchanged when the args file is
+    word-split by ``$(grep -v '^#' megatron.args)``: no quotes (a command substitution keeps
+    them, and ``_eval_pattern`` allows only ``,0-9[]()+*``), no spaces, and a leading ``(`` so
+    that pathname expansion matches no ordinary file name (a bare ``[0,1]`` would match a file
+    called ``0`` or ``1``)."""
     d, k = model.moe_dense_layers, model.moe_layer_freq
     pattern = [0] * d + [1 if (i + 1) % k == 0 else 0 for i in range(model.num_layers - d)]
     if all(pattern):
         return "1"
-    if k == 1:
-        return f'"([0]*{d}+[1]*{model.num_layers - d})"'
-    return '"' + str(pattern).replace(" ", "") + '"'
+    n, rest = divmod(model.num_layers - d, k)
+    block = "[1]" if k == 1 else f"([0]*{k - 1}+[1])"
+    terms = [f"[0]*{d}" if d else "", f"{block}*{n}" if n else "", f"[0]*{rest}" if rest else ""]
+    return "(" + "+".join(t for t in terms if t) + ")"
 
 
 def _etp_flag(config: ParallelConfig, training: TrainingSpec) -> list[str]:

@@ -51,11 +51,16 @@ def test_emit_stdout_is_only_the_file():
 
 
 def test_emit_refused_says_why_and_offers_the_nearest():
-    r = runner.invoke(app, [*FIXED, "--emit", "torchtitan"])
+    # planned for another stack: the file is refused, with the nearest torchtitan plan
+    r = runner.invoke(app, [*FIXED, "--framework", "megatron-lm", "--emit", "torchtitan"])
     assert r.exit_code == 2 and r.stdout == ""
     line = r.stderr.strip()
     assert len(line.splitlines()) == 1
     assert "torchtitan has no ZeRO-1" in line and "nearest that torchtitan runs" in line
+    # without --framework the plan is torchtitan's: the pinned ZeRO-1 is refused up front
+    r = runner.invoke(app, [*FIXED, "--emit", "torchtitan"])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "torchtitan" in r.stderr
 
 
 def test_emit_dir_writes_one_file_per_format(tmp_path):

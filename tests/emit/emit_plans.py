@@ -1,4 +1,5 @@
-"""The six plans of issue #16 that every launch format is checked on (shared by the tests)."""
+"""The plans every launch format is checked on (shared by the tests): dense, uneven, MoE,
+zero-bubble, context parallel, ZeRO-3, FP8 and MXFP8."""
 
 from perfmodel.parallel.config import ParallelConfig, resolve_config
 from perfmodel.spec.specs import load_model, load_training
@@ -55,6 +56,41 @@ PLANS = {
                   {"global_batch_size": 512, "seq_len": 8192, "precision": "fp8"},
                   {"dp": 4, "tp": 4, "pp": 8, "zero_stage": 1, "micro_batch_size": 1,
                        "sequence_parallel": True, "recompute": "none"}),
+    # the 405B search pick on 2,048 H100: interleaved 16 x 8 chunks with the embedding and the
+    # loss counted as layers (0/1/1/.../1/0 layers a chunk)
+    "llama405b-2048-emb-loss": ("llama3.1-405b", "dgx-h100", 2048,
+                                {"global_batch_size": 2048, "seq_len": 8192, "precision": "bf16"},
+                                {"dp": 8, "tp": 8, "pp": 16, "vp": 8, "cp": 2,
+                                 "schedule": "interleaved", "zero_stage": 1,
+                                 "micro_batch_size": 1, "sequence_parallel": True,
+                                 "recompute": "none", "embedding_as_layer": True,
+                                 "loss_as_layer": True}),
+    # MoE with DeepSeek's first 3 dense layers, MLA, expert parallel 64, uneven pipeline
+    "deepseek-v3-ep": ("deepseek-v3", "dgx-h100", 1024,
+                       {"global_batch_size": 4096, "seq_len": 4096, "precision": "bf16"},
+                       {"dp": 128, "tp": 1, "pp": 8, "ep": 64, "etp": 1, "zero_stage": 1,
+                        "micro_batch_size": 1, "recompute": "full"}),
+    # MoE under FSDP (ZeRO-3) with expert parallelism, no pipeline
+    "mixtral-zero3-ep": ("mixtral-8x7b", "dgx-h100", 64,
+                         {"global_batch_size": 256, "seq_len": 4096, "precision": "bf16"},
+                         {"dp": 64, "ep": 8, "etp": 1, "zero_stage": 3, "micro_batch_size": 1,
+                          "recompute": "full"}),
+    # zero-bubble (ZB-H1) pipeline with FSDP (ZeRO-2): torchtitan's zero-bubble schedule
+    "llama-zb": ("llama3.1-70b", "dgx-h100", 256,
+                 {"global_batch_size": 512, "seq_len": 8192, "precision": "bf16"},
+                 {"dp": 8, "tp": 8, "pp": 4, "schedule": "zb", "zero_stage": 2,
+                  "micro_batch_size": 1, "sequence_parallel": True, "recompute": "selective"}),
+    # MXFP8 (Blackwell) with TP + PP and ZeRO-1, and with FSDP for torchtitan
+    "llama-mxfp8": ("llama3.1-70b", "dgx-b200", 128,
+                    {"global_batch_size": 512, "seq_len": 8192, "precision": "fp8",
+                     "low_precision_recipe": "mxfp8"},
+                    {"dp": 8, "tp": 4, "pp": 4, "zero_stage": 1, "micro_batch_size": 1,
+                     "sequence_parallel": True, "recompute": "none"}),
+    "llama-mxfp8-fsdp": ("llama3.1-8b", "dgx-b200", 64,
+                         {"global_batch_size": 256, "seq_len": 8192, "precision": "fp8",
+                          "low_precision_recipe": "mxfp8"},
+                         {"dp": 32, "tp": 2, "zero_stage": 3, "micro_batch_size": 2,
+                          "sequence_parallel": True, "recompute": "selective"}),
 }
 
 
