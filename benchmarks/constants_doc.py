@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from validation.constants import constants_markdown
+from validation.forward import forward_report
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "constants.md"
@@ -27,9 +28,35 @@ fold (forward in time, leaving a model or a GPU generation out); see
 """
 
 
+def _pct(x: float) -> str:
+    return f"{x:.1%}"
+
+
+def forward_markdown() -> str:
+    """Out-of-sample errors, targets and interval coverage from the committed fold files."""
+    f = forward_report()
+    lines = ["\n## Out of sample (`plan validate --forward`)\n\n",
+             ("| split | rows | MAPE | bias | in-sample MAPE | in-sample bias | cold-start rows "
+             "(MAPE with them) |\n|---|---|---|---|---|---|---|\n")]
+    for key, s in f["summary"].items():
+        o, i, c = s["out_of_sample"], s["in_sample"], s["out_of_sample_with_cold"]
+        lines.append(f"| {key} | {o['rows']} | {_pct(o['mape'])} | {_pct(o['bias'])} | "
+                     f"{_pct(i['mape'])} | {_pct(i['bias'])} | {s['cold_rows']} "
+                     f"({_pct(c['mape'])}) |\n")
+    lines.append("\n| target | measured | threshold | met |\n|---|---|---|---|\n")
+    for t in f["targets"]:
+        lines.append(f"| {t['target']} | {_pct(t['measured'])} | {_pct(t['threshold'])} | "
+                     f"{'yes' if t['met'] else 'no'} |\n")
+    iv = f["intervals"]
+    lines.append(f"\n80 % intervals: {_pct(iv['coverage'])} of the {iv['rows']} forward-by-release "
+                 "rows fall inside their interval (each built without its own row); median "
+                 f"half-width {_pct(iv['median_half_width'])} of the predicted step time.\n")
+    return "".join(lines)
+
+
 def page_text() -> str:
     """The page as it should read now."""
-    return INTRO + constants_markdown()
+    return INTRO + constants_markdown() + forward_markdown()
 
 
 def main(argv: list[str]) -> int:

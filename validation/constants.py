@@ -23,7 +23,7 @@ from perfmodel.moe import dispatch as moe_dispatch
 from perfmodel.moe import experts as moe
 from perfmodel.spec.specs import load_gpu
 
-__all__ = ["FittedConstant", "fitted_constants", "constants_markdown", "constants_records"]
+__all__ = ["FittedConstant", "constants_markdown", "constants_records", "fitted_constants"]
 
 
 @dataclass(frozen=True)
