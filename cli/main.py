@@ -431,7 +431,7 @@ def _interval_text(row: dict) -> str:
         return ""
     step = abs(row["step_time_s"])
     scale = 1.0 if step >= 1.0 else 1e3 if step >= 1e-3 else 1e6
-    return f" ({iv[0] * scale:.3g}-{iv[1] * scale:.3g})"
+    return f" ({iv[0] * scale:#.3g}-{iv[1] * scale:#.3g})"
 
 
 def _print_best(out: Console, r: Any) -> None:

@@ -56,8 +56,8 @@ class Interval:
     def basis(self) -> str:
         """One line: what the interval rests on."""
         thin = f", {self.backoff} level(s) coarser than asked (widened)" if self.backoff > 1 else ""
-        return (f"80% interval from {self.residuals} out-of-sample residuals (forward by "
-                f"release) of {self.level or 'all rows'}{thin}")
+        return (f"80% interval of the measured step time from {self.residuals} out-of-sample "
+                f"residuals (forward by release) of {self.level or 'all rows'}{thin}")
 
 
 @functools.cache
