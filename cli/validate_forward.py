@@ -64,7 +64,9 @@ def _print_groups(out: Console, groups: list[dict]) -> None:
 def _print_summary(out: Console, f: dict) -> None:
     for key, s in f["summary"].items():
         o, i = s["out_of_sample"], s["in_sample"]
-        cold = f", {s['cold_rows']} cold-start rows apart" if s["cold_rows"] else ""
+        c = s["out_of_sample_with_cold"]
+        cold = (f", {s['cold_rows']} cold-start rows apart (with them {c['mape']:.1%}, "
+                f"{c['bias']:+.1%})" if s["cold_rows"] else "")
         out.print(f"{key}: {o['rows']} rows, out-of-sample MAPE {o['mape']:.1%} (bias "
                   f"{o['bias']:+.1%}); in-sample {i['mape']:.1%} ({i['bias']:+.1%}){cold}")
     for t in f["targets"]:
