@@ -72,8 +72,10 @@ def read_residual_table(path: Path | None = None) -> pd.DataFrame:
 
 def residual_interval(table: pd.DataFrame, keys: dict[str, str]) -> Interval:
     """The interval of a neighbourhood ``keys`` (generation, precision, kind, framework) from a
-    residual ``table`` (as :func:`read_residual_table`)."""
-    for k, level in enumerate(LEVELS):
+    residual ``table`` (as :func:`read_residual_table`); the levels of a key left empty (no
+    framework named) are skipped, not counted as backing off."""
+    named = [lv for lv in LEVELS if all(keys.get(c) for c in lv)]  # unnamed keys: no level
+    for k, level in enumerate(named):
         sel = np.ones(len(table), dtype=bool)
         for col in level:
             sel &= table[col].to_numpy() == keys.get(col, "")

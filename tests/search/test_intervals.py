@@ -52,6 +52,14 @@ def test_thin_cell_backs_off_and_widens():
     assert "widened" in iv.basis()
 
 
+def test_unnamed_framework_skips_its_level():
+    # the ampere rows have framework "": no framework named must not match them at the finest
+    # level; ampere x 16-bit x dense has 6 rows, backoff 0
+    iv = residual_interval(_table(5), {"generation": "ampere", "precision": "16-bit",
+                                       "kind": "dense", "framework": ""})
+    assert iv.level == "ampere x 16-bit x dense" and iv.backoff == 0 and iv.residuals == 6
+
+
 def test_precision_class():
     assert precision_class("fp8-mx") == "fp8" and precision_class("bf16") == "16-bit"
 
