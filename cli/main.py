@@ -467,6 +467,17 @@ def _calibration_line(s: dict) -> str:
         return ""
 
 
+def _interval_text(row: dict) -> str:
+    """`` (15.1-17.9)``: the step time's 80 % interval in the unit :func:`units.fmt_seconds`
+    prints the step time in ('' without one)."""
+    iv = row.get("step_time_interval_s")
+    if not iv:
+        return ""
+    step = abs(row["step_time_s"])
+    scale = 1.0 if step >= 1.0 else 1e3 if step >= 1e-3 else 1e6
+    return f" ({iv[0] * scale:#.3g}-{iv[1] * scale:#.3g})"
+
+
 def _print_best(out: Console, r: Any) -> None:
     row = r.best_row
     s = r.setup
@@ -478,7 +489,7 @@ def _print_best(out: Console, r: Any) -> None:
         out.print(line, soft_wrap=True)
     used = f" ({row['gpus']} of {s['gpus']} GPUs used)" if row["gpus"] != s["gpus"] else ""
     out.print(f"\n[bold]{title}:[/] {_config_line(row['config'])}{used}")
-    out.print(f"  step time {units.fmt_seconds(row['step_time_s'])}   "
+    out.print(f"  step time {units.fmt_seconds(row['step_time_s'])}{_interval_text(row)}   "
               f"{units.fmt_count(row['tokens_per_s'])} tokens/s   MFU {row['mfu']:.1%}   "
               f"HFU {row['hfu']:.1%}   peak memory {units.fmt_bytes(row['memory_bytes']['peak'])}"
               f" of {units.fmt_bytes(r.usable_bytes or r.hbm_bytes)} usable (HBM "
@@ -488,6 +499,8 @@ def _print_best(out: Console, r: Any) -> None:
         "num_layers") else None
     if layout:
         out.print(layout)
+    if s.get("interval"):
+        out.print(f"  {s['interval']}", soft_wrap=True)
     evidence = _calibration_line(s)
     if evidence:
         out.print(f"  {evidence}", soft_wrap=True)

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cli.validate_forward import forward_section
 from perfmodel.core.errors import SpecError
 from perfmodel.hardware.profile import load_profile
 from validation.runs import read_runs, row_progress
@@ -43,8 +44,15 @@ def validate_command(
     json_out: bool = typer.Option(False, "--json", help="one JSON document on stdout"),
     profile: str | None = typer.Option(None, "--profile", help="predict under this efficiency "
                                        "profile (shipped name or TOML from `plan calibrate`)"),
+    forward: bool = typer.Option(False, "--forward", help="only the forward-looking section: "
+                                 "errors of constants refitted without the predicted rows (by "
+                                 "release, model, GPU generation), the fitted constants and the "
+                                 "80% intervals' coverage"),
 ) -> None:
     """Predicted versus published step times (the validation report)."""
+    if forward:
+        forward_section(json_out)
+        return
     # 1. the dense published runs (a user error exits 2 with one line)
     report, skipped = _training_runs_or_exit(runs, profile)
     groups_df = group_table(report)

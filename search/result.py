@@ -19,7 +19,9 @@ import pandas as pd
 
 from perfmodel.core import units
 from perfmodel.core.codes import COMPRESSION, RECOMPUTE, SCHEDULE
+from perfmodel.hardware.overlap import gpu_generation
 from perfmodel.parallel.config import ConfigBatch
+from search.intervals import Interval, interval_for
 
 __all__ = [
     "Diagnostic",
@@ -313,6 +315,27 @@ class SearchResult:
         }
 
 
+def _interval_of(space: Any) -> Interval:
+    """The 80 % interval of the space's predictions (:mod:`search.intervals`): its GPU
+    generation, precision, dense / MoE model and framework."""
+    fw = None if space.framework is None else space.framework.name
+    return interval_for(gpu_generation(space.cluster.gpu), space.training.precision_name,
+                        bool(space.model.is_moe), fw)
+
+
+def _attach_intervals(frame: pd.DataFrame, rows: list[dict[str, Any]],
+                      iv: Interval) -> pd.DataFrame:
+    """``step_time_interval_s`` ([low, high] seconds), ``tokens_per_s_interval`` and
+    ``mfu_interval`` on every JSON row; ``step_time_low_s`` / ``step_time_high_s`` columns."""
+    for row in rows:
+        step, tps, mfu = row["step_time_s"], row["tokens_per_s"], row["mfu"]
+        row["step_time_interval_s"] = [step * iv.low, step * iv.high]
+        row["tokens_per_s_interval"] = [tps / iv.high, tps / iv.low]
+        row["mfu_interval"] = [mfu / iv.high, mfu / iv.low]
+    return frame.assign(step_time_low_s=frame["step_time_s"] * iv.low,
+                        step_time_high_s=frame["step_time_s"] * iv.high)
+
+
 def finalize(
     problem: Any,
     *,
@@ -361,6 +384,8 @@ def finalize_batch(
     space = problem.space
     res = problem.evaluate_batch(batch)
     frame, rows = _rows(batch, res)
+    interval = _interval_of(space)
+    frame = _attach_intervals(frame, rows, interval)
     nt, npar = n_top, n_pareto
     has_smallest = len(batch) > nt + npar
     top = frame.iloc[:nt].reset_index(drop=True)
@@ -408,6 +433,7 @@ def finalize_batch(
             "kernels": problem.kernels,
             "framework": None if space.framework is None else space.framework.name,
             "profile": getattr(problem, "profile", None),
+            "interval": interval.basis(),
             "training_switches": {k: getattr(space.training, k) for k in (
                 "overlap_grad_reduce", "overlap_tp_comm", "overlap_p2p_comm",
                 "flash_attention", "zero3_gather", "grad_reduce_in_fp32", "fp8_params",
