@@ -639,7 +639,7 @@ interruptions grow with its size and its goodput falls. A sweep over GPU counts 
 that each point is one evaluation):
 """),
     code("""
-from search import plots
+from plots import figures as plots
 
 frame = plots.train_frame("llama3.1-8b", "dgx-h100", [64, 256, 1024, 4096, 16384],
                           global_batch_size=2048, seq_len=8192, train_tokens=1e12,
