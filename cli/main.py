@@ -329,29 +329,74 @@ _FIELD_NAMES = {"seq_len": "sequence {v}", "global_batch_size": "global batch {v
                 "precision": "precision {v}", "optimizer": "optimizer {v}",
                 "overlap_grad_reduce": "overlap-grad-reduce {v}",
                 "overlap_tp_comm": "overlap-tp-comm {v}", "overlap_p2p_comm": "overlap-p2p-comm {v}",
-                "flash_attention": "flash attention {v}", "zero3_gather": "zero3-gather {v}"}
+                "flash_attention": "flash attention {v}", "zero3_gather": "zero3-gather {v}",
+                "grad_reduce_in_fp32": "gradient buffer {v}",
+                "attention_backend": "attention kernel {v}", "cross_entropy": "loss kernel {v}",
+                "fp8_params": "fp8 weights {v}", "recompute_modules": "selective recompute of {v}"}
+
+
+def _shown(k: str, v: Any) -> Any:
+    """A setup value as the header shows it."""
+    if k == "grad_reduce_in_fp32":
+        return "fp32" if v else "16-bit"
+    if isinstance(v, (list, tuple)):
+        return "+".join(map(str, v)) or "none"
+    return ("on" if v else "off") if isinstance(v, bool) else v
+
+
+def _recompute_words(s: dict[str, Any]) -> str:
+    """'recompute full' (pinned) or 'recompute searched over none/selective/full'."""
+    r = list(s.get("recompute_searched") or [])
+    return f"recompute {r[0]}" if len(r) == 1 else f"recompute searched over {'/'.join(r)}"
+
+
+def _stack_line(s: dict[str, Any]) -> str:
+    """The header's first setup line: the stack planned for, and every default that moves the
+    answer (overlaps, attention kernel, gradient buffer, loss kernel, recompute searched)."""
+    sw = s.get("training_switches") or {}
+    on = [_SWITCH_NAMES[k] for k in _SWITCH_NAMES if sw.get(k)]
+    fw = s.get("framework")
+    why = s.get("framework_source")
+    stack = (f"framework {fw}" + (f" ({why})" if why else "")) if fw else (
+        "framework (none: default switches)")
+    attention = (f"on ({sw.get('attention_backend', 'cudnn')} kernel)" if sw.get("flash_attention")
+                 else "off (s^2 scores stored)")
+    return (f"assumed setup: {stack}; overlap {', '.join(on) or 'none'}; flash attention {attention}; "
+            f"gradient buffer {_shown('grad_reduce_in_fp32', sw.get('grad_reduce_in_fp32', True))}"
+            f"; loss {sw.get('cross_entropy', 'fp32')}; {_recompute_words(s)} (selective: "
+            f"{_shown('recompute_modules', sw.get('recompute_modules') or ())})"
+            f"{'; profile ' + s['profile'] if s.get('profile') else ''}")
 
 
 def assumed_lines(s: dict[str, Any]) -> list[str]:
-    """The report header's "assumed setup": the switches in force, then every value the user
-    did not give, grouped by where it came from."""
+    """The report header's "assumed setup": the stack and the switches in force, then every
+    value the user did not give, grouped by where it came from."""
     sw = s.get("training_switches") or {}
-    on = [_SWITCH_NAMES[k] for k in _SWITCH_NAMES if sw.get(k)]
-    first = (f"assumed setup: framework {s.get('framework') or '(none: default switches)'}; "
-             f"overlap {', '.join(on) or 'none'}; flash attention "
-             f"{'on' if sw.get('flash_attention') else 'off'}"
-             f"{'; profile ' + s['profile'] if s.get('profile') else ''}")
-    lines = [first]
+    lines = [_stack_line(s)]
     values = {**{k: s.get(k) for k in ("seq_len", "global_batch_size", "precision",
                                          "optimizer")}, **sw}
     by_source: dict[str, list[str]] = {}
     for k, src in (s.get("assumed") or {}).items():
-        v = values.get(k)
-        shown = ("on" if v else "off") if isinstance(v, bool) else v
+        shown = _shown(k, values.get(k))
         by_source.setdefault(src, []).append(_FIELD_NAMES.get(k, k + " {v}").format(v=shown))
     for src, fields in by_source.items():
         lines.append(f"  {', '.join(fields)}: {src}")
     return lines
+
+
+def model_line(s: dict[str, Any]) -> str | None:
+    """The model as read, one line: parameters total / active, layers, hidden size, heads /
+    KV groups, experts and top-k (:func:`search.result.model_summary`)."""
+    m = s.get("model_summary")
+    if not m:
+        return None
+    line = (f"model as read: {units.fmt_count(m['params_total'])} parameters "
+            f"({units.fmt_count(m['params_active'])} active per token), {m['num_layers']} layers,"
+            f" hidden {m['hidden_size']}, {m['num_attention_heads']} heads / {m['kv_heads']} KV "
+            "groups")
+    if m["num_experts"] > 1:
+        line += f", {m['num_experts']} experts, top-{m['moe_top_k']}"
+    return line
 
 
 def term_note(name: str, value: float, row: dict[str, Any], s: dict[str, Any]) -> str:
@@ -401,10 +446,18 @@ def term_note(name: str, value: float, row: dict[str, Any], s: dict[str, Any]) -
     return ""
 
 
+def _evidence_key(s: dict) -> tuple[str, str | None, str | None, bool | None]:
+    """(GPU, framework, precision, MoE) of a plan: its evidence is of the same precision class
+    and the same kind of model."""
+    m = s.get("model_summary")
+    return (s["gpu"], s.get("framework"), s.get("precision"),
+            None if not m else m["num_experts"] > 1)
+
+
 def _calibration_evidence(s: dict) -> dict | None:
     """:func:`validation.evidence.calibration_evidence` of a result's setup (None if unreadable)."""
     try:
-        return calibration_evidence(s["gpu"], s.get("framework"), s.get("precision"))
+        return calibration_evidence(*_evidence_key(s))
     except (SpecError, OSError, KeyError, ValueError):
         return None
 
@@ -413,7 +466,7 @@ def _calibration_line(s: dict) -> str:
     """The published runs the plan's kernel efficiency is calibrated on
     (:func:`validation.evidence.calibration_evidence`), one line; empty if it cannot be read."""
     try:
-        ev = calibration_evidence(s["gpu"], s.get("framework"), s.get("precision"))
+        ev = calibration_evidence(*_evidence_key(s))
         source = ""
         if not ev["groups"]:
 
@@ -430,6 +483,9 @@ def _print_best(out: Console, r: Any) -> None:
     out.print(f"[bold]{s['model']}[/] on {s['gpus']} x {s['gpu']} ({s['cluster']}), global batch "
               f"{s['global_batch_size']} x {s['seq_len']} tokens, {s['precision']}, "
               f"{s['optimizer']}, {s['kernels']} kernels")
+    described = model_line(s)
+    if described:
+        out.print(described, soft_wrap=True)
     for line in assumed_lines(s):
         out.print(line, soft_wrap=True)
     used = f" ({row['gpus']} of {s['gpus']} GPUs used)" if row["gpus"] != s["gpus"] else ""

@@ -96,6 +96,13 @@ TRAINING_SWITCHES = ("flash_attention", "overlap_grad_reduce", "overlap_tp_comm"
 #: contexts are reached by a short long-context extension, not by the pre-training step.
 DEFAULT_SEQ_LEN_CAP = 8192
 
+#: Training-setup values no option of ``plan`` sets one by one, which still move the answer:
+#: the gradient buffer's dtype, the attention kernel, the loss kernel, fp8 weights, the modules
+#: selective recompute recomputes. The report names each with where it came from (the
+#: framework preset, the training file, or the TrainingSpec default).
+SETUP_DEFAULTS = ("grad_reduce_in_fp32", "attention_backend", "cross_entropy", "fp8_params",
+                  "recompute_modules")
+
 #: When neither the caller nor the model preset gives a global batch, it is this many tokens
 #: per step divided by the sequence length: GPT-3 175B's batch, 1536 x 2048 tokens (Brown et
 #: al. 2020, Table 2.1: 3.2M tokens; Narayanan et al. 2021, Table 1).
@@ -208,9 +215,10 @@ def _specs(model, cluster, training, gpus, overrides, framework=None) -> tuple[
         for k in ("precision", "optimizer"):
             if k not in why and overrides.get(k) is None:
                 why[k] = "tool default"
-        for k in TRAINING_SWITCHES:
+        fw_keys = set() if framework is None else set(framework.training_switches())
+        for k in (*TRAINING_SWITCHES, *SETUP_DEFAULTS):
             if overrides.get(k) is None:
-                why[k] = (f"framework {framework.name}" if framework is not None else
+                why[k] = (f"framework {framework.name}" if k in fw_keys else
                           src if k in keys else "tool default")
         # the stack's switches first, then the caller's single overrides win
         base = load_training(data if isinstance(data, TrainingSpec) else {**fill, **(data or {})})

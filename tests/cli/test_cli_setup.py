@@ -185,7 +185,8 @@ def test_header_says_what_was_defaulted_and_from_where(fake):
     assert "framework megatron-2022" in lines[i] and "flash attention off" in lines[i]
     block = "\n".join(lines[i:i + 6])
     assert "sequence 2048, global batch 1536: gpt3-175b's published training setup" in block
-    assert "precision bf16, optimizer adam: tool default" in block
+    assert "precision bf16, optimizer adam, " in block and "attention kernel cudnn" in block
+    assert ": tool default" in block
     assert "flash attention off" in block and ": framework megatron-2022" in block
     r = run(["--global-batch", "512", "--seq-len", "1024"])
     assert "global batch 512" not in r.stdout.split("best configuration")[0].split(
