@@ -18,6 +18,7 @@ import importlib
 import inspect
 import json
 import re
+import shlex
 import sys
 import time
 from collections.abc import Iterator
@@ -176,7 +177,7 @@ def _flag(name: str, field: FieldInfo) -> str:
 def _cli_type(name: str, field: FieldInfo) -> Any:
     """The type the command line parses: text for a quantity with a unit, else the first type
     of the field's union; names (a Literal) become a str Enum of them."""
-    if cli_of(field).quantity:
+    if cli_of(field).quantity or cli_of(field).int_list:
         return str
     t = field.annotation
     if get_origin(t) in (Union, UnionType):
@@ -476,7 +477,7 @@ def _calibration_line(s: dict) -> str:
         return ""
 
 
-def _print_best(out: Console, r: Any) -> None:
+def _print_best(out: Console, r: Any, plan_kwargs: dict[str, Any] | None = None) -> None:
     row = r.best_row
     s = r.setup
     title = "configuration" if r.strategy == "single" else "best configuration"
@@ -500,6 +501,9 @@ def _print_best(out: Console, r: Any) -> None:
         "num_layers") else None
     if layout:
         out.print(layout)
+    if plan_kwargs is not None and r.strategy != "single":
+        out.print(f"  pin it: {pin_command(row, s, plan_kwargs)}", soft_wrap=True,
+                  markup=False)
     evidence = _calibration_line(s)
     if evidence:
         out.print(f"  {evidence}", soft_wrap=True)
@@ -541,6 +545,61 @@ def _print_best(out: Console, r: Any) -> None:
         out.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
     for d in r.diagnostics:
         out.print(f"[yellow]warning:[/] {d.message}")
+
+
+#: Request fields a pinning command leaves out: the search's own settings, which do not
+#: change a pinned configuration's prediction, and the API-only ones.
+_NOT_PINNED = ("strategy", "objective", "top", "seed", "progress", "evaluator",
+               "max_step_time_s", "max_memory_bytes", "num_microbatches")
+
+
+def _option_words(name: str, value: Any) -> list[str]:
+    """``--flag value`` (or the switch ``--flag`` / ``--no-flag``) of one request field."""
+    field = PlanCommand.model_fields[name]
+    flags = cli_of(field).flags
+    flag = flags[0] if flags else "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        on, _, off = flag.partition("/")
+        return [on if value else (off or "--no-" + on.removeprefix("--"))]
+    if isinstance(value, (list, tuple)):
+        value = ",".join(str(int(v)) for v in value)
+    return [flag, str(getattr(value, "value", value))]
+
+
+def pin_options(row: dict[str, Any], setup: dict[str, Any],
+                plan_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The :func:`search.plan` keywords that pin ``row``: every option the user gave (but the
+    search's own settings), the training setup as resolved, and every parallel dimension with
+    the per-stage layout; :func:`search.plan` of them evaluates this one configuration."""
+    c = row["config"]
+    given = {k: v for k, v in plan_kwargs.items()
+             if v is not None and k not in (*_NOT_PINNED, *SEARCH_DIMS, "stage_layers",
+                                             "stage_recompute_layers")
+             and v != PlanRequest.model_fields[k].default}
+    pins = {"model": plan_kwargs.get("model", setup["model"]),
+            "cluster": plan_kwargs.get("cluster", setup["cluster"]),
+            "gpus": setup["gpus"], "global_batch_size": setup["global_batch_size"],
+            "seq_len": setup["seq_len"], "precision": setup["precision"],
+            "optimizer": setup["optimizer"]}
+    if setup.get("framework") and not given.get("framework"):
+        pins["framework"] = setup["framework"]
+    dims = {d: c[d] for d in SEARCH_DIMS if d in c and d not in ("ep", "etp")}
+    if _is_moe_row(c) or setup.get("model_summary", {}).get("num_experts", 1) > 1:
+        dims.update(ep=c["ep"], etp=c["etp"])
+    if c.get("stage_layers"):
+        dims["stage_layers"] = list(c["stage_layers"])
+        if c.get("stage_recompute_layers"):
+            dims["stage_recompute_layers"] = list(c["stage_recompute_layers"])
+    return {**given, **pins, **dims}
+
+
+def pin_command(row: dict[str, Any], setup: dict[str, Any],
+                plan_kwargs: dict[str, Any]) -> str:
+    """The ``plan ...`` command line whose output is exactly ``row``'s prediction."""
+    words = ["plan"]
+    for name, value in pin_options(row, setup, plan_kwargs).items():
+        words += _option_words(name, value)
+    return shlex.join(words)
 
 
 def _print_pareto(out: Console, r: Any) -> None:
@@ -587,10 +646,20 @@ def _print_presets(out: Console) -> None:
         out.print(f"{kind}s: " + ", ".join(list_presets(kind)), soft_wrap=True)
 
 
+def _int_list(text: str, option: str) -> tuple[int, ...]:
+    """'8,9,9,6' -> (8, 9, 9, 6)."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not all(re.fullmatch(r"[0-9]{1,9}", p) for p in parts):
+        _fail(f"{option} {text!r}: expected whole numbers separated by commas, e.g. 8,9,9,6")
+    return tuple(int(p) for p in parts)
+
+
 def _request_value(name: str, value: Any) -> Any:
     """An option's value as :func:`search.plan` takes it: a name as text, a path as text, a
     quantity with a unit in SI units (``--max-memory 70GiB`` -> bytes)."""
     field = PlanRequest.model_fields[name]
+    if cli_of(field).int_list and value is not None:
+        return _int_list(value, _flag(name, field))
     quantity = cli_of(field).quantity
     if quantity is not None:
         units_ = _UNITS_S if quantity == "s" else _UNITS_B
@@ -647,16 +716,19 @@ def _write_launches(launches: dict[str, Any], emit_dir: str | None, plan_kwargs:
                       highlight=False, markup=False)
 
 
-def _print_json(result: Any, launches: dict[str, Any]) -> None:
+def _print_json(result: Any, launches: dict[str, Any], plan_kwargs: dict[str, Any]) -> None:
     doc = result.to_json()
+    if result.rows:
+        doc["pin_command"] = pin_command(result.best_row, result.setup, plan_kwargs)
     doc["launch"] = {fmt: L.to_json() for fmt, L in launches.items()}
     doc["calibrated_on"] = _calibration_evidence(result.setup)
     typer.echo(json.dumps(doc, indent=2))
 
 
-def _print_report(out: Console, result: Any, options: dict[str, Any]) -> None:
+def _print_report(out: Console, result: Any, options: dict[str, Any],
+                  plan_kwargs: dict[str, Any] | None = None) -> None:
     """The best configuration, the top table (and the Pareto front) and the search's size."""
-    _print_best(out, result)
+    _print_best(out, result, plan_kwargs)
     for line in run_lines(result):
         out.print(line, soft_wrap=True, markup=False)
     if result.strategy == "single":
@@ -701,13 +773,13 @@ def planner(ctx: typer.Context, **options: Any) -> None:
         _fail(str(e))
     _write_launches(launches, options["emit_dir"], plan_kwargs, err)
     if json_out:
-        _print_json(result, launches)
+        _print_json(result, launches, plan_kwargs)
         return
     for w in result.setup.get("warnings") or ():
         typer.echo(f"plan: warning: {w}", err=True)
     if emit is not None and launches[emit].text is None:
         _fail(launches[emit].message())
-    _print_report(out, result, options)
+    _print_report(out, result, options, plan_kwargs)
     if emit is not None:
         typer.echo(launches[emit].text, nl=False)
 

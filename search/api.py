@@ -249,7 +249,9 @@ def problem_of(request: PlanRequest) -> Problem:
     uneven_layers = r.uneven_layers or getattr(r.strategy, "value", r.strategy) == "dp"
     space = make_space(m, t, c, allow_idle_gpus=r.allow_idle_gpus,
                        allow_tp_across_nodes=r.allow_tp_across_nodes,
-                       uneven_layers=uneven_layers, framework=fw, **r.fixed())
+                       uneven_layers=uneven_layers, framework=fw,
+                       stage_layers=r.stage_layers,
+                       stage_recompute_layers=r.stage_recompute_layers, **r.fixed())
     kernels = getattr(r.kernels, "value", r.kernels)
     if kernels not in KERNELS:
         raise SpecError(f"kernels = {kernels!r}: expected fused or eager")
@@ -284,6 +286,8 @@ def _check_single(space: SearchSpace) -> None:
     v["sequence_parallel"] = bool(v["sequence_parallel"])
     if space.num_microbatches is not None:
         v["num_microbatches"] = int(space.num_microbatches[0])
+    v["stage_layers"] = space.stage_layers
+    v["stage_recompute_layers"] = space.stage_recompute_layers
     try:
         pc = ParallelConfig(**v)
     except ValidationError as err:
@@ -339,6 +343,10 @@ def plan_request(request: PlanRequest) -> SearchResult:
         with threads:
             return attach_train(_annotate(GridSearch(top=1, name="single").run(problem),
                                           problem), problem)
+    if space.stage_layers is not None and getattr(request.strategy, "value",
+                                                  request.strategy) == "dp":
+        raise SpecError("stage_layers pins the per-stage layout that strategy dp searches: "
+                        "use strategy grid, or leave stage_layers out")
     with threads:
         result = _annotate(_strategy(request.strategy, request.top).run(
             problem, request.seed, request.progress), problem)
@@ -400,6 +408,10 @@ def evaluate_config(
                f": expected a configuration field ({', '.join(SEARCH_DIMS)}, "
                "num_microbatches) or an option of search.plan")
         )
+    if options.get("stage_layers") is not None and pinned["pp"] is None:
+        pinned["pp"] = len(options["stage_layers"])  # a per-stage layout pins pp
+    if options.get("stage_recompute_layers") is not None and pinned["recompute"] is None:
+        pinned["recompute"] = "full"
     for d in SEARCH_DIMS:
         if pinned[d] is None and d != "dp":
             pinned[d] = getattr(defaults, d)
