@@ -358,7 +358,7 @@ def _stack_line(s: dict[str, Any]) -> str:
     on = [_SWITCH_NAMES[k] for k in _SWITCH_NAMES if sw.get(k)]
     fw = s.get("framework")
     why = s.get("framework_source")
-    stack = (f"framework {fw}" + (f" ({why})" if why else "")) if fw else (
+    stack = (f"framework {fw}" + (" (the GPU's default release)" if why else "")) if fw else (
         "framework (none: default switches)")
     attention = (f"on ({sw.get('attention_backend', 'cudnn')} kernel)" if sw.get("flash_attention")
                  else "off (s^2 scores stored)")
@@ -378,6 +378,8 @@ def assumed_lines(s: dict[str, Any]) -> list[str]:
                                          "optimizer")}, **sw}
     by_source: dict[str, list[str]] = {}
     for k, src in (s.get("assumed") or {}).items():
+        if k == "framework":  # on the first line
+            continue
         shown = _shown(k, values.get(k))
         by_source.setdefault(src, []).append(_FIELD_NAMES.get(k, k + " {v}").format(v=shown))
     for src, fields in by_source.items():
@@ -483,7 +485,10 @@ def _print_best(out: Console, r: Any, plan_kwargs: dict[str, Any] | None = None)
     title = "configuration" if r.strategy == "single" else "best configuration"
     out.print(f"[bold]{s['model']}[/] on {s['gpus']} x {s['gpu']} ({s['cluster']}), global batch "
               f"{s['global_batch_size']} x {s['seq_len']} tokens, {s['precision']}, "
-              f"{s['optimizer']}, {s['kernels']} kernels")
+              f"{s['optimizer']}, {s['kernels']} kernels"
+              + (f", for {s['framework']}" if s.get("framework") else "")
+              + (f" ({s['framework_source']})" if s.get("framework_source") else ""),
+              soft_wrap=True)
     described = model_line(s)
     if described:
         out.print(described, soft_wrap=True)

@@ -27,7 +27,7 @@ from perfmodel.core.errors import SpecError
 from perfmodel.hardware.profile import load_profile
 from perfmodel.memory.breakdown import SEARCH_MEMORY_HEADROOM
 from perfmodel.parallel.config import ParallelConfig, resolve_config
-from perfmodel.spec.frameworks import apply_framework, load_framework
+from perfmodel.spec.frameworks import apply_framework, default_framework, load_framework
 from perfmodel.spec.specs import (
     ClusterSpec,
     ModelSpec,
@@ -195,38 +195,58 @@ def training_defaults(m: ModelSpec, given: dict[str, Any]) -> tuple[dict[str, An
 
 
 def _specs(model, cluster, training, gpus, overrides, framework=None) -> tuple[
-        ModelSpec, TrainingSpec, ClusterSpec, dict[str, str]]:
-    """The three specs, and where each training value the caller did not give comes from."""
+        ModelSpec, TrainingSpec, ClusterSpec, dict[str, str], Any]:
+    """The three specs, where each training value the caller did not give comes from, and the
+    framework (``None``: the default release of the cluster's GPU,
+    :func:`perfmodel.spec.frameworks.default_framework`, whose switches then leave what the
+    training file sets as it is; ``why["framework"]`` says it was the default)."""
     try:
         m = load_model(model)
         c = load_cluster(cluster, gpus)
         data, keys, src = _training_data(training)
+        implicit = framework is None
+        fw = load_framework(framework) if not implicit else None
+        why: dict[str, str] = {}
+        if implicit:
+            fw, why["framework"] = default_framework(c.gpu)
         given = {k: v for k, v in overrides.items() if v is not None}
         if not isinstance(data, TrainingSpec):
             for k in ("seq_len", "global_batch_size"):
                 if k not in given and k in keys:
                     given[k] = data[k]
-        fill, why = training_defaults(m, given)
+        fill, defaulted = training_defaults(m, given)
         if isinstance(data, TrainingSpec):
-            fill, why = {}, {}
-        for k in keys & {"seq_len", "global_batch_size", "precision", "optimizer"}:
-            if overrides.get(k) is None:
-                why[k] = src
-        for k in ("precision", "optimizer"):
-            if k not in why and overrides.get(k) is None:
-                why[k] = "tool default"
-        fw_keys = set() if framework is None else set(framework.training_switches())
-        for k in (*TRAINING_SWITCHES, *SETUP_DEFAULTS):
-            if overrides.get(k) is None:
-                why[k] = (f"framework {framework.name}" if k in fw_keys else
-                          src if k in keys else "tool default")
+            fill, defaulted = {}, {}
+        why.update(defaulted)
+        _sources(why, keys, src, overrides, fw, implicit)
         # the stack's switches first, then the caller's single overrides win
         base = load_training(data if isinstance(data, TrainingSpec) else {**fill, **(data or {})})
-        t = apply_framework(base, framework, overrides.get("precision"))
+        t = apply_framework(base, fw, overrides.get("precision"))
+        if implicit:  # a default stack does not override what the training file says
+            t = t.model_copy(update={k: getattr(base, k) for k in keys
+                                     if k in fw.training_switches()})
         t = load_training(t, **overrides)
     except ValidationError as err:  # pydantic errors raised outside the loaders
         raise SpecError(format_validation_error(err)) from None
-    return m, t, c, why
+    return m, t, c, why, fw
+
+
+def _sources(why: dict[str, str], keys: set[str], src: str, overrides: dict[str, Any],
+             fw: Any, implicit: bool) -> None:
+    """Fill ``why`` with where each training value the caller did not give comes from."""
+    for k in keys & {"seq_len", "global_batch_size", "precision", "optimizer"}:
+        if overrides.get(k) is None:
+            why[k] = src
+    for k in ("precision", "optimizer"):
+        if k not in why and overrides.get(k) is None:
+            why[k] = "tool default"
+    fw_keys = set() if fw is None else set(fw.training_switches())
+    if implicit:
+        fw_keys -= keys
+    for k in (*TRAINING_SWITCHES, *SETUP_DEFAULTS):
+        if overrides.get(k) is None:
+            why[k] = (f"framework {fw.name}" if k in fw_keys else
+                      src if k in keys else "tool default")
 
 
 def make_problem(model: Any, cluster: Any, training: Any = None, **options: Any) -> Problem:
@@ -240,11 +260,10 @@ make_problem.__signature__ = PlanRequest.signature()  # type: ignore[attr-define
 def problem_of(request: PlanRequest) -> Problem:
     """Load the specs, build the space and bind the evaluation path of a request."""
     r = request
-    fw = None if r.framework is None else load_framework(r.framework)
     prof = load_profile(r.profile)
-    m, t, c, why = _specs(r.model, r.cluster, r.training, r.gpus, {
+    m, t, c, why, fw = _specs(r.model, r.cluster, r.training, r.gpus, {
         k: getattr(r, k) for k in ("global_batch_size", "seq_len", "precision", "optimizer",
-                                   *TRAINING_SWITCHES)}, fw)
+                                   *TRAINING_SWITCHES)}, r.framework)
     # the DP's layouts need not divide the layers evenly
     uneven_layers = r.uneven_layers or getattr(r.strategy, "value", r.strategy) == "dp"
     space = make_space(m, t, c, allow_idle_gpus=r.allow_idle_gpus,

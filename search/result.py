@@ -419,6 +419,7 @@ def finalize_batch(
             "optimizer": space.training.optimizer,
             "kernels": problem.kernels,
             "framework": None if space.framework is None else space.framework.name,
+            "framework_source": (getattr(problem, "assumed", None) or {}).get("framework"),
             "profile": getattr(problem, "profile", None),
             "training_switches": {k: getattr(space.training, k) for k in (
                 "overlap_grad_reduce", "overlap_tp_comm", "overlap_p2p_comm",

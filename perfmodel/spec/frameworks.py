@@ -36,7 +36,7 @@ from perfmodel.spec.specs import (
 )
 
 __all__ = ["PRECISION_RECIPES", "RECIPE_MIN_COMPUTE_CAPABILITY", "Capabilities", "FrameworkSpec",
-           "apply_framework", "capability_mask", "capability_refusals", "check_training_supported",
+           "DEFAULT_FRAMEWORKS", "apply_framework", "capability_mask", "default_framework", "capability_refusals", "check_training_supported",
            "explicit_layout_allowed", "framework_pins", "load_framework", "with_switches_of", "zero_pp_allowed"]
 
 ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb"]
@@ -232,6 +232,38 @@ def load_framework(spec: str | Path | FrameworkSpec) -> FrameworkSpec:
         raise SpecError(f"framework = {spec!r}: expected a preset name or a TOML path")
     data, src = _resolve("framework", name)
     return _build(FrameworkSpec, data, src)
+
+
+#: The release a plan is for when no ``--framework`` is named, by the GPU's CUDA compute
+#: capability (least first; the last entry at or below the GPU's applies): the newest shipped
+#: preset that runs the GPU and whose published runs were measured on its generation.
+#:
+#: - Volta and Ampere (sm_70, sm_80): ``megatron-2022``, Megatron-LM v3.0, the newest release
+#:   with published end-to-end runs on A100 (Korthikanti et al. 2022: sequence parallelism and
+#:   selective recompute, no flash attention); the NeMo / Megatron-Bridge performance summaries
+#:   that the later presets read publish Hopper and Blackwell runs only.
+#: - Hopper and Blackwell (sm_90, sm_100, sm_103): ``bridge-26.02``, Megatron-Bridge 26.02, the
+#:   newest shipped preset, whose performance recipes were measured on H100, B200, GB200, GB300.
+#:
+#: A GPU without a CUDA compute capability (AMD MI300X) gets ``megatron-lm``, Megatron-LM main,
+#: which the ROCm fork of Megatron-LM follows.
+DEFAULT_FRAMEWORKS: tuple[tuple[tuple[int, int], str], ...] = (
+    ((7, 0), "megatron-2022"), ((9, 0), "bridge-26.02"))
+DEFAULT_FRAMEWORK_NO_CUDA = "megatron-lm"
+
+
+def default_framework(gpu: GPUSpec) -> tuple[FrameworkSpec, str]:
+    """The release a plan on ``gpu`` is for when none is named, and why (one phrase):
+    :data:`DEFAULT_FRAMEWORKS`."""
+    cc = gpu.compute_capability_tuple
+    if cc is None:
+        name, why = DEFAULT_FRAMEWORK_NO_CUDA, f"default for {gpu.name} (no CUDA compute capability)"
+    else:
+        fit = [n for least, n in DEFAULT_FRAMEWORKS if cc >= least]
+        name = fit[-1] if fit else DEFAULT_FRAMEWORKS[0][1]
+        why = (f"default for compute capability {gpu.compute_capability}: the newest shipped "
+               f"release with published runs on {gpu.name}'s generation")
+    return load_framework(name), why
 
 
 def apply_framework(training: TrainingSpec, fw: FrameworkSpec | None,
