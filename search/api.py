@@ -208,7 +208,7 @@ def _specs(model, cluster, training, gpus, overrides, framework=None) -> tuple[
         fw = load_framework(framework) if not implicit else None
         why: dict[str, str] = {}
         if implicit:
-            fw, why["framework"] = default_framework(c.gpu)
+            fw, why["framework"] = default_framework(c.gpu, m)
         given = {k: v for k, v in overrides.items() if v is not None}
         if not isinstance(data, TrainingSpec):
             for k in ("seq_len", "global_batch_size"):
@@ -266,11 +266,18 @@ def problem_of(request: PlanRequest) -> Problem:
                                    *TRAINING_SWITCHES)}, r.framework)
     # the DP's layouts need not divide the layers evenly
     uneven_layers = r.uneven_layers or getattr(r.strategy, "value", r.strategy) == "dp"
-    space = make_space(m, t, c, allow_idle_gpus=r.allow_idle_gpus,
-                       allow_tp_across_nodes=r.allow_tp_across_nodes,
-                       uneven_layers=uneven_layers, framework=fw,
-                       stage_layers=r.stage_layers,
-                       stage_recompute_layers=r.stage_recompute_layers, **r.fixed())
+    try:
+        space = make_space(m, t, c, allow_idle_gpus=r.allow_idle_gpus,
+                           allow_tp_across_nodes=r.allow_tp_across_nodes,
+                           uneven_layers=uneven_layers, framework=fw,
+                           stage_layers=r.stage_layers,
+                           stage_recompute_layers=r.stage_recompute_layers, **r.fixed())
+    except SpecError as err:
+        if r.framework is not None or "framework" not in str(err):
+            raise
+        raise SpecError(f"{err} ({fw.name} is {c.gpu.name}'s default release: name another "
+                        "with --framework, e.g. --framework ideal for the what-if stack)"
+                        ) from None
     kernels = getattr(r.kernels, "value", r.kernels)
     if kernels not in KERNELS:
         raise SpecError(f"kernels = {kernels!r}: expected fused or eager")

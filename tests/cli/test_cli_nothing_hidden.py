@@ -13,7 +13,7 @@ from hardware_specs import find_preset
 
 runner = CliRunner()
 SMALL = ["--model", "llama3.1-8b", "--gpus", "8", "--global-batch", "32", "--seq-len", "4096",
-         "--tp", "8", "--pp", "1", "--cp", "1", "--vp", "1", "--zero", "1", "--micro-batch", "1",
+         "--tp", "8", "--pp", "1", "--cp", "1", "--vp", "1", "--zero", "0", "--micro-batch", "1",
          "--recompute", "none", "--sequence-parallel", "--schedule", "1f1b"]
 
 
