@@ -35,8 +35,9 @@ from perfmodel.spec.specs import (
     _resolve,
 )
 
-__all__ = ["PRECISION_RECIPES", "RECIPE_MIN_COMPUTE_CAPABILITY", "Capabilities", "FrameworkSpec",
-           "DEFAULT_FRAMEWORKS", "apply_framework", "capability_mask", "default_framework", "capability_refusals", "check_training_supported",
+__all__ = ["DEFAULT_FRAMEWORKS", "PRECISION_RECIPES", "RECIPE_MIN_COMPUTE_CAPABILITY",
+           "Capabilities", "FrameworkSpec", "apply_framework", "capability_mask",
+           "capability_refusals", "check_training_supported", "default_framework",
            "explicit_layout_allowed", "framework_pins", "load_framework", "with_switches_of", "zero_pp_allowed"]
 
 ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb"]

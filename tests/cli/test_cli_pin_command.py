@@ -47,9 +47,9 @@ def test_dp_pick_names_its_stage_layout():
 
 
 def test_api_takes_stage_layers_as_lists():
-    kw = dict(gpus=32, global_batch_size=128, seq_len=8192, dp=1, tp=1, pp=4, vp=1, cp=8,
-              zero_stage=0, micro_batch_size=1, recompute="full", sequence_parallel=False,
-              schedule="1f1b", framework="ideal")
+    kw = {"gpus": 32, "global_batch_size": 128, "seq_len": 8192, "dp": 1, "tp": 1, "pp": 4,
+          "vp": 1, "cp": 8, "zero_stage": 0, "micro_batch_size": 1, "recompute": "full",
+          "sequence_parallel": False, "schedule": "1f1b", "framework": "ideal"}
     even = search.plan("llama3.1-8b", "ethernet-a100", **kw).rows[0]
     lay = search.plan("llama3.1-8b", "ethernet-a100", stage_layers=[8, 9, 9, 6],
                       stage_recompute_layers=[8, 2, 0, 0], **kw).rows[0]
