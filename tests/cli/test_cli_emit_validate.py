@@ -68,7 +68,7 @@ def test_emit_dir_writes_one_file_per_format(tmp_path):
 
 
 def test_validate_json():
-    r = runner.invoke(app, ["validate", "--no-vtrain", "--json"])
+    r = runner.invoke(app, ["validate", "--no-typed-back", "--no-vtrain", "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["training_runs"]["rows"] >= 55
