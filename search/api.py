@@ -208,7 +208,9 @@ def _specs(model, cluster, training, gpus, overrides, framework=None) -> tuple[
         fw = load_framework(framework) if not implicit else None
         why: dict[str, str] = {}
         if implicit:
-            fw, why["framework"] = default_framework(c.gpu, m)
+            fw, reason = default_framework(c.gpu, m)
+            if reason:
+                why["framework"] = reason
         given = {k: v for k, v in overrides.items() if v is not None}
         if not isinstance(data, TrainingSpec):
             for k in ("seq_len", "global_batch_size"):

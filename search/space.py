@@ -635,6 +635,10 @@ def make_space(
     """
     fixed = {ALIASES.get(k, k): v for k, v in fixed.items() if v is not None}
     layout = _pinned_layout(model, fixed, stage_layers, stage_recompute_layers)
+    if layout[0] is not None and framework is not None and not framework.uneven_pipeline and (
+            len(set(layout[0])) > 1):
+        raise SpecError(f"framework {framework.label} splits layers evenly only: it cannot run "
+                        f"stage_layers {list(layout[0])}")
     nmb = fixed.pop("num_microbatches", None)
     _strict_flags(allow_idle_gpus=allow_idle_gpus, allow_tp_across_nodes=allow_tp_across_nodes,
                   uneven_layers=uneven_layers)

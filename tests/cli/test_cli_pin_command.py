@@ -15,7 +15,8 @@ from perfmodel.core.errors import SpecError
 
 runner = CliRunner()
 DP_PICK = ["--model", "llama3.1-8b", "--cluster", "ethernet-a100", "--gpus", "32",
-           "--global-batch", "128", "--seq-len", "8192", "--strategy", "dp"]
+           "--global-batch", "128", "--seq-len", "8192", "--strategy", "dp", "--framework",
+           "ideal"]
 GRID_PICK = ["--model", "llama3.1-8b", "--gpus", "16", "--global-batch", "64", "--seq-len",
              "4096", "--framework", "megatron-lm"]
 
@@ -66,3 +67,13 @@ def test_api_takes_stage_layers_as_lists():
 def test_stage_layers_on_the_command_line_are_checked_in_one_line():
     r = runner.invoke(app, ["--model", "llama3.1-8b", "--stage-layers", "8,x"])
     assert r.exit_code == 2 and "expected whole numbers separated by commas" in r.stderr
+
+
+def test_a_release_with_even_splits_only_gets_no_stage_layout():
+    """megatron-2022 (the A100 default) splits layers evenly: the dp strategy keeps its even
+    splits, and a pinned uneven layout is refused with the release named."""
+    doc = _json([*DP_PICK[:-2], "--framework", "megatron-2022"])
+    assert not doc["best"]["config"].get("stage_layers")
+    r = runner.invoke(app, [*DP_PICK[:-4], "--tp", "4", "--stage-layers", "17,15",
+                            "--framework", "megatron-2022"])
+    assert r.exit_code == 2 and "splits layers evenly only" in r.stderr
