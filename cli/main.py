@@ -20,6 +20,7 @@ import importlib
 import inspect
 import json
 import re
+import shlex
 import sys
 import time
 from collections.abc import Iterator
@@ -217,7 +218,7 @@ def _flag(name: str, field: FieldInfo) -> str:
 def _cli_type(name: str, field: FieldInfo) -> Any:
     """The type the command line parses: text for a quantity with a unit, else the first type
     of the field's union; names (a Literal) become a str Enum of them."""
-    if cli_of(field).quantity:
+    if cli_of(field).quantity or cli_of(field).int_list:
         return str
     t = field.annotation
     if get_origin(t) in (Union, UnionType):
@@ -373,29 +374,76 @@ _FIELD_NAMES = {"seq_len": "sequence {v}", "global_batch_size": "global batch {v
                 "precision": "precision {v}", "optimizer": "optimizer {v}",
                 "overlap_grad_reduce": "overlap-grad-reduce {v}",
                 "overlap_tp_comm": "overlap-tp-comm {v}", "overlap_p2p_comm": "overlap-p2p-comm {v}",
-                "flash_attention": "flash attention {v}", "zero3_gather": "zero3-gather {v}"}
+                "flash_attention": "flash attention {v}", "zero3_gather": "zero3-gather {v}",
+                "grad_reduce_in_fp32": "gradient buffer {v}",
+                "attention_backend": "attention kernel {v}", "cross_entropy": "loss kernel {v}",
+                "fp8_params": "fp8 weights {v}", "recompute_modules": "selective recompute of {v}"}
+
+
+def _shown(k: str, v: Any) -> Any:
+    """A setup value as the header shows it."""
+    if k == "grad_reduce_in_fp32":
+        return "fp32" if v else "16-bit"
+    if isinstance(v, (list, tuple)):
+        return "+".join(map(str, v)) or "none"
+    return ("on" if v else "off") if isinstance(v, bool) else v
+
+
+def _recompute_words(s: dict[str, Any]) -> str:
+    """'recompute full' (pinned) or 'recompute searched over none/selective/full'."""
+    r = list(s.get("recompute_searched") or [])
+    return f"recompute {r[0]}" if len(r) == 1 else f"recompute searched over {'/'.join(r)}"
+
+
+def _stack_line(s: dict[str, Any]) -> str:
+    """The header's first setup line: the stack planned for, and every default that moves the
+    answer (overlaps, attention kernel, gradient buffer, loss kernel, recompute searched)."""
+    sw = s.get("training_switches") or {}
+    on = [_SWITCH_NAMES[k] for k in _SWITCH_NAMES if sw.get(k)]
+    fw = s.get("framework")
+    why = s.get("framework_source")
+    stack = (f"framework {fw}" + (" (the GPU's default release)" if why else "")) if fw else (
+        "framework (none: default switches)")
+    attention = (f"on ({sw.get('attention_backend', 'cudnn')} kernel)" if sw.get("flash_attention")
+                 else "off (s^2 scores stored)")
+    return (f"assumed setup: {stack}; overlap {', '.join(on) or 'none'}; flash attention {attention}; "
+            f"gradient buffer {_shown('grad_reduce_in_fp32', sw.get('grad_reduce_in_fp32', True))}"
+            f"; loss {sw.get('cross_entropy', 'fp32')}; {_recompute_words(s)} (selective: "
+            f"{_shown('recompute_modules', sw.get('recompute_modules') or ())})"
+            f"{'; profile ' + s['profile'] if s.get('profile') else ''}")
 
 
 def assumed_lines(s: dict[str, Any]) -> list[str]:
-    """The report header's "assumed setup": the switches in force, then every value the user
-    did not give, grouped by where it came from."""
+    """The report header's "assumed setup": the stack and the switches in force, then every
+    value the user did not give, grouped by where it came from."""
     sw = s.get("training_switches") or {}
-    on = [_SWITCH_NAMES[k] for k in _SWITCH_NAMES if sw.get(k)]
-    first = (f"assumed setup: framework {s.get('framework') or '(none: default switches)'}; "
-             f"overlap {', '.join(on) or 'none'}; flash attention "
-             f"{'on' if sw.get('flash_attention') else 'off'}"
-             f"{'; profile ' + s['profile'] if s.get('profile') else ''}")
-    lines = [first]
+    lines = [_stack_line(s)]
     values = {**{k: s.get(k) for k in ("seq_len", "global_batch_size", "precision",
                                          "optimizer")}, **sw}
     by_source: dict[str, list[str]] = {}
     for k, src in (s.get("assumed") or {}).items():
-        v = values.get(k)
-        shown = ("on" if v else "off") if isinstance(v, bool) else v
+        if k == "framework":  # on the first line
+            continue
+        shown = _shown(k, values.get(k))
         by_source.setdefault(src, []).append(_FIELD_NAMES.get(k, k + " {v}").format(v=shown))
     for src, fields in by_source.items():
         lines.append(f"  {', '.join(fields)}: {src}")
     return lines
+
+
+def model_line(s: dict[str, Any]) -> str | None:
+    """The model as read, one line: parameters total / active, layers, hidden size, heads /
+    KV groups, experts and top-k (:func:`search.result.model_summary`)."""
+    m = s.get("model_summary")
+    if not m:
+        return None
+    line = (f"model as read: {units.fmt_count(m['params_total'])} parameters "
+            f"({units.fmt_count(m['params_active'])} active per token), {m['num_layers']} layers,"
+            f" hidden {m['hidden_size']}, {m['num_attention_heads']} heads / {m['kv_heads']} KV "
+            "groups")
+    if m["num_experts"] > 1:
+        line += f", {m['num_experts']} experts, top-{m['moe_top_k']}"
+    return line
 
 
 def term_note(name: str, value: float, row: dict[str, Any], s: dict[str, Any]) -> str:
@@ -445,10 +493,18 @@ def term_note(name: str, value: float, row: dict[str, Any], s: dict[str, Any]) -
     return ""
 
 
+def _evidence_key(s: dict) -> tuple[str, str | None, str | None, bool | None]:
+    """(GPU, framework, precision, MoE) of a plan: its evidence is of the same precision class
+    and the same kind of model."""
+    m = s.get("model_summary")
+    return (s["gpu"], s.get("framework"), s.get("precision"),
+            None if not m else m["num_experts"] > 1)
+
+
 def _calibration_evidence(s: dict) -> dict | None:
     """:func:`validation.evidence.calibration_evidence` of a result's setup (None if unreadable)."""
     try:
-        return calibration_evidence(s["gpu"], s.get("framework"), s.get("precision"))
+        return calibration_evidence(*_evidence_key(s))
     except (SpecError, OSError, KeyError, ValueError):
         return None
 
@@ -457,7 +513,7 @@ def _calibration_line(s: dict) -> str:
     """The published runs the plan's kernel efficiency is calibrated on
     (:func:`validation.evidence.calibration_evidence`), one line; empty if it cannot be read."""
     try:
-        ev = calibration_evidence(s["gpu"], s.get("framework"), s.get("precision"))
+        ev = calibration_evidence(*_evidence_key(s))
         source = ""
         if not ev["groups"]:
 
@@ -478,13 +534,19 @@ def _interval_text(row: dict) -> str:
     return f" ({iv[0] * scale:#.3g}-{iv[1] * scale:#.3g})"
 
 
-def _print_best(out: Console, r: Any) -> None:
+def _print_best(out: Console, r: Any, plan_kwargs: dict[str, Any] | None = None) -> None:
     row = r.best_row
     s = r.setup
     title = "configuration" if r.strategy == "single" else "best configuration"
     out.print(f"[bold]{s['model']}[/] on {s['gpus']} x {s['gpu']} ({s['cluster']}), global batch "
               f"{s['global_batch_size']} x {s['seq_len']} tokens, {s['precision']}, "
-              f"{s['optimizer']}, {s['kernels']} kernels")
+              f"{s['optimizer']}, {s['kernels']} kernels"
+              + (f", for {s['framework']}" if s.get("framework") else "")
+              + (f" ({s['framework_source']})" if s.get("framework_source") else ""),
+              soft_wrap=True)
+    described = model_line(s)
+    if described:
+        out.print(described, soft_wrap=True)
     for line in assumed_lines(s):
         out.print(line, soft_wrap=True)
     used = f" ({row['gpus']} of {s['gpus']} GPUs used)" if row["gpus"] != s["gpus"] else ""
@@ -501,6 +563,9 @@ def _print_best(out: Console, r: Any) -> None:
         out.print(layout)
     if s.get("interval"):
         out.print(f"  {s['interval']}", soft_wrap=True)
+    if plan_kwargs is not None and r.strategy != "single":
+        out.print(f"  pin it: {pin_command(row, s, plan_kwargs)}", soft_wrap=True,
+                  markup=False)
     evidence = _calibration_line(s)
     if evidence:
         out.print(f"  {evidence}", soft_wrap=True)
@@ -544,6 +609,61 @@ def _print_best(out: Console, r: Any) -> None:
         out.print(f"  searched: {w}", soft_wrap=True)
     for d in r.diagnostics:
         out.print(f"[yellow]warning:[/] {d.message}")
+
+
+#: Request fields a pinning command leaves out: the search's own settings, which do not
+#: change a pinned configuration's prediction, and the API-only ones.
+_NOT_PINNED = ("strategy", "objective", "top", "seed", "progress", "evaluator",
+               "max_step_time_s", "max_memory_bytes", "num_microbatches")
+
+
+def _option_words(name: str, value: Any) -> list[str]:
+    """``--flag value`` (or the switch ``--flag`` / ``--no-flag``) of one request field."""
+    field = PlanCommand.model_fields[name]
+    flags = cli_of(field).flags
+    flag = flags[0] if flags else "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        on, _, off = flag.partition("/")
+        return [on if value else (off or "--no-" + on.removeprefix("--"))]
+    if isinstance(value, (list, tuple)):
+        value = ",".join(str(int(v)) for v in value)
+    return [flag, str(getattr(value, "value", value))]
+
+
+def pin_options(row: dict[str, Any], setup: dict[str, Any],
+                plan_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The :func:`search.plan` keywords that pin ``row``: every option the user gave (but the
+    search's own settings), the training setup as resolved, and every parallel dimension with
+    the per-stage layout; :func:`search.plan` of them evaluates this one configuration."""
+    c = row["config"]
+    given = {k: v for k, v in plan_kwargs.items()
+             if v is not None and k not in (*_NOT_PINNED, *SEARCH_DIMS, "stage_layers",
+                                             "stage_recompute_layers")
+             and v != PlanRequest.model_fields[k].default}
+    pins = {"model": plan_kwargs.get("model", setup["model"]),
+            "cluster": plan_kwargs.get("cluster", setup["cluster"]),
+            "gpus": setup["gpus"], "global_batch_size": setup["global_batch_size"],
+            "seq_len": setup["seq_len"], "precision": setup["precision"],
+            "optimizer": setup["optimizer"]}
+    if setup.get("framework") and not given.get("framework"):
+        pins["framework"] = setup["framework"]
+    dims = {d: c[d] for d in SEARCH_DIMS if d in c and d not in ("ep", "etp")}
+    if _is_moe_row(c) or setup.get("model_summary", {}).get("num_experts", 1) > 1:
+        dims.update(ep=c["ep"], etp=c["etp"])
+    if c.get("stage_layers"):
+        dims["stage_layers"] = list(c["stage_layers"])
+        if c.get("stage_recompute_layers"):
+            dims["stage_recompute_layers"] = list(c["stage_recompute_layers"])
+    return {**given, **pins, **dims}
+
+
+def pin_command(row: dict[str, Any], setup: dict[str, Any],
+                plan_kwargs: dict[str, Any]) -> str:
+    """The ``plan ...`` command line whose output is exactly ``row``'s prediction."""
+    words = ["plan"]
+    for name, value in pin_options(row, setup, plan_kwargs).items():
+        words += _option_words(name, value)
+    return shlex.join(words)
 
 
 def _print_pareto(out: Console, r: Any) -> None:
@@ -590,10 +710,20 @@ def _print_presets(out: Console) -> None:
         out.print(f"{kind}s: " + ", ".join(list_presets(kind)), soft_wrap=True)
 
 
+def _int_list(text: str, option: str) -> tuple[int, ...]:
+    """'8,9,9,6' -> (8, 9, 9, 6)."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not all(re.fullmatch(r"[0-9]{1,9}", p) for p in parts):
+        _fail(f"{option} {text!r}: expected whole numbers separated by commas, e.g. 8,9,9,6")
+    return tuple(int(p) for p in parts)
+
+
 def _request_value(name: str, value: Any) -> Any:
     """An option's value as :func:`search.plan` takes it: a name as text, a path as text, a
     quantity with a unit in SI units (``--max-memory 70GiB`` -> bytes)."""
     field = PlanRequest.model_fields[name]
+    if cli_of(field).int_list and value is not None:
+        return _int_list(value, _flag(name, field))
     quantity = cli_of(field).quantity
     if quantity is not None:
         units_ = _UNITS_S if quantity == "s" else _UNITS_B
@@ -650,16 +780,19 @@ def _write_launches(launches: dict[str, Any], emit_dir: str | None, plan_kwargs:
                       highlight=False, markup=False)
 
 
-def _print_json(result: Any, launches: dict[str, Any]) -> None:
+def _print_json(result: Any, launches: dict[str, Any], plan_kwargs: dict[str, Any]) -> None:
     doc = result.to_json()
+    if result.rows:
+        doc["pin_command"] = pin_command(result.best_row, result.setup, plan_kwargs)
     doc["launch"] = {fmt: L.to_json() for fmt, L in launches.items()}
     doc["calibrated_on"] = _calibration_evidence(result.setup)
     typer.echo(json.dumps(doc, indent=2))
 
 
-def _print_report(out: Console, result: Any, options: dict[str, Any]) -> None:
+def _print_report(out: Console, result: Any, options: dict[str, Any],
+                  plan_kwargs: dict[str, Any] | None = None) -> None:
     """The best configuration, the top table (and the Pareto front) and the search's size."""
-    _print_best(out, result)
+    _print_best(out, result, plan_kwargs)
     for line in run_lines(result):
         out.print(line, soft_wrap=True, markup=False)
     if result.strategy == "single":
@@ -717,7 +850,7 @@ def planner(ctx: typer.Context, **options: Any) -> None:
         _fail(str(e))
     _write_launches(launches, options["emit_dir"], plan_kwargs, err)
     if json_out:
-        _print_json(result, launches)
+        _print_json(result, launches, plan_kwargs)
         return
     if framework_note:
         out.print(framework_note, soft_wrap=True, markup=False)
@@ -725,7 +858,7 @@ def planner(ctx: typer.Context, **options: Any) -> None:
         typer.echo(f"plan: warning: {w}", err=True)
     if emit is not None and launches[emit].text is None:
         _fail(launches[emit].message())
-    _print_report(out, result, options)
+    _print_report(out, result, options, plan_kwargs)
     if emit is not None:
         typer.echo(launches[emit].text, nl=False)
 

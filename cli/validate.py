@@ -15,6 +15,7 @@ from cli.validate_forward import forward_section
 from perfmodel.core.errors import SpecError
 from perfmodel.hardware.profile import load_profile
 from validation.runs import read_runs, row_progress
+from validation.typed_back import NEWEST_SOURCES, typed_back_report, typed_back_summary
 from validation.validate import (
     group_table,
     summary,
@@ -41,6 +42,10 @@ def validate_command(
                                "search per vendor-recipe setting (dense runs, and the MoE runs "
                                "via validation.validate_moe.moe_tuned_report) against the measured "
                                "recipe; about a minute"),
+    typed_back: bool = typer.Option(True, "--typed-back/--no-typed-back", help="also the rows "
+                                    "of the newest two releases as a user types them, with "
+                                    "each row's --framework and with none "
+                                    "(validation.typed_back); about 40 s"),
     json_out: bool = typer.Option(False, "--json", help="one JSON document on stdout"),
     profile: str | None = typer.Option(None, "--profile", help="predict under this efficiency "
                                        "profile (shipped name or TOML from `plan calibrate`)"),
@@ -66,6 +71,8 @@ def validate_command(
         doc["vtrain"] = _vtrain_doc()
     if moe:
         doc["moe_runs"], moe_report, moe_skipped = moe_doc()
+    if typed_back and runs is None:
+        doc["typed_back"] = typed_back_summary(typed_back_report())
     if tuned:
         moe_tuned_df = moe_tuned_report()
         doc["moe_tuned"] = {"summary": moe_tuned_summary(moe_tuned_df),
@@ -77,6 +84,8 @@ def validate_command(
     out = Console(highlight=False)
     _print_training_runs(out, report, skipped, doc["training_runs"])
     _print_groups(out, groups_df)
+    if "typed_back" in doc:
+        out.print(typed_back_line(doc["typed_back"]))
     if tuned_df is not None:
         _print_tuned(out, tuned_df, doc["tuned"])
     if moe:
@@ -110,6 +119,13 @@ def _training_runs_or_exit(runs: Path | None, profile: str | None) -> tuple[
     except (OSError, KeyError, pd.errors.ParserError) as e:
         typer.echo(f"plan: error: --runs {runs}: cannot read a training-runs table: {e}", err=True)
         raise typer.Exit(2) from None
+
+
+def typed_back_line(s: dict) -> str:
+    """One line: the newest releases' rows as a user types them, both ways."""
+    return (f"typed back ({', '.join(NEWEST_SOURCES)}: {s['rows']} rows, {s['refused']} refused "
+            f"as the command line refuses them): MAPE {s['mape_named']:.1%} with each row's "
+            f"--framework named, {s['mape_default']:.1%} with no --framework")
 
 
 def _tuned_doc(tuned_df: pd.DataFrame) -> dict:

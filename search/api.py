@@ -28,7 +28,7 @@ from perfmodel.core.errors import SpecError
 from perfmodel.hardware.profile import load_profile
 from perfmodel.memory.breakdown import SEARCH_MEMORY_HEADROOM
 from perfmodel.parallel.config import ParallelConfig, resolve_config
-from perfmodel.spec.frameworks import apply_framework, load_framework
+from perfmodel.spec.frameworks import apply_framework, default_framework, load_framework
 from perfmodel.spec.specs import (
     ClusterSpec,
     ModelSpec,
@@ -96,6 +96,13 @@ TRAINING_SWITCHES = ("flash_attention", "overlap_grad_reduce", "overlap_tp_comm"
 #: 8192 tokens is Llama 3's pre-training length (arXiv:2407.21783, Sec. 3.4.1); 32K-128K
 #: contexts are reached by a short long-context extension, not by the pre-training step.
 DEFAULT_SEQ_LEN_CAP = 8192
+
+#: Training-setup values no option of ``plan`` sets one by one, which still move the answer:
+#: the gradient buffer's dtype, the attention kernel, the loss kernel, fp8 weights, the modules
+#: selective recompute recomputes. The report names each with where it came from (the
+#: framework preset, the training file, or the TrainingSpec default).
+SETUP_DEFAULTS = ("grad_reduce_in_fp32", "attention_backend", "cross_entropy", "fp8_params",
+                  "recompute_modules")
 
 #: When neither the caller nor the model preset gives a global batch, it is this many tokens
 #: per step divided by the sequence length: GPT-3 175B's batch, 1536 x 2048 tokens (Brown et
@@ -210,37 +217,60 @@ def training_defaults(m: ModelSpec, given: dict[str, Any]) -> tuple[dict[str, An
 
 
 def _specs(model, cluster, training, gpus, overrides, framework=None) -> tuple[
-        ModelSpec, TrainingSpec, ClusterSpec, dict[str, str]]:
-    """The three specs, and where each training value the caller did not give comes from."""
+        ModelSpec, TrainingSpec, ClusterSpec, dict[str, str], Any]:
+    """The three specs, where each training value the caller did not give comes from, and the
+    framework (``None``: the default release of the cluster's GPU,
+    :func:`perfmodel.spec.frameworks.default_framework`, whose switches then leave what the
+    training file sets as it is; ``why["framework"]`` says it was the default)."""
     try:
         m = load_model(model)
         c = load_cluster(cluster, gpus)
         data, keys, src = _training_data(training)
+        implicit = framework is None
+        fw = load_framework(framework) if not implicit else None
+        why: dict[str, str] = {}
+        if implicit:
+            fw, reason = default_framework(c.gpu, m)
+            if reason:
+                why["framework"] = reason
         given = {k: v for k, v in overrides.items() if v is not None}
         if not isinstance(data, TrainingSpec):
             for k in ("seq_len", "global_batch_size"):
                 if k not in given and k in keys:
                     given[k] = data[k]
-        fill, why = training_defaults(m, given)
+        fill, defaulted = training_defaults(m, given)
         if isinstance(data, TrainingSpec):
-            fill, why = {}, {}
-        for k in keys & {"seq_len", "global_batch_size", "precision", "optimizer"}:
-            if overrides.get(k) is None:
-                why[k] = src
-        for k in ("precision", "optimizer"):
-            if k not in why and overrides.get(k) is None:
-                why[k] = "tool default"
-        for k in TRAINING_SWITCHES:
-            if overrides.get(k) is None:
-                why[k] = (f"framework {framework.name}" if framework is not None else
-                          src if k in keys else "tool default")
+            fill, defaulted = {}, {}
+        why.update(defaulted)
+        _sources(why, keys, src, overrides, fw, implicit)
         # the stack's switches first, then the caller's single overrides win
         base = load_training(data if isinstance(data, TrainingSpec) else {**fill, **(data or {})})
-        t = apply_framework(base, framework, overrides.get("precision"))
+        t = apply_framework(base, fw, overrides.get("precision"))
+        if implicit:  # a default stack does not override what the training file says
+            t = t.model_copy(update={k: getattr(base, k) for k in keys
+                                     if k in fw.training_switches()})
         t = load_training(t, **overrides)
     except ValidationError as err:  # pydantic errors raised outside the loaders
         raise SpecError(format_validation_error(err)) from None
-    return m, t, c, why
+    return m, t, c, why, fw
+
+
+def _sources(why: dict[str, str], keys: set[str], src: str, overrides: dict[str, Any],
+             fw: Any, implicit: bool) -> None:
+    """Fill ``why`` with where each training value the caller did not give comes from."""
+    for k in keys & {"seq_len", "global_batch_size", "precision", "optimizer"}:
+        if overrides.get(k) is None:
+            why[k] = src
+    for k in ("precision", "optimizer"):
+        if k not in why and overrides.get(k) is None:
+            why[k] = "tool default"
+    fw_keys = set() if fw is None else set(fw.training_switches())
+    if implicit:
+        fw_keys -= keys
+    for k in (*TRAINING_SWITCHES, *SETUP_DEFAULTS):
+        if overrides.get(k) is None:
+            why[k] = (f"framework {fw.name}" if k in fw_keys else
+                      src if k in keys else "tool default")
 
 
 def make_problem(model: Any, cluster: Any, training: Any = None, **options: Any) -> Problem:
@@ -254,17 +284,25 @@ make_problem.__signature__ = PlanRequest.signature()  # type: ignore[attr-define
 def problem_of(request: PlanRequest) -> Problem:
     """Load the specs, build the space and bind the evaluation path of a request."""
     r = request
-    fw = None if r.framework is None else load_framework(r.framework)
     prof = load_profile(r.profile)
-    m, t, c, why = _specs(r.model, r.cluster, r.training, r.gpus, {
+    m, t, c, why, fw = _specs(r.model, r.cluster, r.training, r.gpus, {
         k: getattr(r, k) for k in ("global_batch_size", "seq_len", "precision", "optimizer",
-                                   *TRAINING_SWITCHES)}, fw)
+                                   *TRAINING_SWITCHES)}, r.framework)
     t = host_sharding.training_with_options(t, m, r)
     # the DP's layouts need not divide the layers evenly
     uneven_layers = r.uneven_layers or getattr(r.strategy, "value", r.strategy) == "dp"
-    space = make_space(m, t, c, allow_idle_gpus=r.allow_idle_gpus,
-                       allow_tp_across_nodes=r.allow_tp_across_nodes,
-                       uneven_layers=uneven_layers, framework=fw, **r.fixed())
+    try:
+        space = make_space(m, t, c, allow_idle_gpus=r.allow_idle_gpus,
+                           allow_tp_across_nodes=r.allow_tp_across_nodes,
+                           uneven_layers=uneven_layers, framework=fw,
+                           stage_layers=r.stage_layers,
+                           stage_recompute_layers=r.stage_recompute_layers, **r.fixed())
+    except SpecError as err:
+        if r.framework is not None or "framework" not in str(err):
+            raise
+        raise SpecError(f"{err} ({fw.name} is {c.gpu.name}'s default release: name another "
+                        "with --framework, e.g. --framework ideal for the what-if stack)"
+                        ) from None
     kernels = getattr(r.kernels, "value", r.kernels)
     if kernels not in KERNELS:
         raise SpecError(f"kernels = {kernels!r}: expected fused or eager")
@@ -299,6 +337,8 @@ def _check_single(space: SearchSpace) -> None:
     v["sequence_parallel"] = bool(v["sequence_parallel"])
     if space.num_microbatches is not None:
         v["num_microbatches"] = int(space.num_microbatches[0])
+    v["stage_layers"] = space.stage_layers
+    v["stage_recompute_layers"] = space.stage_recompute_layers
     try:
         pc = ParallelConfig(**v)
     except ValidationError as err:
@@ -371,6 +411,10 @@ def _plan_request_one(request: PlanRequest) -> SearchResult:
         with threads:
             return attach_train(_annotate(GridSearch(top=1, name="single").run(problem),
                                           problem), problem)
+    if space.stage_layers is not None and getattr(request.strategy, "value",
+                                                  request.strategy) == "dp":
+        raise SpecError("stage_layers pins the per-stage layout that strategy dp searches: "
+                        "use strategy grid, or leave stage_layers out")
     with threads:
         result = _annotate(_strategy(request.strategy, request.top, request.max_configurations).run(
             problem, request.seed, request.progress), problem)
@@ -432,6 +476,10 @@ def evaluate_config(
                f": expected a configuration field ({', '.join(SEARCH_DIMS)}, "
                "num_microbatches) or an option of search.plan")
         )
+    if options.get("stage_layers") is not None and pinned["pp"] is None:
+        pinned["pp"] = len(options["stage_layers"])  # a per-stage layout pins pp
+    if options.get("stage_recompute_layers") is not None and pinned["recompute"] is None:
+        pinned["recompute"] = "full"
     for d in SEARCH_DIMS:
         if pinned[d] is None and d != "dp":
             pinned[d] = getattr(defaults, d)

@@ -99,7 +99,8 @@ class Cli:
     ``min`` / ``max``: the range the parser takes; ``limit``: (largest count, its unit), a
     larger value is refused with the limit named; ``quantity``: the value is text with a unit
     (``"20s"``, ``"70GiB"``) and this is the unit of a bare number (``"s"`` or ``"gib"``);
-    ``show=False``: an API-only field (objects, callbacks, seeds).
+    ``show=False``: an API-only field (objects, callbacks, seeds); ``int_list``: the value is
+    a comma-separated list of integers on the command line (``8,9,9,6``), a list in the API.
     """
 
     flags: tuple[str, ...] = ()
@@ -108,6 +109,7 @@ class Cli:
     limit: tuple[int, str] | None = None
     quantity: str | None = None
     show: bool = True
+    int_list: bool = False
 
 
 #: A count of GPUs on the command line: at most :data:`perfmodel.spec.specs.MAX_GPUS`.
@@ -188,6 +190,13 @@ class PlanRequest(BaseModel):
         None, description="expert-parallel size (MoE; searched if omitted)")
     etp: int | Sequence[int] | None = Field(
         None, description="expert tensor-parallel size (MoE)")
+    stage_layers: Annotated[Sequence[int] | None, Cli(("--stage-layers",), int_list=True)] = Field(
+        None, description="transformer layers on each pipeline rank, e.g. 8,9,9,6 (pins pp to "
+        "their count; Megatron-LM's --pipeline-model-parallel-layout)")
+    stage_recompute_layers: Annotated[Sequence[int] | None, Cli(
+        ("--stage-recompute",), int_list=True)] = Field(
+        None, description="of --stage-layers, how many each rank recomputes fully, e.g. "
+        "0,2,0,0 (implies recompute full)")
     strategy: Strategy | SearchStrategy = Field("grid", description="search strategy")
     objective: Objective = Field(
         "time", description="what 'best' minimises: step time, peak memory, GPU-seconds per "
@@ -345,6 +354,24 @@ def _check_setup(options: Mapping[str, Any]) -> None:
             raise SpecError(f"{name} = {v!r}: expected a string")
 
 
+def _check_layout(options: Mapping[str, Any]) -> None:
+    """``stage_layers`` (positive) and ``stage_recompute_layers`` (non-negative) are lists of
+    integers; the recompute counts need the layer counts, one per rank."""
+    lay, rec = options.get("stage_layers"), options.get("stage_recompute_layers")
+    for name, value, lo in (("stage_layers", lay, 1), ("stage_recompute_layers", rec, 0)):
+        if value is None:
+            continue
+        if isinstance(value, (str, bytes)) or not isinstance(
+                value, (list, tuple, range, np.ndarray)) or len(value) == 0:
+            raise SpecError(f"{name} = {value!r}: expected a list of integers, one per "
+                            "pipeline rank")
+        for v in value:
+            _int_arg(name, v, lo, MAX_COUNT)
+    if rec is not None and (lay is None or len(rec) != len(lay)):
+        raise SpecError(f"stage_recompute_layers = {list(rec)}: needs stage_layers with as "
+                        f"many entries (got {None if lay is None else list(lay)})")
+
+
 def _check_fixed(options: Mapping[str, Any], fields: Mapping[str, Any]) -> None:
     """Pinned dimensions (and any name that is no field: refused as a dimension) are
     integers, or lists of them; names and flags are checked against their tables later."""
@@ -371,4 +398,5 @@ def check_options(options: Mapping[str, Any], fields: Mapping[str, Any] | None =
     the fields of :class:`PlanRequest`)."""
     _check_search(options)
     _check_setup(options)
+    _check_layout(options)
     _check_fixed(options, PlanRequest.model_fields if fields is None else fields)

@@ -310,6 +310,7 @@ class SearchResult:
             "pareto": self.pareto_rows,
             "diagnostics": [d.to_json() for d in self.diagnostics],
             "setup": self.setup,
+            "model_summary": self.setup.get("model_summary"),
             "search": self.stats(),
             **({"train": self.train.to_dict()} if self.train is not None else {}),
         }
@@ -334,6 +335,16 @@ def _attach_intervals(frame: pd.DataFrame, rows: list[dict[str, Any]],
         row["mfu_interval"] = [mfu / iv.high, mfu / iv.low]
     return frame.assign(step_time_low_s=frame["step_time_s"] * iv.low,
                         step_time_high_s=frame["step_time_s"] * iv.high)
+
+
+def model_summary(m: Any) -> dict[str, Any]:
+    """The model as read (a preset or a Hugging Face ``config.json``), for the user to check
+    before trusting a plan: parameters total and active (per token), layers, hidden size,
+    attention heads and KV groups, experts and top-k (1 and 1 for a dense model)."""
+    return {"params_total": int(m.param_count()), "params_active": int(m.active_param_count()),
+            "num_layers": int(m.num_layers), "hidden_size": int(m.hidden_size),
+            "num_attention_heads": int(m.num_attention_heads), "kv_heads": int(m.kv_heads),
+            "num_experts": int(m.num_experts), "moe_top_k": int(m.moe_top_k)}
 
 
 def finalize(
@@ -419,6 +430,7 @@ def finalize_batch(
         setup={
             "model": space.model.name,
             "num_layers": space.model.num_layers,
+            "model_summary": model_summary(space.model),
             "cluster": space.cluster.name,
             "gpu": space.cluster.gpu.name,
             "gpus": space.gpus,
@@ -432,6 +444,7 @@ def finalize_batch(
             "optimizer": space.training.optimizer,
             "kernels": problem.kernels,
             "framework": None if space.framework is None else space.framework.name,
+            "framework_source": (getattr(problem, "assumed", None) or {}).get("framework"),
             "profile": getattr(problem, "profile", None),
             "interval": interval.basis(),
             "training_switches": {k: getattr(space.training, k) for k in (
@@ -440,8 +453,10 @@ def finalize_batch(
                 "cross_entropy", "cpu_offload_layers", "overlap_moe_comm",
                 "moe_token_dispatcher", "moe_flex_backend", "moe_router_fusion",
                 "cuda_graph_scope", "cuda_graph_full_iteration",
-                "moe_pad_expert_input_to_capacity", "moe_parallel_folding")}
+                "moe_pad_expert_input_to_capacity", "moe_parallel_folding",
+                "attention_backend", "recompute_modules")}
             | _set_host_sharding_switches(space.training),
+            "recompute_searched": [RECOMPUTE[int(v)] for v in space.values["recompute"]],
         },
         extra=dict(extra or {}),
     )

@@ -173,6 +173,10 @@ class SearchSpace:
     uneven_layers: bool = True
     num_microbatches: np.ndarray | None = field(default=None, repr=False)
     framework: FrameworkSpec | None = None
+    # a per-stage layout the caller pinned (ParallelConfig.stage_layers /
+    # stage_recompute_layers): every configuration of the space takes it
+    stage_layers: tuple[int, ...] | None = None
+    stage_recompute_layers: tuple[int, ...] | None = None
 
     @property
     def explicit_layout(self) -> bool:
@@ -245,7 +249,9 @@ class SearchSpace:
         nmb = t.global_batch_size // per_step
         a["num_microbatches"] = np.maximum(nmb, 1)
         sched, sp, zero = a["schedule"], a["sequence_parallel"].astype(bool), a["zero_stage"]
-        if self.uneven_layers:
+        if self.stage_layers is not None:  # the pinned layout: pp ranks of >= vp layers
+            layers_ok = (pp == len(self.stage_layers)) & (vp <= min(self.stage_layers))
+        elif self.uneven_layers:
             layers_ok = m.num_layers % (pp * vp) == 0
             if not np.all(layers_ok):
                 layers_ok = layers_ok | megatron_layout(
@@ -340,6 +346,13 @@ class SearchSpace:
             for k, v in a.items()
             if k in SEARCH_DIMS or k == "num_microbatches"
         }
+        if self.stage_layers is not None:  # the pinned per-stage layout
+            n = np.size(cols["pp"])
+            cols["stage_layers"] = np.tile(np.asarray(self.stage_layers, dtype=np.int64), (n, 1))
+            rec = self.stage_recompute_layers
+            if rec is not None:
+                cols["stage_recompute_layers"] = np.tile(np.asarray(rec, dtype=np.int64), (n, 1))
+            return ConfigBatch.from_arrays(**cols)
         # Megatron-LM's layout where pp*vp does not divide the layers
         uneven = self.model.num_layers % (cols["pp"] * cols["vp"]) != 0
         if np.any(uneven):
@@ -579,6 +592,8 @@ def make_space(
     max_vp: int = 16,
     max_cp: int = 16,
     framework: FrameworkSpec | None = None,
+    stage_layers: Any = None,
+    stage_recompute_layers: Any = None,
     **fixed: Any,
 ) -> SearchSpace:
     """The search space for ``model`` trained as ``training`` on ``cluster``.
@@ -607,12 +622,20 @@ def make_space(
         Keep to what this training stack runs (:func:`perfmodel.spec.frameworks.framework_pins`,
         intersected with the pins); ZeRO-with-pipeline and sequence-parallel rules become the
         ``framework`` constraint.
+    stage_layers, stage_recompute_layers
+        A per-stage layout every configuration takes (:class:`ParallelConfig`'s fields of
+        those names): pins ``pp`` to its length; recompute counts pin recompute to full.
 
     Returns
     -------
     SearchSpace
     """
     fixed = {ALIASES.get(k, k): v for k, v in fixed.items() if v is not None}
+    layout = _pinned_layout(model, fixed, stage_layers, stage_recompute_layers)
+    if layout[0] is not None and framework is not None and not framework.uneven_pipeline and (
+            len(set(layout[0])) > 1):
+        raise SpecError(f"framework {framework.label} splits layers evenly only: it cannot run "
+                        f"stage_layers {list(layout[0])}")
     nmb = fixed.pop("num_microbatches", None)
     _strict_flags(allow_idle_gpus=allow_idle_gpus, allow_tp_across_nodes=allow_tp_across_nodes,
                   uneven_layers=uneven_layers)
@@ -667,7 +690,34 @@ def make_space(
         uneven_layers=uneven_layers,
         num_microbatches=None if nmb is None else _fixed_values("num_microbatches", nmb),
         framework=framework,
+        stage_layers=layout[0],
+        stage_recompute_layers=layout[1],
     )
+
+
+def _pinned_layout(model: ModelSpec, fixed: dict[str, Any], stage_layers: Any,
+                   stage_recompute_layers: Any) -> tuple[Any, Any]:
+    """The per-stage layout as tuples; pins ``pp`` (and recompute full with recompute counts)
+    in ``fixed``, or a one-line SpecError naming what disagrees."""
+    if stage_layers is None:
+        return None, None
+    lay = tuple(int(x) for x in stage_layers)
+    if sum(lay) != model.num_layers:
+        raise SpecError(f"stage_layers {list(lay)} sum to {sum(lay)}, expected the "
+                        f"{model.num_layers} layers of {model.name}")
+    pp = fixed.setdefault("pp", len(lay))
+    if list(np.atleast_1d(pp)) != [len(lay)]:
+        raise SpecError(f"stage_layers {list(lay)} has {len(lay)} entries: pp = {pp} must be "
+                        f"{len(lay)}")
+    if stage_recompute_layers is None:
+        return lay, None
+    rec = tuple(int(x) for x in stage_recompute_layers)
+    if any(r > n for r, n in zip(rec, lay, strict=True)):
+        raise SpecError(f"stage_recompute_layers {list(rec)} exceeds stage_layers {list(lay)}")
+    if fixed.setdefault("recompute", "full") not in ("full", ["full"], ("full",)):
+        raise SpecError(f"stage_recompute_layers {list(rec)} needs recompute 'full' (got "
+                        f"recompute {fixed['recompute']!r})")
+    return lay, rec
 
 
 # --------------------------------------------------------------------------------------------

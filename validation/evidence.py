@@ -2,9 +2,11 @@
 
 A plan's MFU is only as good as the published runs its kernel efficiencies were checked on.
 :func:`calibration_evidence` finds them in the dev split of published runs
-(``hardware_specs/validation/training_runs_dev.csv``): the rows on the plan's GPU type, narrowed
-to the rows of the plan's software stack (``--framework``) when there are any, else to the rows of
-its precision class (16-bit, fp8, fp4), else every row on that GPU. For each group (source x GPU
+(``hardware_specs/validation/training_runs_dev.csv``): the rows on the plan's GPU type of the
+plan's precision class (16-bit, fp8, fp4) and kind of model (dense or mixture-of-experts), narrowed
+to the rows of the plan's software stack (``--framework``) when there are any. A bf16 MoE plan is
+never shown dense fp8 runs as its evidence: with no row of its class and kind, it says there is
+none. For each group (source x GPU
 x precision, as in ``plan validate``) it gives the row ids, the measured MFU range under the
 tool's own MFU convention (the model FLOPs the plan counts, over the measured step time) and the
 model's mean signed error on those rows. A GPU without any published row says so: its
@@ -49,7 +51,8 @@ def _precision_family(precision: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _rows() -> tuple:
-    """(source group, GPU name, precision, case) of every expressible step-scope dev row."""
+    """(source group, GPU name, precision, case, is MoE) of every expressible step-scope
+    dev row."""
     out = []
     for _, r in validate.read_runs().iterrows():
         try:
@@ -59,33 +62,37 @@ def _rows() -> tuple:
         if case.scope != "step":
             continue
         out.append((validate.source_group(str(r["source"])), case.cluster.gpu.name,
-                    case.training.precision_name, case))
+                    case.training.precision_name, case, bool(case.model.is_moe)))
     return tuple(out)
 
 
 @functools.lru_cache(maxsize=32)
 def calibration_evidence(gpu_name: str, framework: str | None = None,
-                         precision: str | None = None) -> dict:
-    """The published runs a plan on ``gpu_name`` (under ``framework`` and ``precision``) is
-    calibrated on.
+                         precision: str | None = None, moe: bool | None = None) -> dict:
+    """The published runs a plan on ``gpu_name`` (under ``framework`` and ``precision``, of a
+    mixture-of-experts model when ``moe``) is calibrated on.
 
-    Returns ``{"gpu", "matched_by", "groups": [...]}``; each group has ``source``,
+    Returns ``{"gpu", "matched_by", "kind", "groups": [...]}``; each group has ``source``,
     ``gpu_type``, ``precision``, ``rows`` (ids), ``measured_mfu_min`` / ``_max`` (fractions,
     the tool's MFU convention) and ``bias`` (mean signed error of the predicted step time).
-    ``groups`` is empty when the dev split has no run on that GPU.
+    ``groups`` is empty when the dev split has no run on that GPU of that precision class and
+    kind of model (``kind``: "16-bit dense", "fp8 MoE", ...).
     """
-
     on_gpu = [x for x in _rows() if x[1] == gpu_name]
-    matched_by = "GPU type"
+    kind = []
+    if precision is not None:
+        cls = _precision_family(precision)
+        on_gpu = [x for x in on_gpu if _precision_family(x[2]) == cls]
+        kind.append(cls)
+    if moe is not None:
+        on_gpu = [x for x in on_gpu if x[4] == bool(moe)]
+        kind.append("MoE" if moe else "dense")
+    matched_by = " ".join(kind) or "GPU type"
     if framework is not None and any(SOURCE_FRAMEWORK.get(x[0]) == framework for x in on_gpu):
         on_gpu = [x for x in on_gpu if SOURCE_FRAMEWORK.get(x[0]) == framework]
-        matched_by = f"framework {framework}"
-    elif precision is not None and any(_precision_family(x[2]) == _precision_family(precision)
-                                       for x in on_gpu):
-        on_gpu = [x for x in on_gpu if _precision_family(x[2]) == _precision_family(precision)]
-        matched_by = f"{_precision_family(precision)} precision"
+        matched_by += f", framework {framework}"
     groups: dict[tuple, dict] = {}
-    for src, gpu, prec, case in on_gpu:
+    for src, gpu, prec, case, _ in on_gpu:
         res = evaluate(case.model, case.training, case.cluster,
                        ConfigBatch.from_configs([case.config]))
         pred, mfu = float(res.step_time_s[0]), float(res.mfu[0])
@@ -104,7 +111,7 @@ def calibration_evidence(gpu_name: str, framework: str | None = None,
                     "measured_mfu_min": min(g["mfu"]), "measured_mfu_max": max(g["mfu"]),
                     "bias": sum(g["err"]) / len(g["err"])})
     out.sort(key=lambda g: -len(g["rows"]))
-    return {"gpu": gpu_name, "matched_by": matched_by, "groups": out}
+    return {"gpu": gpu_name, "matched_by": matched_by, "kind": " ".join(kind), "groups": out}
 
 
 def _ids(rows: list[str]) -> str:
@@ -115,8 +122,10 @@ def evidence_line(evidence: dict, calibration_source: str = "") -> str:
     """One line for the plan header: the calibration group(s) and their measured MFU range."""
     groups = evidence["groups"]
     if not groups:
-        return (f"calibrated on: no published run on {evidence['gpu']} in the dev split; kernel "
-                f"efficiency {calibration_source or 'transferred by datasheet'}")
+        kind = evidence.get("kind") or ""
+        return (f"calibrated on: no published {kind + ' ' if kind else ''}run on "
+                f"{evidence['gpu']} in the dev split; kernel efficiency "
+                f"{calibration_source or 'transferred by datasheet'}")
     parts = [f"{g['source']} / {g['gpu_type']} / {g['precision']} ({len(g['rows'])} runs "
              f"{_ids(g['rows'])}: measured MFU {g['measured_mfu_min']:.1%}-"
              f"{g['measured_mfu_max']:.1%}, model error {g['bias']:+.1%})" for g in groups[:2]]

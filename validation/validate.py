@@ -639,7 +639,7 @@ def tuned_report(path: Path | None = None) -> pd.DataFrame:
         measured = min(c.measured_step_s for c in cases)
         try:
             res = plan(c0.model, c0.cluster, c0.training, gpus=key[3], top=1,
-                       framework=VENDOR_SOURCE_FRAMEWORK.get(key[-1][0]))
+                       framework=VENDOR_SOURCE_FRAMEWORK.get(key[-1][0], "ideal"))
             best = float(res.best_row["step_time_s"])
             cfg = res.best_row["config"]
             txt = (f"d{cfg['dp']} t{cfg['tp']} p{cfg['pp']} v{cfg['vp']} cp{cfg['cp']} "

@@ -822,7 +822,8 @@ def moe_tuned_report(path: Path | None = None, limit: int | None = None,
         fw = release_framework(release[c.row_id]) if release_capabilities else None
         r = plan(c.model, c.cluster, c.training, top=1, uneven_layers=True,
                  zero_stage=c.config.zero_stage, sequence_parallel=None,
-                 framework=None if fw is None else with_switches_of(fw, c.training))
+                 framework=with_switches_of(load_framework("ideal") if fw is None else fw,
+                                            c.training))
         pred = float(r.top["step_time_s"].iloc[0]) if r.fits_any else float("nan")
         own = evaluate(c.model, c.training, c.cluster, ConfigBatch.from_configs([c.config]))
         recipe_s = float(own.step_time_s[0])

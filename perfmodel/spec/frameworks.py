@@ -36,8 +36,9 @@ from perfmodel.spec.specs import (
     resolve_spec,
 )
 
-__all__ = ["RECIPE_MIN_COMPUTE_CAPABILITY", "Capabilities", "FrameworkSpec",
-           "apply_framework", "capability_mask", "capability_refusals", "check_training_supported",
+__all__ = ["DEFAULT_FRAMEWORKS", "RECIPE_MIN_COMPUTE_CAPABILITY",
+           "Capabilities", "FrameworkSpec", "apply_framework", "capability_mask",
+           "capability_refusals", "check_training_supported", "default_framework",
            "explicit_layout_allowed", "framework_pins", "load_framework", "with_switches_of", "zero_pp_allowed"]
 
 #: Precisions a launch config can name (``emit.launch`` maps each to the stack's switch): the
@@ -241,6 +242,43 @@ def load_framework(spec: str | Path | FrameworkSpec) -> FrameworkSpec:
         raise SpecError(f"framework = {spec!r}: expected a preset name or a TOML path")
     data, src = resolve_spec("framework", name)
     return build_spec(FrameworkSpec, data, src)
+
+
+#: The releases a plan is for when no ``--framework`` is named, by the GPU's CUDA compute
+#: capability (least first; the last entry at or below the GPU's applies): the first of its
+#: list that runs the model (a mixture-of-experts model needs ``[capabilities.moe]``).
+#:
+#: - Volta and Ampere (sm_70, sm_80): ``megatron-2022``, Megatron-LM v3.0, the newest release
+#:   with published end-to-end runs on A100 (Korthikanti et al. 2022: sequence parallelism and
+#:   selective recompute, no flash attention); the NeMo / Megatron-Bridge performance summaries
+#:   that the later presets read publish Hopper and Blackwell runs only. It has no MoE layers:
+#:   a MoE model gets ``megatron-lm`` (Megatron-LM main, which runs on sm_70 / sm_80).
+#: - Hopper and Blackwell (sm_90, sm_100, sm_103): ``bridge-26.02``, Megatron-Bridge 26.02, the
+#:   newest shipped preset, whose performance recipes were measured on H100, B200, GB200, GB300.
+#:
+#: A GPU without a CUDA compute capability (AMD MI300X) gets ``megatron-lm``, Megatron-LM main,
+#: which the ROCm fork of Megatron-LM follows.
+DEFAULT_FRAMEWORKS: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
+    ((7, 0), ("megatron-2022", "megatron-lm")), ((9, 0), ("bridge-26.02",)))
+DEFAULT_FRAMEWORK_NO_CUDA = ("megatron-lm",)
+
+
+def default_framework(gpu: GPUSpec, model: ModelSpec | None = None) -> tuple[FrameworkSpec, str]:
+    """The release a plan of ``model`` on ``gpu`` is for when none is named, and why (one
+    phrase): :data:`DEFAULT_FRAMEWORKS`."""
+    cc = gpu.compute_capability_tuple
+    if cc is None:
+        names, why = DEFAULT_FRAMEWORK_NO_CUDA, f"default for {gpu.name} (no CUDA compute capability)"
+    else:
+        fit = [n for least, n in DEFAULT_FRAMEWORKS if cc >= least]
+        names = fit[-1] if fit else DEFAULT_FRAMEWORKS[0][1]
+        why = (f"default for compute capability {gpu.compute_capability}: the newest shipped "
+               f"release with published runs on {gpu.name}'s generation")
+    for name in names:
+        fw = load_framework(name)
+        if model is None or not (model.is_moe and _off(fw.capabilities.moe)):
+            return fw, why + ("" if name == names[0] else " that runs mixture-of-experts models")
+    return load_framework(names[-1]), why
 
 
 def apply_framework(training: TrainingSpec, fw: FrameworkSpec | None,

@@ -1132,8 +1132,11 @@ def load_cluster(spec: str | Path | ClusterSpec, gpus: int | None = None) -> Clu
     """A cluster from a preset name (``dgx-a100-80g``), a TOML path or a ClusterSpec.
 
     In a file, ``gpu`` is a GPU preset name or an inline table; ``num_nodes`` may be replaced by
-    ``total_gpus``. ``gpus`` rescales the cluster (``--gpus N``).
+    ``total_gpus``. ``gpus`` rescales the cluster (``--gpus N``): a shipped preset is a node
+    type sized by ``gpus``; a file describes a cluster that exists, so ``gpus`` beyond what it
+    holds (``num_nodes x gpus_per_node``) is refused.
     """
+    src = None
     if isinstance(spec, ClusterSpec):
         cluster = spec
     else:
@@ -1155,6 +1158,11 @@ def load_cluster(spec: str | Path | ClusterSpec, gpus: int | None = None) -> Clu
             data["num_nodes"] = total // gpn
         cluster = build_spec(ClusterSpec, data, src)
     if gpus is not None:
+        if src is not None and not src.startswith("preset ") and gpus > cluster.total_gpus:
+            raise SpecError(
+                f"gpus ({gpus}) exceeds what cluster file '{shown(src)}' holds: num_nodes "
+                f"({cluster.num_nodes}) x gpus_per_node ({cluster.gpus_per_node}) = "
+                f"{cluster.total_gpus} GPUs")
         cluster = cluster.with_gpus(gpus)
     return cluster
 

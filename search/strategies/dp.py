@@ -739,7 +739,11 @@ class DPSearch:
         if keeper.batch is None:
             raise SpecError(problem.space.explain_empty())
         # Phase 2: the DP, best bound first, until no layout can enter the top.
-        n_layouts, n_solved = self._dp_layouts(problem, keeper, outer) if outer else (0, 0)
+        # (a release that splits layers evenly only runs no per-stage layout: phase 1 alone)
+        fw = problem.space.framework
+        uneven_ok = fw is None or fw.uneven_pipeline
+        n_layouts, n_solved = (self._dp_layouts(problem, keeper, outer) if outer and uneven_ok
+                               else (0, 0))
         tally = keeper.tally
         return finalize_batch(problem, keeper.picked(), len(tally.top_flat),
                               len(tally.front_flat), strategy=self.name,

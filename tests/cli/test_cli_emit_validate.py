@@ -11,13 +11,13 @@ runner = CliRunner()
 FIXED = ["--model", "gpt3-1.3b", "--cluster", "dgx-a100-80g", "--gpus", "16",
          "--global-batch", "64", "--dp", "4", "--tp", "2", "--pp", "2", "--cp", "1",
          "--vp", "1", "--zero", "1", "--micro-batch", "2", "--recompute", "none",
-         "--no-sequence-parallel", "--schedule", "1f1b"]
+         "--no-sequence-parallel", "--schedule", "1f1b", "--framework", "ideal"]
 
 
 ALL_RUN = ["--model", "gpt3-1.3b", "--cluster", "dgx-a100-80g", "--gpus", "16",
            "--global-batch", "64", "--dp", "8", "--tp", "1", "--pp", "2", "--cp", "1",
            "--vp", "1", "--zero", "0", "--micro-batch", "2", "--recompute", "none",
-           "--no-sequence-parallel", "--schedule", "1f1b"]
+           "--no-sequence-parallel", "--schedule", "1f1b", "--framework", "ideal"]
 
 
 def test_emit_deepspeed_in_json():
@@ -73,7 +73,7 @@ def test_emit_dir_writes_one_file_per_format(tmp_path):
 
 
 def test_validate_json():
-    r = runner.invoke(app, ["validate", "--no-vtrain", "--json"])
+    r = runner.invoke(app, ["validate", "--no-typed-back", "--no-vtrain", "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["training_runs"]["rows"] >= 55

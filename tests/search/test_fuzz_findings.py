@@ -175,7 +175,7 @@ def test_validate_skips_a_bad_row_with_its_reason(tmp_path, col, value, reason):
     assert len(report) == 2
     assert skipped["row_id"].tolist() == ["R0045"]
     assert reason in skipped["reason"].iloc[0]
-    r = runner.invoke(app, ["validate", "--runs", str(f), "--no-vtrain"])
+    r = runner.invoke(app, ["validate", "--no-typed-back", "--runs", str(f), "--no-vtrain"])
     assert r.exit_code == 0, r.output
     assert "not expressible: R0045" in r.stdout
 
@@ -199,16 +199,16 @@ def test_validate_blank_micro_batch(tmp_path):
 def test_validate_unreadable_file_is_one_line(tmp_path, content, needle):
     f = tmp_path / "runs.csv"
     f.write_bytes(content)
-    one_line_error(["validate", "--runs", str(f), "--no-vtrain"], needle)
+    one_line_error(["validate", "--no-typed-back", "--runs", str(f), "--no-vtrain"], needle)
 
 
 def test_validate_header_only_and_missing_file(tmp_path):
     f = tmp_path / "runs.csv"
     f.write_text((VALIDATION_DIR / "training_runs_dev.csv").read_text().splitlines()[0] + "\n")
     # a table without a usable row is a user error (it exited 0 with "rows": 0)
-    one_line_error(["validate", "--runs", str(f), "--no-vtrain", "--json"],
+    one_line_error(["validate", "--no-typed-back", "--runs", str(f), "--no-vtrain", "--json"],
                    "no row can be predicted")
-    one_line_error(["validate", "--runs", str(tmp_path / "nope.csv"), "--no-vtrain"],
+    one_line_error(["validate", "--no-typed-back", "--runs", str(tmp_path / "nope.csv"), "--no-vtrain"],
                    "no such file")
 
 

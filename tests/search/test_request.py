@@ -149,7 +149,7 @@ def test_make_problem_and_evaluate_config_take_the_request_fields():
         (["--memory-headroom", "nan"], "--memory-headroom 'nan': expected a number from 0.0 to 0.9"),
         (["--objective", "speed"], "--objective 'speed': expected one of time, memory, cost"),
         (["--tpo", "3"], "No such option: --tpo"),
-        (["validate", "--bogus"], "No such option: --bogus"),
+        (["validate", "--no-typed-back", "--bogus"], "No such option: --bogus"),
     ],
 )
 def test_parser_errors_are_one_line(args, line):

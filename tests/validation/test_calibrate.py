@@ -223,9 +223,9 @@ def test_read_runs_minimal_columns(tmp_path):
 
 
 def test_validate_with_profile():
-    r = runner.invoke(app, ["validate", "--no-vtrain", "--json", "--profile", "nemo-24.09"])
+    r = runner.invoke(app, ["validate", "--no-typed-back", "--no-vtrain", "--json", "--profile", "nemo-24.09"])
     assert r.exit_code == 0, r.output[-500:]
-    r = runner.invoke(app, ["validate", "--no-vtrain", "--profile", "nope"])
+    r = runner.invoke(app, ["validate", "--no-typed-back", "--no-vtrain", "--profile", "nope"])
     assert r.exit_code == 2
 
 

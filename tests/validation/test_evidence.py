@@ -11,12 +11,12 @@ from cli.main import app
 from perfmodel.parallel.config import ConfigBatch
 from perfmodel.step.evaluate import evaluate
 from validation import validate
-from validation.evidence import calibration_evidence, evidence_line
+from validation.evidence import _rows, calibration_evidence, evidence_line
 
 
 def test_framework_narrows_to_its_source():
     ev = calibration_evidence("A100-SXM4-80GB", "megatron-2022", "bf16")
-    assert ev["matched_by"] == "framework megatron-2022"
+    assert ev["matched_by"] == "16-bit, framework megatron-2022"
     (g,) = ev["groups"]
     assert g["source"] == "Korthikanti 2022" and g["gpu_type"] == "A100-SXM4-80GB"
     # the step-scope rows of Korthikanti et al. 2022 (Table 5 and the 530B/2240 GPU runs that
@@ -45,7 +45,7 @@ def test_measured_mfu_is_the_models_flops_over_the_measured_time():
 
 def test_precision_class_when_no_framework_matches():
     ev = calibration_evidence("H100-SXM5-80GB", None, "fp8-cs")
-    assert ev["matched_by"] == "fp8 precision"
+    assert ev["matched_by"] == "fp8"
     assert ev["groups"] and all("fp8" in g["precision"] for g in ev["groups"])
     ev16 = calibration_evidence("H100-SXM5-80GB", None, "bf16")
     assert {g["precision"] for g in ev16["groups"]} == {"bf16"}
@@ -55,7 +55,7 @@ def test_gpu_without_published_runs_says_so():
     ev = calibration_evidence("MI300X", None, "bf16")
     assert ev["groups"] == []
     line = evidence_line(ev, "measured on NVIDIA H200; scaled to MI300X")
-    assert "no published run on MI300X" in line and "scaled to MI300X" in line
+    assert "no published 16-bit run on MI300X" in line and "scaled to MI300X" in line
 
 
 def test_make_plan_names_its_calibration_group():
@@ -63,9 +63,23 @@ def test_make_plan_names_its_calibration_group():
     measured MFU range, and the JSON carries it; the plan's MFU lies within that range."""
     r = CliRunner().invoke(app, ["--framework", "megatron-2022"])
     assert r.exit_code == 0, r.output
-    assert "calibrated on (framework megatron-2022): Korthikanti 2022 / A100-SXM4-80GB" in r.output
+    assert ("calibrated on (16-bit dense, framework megatron-2022): Korthikanti 2022 / "
+            "A100-SXM4-80GB") in r.output
     r = CliRunner().invoke(app, ["--framework", "megatron-2022", "--json"])
     doc = json.loads(r.stdout)
     g = doc["calibrated_on"]["groups"][0]
     mfu = doc["best"]["mfu"] if "best" in doc else doc["rows"][0]["mfu"]
     assert g["measured_mfu_min"] <= mfu <= g["measured_mfu_max"]
+
+
+def test_evidence_is_of_the_same_precision_class_and_kind_of_model():
+    """A bf16 MoE plan is never backed by dense or fp8 runs: the same class and kind, or none."""
+    ev = calibration_evidence("H100-SXM5-80GB", None, "bf16", True)
+    assert ev["kind"] == "16-bit MoE"
+    for g in ev["groups"]:
+        assert g["precision"] in ("bf16", "fp16")
+    dense = calibration_evidence("H100-SXM5-80GB", None, "fp8-cs", False)
+    moe_rows = {case.row_id for *_, case, moe in _rows() if moe}
+    assert all(not set(g["rows"]) & moe_rows for g in dense["groups"])
+    if not ev["groups"]:
+        assert "no published 16-bit MoE run on H100-SXM5-80GB" in evidence_line(ev)

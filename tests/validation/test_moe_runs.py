@@ -239,7 +239,7 @@ def test_plan_validate_has_the_tuned_switch():
 
     from cli.main import app
 
-    res = CliRunner().invoke(app, ["validate", "--help"])
+    res = CliRunner().invoke(app, ["validate", "--no-typed-back", "--help"])
     assert res.exit_code == 0 and "--tuned" in res.output
 
 

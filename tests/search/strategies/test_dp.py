@@ -171,7 +171,7 @@ def test_batched_solver_equals_dp_on_identical_layers():
 def nemotron():
     from search import plan
 
-    kw = {"gpus": 128, "global_batch_size": 32, "seq_len": 4096, "top": 3}
+    kw = {"gpus": 128, "global_batch_size": 32, "seq_len": 4096, "top": 3, "framework": "ideal"}
     return plan("nemotron4-340b", "dgx-h100", **kw), plan("nemotron4-340b", "dgx-h100",
                                                            strategy="dp", **kw)
 
