@@ -74,7 +74,7 @@ def typed_back_report(path=None) -> pd.DataFrame:
             continue
         if case.scope != "step":
             continue
-        named = _typed(case, validate._SOURCE_FRAMEWORK.get(group))
+        named = _typed(case, validate.VENDOR_SOURCE_FRAMEWORK.get(group))
         default = _typed(case, None)
         rows.append({"row_id": case.row_id, "model": case.model.name, "source": group,
                      "gpu_type": case.cluster.gpu.name, "precision": case.training.precision_name,
