@@ -26,8 +26,8 @@ def test_deepspeed_offload_sections():
     assert "offload_optimizer" not in z3["zero_optimization"]
 
 
-def test_megatron_optimizer_offload_flags_parse():
-    args = parse(megatron_args(ParallelConfig(dp=8, zero_stage=1), LLAMA, OFF))
+def test_megatron_optimizer_offload_flags_parse(tmp_path):
+    args = parse(megatron_args(ParallelConfig(dp=8, zero_stage=1), LLAMA, OFF), tmp_path)
     assert args.optimizer_cpu_offload and args.optimizer_offload_fraction == 0.5
     assert "optimizer_cpu_offload: true" in bridge_yaml(ParallelConfig(dp=8, zero_stage=1),
                                                         LLAMA, OFF)
