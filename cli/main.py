@@ -625,8 +625,10 @@ def _option_words(name: str, value: Any) -> list[str]:
     if isinstance(value, bool):
         on, _, off = flag.partition("/")
         return [on if value else (off or "--no-" + on.removeprefix("--"))]
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple)) and cli_of(field).int_list:
         value = ",".join(str(int(v)) for v in value)
+    elif isinstance(value, (list, tuple)):  # a repeatable option: --offload a --offload b
+        return [w for v in value for w in (flag, str(getattr(v, "value", v)))]
     return [flag, str(getattr(value, "value", value))]
 
 
