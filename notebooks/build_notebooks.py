@@ -73,7 +73,8 @@ with units in the column names.
 """),
     code("""
 r = evaluate_config(model, cluster, training, tp=8, pp=16, vp=3, micro_batch_size=1,
-                    zero_stage=1, recompute="selective", sequence_parallel=True)
+                    zero_stage=1, recompute="selective", sequence_parallel=True,
+                    framework="ideal")
 r.best[["dp", "tp", "pp", "vp", "num_microbatches", "step_time_s", "tokens_per_s", "mfu",
         "peak_memory_bytes", "fits"]]
 """),
@@ -146,7 +147,8 @@ and ranks them. A small space keeps this notebook fast: GPT-3 1.3B on up to 16 A
     code("""
 from search import plan
 
-r = plan("gpt3-1.3b", "dgx-a100-80g", gpus=16, global_batch_size=64, seq_len=2048, top=8)
+r = plan("gpt3-1.3b", "dgx-a100-80g", gpus=16, global_batch_size=64, seq_len=2048, top=8,
+         framework="ideal")
 print(r.stats())
 cols = ["dp", "tp", "pp", "vp", "zero_stage", "micro_batch_size", "recompute", "schedule",
         "step_time_s", "mfu", "peak_memory_bytes"]
@@ -196,7 +198,7 @@ The best configuration at each GPU count (one `plan` per count; ZeRO-1 pinned to
 from plots.figures import plot_scaling_curve, scaling_frame
 
 scaling = scaling_frame("gpt3-1.3b", "dgx-a100-80g", [8, 16, 32, 64, 128],
-                        global_batch_size=256, zero_stage=1)
+                        global_batch_size=256, zero_stage=1, framework="ideal")
 display(scaling)
 plot_scaling_curve("gpt3-1.3b", "dgx-a100-80g", None, frame=scaling)
 """),
