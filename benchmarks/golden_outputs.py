@@ -35,12 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-try:  # the package layout with the CLI in its own package
-    from cli.main import app
-except ModuleNotFoundError as e:  # the flat layout (a broken cli.main still raises)
-    if e.name not in ("cli", "cli.main"):
-        raise
-    from search.cli import app
+from cli.main import app
 
 SPECS = ROOT / "hardware_specs"
 VALIDATION = SPECS / "validation"
