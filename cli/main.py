@@ -71,6 +71,7 @@ SUBCOMMANDS: dict[str, str] = {
     "validate": "cli.validate:validate_command",
     "verify": "cli.verify:verify_cmd",
     "calibrate": "validation.calibrate:calibrate_command",
+    "calibrate-links": "validation.nccl_tests:calibrate_links_command",
     "sweep": "sweep.cli:sweep_cmd",
 }
 

@@ -52,12 +52,25 @@ DDP_BUCKET_MIN_PARAMS = 40_000_000  # Megatron-core DDP default bucket: max(40M,
 
 
 def all_reduce_auto_time(size_bytes: ArrayLike, group: GroupPlacement) -> np.ndarray:
-    """All-reduce time [s] on a placed group: fastest of flat ring, flat tree and hierarchical.
+    """All-reduce time [s] on a placed group: fastest of flat ring, flat tree and hierarchical;
+    where the group's tier carries a measured nccl-tests bus bandwidth, the ring at that bus
+    bandwidth instead (the measurement already is NCCL's choice of algorithm on those links).
 
     References
     ----------
-    :func:`perfmodel.hardware.collectives.all_reduce_time` (``algorithm="auto"``).
+    :func:`perfmodel.hardware.collectives.all_reduce_time` (``algorithm="auto"``); NCCL-tests
+    ``doc/PERFORMANCE.md`` (``busbw = algbw * 2(n-1)/n``, so ``t = 2(n-1)/n * S / busbw``).
     """
+    measured = group.measured_bw_bytes_per_s("all_reduce")
+    if np.isfinite(measured).any():
+        at_busbw = coll.ring_all_reduce_time(size_bytes, group.size, group.bw_for("all_reduce"),
+                                             group.latency_s)
+        return np.where(np.isfinite(measured), at_busbw, _all_reduce_analytic_s(size_bytes, group))
+    return _all_reduce_analytic_s(size_bytes, group)
+
+
+def _all_reduce_analytic_s(size_bytes: ArrayLike, group: GroupPlacement) -> np.ndarray:
+    """Fastest of flat ring, flat tree and hierarchical all-reduce on the analytic bandwidths."""
     ring = coll.ring_all_reduce_time(size_bytes, group.size, group.bw_bytes_per_s, group.latency_s)
     tree = coll.tree_all_reduce_time(size_bytes, group.size, group.bw_bytes_per_s, group.latency_s)
     hier = coll.hierarchical_all_reduce_time(
@@ -74,12 +87,14 @@ def all_reduce_auto_time(size_bytes: ArrayLike, group: GroupPlacement) -> np.nda
 
 def op_time(op: CollectiveOp, group: GroupPlacement) -> np.ndarray:
     """Time [s] of ``op.count`` collectives of ``op.buffer_bytes`` on ``group`` (all-reduce: the
-    fastest algorithm; all-gather / reduce-scatter: ring at the group's bandwidth)."""
+    fastest algorithm; all-gather / reduce-scatter: ring at the group's bandwidth, or at the
+    measured bus bandwidth, :meth:`GroupPlacement.bw_for`)."""
     if op.collective == "all_reduce":
         one = all_reduce_auto_time(op.buffer_bytes, group)
     else:
         one = coll.collective_time(
-            op.collective, op.buffer_bytes, group.size, group.bw_bytes_per_s, group.latency_s
+            op.collective, op.buffer_bytes, group.size, group.bw_for(op.collective),
+            group.latency_s
         )
     return np.where(op.count > 0, op.count * one, 0.0)
 
@@ -121,8 +136,8 @@ def comm_times(
     # tensor parallel: all-reduce, or all-gather + reduce-scatter with sequence parallelism
     act = tp_activation_bytes(model, training, batch)
     ar = all_reduce_auto_time(act, g_tp)
-    ag_rs = coll.all_gather_time(act, g_tp.size, g_tp.bw_bytes_per_s, g_tp.latency_s) + (
-        coll.reduce_scatter_time(act, g_tp.size, g_tp.bw_bytes_per_s, g_tp.latency_s)
+    ag_rs = coll.all_gather_time(act, g_tp.size, g_tp.bw_for("all_gather"), g_tp.latency_s) + (
+        coll.reduce_scatter_time(act, g_tp.size, g_tp.bw_for("reduce_scatter"), g_tp.latency_s)
     )
     tp_one = np.where(batch.sequence_parallel, ag_rs, ar)
     tp_fwd_n, tp_bwd_n = tp_collectives_per_layer(batch, model)

@@ -381,6 +381,9 @@ def all_to_all_tiered_time(size_bytes, group: GroupPlacement) -> np.ndarray:
     port of the outer tier, and the slower of the two sets the time:
     ``max((m-1)/n * S / B_nvlink, (n-m)/n * S / B_outer) + (n-1) * alpha``.
 
+    Where the group's tier carries a measured nccl-tests table, the pairwise all-to-all at its
+    bus bandwidth instead (:meth:`GroupPlacement.measured_bw_bytes_per_s`).
+
     References
     ----------
     Thakur et al. 2005, Sec. 3.6 (pairwise exchange); NCCL ``alltoall`` over NVLink + NET
@@ -394,6 +397,11 @@ def all_to_all_tiered_time(size_bytes, group: GroupPlacement) -> np.ndarray:
     outer_bw = np.where(group.tier > 0, group.p2p_bw_bytes_per_s, group.intra_bw_bytes_per_s)
     inter = (n - m) / n * s / outer_bw
     t = np.maximum(intra, inter) + np.maximum(n - 1.0, 0.0) * group.latency_s
+    # a measured nccl-tests alltoall bus bandwidth of the group's tier replaces both links
+    measured = group.measured_bw_bytes_per_s("all_to_all")
+    at_busbw = coll.all_to_all_time(s, n, np.where(np.isfinite(measured), measured, 1e30),
+                                    group.latency_s)
+    t = np.where(np.isfinite(measured), at_busbw, t)
     return np.where((n > 1) & (s > 0), t, 0.0)
 
 
@@ -406,13 +414,14 @@ def dispatch_time_per_layer(model: ModelSpec, training: TrainingSpec, batch: Con
     if "allgather" in ops:
         _, buf, _ = ops["allgather"]
         g = groups["ep_etp"]
-        t = coll.all_gather_time(buf, g.size, g.bw_bytes_per_s, g.latency_s)
+        t = coll.all_gather_time(buf, g.size, g.bw_for("all_gather"), g.latency_s)
         return np.where(buf > 0, t, 0.0)
     _, a2a_buf, _ = ops["a2a"]
     _, gather_buf, _ = ops["etp_gather"]
     g = groups["etp"]
     gather = np.where(gather_buf > 0,
-                      coll.all_gather_time(gather_buf, g.size, g.bw_bytes_per_s, g.latency_s), 0.0)
+                      coll.all_gather_time(gather_buf, g.size, g.bw_for("all_gather"), g.latency_s),
+                      0.0)
     return all_to_all_tiered_time(a2a_buf, groups["ep"]) + gather
 
 

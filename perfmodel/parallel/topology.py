@@ -18,6 +18,9 @@ Bandwidth of a group's ring (all-reduce, all-gather, reduce-scatter, tree):
 Point-to-point sends (pipeline stages, ring attention) use one GPU's port of the outermost tier
 crossed, ``B_T / oversubscription_T``.
 Latency: the latency of the outermost tier crossed (a conservative per-step ``alpha``).
+Measured bus bandwidth: where the outermost tier a group crosses carries an nccl-tests table
+(``LinkTier.busbw_gbyte_per_s``), the group's collectives run at the measured ``busbw`` of its
+size instead (:func:`measured_busbw_bytes_per_s`, :attr:`GroupPlacement.busbw_bytes_per_s`).
 
 References
 ----------
@@ -34,11 +37,17 @@ from dataclasses import dataclass, fields
 import numpy as np
 from numpy.typing import ArrayLike
 
+from perfmodel.core import units
 from perfmodel.parallel.config import ConfigBatch
 from perfmodel.spec.specs import ClusterSpec
 
-__all__ = ["GroupPlacement", "group_placement", "nested_group_placement", "parallel_groups",
+__all__ = ["MEASURED_COLLECTIVES", "GroupPlacement", "group_placement",
+           "measured_busbw_bytes_per_s", "nested_group_placement", "parallel_groups",
            "tier_arrays"]
+
+MEASURED_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+"""Collectives a tier's nccl-tests table may name: the columns of
+:attr:`GroupPlacement.busbw_bytes_per_s`, in this order."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,9 @@ class GroupPlacement:
     inter_size : number of innermost domains the group spans (``ceil(g / intra_size)``)
     intra_bw_bytes_per_s, intra_latency_s : ring inside a domain [bytes/s], [s]
     inter_bw_bytes_per_s, inter_latency_s : ring across domains, one member per domain [bytes/s], [s]
+    busbw_bytes_per_s : measured nccl-tests bus bandwidth of the group [bytes/s], shape
+        ``(n, 4)``, one column per :data:`MEASURED_COLLECTIVES`; NaN where the group's tier has
+        no table (:func:`measured_busbw_bytes_per_s`)
     """
 
     size: np.ndarray
@@ -71,6 +83,57 @@ class GroupPlacement:
     intra_latency_s: np.ndarray
     inter_bw_bytes_per_s: np.ndarray
     inter_latency_s: np.ndarray
+    busbw_bytes_per_s: np.ndarray
+
+    def measured_bw_bytes_per_s(self, collective: str) -> np.ndarray:
+        """Measured bus bandwidth of ``collective`` [bytes/s], NaN where none is given."""
+        return self.busbw_bytes_per_s[..., MEASURED_COLLECTIVES.index(collective)]
+
+    def bw_for(self, collective: str) -> np.ndarray:
+        """Per-GPU bandwidth [bytes/s] ``collective`` runs at on this group: the measured bus
+        bandwidth where the tier has one, else the analytic ring bandwidth."""
+        m = self.measured_bw_bytes_per_s(collective)
+        return np.where(np.isfinite(m), m, self.bw_bytes_per_s)
+
+
+def measured_busbw_bytes_per_s(cluster: ClusterSpec, collective: str, tier: ArrayLike,
+                               size: ArrayLike) -> np.ndarray:
+    """Measured bus bandwidth [bytes/s] of ``collective`` on groups of ``size`` GPUs whose
+    outermost tier is ``tier`` (arrays); NaN where that tier has no table, or ``size < 2``.
+
+    The tier's ``busbw_gbyte_per_s`` row of the collective (else its ``all_reduce`` row: nccl-tests
+    defines bus bandwidth so that it compares across collectives) is interpolated linearly in
+    ``log2(size)`` between the measured group sizes and held constant outside them.
+
+    Example: ``all_reduce = {2: 20.0, 8: 12.0}`` gives 16.0 GB/s at 4 GPUs, 12.0 at 16.
+
+    References
+    ----------
+    NCCL-tests ``doc/PERFORMANCE.md``, "Bus bandwidth": ``busbw = algbw * 2(n-1)/n`` for
+    all-reduce, ``algbw * (n-1)/n`` for all-gather and reduce-scatter, "a number comparable to
+    the hardware peak bandwidth, independently of the number of ranks used".
+    """
+    tier = np.asarray(tier, dtype=np.int64)
+    size = np.asarray(size, dtype=np.float64)
+    out = np.full(np.broadcast(tier, size).shape, np.nan)
+    for t, link in enumerate(cluster.tiers):
+        table = link.busbw_gbyte_per_s or {}
+        row = table.get(collective, table.get("all_reduce"))
+        if not row:
+            continue
+        ns = sorted(row)
+        gb = np.interp(np.log2(np.maximum(size, 1.0)), np.log2(ns), [row[n] for n in ns])
+        out = np.where((tier == t) & (size >= 2), gb * units.GIGA, out)
+    return out
+
+
+def _busbw_columns(cluster: ClusterSpec, tier: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """:func:`measured_busbw_bytes_per_s` of every :data:`MEASURED_COLLECTIVES`, shape
+    ``(n, 4)`` (all NaN, cheaply, when no tier has a table)."""
+    if not any(t.busbw_gbyte_per_s for t in cluster.tiers):
+        return np.full((*np.shape(size), len(MEASURED_COLLECTIVES)), np.nan)
+    return np.stack([measured_busbw_bytes_per_s(cluster, c, tier, size)
+                     for c in MEASURED_COLLECTIVES], axis=-1)
 
 
 def tier_arrays(cluster: ClusterSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -197,6 +260,7 @@ def nested_group_placement(cluster: ClusterSpec,
         intra_latency_s=np.full(g.shape, lats[0]),
         inter_bw_bytes_per_s=inter_bw,
         inter_latency_s=inter_lat,
+        busbw_bytes_per_s=_busbw_columns(cluster, tier, g.astype(np.float64)),
     )
 
 

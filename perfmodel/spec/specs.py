@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import numpy as np
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from hardware_specs import find_preset, list_presets
 from perfmodel.core import units
@@ -33,6 +41,7 @@ __all__ = [
     "PRECISIONS",
     "PRECISION_RECIPES",
     "RECIPE_PRECISIONS",
+    "BusbwCollective",
     "ClusterSpec",
     "Dtype",
     "GPUSpec",
@@ -205,6 +214,10 @@ class GPUSpec(Spec):
 # --------------------------------------------------------------------------------------------
 # Cluster
 # --------------------------------------------------------------------------------------------
+BusbwCollective = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
+"""Collectives a tier's measured bus-bandwidth table may name (nccl-tests ``*_perf``)."""
+
+
 class LinkTier(Spec):
     """One tier of the interconnect, innermost first.
 
@@ -216,6 +229,15 @@ class LinkTier(Spec):
     ``protocol_efficiency`` in (0, 1] is the share of the line rate the collective library's
     protocol delivers as bus bandwidth (NCCL over NVLink: about 0.8, see the A100 / V100 cluster
     presets); 1 leaves the line rate.
+
+    ``busbw_gbyte_per_s`` (optional) is what an nccl-tests run measured on this tier: for each
+    collective (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``) the bus
+    bandwidth ``busbw`` [GB/s, 1e9 bytes/s] nccl-tests prints for a group of ``n`` GPUs whose
+    outermost tier is this one (``{"all_reduce": {8: 12.6}}``; TOML: a ``[tiers.busbw_gbyte_per_s]``
+    table under the tier, ``all_reduce = { 2 = 20.0, 8 = 12.6 }``). Where given it replaces
+    ``bandwidth * protocol_efficiency / oversubscription`` for the collectives of such groups
+    (:func:`perfmodel.parallel.topology.measured_busbw_bytes_per_s`): what shares the links
+    (GPUs behind one PCIe switch, NICs per node, the algorithm NCCL picks) is in the number.
     """
 
     name: Name
@@ -226,6 +248,32 @@ class LinkTier(Spec):
     latency_us: NonNegFloat = 0.0
     oversubscription: Annotated[float, Field(ge=1.0)] = 1.0
     protocol_efficiency: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    busbw_gbyte_per_s: dict[BusbwCollective, dict[int, PosFloat]] | None = Field(
+        default=None, description="measured nccl-tests bus bandwidth [GB/s] per collective "
+        "(all_reduce, all_gather, reduce_scatter, all_to_all) and group size (>= 2) of the "
+        "groups whose outermost tier is this one; replaces the analytic bandwidth where given")
+
+    @field_validator("busbw_gbyte_per_s", mode="before")
+    @classmethod
+    def _group_keys(cls, value: Any) -> Any:
+        """TOML table keys are text: ``8 = 12.6`` reads as group size 8."""
+        if not isinstance(value, dict):
+            return value
+        return {c: ({int(k) if isinstance(k, str) and k.isdigit() else k: v
+                     for k, v in row.items()} if isinstance(row, dict) else row)
+                for c, row in value.items()}
+
+    @model_validator(mode="after")
+    def _busbw_groups(self) -> LinkTier:
+        for coll, table in (self.busbw_gbyte_per_s or {}).items():
+            if not table:
+                raise ValueError(f"tier '{self.name}': busbw_gbyte_per_s.{coll} is empty "
+                                 "(give at least one group size = GB/s)")
+            bad = [n for n in table if n < 2]
+            if bad:
+                raise ValueError(f"tier '{self.name}': busbw_gbyte_per_s.{coll} group size "
+                                 f"({bad[0]}) must be at least 2")
+        return self
 
     @model_validator(mode="after")
     def _one_bandwidth(self) -> LinkTier:

@@ -166,3 +166,18 @@ def test_zero3_per_tensor_reduce_scatter_latency():
     rs_layer = 8 * (7 * 8e-6 + 7 / 8 * psi * 2 / 50e9)
     assert per_layer["dp_grad_s"][0] == pytest.approx(rs_layer)
     assert per_tensor["dp_grad_s"][0] == pytest.approx(rs_tensor)
+
+
+def test_tp_all_reduce_at_measured_busbw():
+    """8 GPUs on PCIe with a measured all-reduce busbw of 12.6 GB/s: one all-reduce of a
+    2048 x 12288 bf16 activation (50.3 MB) takes 14 steps x 5.7 us + 2*7/8 * 50.3e6 / 12.6e9 =
+    79.8 us + 6.990 ms (NCCL-tests PERFORMANCE.md: busbw = algbw * 2(n-1)/n)."""
+    base = load_cluster("pcie-a100-8")
+    tier = base.tiers[0].model_copy(update={"busbw_gbyte_per_s": {"all_reduce": {8: 12.6}}})
+    cl = base.model_copy(update={"tiers": [tier, base.tiers[1]]})
+    b = ConfigBatch.from_arrays(dp=1, tp=8, num_microbatches=1)
+    one = comm_times(GPT3, BF16, cl, b)["tp_layer_fwd_s"][0] / 2  # two all-reduces forward
+    assert one == pytest.approx(14 * 5.7e-6 + 2 * 7 / 8 * ACT / 12.6e9, rel=1e-9)
+    # without the table: the analytic 31.5 GB/s x 0.8 (faster)
+    plain = comm_times(GPT3, BF16, base, b)["tp_layer_fwd_s"][0] / 2
+    assert plain < one

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from perfmodel.parallel.config import ConfigBatch
 from perfmodel.parallel.topology import group_placement, parallel_groups
-from perfmodel.spec.specs import ClusterSpec, load_cluster, load_gpu
+from perfmodel.spec.specs import ClusterSpec, LinkTier, load_cluster, load_gpu
 
 A100 = load_cluster("dgx-a100-80g")  # NVLink 300 GB/s x NCCL protocol 0.8 = 240 GB/s, 3 us, domain 8; HDR IB 25 GB/s, 8 us
 
@@ -119,3 +119,47 @@ def test_bandwidth_between_slowest_port_and_fastest(log_g, log_s, oversub):
         assert 10e9 / oversub * (1 - 1e-12) <= g.bw_bytes_per_s <= 400e9 * (1 + 1e-12)
         inside = 2 ** (log_g + log_s) <= 4
         assert (g.tier == 0) == inside
+
+
+# --------------------------------------------------------------------------------------------
+# Measured nccl-tests bus bandwidth per tier
+# --------------------------------------------------------------------------------------------
+def pcie_box(table: dict | None) -> ClusterSpec:
+    """One node of 8 GPUs on PCIe (31.5 GB/s x 0.8), two nodes on 12.5 GB/s, with ``table`` as
+    the PCIe tier's measured busbw."""
+    base = load_cluster("pcie-a100-8").with_gpus(16)
+    tiers = [base.tiers[0].model_copy(update={"busbw_gbyte_per_s": table}), base.tiers[1]]
+    return base.model_copy(update={"tiers": tiers})
+
+
+def test_measured_busbw_interpolates_in_log_group_size():
+    cl = pcie_box({"all_reduce": {2: 20.0, 8: 12.0}})
+    # 4 GPUs: halfway between 2 and 8 in log2 -> (20 + 12) / 2 = 16 GB/s; 8 GPUs: 12 GB/s
+    g = group_placement(cl, np.array([2, 4, 8]), 1)
+    col = g.measured_bw_bytes_per_s("all_reduce")
+    assert col == pytest.approx([20e9, 16e9, 12e9])
+    # a collective without its own row takes the all-reduce row (busbw compares across them)
+    assert g.bw_for("all_gather") == pytest.approx([20e9, 16e9, 12e9])
+
+
+def test_measured_busbw_only_on_its_tier():
+    cl = pcie_box({"all_reduce": {8: 12.6}})
+    g = group_placement(cl, np.array([1, 8, 2]), np.array([1, 1, 8]))
+    # tp=1: no group; 8 GPUs inside the node: measured; 2 GPUs across nodes: tier 1, analytic
+    assert np.isnan(g.measured_bw_bytes_per_s("all_reduce")[[0, 2]]).all()
+    assert g.bw_for("all_reduce")[1] == pytest.approx(12.6e9)
+    assert g.bw_for("all_reduce")[2] == pytest.approx(12.5e9 / 8)  # 12.5 Gb/s
+
+
+def test_no_table_is_nan_and_keeps_the_analytic_bandwidth():
+    g = group_placement(pcie_box(None), np.array([8]), 1)
+    assert np.isnan(g.busbw_bytes_per_s).all() and g.busbw_bytes_per_s.shape == (1, 4)
+    assert g.bw_for("all_reduce") == pytest.approx([31.5e9 * 0.8])
+
+
+def test_busbw_table_rejects_group_of_one():
+    tier = load_cluster("pcie-a100-8").tiers[0].model_dump()
+    with pytest.raises(ValueError, match="group size \\(1\\) must be at least 2"):
+        LinkTier(**(tier | {"busbw_gbyte_per_s": {"all_reduce": {1: 12.6}}}))
+    with pytest.raises(ValueError, match="all_reduce"):
+        LinkTier(**(tier | {"busbw_gbyte_per_s": {"allreduce": {8: 12.6}}}))
