@@ -88,7 +88,8 @@ def _all_reduce_analytic_s(size_bytes: ArrayLike, group: GroupPlacement) -> np.n
 def op_time(op: CollectiveOp, group: GroupPlacement) -> np.ndarray:
     """Time [s] of ``op.count`` collectives of ``op.buffer_bytes`` on ``group`` (all-reduce: the
     fastest algorithm; all-gather / reduce-scatter: ring at the group's bandwidth, or at the
-    measured bus bandwidth, :meth:`GroupPlacement.bw_for`)."""
+    measured bus bandwidth, :meth:`GroupPlacement.bw_for`), each with NCCL's fixed cost
+    (:func:`perfmodel.hardware.collectives.collective_base_s`)."""
     if op.collective == "all_reduce":
         one = all_reduce_auto_time(op.buffer_bytes, group)
     else:
@@ -96,6 +97,7 @@ def op_time(op: CollectiveOp, group: GroupPlacement) -> np.ndarray:
             op.collective, op.buffer_bytes, group.size, group.bw_for(op.collective),
             group.latency_s
         )
+    one = one + coll.collective_base_s(group.size)  # NCCL's fixed cost of each call
     return np.where(op.count > 0, op.count * one, 0.0)
 
 
@@ -139,6 +141,10 @@ def comm_times(
     ag_rs = coll.all_gather_time(act, g_tp.size, g_tp.bw_for("all_gather"), g_tp.latency_s) + (
         coll.reduce_scatter_time(act, g_tp.size, g_tp.bw_for("reduce_scatter"), g_tp.latency_s)
     )
+    # each collective also pays NCCL's fixed cost (launch and setup), on the critical path of
+    # every layer when not overlapped: one all-reduce, or an all-gather and a reduce-scatter
+    ar = ar + coll.collective_base_s(g_tp.size)
+    ag_rs = ag_rs + coll.collective_base_s(g_tp.size, 2.0)
     tp_one = np.where(batch.sequence_parallel, ag_rs, ar)
     tp_fwd_n, tp_bwd_n = tp_collectives_per_layer(batch, model)
 
@@ -162,7 +168,8 @@ def comm_times(
     # ZeRO-3 gathers are issued per layer (FSDP2): each extra collective pays the ring's
     # latency (n-1)*alpha once more.
     gathers_per_pass = model.num_layers / batch.pp
-    ring_latency_s = coll.all_gather_time(0.0, g_dp.size, g_dp.bw_bytes_per_s, g_dp.latency_s)
+    ring_latency_s = coll.all_gather_time(0.0, g_dp.size, g_dp.bw_bytes_per_s, g_dp.latency_s
+                                          ) + coll.collective_base_s(g_dp.size)
     zero3 = zero3 + ops["zero3_param_all_gather"].count * np.maximum(gathers_per_pass - 1, 0) * (
         ring_latency_s
     )

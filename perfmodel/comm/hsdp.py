@@ -70,7 +70,7 @@ def hsdp_link_times_s(model: ModelSpec, training: TrainingSpec, cluster: Cluster
     gather_s = op_time(gather._replace(group_size=g_shard.size), g_shard)
     gathers_per_pass = model.num_layers / batch.pp  # one gather per layer (FSDP2)
     ring_latency_s = coll.all_gather_time(0.0, g_shard.size, g_shard.bw_bytes_per_s,
-                                          g_shard.latency_s)
+                                          g_shard.latency_s) + coll.collective_base_s(g_shard.size)
     gather_s = gather_s + gather.count * np.maximum(gathers_per_pass - 1, 0) * ring_latency_s
     shard_bytes = rs.buffer_bytes / np.maximum(g_shard.size, 1.0)
     ar = CollectiveOp("all_reduce", shard_bytes, rs.count, g_rep.size)

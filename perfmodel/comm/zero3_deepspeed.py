@@ -109,14 +109,16 @@ def collective_times_s(model: ModelSpec, training: TrainingSpec, batch: ConfigBa
     """``(gather_s, reduce_scatter_s)``, each ``(configs, 4)``: one ring all-gather of each
     weight and one ring reduce-scatter of its gradient (16-bit: DeepSpeed's fp16 / bf16 ZeRO
     keeps and reduces gradients in the model dtype) over the data-parallel group, at
-    :func:`rail_bandwidth_bytes_per_s` and the group's latency. A weight of 0 elements costs 0."""
+    :func:`rail_bandwidth_bytes_per_s` and the group's latency, each with NCCL's fixed cost
+    (:func:`perfmodel.hardware.collectives.collective_base_s`). A weight of 0 elements costs 0."""
     numel = gathered_weights_numel(model, batch)
     nbytes = numel * param_bytes_per_elem(training)
     n = group.size[:, None]
     bw = rail_bandwidth_bytes_per_s(group)[:, None]
     lat = group.latency_s[:, None]
-    gather = np.where(numel > 0, coll.all_gather_time(nbytes, n, bw, lat), 0.0)
-    rs = np.where(numel > 0, coll.reduce_scatter_time(nbytes, n, bw, lat), 0.0)
+    base = coll.collective_base_s(n)  # NCCL's fixed cost of each call
+    gather = np.where(numel > 0, coll.all_gather_time(nbytes, n, bw, lat) + base, 0.0)
+    rs = np.where(numel > 0, coll.reduce_scatter_time(nbytes, n, bw, lat) + base, 0.0)
     return gather, rs
 
 

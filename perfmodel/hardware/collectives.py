@@ -45,6 +45,7 @@ from numpy.typing import ArrayLike
 __all__ = [
     "ALGORITHMS",
     "COLLECTIVES",
+    "NCCL_BASE_LATENCY_S",
     "all_gather_bytes_per_gpu",
     "all_gather_time",
     "all_reduce_bytes_per_gpu",
@@ -53,6 +54,7 @@ __all__ = [
     "broadcast_time",
     "bus_bandwidth_factor",
     "bytes_per_gpu",
+    "collective_base_s",
     "collective_time",
     "hierarchical_all_reduce_time",
     "p2p_time",
@@ -72,6 +74,16 @@ Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", 
 def _f(x: ArrayLike) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
+
+NCCL_BASE_LATENCY_S = 8.4e-6
+"""Fixed cost of one NCCL collective [s], paid once per call on top of its per-step latencies
+``alpha`` and its bytes: the kernel launch and the protocol's setup. NCCL's own cost model
+prices every ring and tree collective as ``baseLat + nsteps * hwLat + bytes / bw`` with
+``baseLat`` = 8.4 us for the Simple protocol (6.6 us LL, 14 us LL128) that messages of more
+than a few hundred KiB use, whatever the link (NCCL ``src/graph/tuning.cc``, ``baseLat``,
+2.18-2.23); the per-step ``hwLat`` (NVLink ring Simple 3.4 us, PCIe 5.7 us, network 14 us) is
+the tier's ``latency_us``. It matters for collectives issued per layer: a tensor-parallel
+all-reduce of 8 GPUs on NVLink pays 8.4 + 14 x 3 = 50 us before its bytes."""
 
 MIN_BW_BYTES_PER_S = 1e3
 """Slowest link the calculators accept [bytes/s] (1 kB/s; a serial line is faster). A smaller
@@ -110,6 +122,21 @@ def _size(x: ArrayLike) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 # Bytes: what each GPU sends (= receives) for one collective
 # --------------------------------------------------------------------------------------------
+def collective_base_s(n: ArrayLike, count: ArrayLike = 1.0) -> np.ndarray:
+    """Fixed cost [s] of ``count`` NCCL collectives over groups of ``n`` GPUs:
+    ``count * NCCL_BASE_LATENCY_S`` (0 where ``n <= 1``: no collective is issued).
+
+    Example: the 4 all-reduces of a tensor-parallel layer (forward and backward) pay
+    4 x 8.4 = 33.6 us; with sequence parallelism (all-gather + reduce-scatter) 8 x 8.4 = 67.2 us.
+
+    References
+    ----------
+    NCCL ``src/graph/tuning.cc`` (``baseLat``), see :data:`NCCL_BASE_LATENCY_S`.
+    """
+    n = _f(n)
+    return np.where(n > 1, _f(count) * NCCL_BASE_LATENCY_S, 0.0)
+
+
 def bus_bandwidth_factor(collective: Collective, n: ArrayLike) -> np.ndarray:
     """Bus-bandwidth factor: bytes each GPU sends per byte of buffer, for the bandwidth-optimal
     algorithm (``busbw = algbw * factor``).

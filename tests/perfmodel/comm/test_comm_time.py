@@ -16,6 +16,7 @@ BF16 = load_training(global_batch_size=1536, seq_len=2048, precision="bf16",
                      grad_reduce_in_fp32=False)  # hand numbers: bf16 gradient reduction
 A100 = load_cluster("dgx-a100-80g")  # NVLink 300 GB/s line rate x NCCL protocol 0.8 = 240 GB/s, 3 us (8 GPUs); IB 25 GB/s 8 us
 ACT = 2048 * 12288 * 2
+BASE = c.NCCL_BASE_LATENCY_S  # 8.4 us per collective call (NCCL tuning.cc baseLat, Simple)
 KEYS = {
     "ep_layer_fwd_s",
     "ep_layer_bwd_s",
@@ -55,15 +56,16 @@ def test_megatron_175b_hand():
     )
     t = comm_times(GPT3, BF16, A100, b)
     ring = 14 * 3e-6 + 1.75 * ACT / 240e9  # < tree 18e-6 + 2 ACT / 240e9
-    assert t["tp_layer_fwd_s"][0] == pytest.approx(2 * ring)  # AG + RS pairs = ring AR
-    assert t["tp_layer_bwd_s"][0] == pytest.approx(4 * ring)  # + recomputed forward
+    pair = ring + 2 * BASE  # AG + RS = ring AR in bytes and steps, NCCL's fixed cost twice
+    assert t["tp_layer_fwd_s"][0] == pytest.approx(2 * pair)
+    assert t["tp_layer_bwd_s"][0] == pytest.approx(4 * pair)  # + recomputed forward
     assert t["pp_p2p_s"][0] == pytest.approx(8e-6 + ACT / 8 / 25e9)  # SP: 1/tp of the tensor
     size = params_per_gpu(GPT3, b)[0] * 2
     # dp group of 16, one GPU per node: 25 GB/s, 8 us; ring vs tree
     ring_dp = 30 * 8e-6 + 1.875 * size / 25e9
     tree_dp = 8 * 8e-6 + 2 * size / 25e9
-    assert t["dp_grad_s"][0] == pytest.approx(min(ring_dp, tree_dp))
-    assert t["dp_grad_s"][0] == pytest.approx(ring_dp)
+    assert t["dp_grad_s"][0] == pytest.approx(min(ring_dp, tree_dp) + BASE)
+    assert t["dp_grad_s"][0] == pytest.approx(ring_dp + BASE)
     assert t["zero3_gather_s"][0] == 0 and t["cp_layer_fwd_s"][0] == 0
 
 
@@ -80,9 +82,10 @@ def test_context_parallel_and_zero3_hand():
     assert t["cp_kv_dkv_send_s"][0] == pytest.approx(8e-6 + 2 * chunk / 25e9)  # K/V + dK/dV
     # ZeRO-3 over dp*cp = 8 GPUs at stride 4 (2 per node): ring bw min(300, 2*25) = 50 GB/s
     psi = params_per_gpu(GPT3, b)[0]
-    ag = 7 * 8e-6 + 7 / 8 * psi * 2 / 50e9
-    # one gather per layer (FSDP2): 96 layers per pass, each extra one pays (n-1)*alpha again
-    per_layer_latency = (96 - 1) * 7 * 8e-6
+    ag = 7 * 8e-6 + 7 / 8 * psi * 2 / 50e9 + BASE
+    # one gather per layer (FSDP2): 96 layers per pass, each extra one pays (n-1)*alpha and
+    # NCCL's fixed cost again
+    per_layer_latency = (96 - 1) * (7 * 8e-6 + BASE)
     assert t["zero3_gather_s"][0] == pytest.approx(2 * 8 * (ag + per_layer_latency))
     assert t["dp_grad_s"][0] == pytest.approx(8 * ag)  # one reduce-scatter per micro-batch
     # DeepSpeed-2021 style: one gather (and gradient reduce-scatter) per weight matrix (QKV 3h^2,
@@ -90,7 +93,7 @@ def test_context_parallel_and_zero3_hand():
     # (25 GB/s, 8 us); no recompute: forward and backward each gather all four
     t_tensor = comm_times(GPT3, tr.model_copy(update={"zero3_gather": "tensor"}), A100, b)
     h2 = 12288**2 / 4
-    gathers = sum(7 * 8e-6 + 7 / 8 * k * h2 * 2 / 25e9 for k in (3, 1, 4, 4))
+    gathers = sum(7 * 8e-6 + 7 / 8 * k * h2 * 2 / 25e9 + BASE for k in (3, 1, 4, 4))
     assert t_tensor["zero3_gather_s"][0] == pytest.approx(8 * 96 * 2 * gathers)
     assert t_tensor["dp_grad_s"][0] == pytest.approx(8 * 96 * gathers)  # one RS per weight
 
@@ -99,7 +102,8 @@ def test_all_reduce_calculator_matches_dp_time_in_one_node():
     b = ConfigBatch.from_arrays(dp=8, tp=1, num_microbatches=1)
     t = comm_times(GPT3, BF16, A100, b)
     size = GPT3.param_count() * 2
-    assert t["dp_grad_s"][0] == pytest.approx(c.all_reduce_time(size, 8, 240e9, 3e-6, "auto"))
+    assert t["dp_grad_s"][0] == pytest.approx(c.all_reduce_time(size, 8, 240e9, 3e-6, "auto")
+                                              + BASE)
 
 
 @settings(max_examples=25, deadline=None)
@@ -162,8 +166,8 @@ def test_zero3_per_tensor_reduce_scatter_latency():
     # 7 x 8 us, on one rail (25 GB/s) instead of the 2-per-node ring (50 GB/s)
     psi = params_per_gpu(GPT3, b)[0]
     layer_w = 12 * 12288**2 / 4
-    rs_tensor = 8 * (96 * 4 * 7 * 8e-6 + 96 * 7 / 8 * layer_w * 2 / 25e9)
-    rs_layer = 8 * (7 * 8e-6 + 7 / 8 * psi * 2 / 50e9)
+    rs_tensor = 8 * (96 * 4 * (7 * 8e-6 + BASE) + 96 * 7 / 8 * layer_w * 2 / 25e9)
+    rs_layer = 8 * (7 * 8e-6 + 7 / 8 * psi * 2 / 50e9 + BASE)
     assert per_layer["dp_grad_s"][0] == pytest.approx(rs_layer)
     assert per_tensor["dp_grad_s"][0] == pytest.approx(rs_tensor)
 
@@ -171,13 +175,14 @@ def test_zero3_per_tensor_reduce_scatter_latency():
 def test_tp_all_reduce_at_measured_busbw():
     """8 GPUs on PCIe with a measured all-reduce busbw of 12.6 GB/s: one all-reduce of a
     2048 x 12288 bf16 activation (50.3 MB) takes 14 steps x 5.7 us + 2*7/8 * 50.3e6 / 12.6e9 =
-    79.8 us + 6.990 ms (NCCL-tests PERFORMANCE.md: busbw = algbw * 2(n-1)/n)."""
+    79.8 us + 6.990 ms, plus NCCL's fixed 8.4 us (NCCL-tests PERFORMANCE.md: busbw = algbw *
+    2(n-1)/n)."""
     base = load_cluster("pcie-a100-8")
     tier = base.tiers[0].model_copy(update={"busbw_gbyte_per_s": {"all_reduce": {8: 12.6}}})
     cl = base.model_copy(update={"tiers": [tier, base.tiers[1]]})
     b = ConfigBatch.from_arrays(dp=1, tp=8, num_microbatches=1)
     one = comm_times(GPT3, BF16, cl, b)["tp_layer_fwd_s"][0] / 2  # two all-reduces forward
-    assert one == pytest.approx(14 * 5.7e-6 + 2 * 7 / 8 * ACT / 12.6e9, rel=1e-9)
+    assert one == pytest.approx(BASE + 14 * 5.7e-6 + 2 * 7 / 8 * ACT / 12.6e9, rel=1e-9)
     # without the table: the analytic 31.5 GB/s x 0.8 (faster)
     plain = comm_times(GPT3, BF16, base, b)["tp_layer_fwd_s"][0] / 2
     assert plain < one

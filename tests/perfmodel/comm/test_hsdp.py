@@ -45,11 +45,12 @@ def test_hand_computed_gradient_and_gather():
     ar_s = coll.all_reduce_time(rs.buffer_bytes / 8, 8, g_rep.bw_bytes_per_s, g_rep.latency_s,
                                 "auto")
     got = hsdp_link_times_s(LLAMA, T, H100, b, 8)
-    np.testing.assert_allclose(got["grad_s"], rs.count * (rs_s + ar_s), rtol=1e-6)
+    base = coll.NCCL_BASE_LATENCY_S  # each call's fixed cost
+    np.testing.assert_allclose(got["grad_s"], rs.count * (rs_s + ar_s + 2 * base), rtol=1e-6)
     ag_s = coll.all_gather_time(ag.buffer_bytes, 8, g_shard.bw_bytes_per_s, g_shard.latency_s)
-    lat = coll.all_gather_time(0.0, 8, g_shard.bw_bytes_per_s, g_shard.latency_s)
+    lat = coll.all_gather_time(0.0, 8, g_shard.bw_bytes_per_s, g_shard.latency_s) + base
     np.testing.assert_allclose(got["zero3_gather_s"],
-                               ag.count * (ag_s + (LLAMA.num_layers - 1) * lat), rtol=1e-9)
+                               ag.count * (ag_s + base + (LLAMA.num_layers - 1) * lat), rtol=1e-9)
 
 
 @settings(max_examples=6, deadline=None)

@@ -190,3 +190,9 @@ def test_hierarchical_and_auto_check_both_tiers():
     # the bounds still admit every real link: 1 kB/s, zero latency, infinite bandwidth
     assert col.all_reduce_time(1e3, 2, 1e3) == pytest.approx(1.0)
     assert col.p2p_time(1e6, np.inf, 1e-6) == pytest.approx(1e-6)
+
+
+def test_collective_base_cost_hand():
+    # NCCL tuning.cc baseLat (ring, Simple) = 8.4 us per call; nothing for a group of one
+    assert c.NCCL_BASE_LATENCY_S == 8.4e-6
+    np.testing.assert_allclose(c.collective_base_s([1, 2, 8], [4, 4, 8]), [0.0, 33.6e-6, 67.2e-6])
