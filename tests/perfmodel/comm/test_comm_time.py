@@ -186,3 +186,19 @@ def test_tp_all_reduce_at_measured_busbw():
     # without the table: the analytic 31.5 GB/s x 0.8 (faster)
     plain = comm_times(GPT3, BF16, base, b)["tp_layer_fwd_s"][0] / 2
     assert plain < one
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.floats(1.0, 500.0), st.floats(1.0, 4.0), st.sampled_from([2, 4, 8]),
+       st.booleans())
+def test_more_measured_busbw_never_costs_more(busbw, factor, tp, sp):
+    base = load_cluster("pcie-a100-8")
+    b = ConfigBatch.from_arrays(dp=8 // tp, tp=tp, num_microbatches=2, sequence_parallel=sp)
+
+    def times(gb):
+        tier = base.tiers[0].model_copy(update={"busbw_gbyte_per_s": {"all_reduce": {2: gb}}})
+        t = comm_times(GPT3, BF16, base.model_copy(update={"tiers": [tier, base.tiers[1]]}), b)
+        return t["tp_layer_fwd_s"][0] + t["tp_layer_bwd_s"][0], t["dp_grad_s"][0]
+
+    slow, fast = times(busbw), times(busbw * factor)
+    assert fast[0] <= slow[0] + 1e-15 and fast[1] <= slow[1] + 1e-15
