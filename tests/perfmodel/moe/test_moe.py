@@ -481,3 +481,14 @@ def test_expert_output_bias_traffic_by_hand():
     no_bias = compute_times(oss.model_copy(update={"linear_bias": False}), tr, gpu, b)
     fwd_bias_s = 65536 * 2880 * 5 * 2 / cal.membw_bytes_per_s("add")
     assert with_bias - no_bias["layer_fwd_s"][0] == pytest.approx(fwd_bias_s, rel=0.05)
+
+
+def test_all_to_all_at_measured_busbw():
+    """An 8-GPU expert-parallel all-to-all on a PCIe box whose nccl-tests alltoall busbw is
+    10 GB/s: 7 steps x 5.7 us + 7/8 * 64 MB / 10 GB/s = 39.9 us + 5.6 ms (NCCL-tests
+    PERFORMANCE.md, bus factor (n-1)/n)."""
+    base = load_cluster("pcie-a100-8")
+    tier = base.tiers[0].model_copy(update={"busbw_gbyte_per_s": {"all_to_all": {8: 10.0}}})
+    cl = base.model_copy(update={"tiers": [tier, base.tiers[1]]})
+    t = moe.all_to_all_tiered_time(np.array([64e6]), group_placement(cl, np.array([8]), 1))
+    assert t[0] == pytest.approx(7 * 5.7e-6 + 7 / 8 * 64e6 / 10e9)
