@@ -546,7 +546,8 @@ def _overlap_s(gpu_s, cpu_s):
     return hi * ((gpu_s / hi) ** COMPOSE_P + (cpu_s / hi) ** COMPOSE_P) ** (1.0 / COMPOSE_P)
 
 
-_SHAPE_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "recompute", "ep", "etp")
+_SHAPE_FIELDS = ("tp", "cp", "cp_comm", "micro_batch_size", "sequence_parallel", "recompute", "ep",
+                 "etp")
 
 
 UNFUSED_ROPE_KERNELS = 6
