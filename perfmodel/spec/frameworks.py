@@ -23,7 +23,14 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from perfmodel.core.codes import CP_COMM, RECOMPUTE, SCHEDULE, CpCommName, RecomputeName, ScheduleName
+from perfmodel.core.codes import (
+    CP_COMM,
+    RECOMPUTE,
+    SCHEDULE,
+    CpCommName,
+    RecomputeName,
+    ScheduleName,
+)
 from perfmodel.core.errors import SpecError
 from perfmodel.spec.specs import (
     RECIPE_PRECISIONS,
