@@ -272,7 +272,7 @@ def _no_cp_reason(fw: FrameworkSpec, c: ParallelConfig) -> str:
                 "DistributedAttention in the model code (deepspeed.sequence.layer), which a "
                 "ds_config cannot switch on")
     return (f"{fw.name} has no ring context parallelism (planned cp={c.cp}; DeepSpeed-Ulysses "
-            "is all-to-all over heads: cp_comm a2a)")
+            "is all-to-all over heads, a different scheme)")
 
 
 def _torchtitan_round_refusals(c: ParallelConfig, training: TrainingSpec) -> list[str]:
