@@ -27,7 +27,15 @@ from perfmodel.comm import comm_volume, cp_a2a, cp_ring, zero3_deepspeed
 from perfmodel.compute import flops, quantise
 from perfmodel.compute import layer as compute
 from perfmodel.compute.mtp import mtp_stage_s
-from perfmodel.core.codes import COMPRESSION, RECOMPUTE, SCHEDULE, CpComm, Recompute, Schedule
+from perfmodel.core.codes import (
+    COMPRESSION,
+    CP_COMM,
+    RECOMPUTE,
+    SCHEDULE,
+    CpComm,
+    Recompute,
+    Schedule,
+)
 from perfmodel.hardware import overlap
 from perfmodel.hardware.calibration import KERNEL_MIN_S
 from perfmodel.memory import offload
@@ -143,6 +151,7 @@ class StepResult:
             "sequence_parallel": b.sequence_parallel,
             "schedule": np.asarray(SCHEDULE)[b.schedule],
             "grad_compression": np.asarray(COMPRESSION)[b.grad_compression],
+            "cp_comm": np.asarray(CP_COMM)[b.cp_comm],
             "step_time_s": self.step_time_s,
             "tokens_per_s": self.tokens_per_s,
             "mfu": self.mfu,
