@@ -165,3 +165,23 @@ def test_ring_wins_across_nodes_where_it_hides_its_kv():
     ring_s, ring_exposed = _step("gpt3-175b", 32, 262144, 8, 4, "p2p")
     a2a_s, a2a_exposed = _step("gpt3-175b", 32, 262144, 8, 4, "a2a")
     assert ring_exposed == 0 and a2a_exposed > 0 and ring_s < a2a_s
+
+
+def _scaled(cluster, f):
+    tiers = [t.model_copy(update={"bw_gbyte_per_s": t.bw_bytes_per_s * f / 1e9,
+                                  "bw_gbit_per_s": None}) for t in cluster.tiers]
+    return cluster.model_copy(update={"tiers": tiers})
+
+
+@settings(max_examples=25, deadline=None)
+@given(f=st.floats(1.0, 8.0), cp=st.sampled_from([2, 4, 8]), tp=st.sampled_from([1, 2]))
+def test_more_bandwidth_never_slows_the_all_to_alls(f, cp, tp):
+    """On faster links (every tier ``f`` times the bandwidth) the all-to-alls take no longer,
+    whether the cp group stays in a node or spans two."""
+    model = load_model("llama2-7b")
+    b = ConfigBatch.from_arrays(dp=16 // (tp * cp), tp=tp, cp=cp, num_microbatches=1,
+                                sequence_parallel=tp > 1, cp_comm="a2a")
+    cl = load_cluster("dgx-h100", gpus=16)
+    slow, fast = (comm_times(model, TR, c, b) for c in (cl, _scaled(cl, f)))
+    for k in ("cp_qkv_a2a_s", "cp_out_a2a_s", "cp_layer_fwd_s", "cp_layer_bwd_s"):
+        assert fast[k][0] <= slow[k][0] * (1 + 1e-12)
