@@ -194,7 +194,7 @@ class PlanRequest(BaseModel):
         None, description="expert tensor-parallel size (MoE)")
     cp_comm: CpComm | Sequence[CpComm] | None = Field(
         None, description="context-parallel communication: p2p (ring attention, the default) "
-        "or a2a (Ulysses all-to-all by head); a list searches them")
+        "or a2a (Ulysses all-to-all by head); search.plan takes a list to search both")
     stage_layers: Annotated[Sequence[int] | None, Cli(("--stage-layers",), int_list=True)] = Field(
         None, description="transformer layers on each pipeline rank, e.g. 8,9,9,6 (pins pp to "
         "their count; Megatron-LM's --pipeline-model-parallel-layout)")
