@@ -185,3 +185,12 @@ def test_more_bandwidth_never_slows_the_all_to_alls(f, cp, tp):
     slow, fast = (comm_times(model, TR, c, b) for c in (cl, _scaled(cl, f)))
     for k in ("cp_qkv_a2a_s", "cp_out_a2a_s", "cp_layer_fwd_s", "cp_layer_bwd_s"):
         assert fast[k][0] <= slow[k][0] * (1 + 1e-12)
+
+
+def test_strategies_agree_when_cp_comm_is_searched():
+    """cp_comm searched as a gene (both offered): the DP strategy finds the grid's best."""
+    kw = {"gpus": 16, "global_batch_size": 16, "seq_len": 32768, "pp": 1,
+          "cp_comm": ["p2p", "a2a"], "framework": "ideal", "top": 1}
+    grid = search.plan("llama2-7b", "dgx-h100", strategy="grid", **kw).rows[0]
+    dp = search.plan("llama2-7b", "dgx-h100", strategy="dp", **kw).rows[0]
+    assert dp["step_time_s"] == pytest.approx(grid["step_time_s"], rel=1e-12)
