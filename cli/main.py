@@ -316,10 +316,17 @@ def _config_line(c: dict[str, Any]) -> str:
             f"zero={c['zero_stage']} mbs={c['micro_batch_size']} m={c['num_microbatches']} "
             f"recompute={c['recompute']} sp={'on' if c['sequence_parallel'] else 'off'} "
             f"schedule={c['schedule']}"
-            + (f" ep={c['ep']} etp={c['etp']}" if _is_moe_row(c) else ""))
+            + (f" ep={c['ep']} etp={c['etp']}" if _is_moe_row(c) else "")
+            + (f" cp_comm={c.get('cp_comm', 'p2p')}" if c["cp"] > 1 else ""))
     layout = [f"{k}={c[k]}" for k in ("first_stage_layers", "last_stage_layers") if c.get(k)]
     layout += [k for k in ("embedding_as_layer", "loss_as_layer") if c.get(k)]
     return line + (" " + " ".join(layout) if layout else "")
+
+
+def _cp_cell(c: dict[str, Any]) -> str:
+    """The cp column: the degree, and ``a2a`` for Ulysses context parallelism."""
+    a2a = c["cp"] > 1 and c.get("cp_comm", "p2p") != "p2p"
+    return f"{c['cp']} {c['cp_comm']}" if a2a else str(c["cp"])
 
 
 def _is_moe_row(c: dict[str, Any]) -> bool:
@@ -461,7 +468,10 @@ def term_note(name: str, value: float, row: dict[str, Any], s: dict[str, Any]) -
         return ("exposed: what the GEMM overlap leaves" if sw.get("overlap_tp_comm")
                 else "exposed (no TP overlap)")
     if name == "cp_comm":
-        return "cp = 1: none" if c["cp"] == 1 else "exposed: what ring attention leaves"
+        if c["cp"] == 1:
+            return "cp = 1: none"
+        return ("exposed: the all-to-alls around attention (Ulysses)"
+                if c.get("cp_comm", "p2p") == "a2a" else "exposed: what ring attention leaves")
     if name == "pp_comm":
         if c["pp"] == 1:
             return "pp = 1: none"
@@ -650,7 +660,9 @@ def pin_options(row: dict[str, Any], setup: dict[str, Any],
             "optimizer": setup["optimizer"]}
     if setup.get("framework") and not given.get("framework"):
         pins["framework"] = setup["framework"]
-    dims = {d: c[d] for d in SEARCH_DIMS if d in c and d not in ("ep", "etp")}
+    dims = {d: c[d] for d in SEARCH_DIMS if d in c and d not in ("ep", "etp", "cp_comm")}
+    if c.get("cp_comm", "p2p") != "p2p":  # the ring is what an unpinned plan takes
+        dims["cp_comm"] = c["cp_comm"]
     if _is_moe_row(c) or setup.get("model_summary", {}).get("num_experts", 1) > 1:
         dims.update(ep=c["ep"], etp=c["etp"])
     if c.get("stage_layers"):
@@ -679,7 +691,7 @@ def _print_pareto(out: Console, r: Any) -> None:
     for i, row in enumerate(r.pareto_rows):
         c = row["config"]
         t.add_row(str(i + 1), str(c["dp"]), str(c["tp"]), str(c["pp"]), str(c["vp"]),
-                  str(c["cp"]), str(c["zero_stage"]), str(c["micro_batch_size"]),
+                  _cp_cell(c), str(c["zero_stage"]), str(c["micro_batch_size"]),
                   c["recompute"], "on" if c["sequence_parallel"] else "off", c["schedule"],
                   str(row["gpus"]), units.fmt_seconds(row["step_time_s"]), f"{row['mfu']:.1%}",
                   units.fmt_bytes(row["memory_bytes"]["peak"]))
@@ -699,7 +711,7 @@ def _print_top(out: Console, r: Any, gpus_column: bool = False) -> None:
         c = row["config"]
         expert = (str(c["ep"]), str(c["etp"])) if moe else ()
         t.add_row(str(i + 1), str(c["dp"]), str(c["tp"]), str(c["pp"]), str(c["vp"]),
-                  str(c["cp"]), *expert, str(c["zero_stage"]), str(c["micro_batch_size"]),
+                  _cp_cell(c), *expert, str(c["zero_stage"]), str(c["micro_batch_size"]),
                   c["recompute"], "on" if c["sequence_parallel"] else "off", c["schedule"],
                   *([str(row["gpus"])] if gpus_column else []),
                   units.fmt_seconds(row["step_time_s"]), f"{row['mfu']:.1%}",

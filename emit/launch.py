@@ -237,9 +237,7 @@ def refusals(fmt: str, config: ParallelConfig, model: ModelSpec, training: Train
         why.append(f"{name} always runs tensor parallelism with sequence parallelism "
                    f"(planned tp={c.tp} without it)")
     if c.cp > 1 and not fw.context_parallel:
-        why.append(f"{name} has no ring context parallelism (planned cp={c.cp}; DeepSpeed-Ulysses "
-                   "is all-to-all over heads, a different scheme)" if fw.stack == "deepspeed" else
-                   f"{name} has no context parallelism (planned cp={c.cp})")
+        why.append(_no_cp_reason(fw, c))
     try:
         chunks = stage_layers(c, model)
     except SpecError as e:
@@ -258,8 +256,23 @@ def refusals(fmt: str, config: ParallelConfig, model: ModelSpec, training: Train
         why += _torchtitan_round_refusals(c, training)
     # what the release adds or lacks ([capabilities]: etp rule, cp with MoE, uneven interleaving)
     why += capability_refusals(fw, model, {"tp": c.tp, "pp": c.pp, "vp": c.vp, "cp": c.cp,
-                                           "ep": c.ep, "etp": c.expert_tp, "dp": c.dp})
+                                           "ep": c.ep, "etp": c.expert_tp, "dp": c.dp,
+                                           "cp_comm": c.cp_comm})
     return why
+
+
+def _no_cp_reason(fw: FrameworkSpec, c: ParallelConfig) -> str:
+    """One line: why a stack without context parallelism cannot run ``c``'s cp."""
+    if fw.stack != "deepspeed":
+        return f"{fw.name} has no context parallelism (planned cp={c.cp})"
+    if c.cp_comm == "a2a":
+        # deepspeed/sequence/layer.py DistributedAttention wraps the model's attention over a
+        # sequence-parallel group the training script builds: no ds_config field sets it up
+        return (f"{fw.name} runs Ulysses (planned cp={c.cp}, cp_comm a2a) only through "
+                "DistributedAttention in the model code (deepspeed.sequence.layer), which a "
+                "ds_config cannot switch on")
+    return (f"{fw.name} has no ring context parallelism (planned cp={c.cp}; DeepSpeed-Ulysses "
+            "is all-to-all over heads, a different scheme)")
 
 
 def _torchtitan_round_refusals(c: ParallelConfig, training: TrainingSpec) -> list[str]:
@@ -343,6 +356,8 @@ def _megatron_parallel_args(c: ParallelConfig, m: ModelSpec, training: TrainingS
     a = [f"--tensor-model-parallel-size {c.tp}",
          f"--pipeline-model-parallel-size {c.pp}",
          f"--context-parallel-size {c.cp}"]
+    if c.cp > 1 and c.cp_comm != "p2p":  # Megatron-Core >= 0.10; p2p is the default
+        a.append(f"--cp-comm-type {c.cp_comm}")
     if c.sequence_parallel:
         a.append("--sequence-parallel")
     # the layout as Megatron-LM names it (megatron/training/arguments.py): an even split, or
@@ -529,6 +544,8 @@ def _bridge_model_fields(c: ParallelConfig, m: ModelSpec,
         "context_parallel_size": c.cp,
         "sequence_parallel": c.sequence_parallel,
     })
+    if c.cp > 1 and c.cp_comm != "p2p":  # TransformerConfig.cp_comm_type (left out: p2p)
+        mdl["cp_comm_type"] = c.cp_comm
     return mdl
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from perfmodel.core.codes import RECOMPUTE, SCHEDULE
+from perfmodel.core.codes import CP_COMM, RECOMPUTE, SCHEDULE
 from perfmodel.core.errors import SpecError
 from perfmodel.hardware.profile import load_profile
 from perfmodel.memory.breakdown import SEARCH_MEMORY_HEADROOM
@@ -334,6 +334,7 @@ def _check_single(space: SearchSpace) -> None:
 
     v["recompute"] = RECOMPUTE[v["recompute"]]
     v["schedule"] = SCHEDULE[v["schedule"]]
+    v["cp_comm"] = CP_COMM[v["cp_comm"]]
     v["sequence_parallel"] = bool(v["sequence_parallel"])
     if space.num_microbatches is not None:
         v["num_microbatches"] = int(space.num_microbatches[0])

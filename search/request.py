@@ -29,7 +29,7 @@ from typing import Annotated, Any, Literal, Protocol, get_args, runtime_checkabl
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from perfmodel.core.codes import RECOMPUTE, SCHEDULE
+from perfmodel.core.codes import CP_COMM, RECOMPUTE, SCHEDULE
 from perfmodel.core.errors import SpecError
 from perfmodel.hardware.calibration import Calibration
 from perfmodel.hardware.profile import EfficiencyProfile
@@ -78,6 +78,7 @@ Zero3Gather = Literal[get_args(TrainingSpec.model_fields["zero3_gather"].annotat
 OffloadKind = Literal["optimizer", "params", "activations"]
 Recompute = Literal[RECOMPUTE]
 Schedule = Literal[SCHEDULE]
+CpComm = Literal[CP_COMM]
 Strategy = Literal[STRATEGIES]
 Objective = Literal[OBJECTIVES]
 Kernels = Literal[KERNELS]
@@ -135,9 +136,10 @@ class PlanRequest(BaseModel):
     with ``run(problem, seed, progress)``.
 
     The parallel dimensions ``dp tp pp vp cp zero_stage micro_batch_size recompute
-    sequence_parallel schedule ep etp num_microbatches`` (aliases ``zero``, ``micro_batch``,
-    ``mbs``, ``sp``): ``None`` searches it, a value pins it, a list / range restricts it; with
-    all of them pinned, the one configuration is evaluated.
+    sequence_parallel schedule ep etp cp_comm num_microbatches`` (aliases ``zero``,
+    ``micro_batch``, ``mbs``, ``sp``): ``None`` searches it (``cp_comm``: takes the ring, p2p),
+    a value pins it, a list / range restricts it; with all of them pinned, the one
+    configuration is evaluated.
 
     ``framework``: the training stack to be launched (a preset such as ``"megatron-2022"``, a
     TOML path or a FrameworkSpec) sets its switches on the training setup, before the single
@@ -190,6 +192,9 @@ class PlanRequest(BaseModel):
         None, description="expert-parallel size (MoE; searched if omitted)")
     etp: int | Sequence[int] | None = Field(
         None, description="expert tensor-parallel size (MoE)")
+    cp_comm: CpComm | Sequence[CpComm] | None = Field(
+        None, description="context-parallel communication: p2p (ring attention, the default) "
+        "or a2a (Ulysses all-to-all by head); search.plan takes a list to search both")
     stage_layers: Annotated[Sequence[int] | None, Cli(("--stage-layers",), int_list=True)] = Field(
         None, description="transformer layers on each pipeline rank, e.g. 8,9,9,6 (pins pp to "
         "their count; Megatron-LM's --pipeline-model-parallel-layout)")
@@ -377,7 +382,7 @@ def _check_fixed(options: Mapping[str, Any], fields: Mapping[str, Any]) -> None:
     integers, or lists of them; names and flags are checked against their tables later."""
     for name, value in options.items():
         if name in fields and name not in FIXED_OPTIONS or value is None or name in (
-                "sequence_parallel", "sp", "recompute", "schedule"):
+                "sequence_parallel", "sp", "recompute", "schedule", "cp_comm"):
             continue
         items = (list(value) if isinstance(value, (list, tuple, range, set, np.ndarray))
                  else [value])

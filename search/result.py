@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.core import units
-from perfmodel.core.codes import COMPRESSION, RECOMPUTE, SCHEDULE
+from perfmodel.core.codes import COMPRESSION, CP_COMM, RECOMPUTE, SCHEDULE
 from perfmodel.hardware.overlap import gpu_generation
 from perfmodel.parallel.config import ConfigBatch
 from search.intervals import Interval, interval_for
@@ -40,7 +40,7 @@ MEMORY_HEADROOM_MIN = 0.05
 
 _CONFIG_COLS = (
     "dp", "tp", "pp", "vp", "cp", "zero_stage", "micro_batch_size", "num_microbatches",
-    "recompute", "sequence_parallel", "schedule", "grad_compression", "ep", "etp",
+    "recompute", "sequence_parallel", "schedule", "grad_compression", "ep", "etp", "cp_comm",
 )
 
 
@@ -70,6 +70,7 @@ def _rows(batch: ConfigBatch, res: Any) -> tuple[pd.DataFrame, list[dict[str, An
         "schedule": np.asarray(SCHEDULE)[batch.schedule],
         "grad_compression": np.asarray(COMPRESSION)[batch.grad_compression],
         "ep": batch.ep, "etp": batch.etp,
+        "cp_comm": np.asarray(CP_COMM)[batch.cp_comm],
         "gpus": batch.gpus,
         "step_time_s": np.asarray(res.step_time_s, dtype=float),
         "tokens_per_s": np.asarray(res.tokens_per_s, dtype=float),

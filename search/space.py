@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from perfmodel.core.codes import RECOMPUTE, SCHEDULE, Recompute, Schedule
+from perfmodel.core.codes import CP_COMM, RECOMPUTE, SCHEDULE, CpComm, Recompute, Schedule
 from perfmodel.core.errors import SpecError
 from perfmodel.memory.breakdown import usable_hbm_bytes
-from perfmodel.parallel.config import ConfigBatch, ParallelConfig, resolve_config
+from perfmodel.parallel.config import ConfigBatch, ParallelConfig, a2a_heads_ok, resolve_config
 from perfmodel.parallel.layers import megatron_layout
 from perfmodel.run import train_run
 from perfmodel.spec.frameworks import (
@@ -75,6 +75,7 @@ SEARCH_DIMS = (
     "schedule",
     "ep",
     "etp",
+    "cp_comm",
 )
 #: Single objectives: what "best" minimises.
 OBJECTIVES = ("time", "memory", "cost", "time-to-train")
@@ -84,7 +85,7 @@ PARETO_OBJECTIVES = ("step_time_s", "peak_memory_bytes", "gpus")
 #: Short names of dimensions: ``zero=1`` pins ``zero_stage``.
 ALIASES = {"zero": "zero_stage", "micro_batch": "micro_batch_size", "mbs": "micro_batch_size",
             "sp": "sequence_parallel"}
-_CATEGORICAL = {"recompute": RECOMPUTE, "schedule": SCHEDULE}
+_CATEGORICAL = {"recompute": RECOMPUTE, "schedule": SCHEDULE, "cp_comm": CP_COMM}
 
 #: Constraint names, in the order they are checked (and reported when nothing is left).
 #: Constraints that depend only on the (tp, pp, cp, dp, vp) prefix of the gene vector.
@@ -107,6 +108,7 @@ CONSTRAINTS = (
     "cp_seq",
     "hybrid",
     "sequence_parallel",
+    "cp_heads",
     "batch",
     "schedule",
     "expert",
@@ -192,8 +194,10 @@ class SearchSpace:
 
     @property
     def dims(self) -> tuple[str, ...]:
-        """Gene order: the searched dimensions (dp only when idle GPUs are allowed)."""
-        return tuple(d for d in SEARCH_DIMS if d != "dp" or self.allow_idle_gpus)
+        """Gene order: the searched dimensions (dp only when idle GPUs are allowed, cp_comm
+        only when more than one is offered: a single one is filled in by :meth:`batch`)."""
+        return tuple(d for d in SEARCH_DIMS if (d != "dp" or self.allow_idle_gpus)
+                     and (d != "cp_comm" or len(self.values[d]) > 1))
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -237,6 +241,8 @@ class SearchSpace:
         m, t = self.model, self.training
         n_gpus = self.gpus
         tp, pp, cp, vp = a["tp"], a["pp"], a["cp"], a["vp"]
+        if "cp_comm" not in a:  # one offered: not a gene
+            a["cp_comm"] = np.full(np.shape(tp), self.values["cp_comm"][0], dtype=np.int64)
         model_par = tp * pp * cp
         if self.allow_idle_gpus:
             dp = a["dp"]
@@ -272,6 +278,9 @@ class SearchSpace:
             # Mamba2 layers: tp divides heads and groups, no cp (perfmodel.compute.mamba)
             "hybrid": _hybrid_ok(m, tp, cp),
             "sequence_parallel": ~sp | ((tp > 1) & (t.seq_len % tp == 0)),
+            # Ulysses: cp divides a tensor-parallel rank's query and K/V heads
+            "cp_heads": (a["cp_comm"] != CpComm.A2A)
+            | a2a_heads_ok(m.num_attention_heads, m.kv_heads, tp, cp),
             "batch": batch_ok,
             # vp > 1 <=> interleaved; interleaved/zb need pp > 1; interleaved needs pp | nmb
             "schedule": ((vp > 1) == interleaved)
@@ -291,6 +300,8 @@ class SearchSpace:
             canonical &= ~((pp == 1) & (sched == Schedule.GPIPE))
         zmin = self.values["zero_stage"].min()
         canonical &= ~((dp == 1) & (zero > zmin))
+        # with cp = 1 the cp communication does not matter: keep the first offered
+        canonical &= (cp > 1) | (a["cp_comm"] == self.values["cp_comm"][0])
         masks["canonical"] = canonical
         return masks
 
@@ -346,6 +357,8 @@ class SearchSpace:
             for k, v in a.items()
             if k in SEARCH_DIMS or k == "num_microbatches"
         }
+        if "cp_comm" not in cols:  # one offered: not a gene
+            cols["cp_comm"] = self.values["cp_comm"][0]
         if self.stage_layers is not None:  # the pinned per-stage layout
             n = np.size(cols["pp"])
             cols["stage_layers"] = np.tile(np.asarray(self.stage_layers, dtype=np.int64), (n, 1))
@@ -457,6 +470,7 @@ class SearchSpace:
         cfg = {k: ex[k].item() for k in SEARCH_DIMS if k in ex}
         cfg["recompute"] = RECOMPUTE[cfg["recompute"]]
         cfg["schedule"] = SCHEDULE[cfg["schedule"]]
+        cfg["cp_comm"] = CP_COMM[cfg.get("cp_comm", self.values["cp_comm"][0])]
         cfg["sequence_parallel"] = bool(cfg["sequence_parallel"])
         if not self.allow_idle_gpus and cfg["dp"] not in self.values["dp"]:
             cfg["dp"] = int(self.values["dp"][0])  # the pinned dp that the GPU count rejects
@@ -543,6 +557,8 @@ def _candidates(d: str, model: ModelSpec, training: TrainingSpec, n_gpus: int, s
     if d == "ep":  # expert parallel: divisors of the expert count (1 for a dense model)
         v = divisors(model.num_experts)
         return v[v <= n_gpus]
+    if d == "cp_comm":  # the ring (Megatron-Core's default) unless asked for more
+        return np.array([CpComm.P2P])
     if d == "etp":  # expert tensor parallel: powers of two inside the scale-up domain
         if not model.is_moe:
             return np.array([1])
@@ -616,7 +632,7 @@ def make_space(
     **fixed
         Pin a dimension to one value (``tp=8``) or a list / range of values
         (``pp=[4, 8, 16]``). Names: dp tp pp vp cp zero_stage (or zero) micro_batch_size
-        (or micro_batch) recompute sequence_parallel schedule ep etp num_microbatches.
+        (or micro_batch) recompute sequence_parallel schedule ep etp cp_comm num_microbatches.
         ``None`` means "search it".
     framework
         Keep to what this training stack runs (:func:`perfmodel.spec.frameworks.framework_pins`,

@@ -19,6 +19,7 @@ from perfmodel.comm import zero3_deepspeed
 from perfmodel.comm.comm_volume import (
     CollectiveOp,
     activation_bytes_per_elem,
+    cp_a2a_buffers,
     cp_kv_chunk_bytes,
     cp_sends_per_layer,
     dp_ops,
@@ -28,6 +29,7 @@ from perfmodel.comm.comm_volume import (
     tp_activation_bytes,
     tp_collectives_per_layer,
 )
+from perfmodel.core.codes import CpComm, Recompute
 from perfmodel.hardware import collectives as coll
 from perfmodel.moe import expert_layout
 from perfmodel.moe import experts as moe
@@ -115,6 +117,9 @@ def comm_times(
         micro-batch (link time of the ``cp - 1`` ring sends; backward incl. recompute; what the
         attention hides of them: :mod:`perfmodel.comm.cp_ring`); ``cp_kv_send_s``: one K/V chunk
         sent to the next ring rank, ``cp_kv_dkv_send_s``: K/V and dK/dV together (0 at cp = 1);
+        ``cp_qkv_a2a_s``, ``cp_out_a2a_s``: the Ulysses all-to-alls of Q, K, V and of the
+        output, rows with ``cp_comm = "a2a"`` (:mod:`perfmodel.comm.cp_a2a`; the
+        ``cp_layer_*`` link times are then theirs);
         ``pp_p2p_s``: one activation send of one micro-batch between adjacent stages;
         ``dp_grad_s``: per step, the gradient all-reduce, or reduce-scatter(s) + parameter
         all-gather under ZeRO-1/2, or the reduce-scatters under ZeRO-3;
@@ -154,6 +159,7 @@ def comm_times(
     kv_send = coll.p2p_time(kv_bytes, g_cp.p2p_bw_bytes_per_s, g_cp.latency_s)
     kv_dkv_send = coll.p2p_time(2.0 * kv_bytes, g_cp.p2p_bw_bytes_per_s, g_cp.latency_s)
     cp_fwd_n, cp_bwd_n = cp_sends_per_layer(batch)
+    cp_link = _cp_link_times(model, training, batch, g_cp, kv_send, cp_fwd_n, cp_bwd_n)
 
     # pipeline: one send between neighbouring stages
     pp_send = coll.p2p_time(
@@ -189,8 +195,7 @@ def comm_times(
         **ep,
         "tp_layer_fwd_s": tp_fwd_n * tp_one,
         "tp_layer_bwd_s": tp_bwd_n * tp_one,
-        "cp_layer_fwd_s": cp_fwd_n * kv_send,
-        "cp_layer_bwd_s": cp_bwd_n * kv_send,
+        **cp_link,
         "cp_kv_send_s": np.where(batch.cp > 1, kv_send, 0.0),
         "cp_kv_dkv_send_s": np.where(batch.cp > 1, kv_dkv_send, 0.0),
         "pp_p2p_s": pp_send,
@@ -199,12 +204,38 @@ def comm_times(
     }
 
 
+def _cp_link_times(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch,
+                   g_cp: GroupPlacement, kv_send: np.ndarray, cp_fwd_n: np.ndarray,
+                   cp_bwd_n: np.ndarray) -> dict[str, np.ndarray]:
+    """Context-parallel link times of one layer and micro-batch [s]: ``cp_layer_fwd_s`` /
+    ``cp_layer_bwd_s`` (the ring's sends, or the Ulysses all-to-alls of the rows with
+    ``cp_comm = "a2a"``; backward incl. a recomputed forward) and ``cp_qkv_a2a_s`` /
+    ``cp_out_a2a_s``: the all-to-alls of Q, K, V together and of the output, on the cp
+    group's tiers (:func:`perfmodel.moe.experts.all_to_all_tiered_time`; 0 for ring rows and at
+    cp = 1; :mod:`perfmodel.comm.cp_a2a`)."""
+    out = {"cp_layer_fwd_s": cp_fwd_n * kv_send, "cp_layer_bwd_s": cp_bwd_n * kv_send}
+    a2a = (batch.cp_comm == CpComm.A2A) & (batch.cp > 1)
+    if not np.any(a2a):
+        zero = np.zeros(len(batch))
+        return {**out, "cp_qkv_a2a_s": zero, "cp_out_a2a_s": zero}
+    buf = cp_a2a_buffers(model, training, batch)
+    qkv = sum(moe.all_to_all_tiered_time(buf[k], g_cp) for k in ("q", "k", "v"))
+    one = moe.all_to_all_tiered_time(buf["out"], g_cp)
+    rerun = np.where(batch.recompute == Recompute.FULL, 1.0, 0.0)
+    return {
+        "cp_layer_fwd_s": np.where(a2a, qkv + one, out["cp_layer_fwd_s"]),
+        "cp_layer_bwd_s": np.where(a2a, (1.0 + rerun) * (qkv + one), out["cp_layer_bwd_s"]),
+        "cp_qkv_a2a_s": np.where(a2a, qkv, 0.0),
+        "cp_out_a2a_s": np.where(a2a, one, 0.0),
+    }
+
+
 # --------------------------------------------------------------------------------------------
 # Overlap of the data-parallel reduction with the backward pass
 # --------------------------------------------------------------------------------------------
 #: The configuration fields that communication times depend on.
-_COMM_FIELDS = ("dp", "tp", "pp", "cp", "zero_stage", "micro_batch_size", "num_microbatches",
-                "recompute", "sequence_parallel", "grad_compression", "topk_ratio",
+_COMM_FIELDS = ("dp", "tp", "pp", "cp", "cp_comm", "zero_stage", "micro_batch_size",
+                "num_microbatches", "recompute", "sequence_parallel", "grad_compression", "topk_ratio",
                 "vp", "first_stage_layers", "last_stage_layers", "embedding_as_layer",
                 "loss_as_layer", "ep", "etp")
 

@@ -46,7 +46,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from perfmodel.core.codes import Compression, Recompute
+from perfmodel.comm.cp_a2a import a2a_buffer_bytes
+from perfmodel.core.codes import Compression, CpComm, Recompute
 from perfmodel.hardware.collectives import bytes_per_gpu
 from perfmodel.moe import experts as moe
 from perfmodel.moe.experts import expert_params_per_gpu, uses_dispatcher
@@ -60,6 +61,8 @@ __all__ = [
     "activation_bytes_per_elem",
     "comm_bytes_per_gpu",
     "compressed_grad_bytes_per_elem",
+    "cp_a2a_buffers",
+    "cp_a2a_bytes_per_layer",
     "cp_kv_chunk_bytes",
     "cp_sends_per_layer",
     "dp_ops",
@@ -444,6 +447,27 @@ def cp_kv_chunk_bytes(model: ModelSpec, training: TrainingSpec, batch: ConfigBat
     return 2.0 * tokens * kv_per_rank * model.head_size * activation_bytes_per_elem(training)
 
 
+def cp_a2a_buffers(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch
+                   ) -> dict[str, np.ndarray]:
+    """Q, K, V and output buffers of one rank's Ulysses all-to-alls in one layer and
+    micro-batch [bytes] (:func:`perfmodel.comm.cp_a2a.a2a_buffer_bytes`): ``b * s/cp`` tokens,
+    ``heads/tp`` query heads, ``max(kv_heads/tp, 1)`` K/V heads."""
+    tokens = batch.micro_batch_size * (training.seq_len / batch.cp)
+    return a2a_buffer_bytes(tokens, model.num_attention_heads / batch.tp,
+                            np.maximum(model.kv_heads / batch.tp, 1.0), model.qk_head_size,
+                            model.v_head_size, activation_bytes_per_elem(training))
+
+
+def cp_a2a_bytes_per_layer(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch
+                           ) -> np.ndarray:
+    """Bytes one GPU sends through the Ulysses all-to-alls (``cp_comm = "a2a"``) of one layer
+    and micro-batch: ``(cp-1)/cp`` of the Q, K, V and output buffers in the forward, the
+    backward and a recomputed forward (Jacobs et al. 2023, Sec. 3.2); 0 at cp = 1."""
+    buf = cp_a2a_buffers(model, training, batch)
+    passes = 2.0 + np.where(batch.recompute == Recompute.FULL, 1.0, 0.0)
+    return passes * bytes_per_gpu("all_to_all", sum(buf.values()), batch.cp)
+
+
 def cp_sends_per_layer(batch: ConfigBatch) -> tuple[np.ndarray, np.ndarray]:
     """K/V-chunk sends per layer per micro-batch: (forward, backward incl. recompute).
 
@@ -495,9 +519,12 @@ def comm_bytes_per_gpu(
     pp = m * pp_sends_per_microbatch(batch) * pp_activation_bytes(model, training, batch)
     pp = pp + pp_tied_embedding_bytes(model, training, batch)
 
-    # context parallel: ring attention K/V exchanges
+    # context parallel: ring attention K/V exchanges, or the Ulysses all-to-alls
     cp_fwd, cp_bwd = cp_sends_per_layer(batch)
     cp = m * layers * (cp_fwd + cp_bwd) * cp_kv_chunk_bytes(model, training, batch)
+    a2a = batch.cp_comm == CpComm.A2A
+    if np.any(a2a):
+        cp = np.where(a2a, m * layers * cp_a2a_bytes_per_layer(model, training, batch), cp)
 
     out = {"dp": np.asarray(dp, dtype=np.float64), "tp": tp, "pp": pp, "cp": cp}
     out["ep"] = ep_dispatch_bytes(model, training, batch)

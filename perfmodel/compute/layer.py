@@ -39,11 +39,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from perfmodel.comm import cp_ring
-from perfmodel.comm.comm_volume import cp_kv_chunk_bytes
+from perfmodel.comm import cp_a2a, cp_ring
+from perfmodel.comm.comm_volume import cp_a2a_buffers, cp_kv_chunk_bytes
 from perfmodel.compute import attention_kernels, mamba, quantise
 from perfmodel.compute import eager as eager_kernels
-from perfmodel.core.codes import Recompute
+from perfmodel.core.codes import CpComm, Recompute
 from perfmodel.core.errors import SpecError
 from perfmodel.hardware.calibration import KERNEL_MIN_S, Calibration, calibration_for
 from perfmodel.hardware.overlap import gpu_generation
@@ -546,7 +546,8 @@ def _overlap_s(gpu_s, cpu_s):
     return hi * ((gpu_s / hi) ** COMPOSE_P + (cpu_s / hi) ** COMPOSE_P) ** (1.0 / COMPOSE_P)
 
 
-_SHAPE_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "recompute", "ep", "etp")
+_SHAPE_FIELDS = ("tp", "cp", "cp_comm", "micro_batch_size", "sequence_parallel", "recompute", "ep",
+                 "etp")
 
 
 UNFUSED_ROPE_KERNELS = 6
@@ -871,7 +872,9 @@ def _cp_ring_kernels(c: _LayerContext, ph: _Phase, pass_: str) -> None:
     """The context-parallel ring's own memory-bound kernels around the attention blocks
     (half-tensor copies, the fp32 merge of the partial outputs, the dQ / dK / dV sums:
     :func:`perfmodel.comm.cp_ring.ring_bookkeeping`), Transformer Engine attention with cp > 1
-    only; in the attention layers of a hybrid model."""
+    only; in the attention layers of a hybrid model. Rows with ``cp_comm = "a2a"`` (Ulysses)
+    run the all-to-all's reshape copies instead (:func:`perfmodel.comm.cp_a2a.a2a_reshape_bytes`).
+    """
     if c.eager or not c.training.flash_attention or not np.any(c.cp > 1):
         return
 
@@ -881,6 +884,13 @@ def _cp_ring_kernels(c: _LayerContext, ph: _Phase, pass_: str) -> None:
         c.cp, rows * model.qk_head_size, rows * model.v_head_size,
         cp_kv_chunk_bytes(model, c.training, c.batch), c.pr.act_b, model.v_head_size, pass_)
     a = model.attention_layer_fraction if model.is_hybrid else 1.0
+    a2a = c.batch.cp_comm == CpComm.A2A
+    if np.any(a2a):  # Ulysses rows: no ring, the all-to-all's reshapes instead
+        copy_b, add_b, kernels = (np.where(a2a, 0.0, x) for x in (copy_b, add_b, kernels))
+        a2a_b, a2a_k = cp_a2a.a2a_reshape_bytes(cp_a2a_buffers(model, c.training, c.batch),
+                                                c.cp, pass_)
+        a2a_k = np.where(a2a, a2a_k, 0.0)
+        ph.mem("copy", np.where(a2a, a2a_b, 0.0) / np.maximum(a2a_k, 1.0), a * a2a_k)
     half = np.maximum(kernels, 1.0) / 2  # launches, split between the copies and the sums
     ph.mem("copy", copy_b / half, a * half)
     ph.mem("add", add_b / half, a * half)

@@ -13,10 +13,13 @@ from typing import Literal
 
 __all__ = [
     "COMPRESSION",
+    "CP_COMM",
     "RECOMPUTE",
     "SCHEDULE",
     "Compression",
     "CompressionName",
+    "CpComm",
+    "CpCommName",
     "Recompute",
     "RecomputeName",
     "Schedule",
@@ -26,10 +29,12 @@ __all__ = [
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULE = ("gpipe", "1f1b", "interleaved", "zb")
 COMPRESSION = ("none", "topk", "int8", "1bit")
+CP_COMM = ("p2p", "a2a")
 
 RecomputeName = Literal["none", "selective", "full"]
 ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb"]
 CompressionName = Literal["none", "topk", "int8", "1bit"]
+CpCommName = Literal["p2p", "a2a"]
 
 
 class Recompute(IntEnum):
@@ -56,3 +61,11 @@ class Compression(IntEnum):
     TOPK = 1
     INT8 = 2
     ONE_BIT = 3  # "1bit"
+
+
+class CpComm(IntEnum):
+    """Context-parallel communication: the code of each name of :data:`CP_COMM` (Megatron-Core
+    ``cp_comm_type``)."""
+
+    P2P = 0  # ring attention: K/V chunks passed around the cp group (perfmodel.comm.cp_ring)
+    A2A = 1  # Ulysses: Q, K, V and the output exchanged by head (perfmodel.comm.cp_a2a)

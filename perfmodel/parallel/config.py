@@ -20,9 +20,11 @@ from pydantic import Field, model_validator
 
 from perfmodel.core.codes import (
     COMPRESSION,
+    CP_COMM,
     RECOMPUTE,
     SCHEDULE,
     CompressionName,
+    CpCommName,
     RecomputeName,
     ScheduleName,
 )
@@ -58,6 +60,9 @@ class ParallelConfig(Spec):
     topk_ratio: Annotated[float, Field(gt=0, le=1)] = 0.01
     ep: PosInt = 1
     etp: PosInt | None = None
+    # how the cp ranks exchange attention (Megatron-Core cp_comm_type): "p2p" the ring,
+    # "a2a" Ulysses (perfmodel.comm.cp_a2a); no effect at cp = 1
+    cp_comm: CpCommName = "p2p"
 
     @model_validator(mode="before")
     @classmethod
@@ -216,6 +221,8 @@ def resolve_config(
         c = _with_layer_layout(c, m.num_layers)
     if training.seq_len % (2 * c.cp if c.cp > 1 else 1):
         raise SpecError(f"2*cp ({2 * c.cp}) must divide seq_len ({training.seq_len})")
+    if c.cp > 1 and c.cp_comm == "a2a":
+        _check_a2a_heads(c, m)
     if c.sequence_parallel and training.seq_len % c.tp:
         raise SpecError(f"tp ({c.tp}) must divide seq_len ({training.seq_len}) for sequence_parallel")
     per_step = c.dp * c.micro_batch_size
@@ -254,6 +261,28 @@ def resolve_config(
             raise SpecError(f"model '{m.name}' (tp {c.tp}, cp {c.cp}): {why}")
     etp = c.expert_tp if m.is_moe else c.tp
     return c.model_copy(update={"num_microbatches": nmb, "etp": etp})
+
+
+def a2a_heads_ok(num_heads, kv_heads, tp, cp) -> np.ndarray:
+    """Whether Ulysses context parallelism (``cp_comm = "a2a"``) can split the heads of one
+    tensor-parallel rank over ``cp``: ``cp`` divides its query heads ``heads / tp`` and its K/V
+    heads ``max(kv_heads / tp, 1)`` (a rank holds at least one K/V head; Transformer Engine
+    ``AttnFuncWithCPAndQKVOA2A.forward``: "cp_comm_type='a2a' requires num_heads % cp_size == 0
+    for Q, K, V"). True at cp = 1."""
+    tp = np.asarray(tp, dtype=np.int64)
+    cp = np.asarray(cp, dtype=np.int64)
+    q = np.asarray(num_heads, dtype=np.int64) // np.maximum(tp, 1)
+    kv = np.maximum(np.asarray(kv_heads, dtype=np.int64) // np.maximum(tp, 1), 1)
+    return (cp <= 1) | ((q % cp == 0) & (kv % cp == 0))
+
+
+def _check_a2a_heads(c: ParallelConfig, m: ModelSpec) -> None:
+    if not bool(a2a_heads_ok(m.num_attention_heads, m.kv_heads, c.tp, c.cp)):
+        q, kv = m.num_attention_heads // c.tp, max(m.kv_heads // c.tp, 1)
+        raise SpecError(
+            f"cp_comm 'a2a': cp ({c.cp}) must divide the attention heads ({q}) and the K/V "
+            f"heads ({kv}) of a tensor-parallel rank (num_attention_heads "
+            f"{m.num_attention_heads}, num_kv_heads {m.kv_heads}, tp {c.tp})")
 
 
 def _with_layer_layout(c: ParallelConfig, num_layers: int) -> ParallelConfig:
@@ -306,7 +335,7 @@ class ConfigBatch:
     """Struct of arrays: one entry per configuration (all arrays the same length).
 
     Categorical fields are integer codes: ``recompute`` indexes :data:`RECOMPUTE`, ``schedule``
-    :data:`SCHEDULE`, ``grad_compression`` :data:`COMPRESSION`.
+    :data:`SCHEDULE`, ``grad_compression`` :data:`COMPRESSION`, ``cp_comm`` :data:`CP_COMM`.
     """
 
     dp: np.ndarray
@@ -325,6 +354,8 @@ class ConfigBatch:
     # expert parallel sizes; None fills ep = 1 and etp = tp (Megatron's default)
     ep: np.ndarray | None = None
     etp: np.ndarray | None = None
+    # context-parallel communication (codes of CP_COMM); None fills p2p (the ring)
+    cp_comm: np.ndarray | None = None
     # layer layout (see ParallelConfig); None fills zeros / False (the even split)
     first_stage_layers: np.ndarray | None = None
     last_stage_layers: np.ndarray | None = None
@@ -343,6 +374,8 @@ class ConfigBatch:
                 object.__setattr__(self, name, _as_code_array(name, _LAYOUT_DEFAULTS[name], n))
         if self.ep is None:
             object.__setattr__(self, "ep", _as_code_array("ep", 1, n))
+        if self.cp_comm is None:
+            object.__setattr__(self, "cp_comm", _as_code_array("cp_comm", 0, n))
         if self.etp is None:
             object.__setattr__(self, "etp", np.array(self.tp, copy=True))
 
@@ -499,6 +532,7 @@ class ConfigBatch:
         d["recompute"] = RECOMPUTE[d["recompute"]]
         d["schedule"] = SCHEDULE[d["schedule"]]
         d["grad_compression"] = COMPRESSION[d["grad_compression"]]
+        d["cp_comm"] = CP_COMM[d["cp_comm"]]
         d["sequence_parallel"] = bool(d["sequence_parallel"])
         d["embedding_as_layer"] = bool(d["embedding_as_layer"])
         d["loss_as_layer"] = bool(d["loss_as_layer"])
@@ -550,7 +584,8 @@ def _stage_matrix(v, n: int, fill: int) -> np.ndarray | None:
     return out
 
 
-_CODES = {"recompute": RECOMPUTE, "schedule": SCHEDULE, "grad_compression": COMPRESSION}
+_CODES = {"recompute": RECOMPUTE, "schedule": SCHEDULE, "grad_compression": COMPRESSION,
+          "cp_comm": CP_COMM}
 
 
 def _as_code_array(name: str, v, n: int) -> np.ndarray:

@@ -23,7 +23,14 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from perfmodel.core.codes import RECOMPUTE, SCHEDULE, RecomputeName, ScheduleName
+from perfmodel.core.codes import (
+    CP_COMM,
+    RECOMPUTE,
+    SCHEDULE,
+    CpCommName,
+    RecomputeName,
+    ScheduleName,
+)
 from perfmodel.core.errors import SpecError
 from perfmodel.spec.specs import (
     RECIPE_PRECISIONS,
@@ -87,6 +94,10 @@ class RecomputeModules(Capability):
     value: tuple[RecomputeModule, ...]
 
 
+class CpCommTypes(Capability):
+    value: tuple[CpCommName, ...] = Field(min_length=1)
+
+
 class OffloadKinds(Capability):
     value: tuple[Literal["optimizer", "params", "activations"], ...]
 
@@ -102,6 +113,10 @@ class Capabilities(Spec):
         "expert mesh from dp_shard * cp, and * tp when etp = 1)")
     moe_context_parallel: Supported | None = Field(
         default=None, description="context parallelism in a MoE model")
+    cp_comm_types: CpCommTypes | None = Field(
+        default=None, description="how the context-parallel ranks exchange attention "
+        "(cp_comm_type): 'p2p' the ring, 'a2a' Ulysses (perfmodel.comm.cp_a2a); the search "
+        "and a pinned cp_comm keep to them; left out: not constrained")
     moe_parallel_folding: Supported | None = Field(
         default=None, description="the expert groups are laid out by MoE parallel folding "
         "(Megatron-Core >= 0.10); false: the earlier layout (ep carved out of dp, ep | dp; "
@@ -299,6 +314,8 @@ def framework_pins(fw: FrameworkSpec) -> dict[str, list]:
     }
     if not fw.context_parallel:
         pins["cp"] = [1]
+    if fw.capabilities.cp_comm_types is not None:
+        pins["cp_comm"] = [n for n in CP_COMM if n in fw.capabilities.cp_comm_types.value]
     if fw.sequence_parallel == "off":
         pins["sequence_parallel"] = [False]
     if "interleaved" not in fw.schedules:
@@ -339,6 +356,12 @@ def _rules(fw: FrameworkSpec, model: ModelSpec) -> list[tuple[Capability, Any, A
     c = fw.capabilities
     L = model.num_layers
     rules: list[tuple[Capability, Any, Any]] = []
+    if c.cp_comm_types is not None:
+        names = c.cp_comm_types.value
+        rules.append((c.cp_comm_types,
+                      lambda a: (np.asarray(a["cp"]) == 1) | np.isin(_cp_comm_names(a), names),
+                      lambda a: (f"cp_comm '{_cp_comm_names(a)[()]}' (cp {a['cp']}): it runs "
+                                 f"{', '.join(names)}")))
     if _off(c.uneven_interleaved):
         rules.append((c.uneven_interleaved,
                       lambda a: (a["vp"] == 1) | (L % (a["pp"] * a["vp"]) == 0),
@@ -374,6 +397,13 @@ def _rules(fw: FrameworkSpec, model: ModelSpec) -> list[tuple[Capability, Any, A
                                  "MoE parallel folding expert parallelism is carved out of "
                                  "data parallelism")))
     return rules
+
+
+def _cp_comm_names(a: dict[str, Any]) -> np.ndarray:
+    """The ``cp_comm`` names of decoded arrays (codes of :data:`CP_COMM`) or of one
+    configuration (a name); p2p where none is given."""
+    v = np.asarray(a.get("cp_comm", "p2p"))
+    return np.asarray(CP_COMM)[v] if v.dtype.kind in "iu" else v
 
 
 def explicit_layout_allowed(fw: FrameworkSpec | None) -> bool:

@@ -23,11 +23,19 @@ import numpy as np
 
 from perfmodel import memory
 from perfmodel.comm import comm_time as comm_time_mod
-from perfmodel.comm import comm_volume, cp_ring, zero3_deepspeed
+from perfmodel.comm import comm_volume, cp_a2a, cp_ring, zero3_deepspeed
 from perfmodel.compute import flops, quantise
 from perfmodel.compute import layer as compute
 from perfmodel.compute.mtp import mtp_stage_s
-from perfmodel.core.codes import COMPRESSION, RECOMPUTE, SCHEDULE, Recompute, Schedule
+from perfmodel.core.codes import (
+    COMPRESSION,
+    CP_COMM,
+    RECOMPUTE,
+    SCHEDULE,
+    CpComm,
+    Recompute,
+    Schedule,
+)
 from perfmodel.hardware import overlap
 from perfmodel.hardware.calibration import KERNEL_MIN_S
 from perfmodel.memory import offload
@@ -143,6 +151,7 @@ class StepResult:
             "sequence_parallel": b.sequence_parallel,
             "schedule": np.asarray(SCHEDULE)[b.schedule],
             "grad_compression": np.asarray(COMPRESSION)[b.grad_compression],
+            "cp_comm": np.asarray(CP_COMM)[b.cp_comm],
             "step_time_s": self.step_time_s,
             "tokens_per_s": self.tokens_per_s,
             "mfu": self.mfu,
@@ -367,12 +376,20 @@ def cp_exposed_s(model, training, b, ct, comm, slowdown):
     block (:func:`perfmodel.comm.cp_ring.ring_layer_s`, blocks from the layer's attention time
     ``ct["attn_fwd_s"]`` / ``ct["attn_bwd_s"]``). Full recompute, and selective recompute of
     ``core_attn`` (Megatron-Core checkpoints the whole ``core_attention``, ring included),
-    re-run the forward ring."""
+    re-run the forward ring. Rows with ``cp_comm = "a2a"`` (Ulysses) expose their all-to-alls
+    whole and slow nothing (:func:`perfmodel.comm.cp_a2a.a2a_layer_s`)."""
     a = model.attention_layer_fraction if model.is_hybrid else 1.0
     rerun = (b.recompute == Recompute.FULL) | ((b.recompute == Recompute.SELECTIVE)
                                                 & ("core_attn" in training.recompute_modules))
-    return cp_ring.ring_layer_s(b.cp, ct["attn_fwd_s"], ct["attn_bwd_s"], comm["cp_kv_send_s"],
-                                comm["cp_kv_dkv_send_s"], rerun, slowdown, a)
+    comm_s, overlap_s = cp_ring.ring_layer_s(b.cp, ct["attn_fwd_s"], ct["attn_bwd_s"],
+                                             comm["cp_kv_send_s"], comm["cp_kv_dkv_send_s"],
+                                             rerun, slowdown, a)
+    a2a = b.cp_comm == CpComm.A2A
+    if not np.any(a2a):
+        return comm_s, overlap_s
+    # Ulysses: the all-to-alls before and after the attention core, none hidden
+    exposed = cp_a2a.a2a_layer_s(b.cp, comm["cp_qkv_a2a_s"], comm["cp_out_a2a_s"], rerun, a)
+    return np.where(a2a, exposed, comm_s), np.where(a2a, 0.0, overlap_s)
 
 
 def ep_exposed_s(model, training, b, ep_layer_fwd_s, ep_layer_bwd_s, layer_compute_s

@@ -77,3 +77,18 @@ def test_a_release_with_even_splits_only_gets_no_stage_layout():
     r = runner.invoke(app, [*DP_PICK[:-4], "--tp", "4", "--stage-layers", "17,15",
                             "--framework", "megatron-2022"])
     assert r.exit_code == 2 and "splits layers evenly only" in r.stderr
+
+
+def test_pin_command_names_the_cp_comm_of_an_a2a_pick():
+    """An all-to-all (Ulysses) pick pins ``--cp-comm a2a`` and the pinned plan reproduces it;
+    the report shows it in the configuration line."""
+    args = ["--model", "llama2-7b", "--cluster", "dgx-h100", "--gpus", "32", "--global-batch",
+            "16", "--seq-len", "32768", "--framework", "ideal", "--tp", "1", "--pp", "1",
+            "--cp", "16", "--cp-comm", "a2a"]
+    doc = _json(args)
+    assert doc["best"]["config"]["cp_comm"] == "a2a"
+    assert "--cp-comm a2a" in doc["pin_command"]
+    pinned = _json(shlex.split(doc["pin_command"])[1:])
+    assert pinned["best"]["step_time_s"] == doc["best"]["step_time_s"]
+    assert "cp=16 " in runner.invoke(app, args).stdout and "cp_comm=a2a" in (
+        runner.invoke(app, args).stdout)

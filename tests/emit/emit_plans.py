@@ -45,6 +45,13 @@ PLANS = {
                  {"global_batch_size": 64, "seq_len": 32768, "precision": "bf16"},
                  {"dp": 8, "tp": 2, "cp": 4, "zero_stage": 1, "micro_batch_size": 1,
                       "sequence_parallel": True, "recompute": "selective"}),
+    # context parallelism by all-to-all (Ulysses): cp 4 divides the 16 query and 4 K/V heads of
+    # a tp-2 rank
+    "llama-cp-a2a": ("llama3.1-8b", "dgx-h100", 64,
+                     {"global_batch_size": 64, "seq_len": 32768, "precision": "bf16"},
+                     {"dp": 8, "tp": 2, "cp": 4, "cp_comm": "a2a", "zero_stage": 1,
+                      "micro_batch_size": 1, "sequence_parallel": True,
+                      "recompute": "selective"}),
     # a layout of the DP searcher (search/dp.py): per-rank layer counts and block recompute
     "nemotron-dp-layout": ("nemotron4-340b", "dgx-h100", 128,
                            {"global_batch_size": 32, "seq_len": 4096, "precision": "bf16"},

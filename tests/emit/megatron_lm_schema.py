@@ -99,6 +99,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--moe-layer-freq", type=moe_freq_type, default=1)
     p.add_argument("--moe-expert-capacity-factor", type=float, default=None)
     p.add_argument("--cuda-graph-scope", nargs="+", type=str, default=None)
+    p.add_argument("--cp-comm-type", nargs="+", type=str, default=["p2p"])  # _add_distributed_args
     p.add_argument("--pipeline-model-parallel-layout", type=str, default=None)
     p.add_argument("--fp8-format", dest="fp8", choices=["e4m3", "hybrid"], default=None)
     p.add_argument("--fp8-recipe", dest="fp8_recipe", default="delayed",
@@ -143,6 +144,8 @@ def core_configs(args: argparse.Namespace, world_size: int):
     for f in dataclasses.fields(cls):
         if hasattr(args, f.name) and getattr(args, f.name) is not None:
             kw[f.name] = getattr(args, f.name)
+    if isinstance(kw.get("cp_comm_type"), list) and len(kw["cp_comm_type"]) == 1:
+        kw["cp_comm_type"] = kw["cp_comm_type"][0]  # argument_utils.py: one type for all layers
     if args.num_experts is not None:  # --num-experts: dest num_experts
         kw["num_moe_experts"] = args.num_experts
     if not args.group_query_attention:

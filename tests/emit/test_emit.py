@@ -145,3 +145,17 @@ def test_megatron_writes_the_planned_fp8_recipe(precision, recipe):
     f = _flags(emit("megatron", c, m, t.model_copy(update={"precision": "fp8",
                     "low_precision_recipe": {"fp8": None}.get(precision, precision)})))
     assert f["--fp8-format"] == "hybrid" and f["--fp8-recipe"] == recipe
+
+
+def test_cp_comm_a2a_is_emitted_and_p2p_left_to_the_default():
+    """Ulysses: Megatron-LM's ``--cp-comm-type a2a``, Bridge's ``model.cp_comm_type``; the
+    ring is both frameworks' default and is not written."""
+    c, m, t = load_plan("llama-cp-a2a")
+    assert "--cp-comm-type a2a" in emit("megatron", c, m, t)
+    assert 'cp_comm_type: "a2a"' in emit("bridge", c, m, t)
+    c, m, t = load_plan("llama-cp")
+    assert "cp-comm-type" not in emit("megatron", c, m, t)
+    assert "cp_comm_type" not in emit("bridge", c, m, t)
+    c, m, t = load_plan("llama-cp-a2a")
+    why = [w for w in refusals("deepspeed", c, m, t) if "Ulysses" in w]
+    assert len(why) == 1 and len(why[0].splitlines()) == 1

@@ -309,6 +309,8 @@ def _check_megatron_core(tc, got, c, model, training, plan):
     """Megatron-Core's TransformerConfig (Megatron-LM and Bridge alike)."""
     chunks = plan["chunks"]
     assert got["cp"] == c.cp and got["vp"] == c.vp
+    if c.cp > 1:  # Megatron-Core's cp_comm_type (None: Transformer Engine's p2p ring)
+        assert (tc.cp_comm_type or "p2p") == c.cp_comm
     assert tc.expert_model_parallel_size == (c.ep if model.is_moe else 1)
     if model.is_moe:
         assert tc.num_moe_experts == model.num_experts
@@ -440,6 +442,8 @@ def test_expected_refusals():
     assert "no ZeRO-1" in why("gpt3-zero1-interleaved", "torchtitan")
     assert "interleaved" in why("gpt3-zero1-interleaved", "deepspeed")
     assert "context parallel" in why("llama-cp", "deepspeed")
+    assert "Ulysses" in why("llama-cp-a2a", "deepspeed")
+    assert "cp_comm 'a2a'" in why("llama-cp-a2a", "torchtitan")
     assert "fp8-delayed" in why("llama-fp8", "deepspeed")
     assert why("llama-fp8", "megatron") == "" and why("llama-fp8", "bridge") == ""
     assert why("llama405b-uneven", "megatron") == ""
