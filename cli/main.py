@@ -669,19 +669,29 @@ def pin_command(row: dict[str, Any], setup: dict[str, Any],
 
 
 def _print_pareto(out: Console, r: Any) -> None:
-    """The Pareto front (step time, peak memory, GPUs), fastest first."""
-    t = Table(title=f"Pareto front: {len(r.pareto_rows)} configurations none of which is "
-              "faster, smaller and on fewer GPUs at once", title_justify="left")
+    """The Pareto front, fastest first: the step's (step time, peak memory, GPUs), or the
+    run's (time to train, cost: ``--pareto-objectives time-to-train-cost``); with the run's
+    length, each row's days, GPU-hours and cost."""
+    run_view = "pareto_objectives" in r.extra
+    train = bool(r.pareto_rows) and "train" in r.pareto_rows[0]
+    title = ("finishes sooner and costs less at once" if run_view else
+             "is faster, smaller and on fewer GPUs at once")
+    t = Table(title=f"Pareto front: {len(r.pareto_rows)} configurations none of which {title}",
+              title_justify="left")
+    extra_cols = ["days", "GPU-hours", "cost"] if train else []
     for col in ("#", "dp", "tp", "pp", "vp", "cp", "zero", "mbs", "recompute", "sp", "sched",
-                "GPUs", "step", "MFU", "peak mem"):
+                "GPUs", "step", "MFU", "peak mem", *extra_cols):
         t.add_column(col, justify="left" if col in ("recompute", "sched") else "right")
     for i, row in enumerate(r.pareto_rows):
         c = row["config"]
+        tr = row.get("train") or {}
+        run_cells = [f"{tr['days']:.1f}", f"{tr['gpu_hours']:,.0f}",
+                     "-" if tr["cost"] is None else f"{tr['cost']:,.0f}"] if train else []
         t.add_row(str(i + 1), str(c["dp"]), str(c["tp"]), str(c["pp"]), str(c["vp"]),
                   str(c["cp"]), str(c["zero_stage"]), str(c["micro_batch_size"]),
                   c["recompute"], "on" if c["sequence_parallel"] else "off", c["schedule"],
                   str(row["gpus"]), units.fmt_seconds(row["step_time_s"]), f"{row['mfu']:.1%}",
-                  units.fmt_bytes(row["memory_bytes"]["peak"]))
+                  units.fmt_bytes(row["memory_bytes"]["peak"]), *run_cells)
     out.print(t)
 
 

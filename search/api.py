@@ -311,12 +311,15 @@ def problem_of(request: PlanRequest) -> Problem:
     evaluator = r.evaluator or _default_evaluator()
     if prof is not None and not prof.is_neutral:
         evaluator = functools.partial(profile_evaluate, profile=prof, evaluator=evaluator)
-    return Problem(space, evaluator, getattr(r.objective, "value", r.objective), kernels,
+    objective = getattr(r.objective, "value", r.objective)
+    pareto = getattr(r.pareto_objectives, "value", r.pareto_objectives) or (
+        "time-to-train-cost" if objective == "time-to-train" else "step-memory-gpus")
+    return Problem(space, evaluator, objective, kernels,
                    r.calibration, memory_headroom=headroom,
                    max_step_time_s=r.max_step_time_s, max_memory_bytes=r.max_memory_bytes,
                    assumed=why, profile=None if prof is None else prof.name,
                    run=run_settings_for(space, r.train_tokens, r.train_steps, r.gpu_hour_price,
-                                        r.checkpoint_mode))
+                                        r.checkpoint_mode), pareto=pareto)
 
 
 def _check_single(space: SearchSpace) -> None:

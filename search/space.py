@@ -53,6 +53,7 @@ __all__ = [
     "ALIASES",
     "OBJECTIVES",
     "PARETO_OBJECTIVES",
+    "PARETO_SETS",
     "SEARCH_DIMS",
     "Problem",
     "Scored",
@@ -80,6 +81,12 @@ SEARCH_DIMS = (
 OBJECTIVES = ("time", "memory", "cost", "time-to-train")
 #: Objectives of the multi-objective (Pareto) view, all minimised.
 PARETO_OBJECTIVES = ("step_time_s", "peak_memory_bytes", "gpus")
+#: The Pareto views by name (a plan's ``pareto_objectives``): the step's (step time, peak
+#: memory, GPUs), or the whole run's (expected wall time with failures and checkpoints [s],
+#: cost = GPU-hours x price, GPU-hours without a price: the same front), which needs the run's
+#: length (:class:`perfmodel.run.RunSettings`).
+PARETO_SETS = {"step-memory-gpus": PARETO_OBJECTIVES,
+               "time-to-train-cost": ("train_wall_s", "train_cost")}
 
 #: Short names of dimensions: ``zero=1`` pins ``zero_stage``.
 ALIASES = {"zero": "zero_stage", "micro_batch": "micro_batch_size", "mbs": "micro_batch_size",
@@ -726,7 +733,8 @@ class Scored:
     """What a strategy sees of a block of configurations (one entry per flat index).
 
     ``score`` is the single objective (inf where invalid or not fitting); ``F`` the Pareto
-    objectives (:data:`PARETO_OBJECTIVES`, inf where invalid).
+    objectives (``objectives``: the problem's :data:`PARETO_SETS` entry, one column each, inf
+    where invalid; left out: :data:`PARETO_OBJECTIVES`).
     """
 
     flat: np.ndarray
@@ -736,6 +744,13 @@ class Scored:
     peak_memory_bytes: np.ndarray
     gpus: np.ndarray
     score: np.ndarray
+    objectives: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.objectives is None:  # the step's view (step time, peak memory, GPUs)
+            object.__setattr__(self, "objectives", np.stack(
+                [self.step_time_s, self.peak_memory_bytes,
+                 np.asarray(self.gpus).astype(float)], 1))
 
     @property
     def valid(self) -> np.ndarray:
@@ -748,7 +763,7 @@ class Scored:
 
     @property
     def F(self) -> np.ndarray:
-        return np.stack([self.step_time_s, self.peak_memory_bytes, self.gpus.astype(float)], 1)
+        return self.objectives
 
     def take(self, idx: np.ndarray) -> Scored:
         return Scored(**{k: getattr(self, k)[idx] for k in self.__dataclass_fields__})
@@ -796,6 +811,8 @@ class Problem:
     #: the whole run (perfmodel.run.RunSettings): steps, checkpoint, failures, power, price;
     #: needed by the objective ``time-to-train``, reported when given
     run: Any = None
+    #: the Pareto view (a key of :data:`PARETO_SETS`)
+    pareto: str = "step-memory-gpus"
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -805,6 +822,12 @@ class Problem:
         if self.objective == "time-to-train" and self.run is None:
             raise SpecError("objective = 'time-to-train' needs the run's length: give "
                             "train_tokens or train_steps")
+        if self.pareto not in PARETO_SETS:
+            raise SpecError(f"pareto_objectives = {self.pareto!r}: expected one of "
+                            f"{', '.join(PARETO_SETS)}")
+        if self.pareto == "time-to-train-cost" and self.run is None:
+            raise SpecError("pareto_objectives = 'time-to-train-cost' needs the run's length: "
+                            "give train_tokens or train_steps")
         if not 0.0 <= self.memory_headroom < 1.0:
             raise SpecError(
                 f"memory_headroom = {self.memory_headroom!r}: expected a fraction in [0, 1)"
@@ -836,17 +859,42 @@ class Problem:
                 res.fits = fits
         return res
 
-    def objective_values(self, res: Any, step_time_s, peak_bytes, gpus) -> np.ndarray:
-        """The single objective of evaluated configurations (``res``: their StepResult). The
-        objective ``time-to-train`` is the expected wall time of the whole run, failures and
-        checkpoints included (:func:`perfmodel.run.train_run`)."""
-        if self.objective != "time-to-train":
-            return objective_score(self.objective, step_time_s, peak_bytes, gpus)
+    @property
+    def n_objectives(self) -> int:
+        """Columns of the Pareto view (``Scored.F``)."""
+        return len(PARETO_SETS[self.pareto])
+
+    def train_of(self, res: Any, step_time_s, gpus) -> Any:
+        """The whole run (:func:`perfmodel.run.train_run`) of evaluated configurations
+        (``res``: their StepResult): step time, GPUs, staged weights + optimizer bytes and the
+        compute share of the step."""
         step = np.asarray(step_time_s, dtype=float)
         mem = getattr(res, "memory_bytes", {})
         staged = np.asarray(mem.get("weights", 0.0)) + np.asarray(mem.get("optimizer", 0.0))
         compute = np.asarray(getattr(res, "time_s", {}).get("compute", step))
-        return train_run(self.run, step, gpus, staged, compute / step).wall_s
+        return train_run(self.run, step, gpus, staged, compute / step)
+
+    def objective_values(self, res: Any, step_time_s, peak_bytes, gpus) -> np.ndarray:
+        """The single objective of evaluated configurations (``res``: their StepResult). The
+        objective ``time-to-train`` is the expected wall time of the whole run, failures and
+        checkpoints included (:func:`perfmodel.run.train_run`)."""
+        return self.values(res, step_time_s, peak_bytes, gpus)[0]
+
+    def values(self, res: Any, step_time_s, peak_bytes, gpus) -> tuple[np.ndarray, np.ndarray]:
+        """(single objective, Pareto objectives: n x :attr:`n_objectives`) of evaluated
+        configurations; the whole run is computed once, for both when both need it."""
+        run = None
+        if self.objective == "time-to-train" or self.pareto == "time-to-train-cost":
+            run = self.train_of(res, step_time_s, gpus)
+        score = (run.wall_s if self.objective == "time-to-train" else
+                 objective_score(self.objective, step_time_s, peak_bytes, gpus))
+        if self.pareto == "time-to-train-cost":
+            cost = run.gpu_hours * (1.0 if self.run.gpu_hour_price is None
+                                    else self.run.gpu_hour_price)
+            return score, np.stack([run.wall_s, cost], 1)
+        return score, np.stack([np.asarray(step_time_s, dtype=float),
+                                np.asarray(peak_bytes, dtype=float),
+                                np.asarray(gpus).astype(float)], 1)
 
     def within_limits(self, step_time_s: np.ndarray, peak_bytes: np.ndarray) -> np.ndarray:
         """Whether each configuration meets ``max_step_time_s`` and ``max_memory_bytes``."""
@@ -875,17 +923,18 @@ class Problem:
         step = np.full(n, np.inf)
         peak = np.full(n, np.inf)
         fits = np.zeros(n, dtype=bool)
+        gpus = a["dp"] * a["tp"] * a["pp"] * a["cp"]
+        score = np.full(n, np.inf)
+        F = np.full((n, self.n_objectives), np.inf)  # the run's view; the step's: from Scored
         if valid.size:
             res = self.evaluate_batch(self.space.batch(a, valid))
             step[valid] = res.step_time_s
             peak[valid] = res.memory_bytes["peak"]
             fits[valid] = res.fits
-        gpus = a["dp"] * a["tp"] * a["pp"] * a["cp"]
-        score = np.full(n, np.inf)
-        if valid.size:
-            score[valid] = self.objective_values(res, step[valid], peak[valid], gpus[valid])
+            score[valid], F[valid] = self.values(res, step[valid], peak[valid], gpus[valid])
         score = np.where((violations == 0) & fits & self.within_limits(step, peak), score, np.inf)
-        return Scored(flat, violations, fits, step, peak, gpus, score)
+        return Scored(flat, violations, fits, step, peak, gpus, score,
+                      F if self.pareto == "time-to-train-cost" else None)
 
 
 def check_search_size(space: SearchSpace, limit: int | None = MAX_GRID_CONFIGURATIONS) -> int:

@@ -75,7 +75,7 @@ class GeneticSearch:
         n_genes = shape.size
         rate = self.mutation_rate if self.mutation_rate is not None else 2.0 / n_genes
         hbm = problem.space.cluster.gpu.hbm_bytes
-        tally = Tally(self.top)
+        tally = Tally(self.top, problem.n_objectives)
         repair = problem.space.repair
         pop = repair((rng.random((self.population, n_genes)) * shape).astype(np.int64))
         s = problem.score_genes(pop)
