@@ -399,7 +399,9 @@ def plan_request(request: PlanRequest) -> SearchResult:
         gpus = load_cluster(request.cluster, request.gpus).total_gpus
         result = host_sharding.search_hsdp(request, result, gpus, _plan_request_one)
     if caps is not None and request.offload is None and caps.offload is not None:
-        result = host_sharding.search_offload(request, result, caps.offload.value,
+        shard = result.setup.get("training_switches", {}).get("hsdp_shard")
+        base = request if shard is None else request.model_copy(update={"hsdp_shard": shard})
+        result = host_sharding.search_offload(base, result, caps.offload.value,
                                               _plan_request_one)
     return result
 

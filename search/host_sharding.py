@@ -4,9 +4,9 @@
 training setup (:func:`training_with_options`). Left out, two of them are searched where the
 framework preset says its stack runs them (``[capabilities]`` ``hsdp`` and ``offload``,
 :mod:`perfmodel.spec.frameworks`): the plan is run again with each HSDP shard group of
-:func:`hsdp_candidates` and the best is kept (:func:`search_hsdp`); when nothing fits, it is run
-again with the stack's optimizer / parameter offload (:func:`search_offload`). When an
-alternative wins, what was tried is listed in ``result.setup["searched"]``.
+:func:`hsdp_candidates` and the best is kept (:func:`search_hsdp`), and with each offload set
+the stack runs unless offload cannot win (:func:`search_offload`). What was tried is listed in
+``result.setup["searched"]``: HSDP's always, offload's when it wins or nothing fits without it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any
 from perfmodel.core import units
 from perfmodel.spec.specs import ModelSpec, TrainingSpec, load_training
 
-__all__ = ["hsdp_candidates", "search_hsdp", "search_offload", "training_with_options"]
+__all__ = ["OFFLOAD_SETS", "hsdp_candidates", "offload_cannot_win", "offload_sets", "search_hsdp",
+           "search_offload", "training_with_options"]
 
 #: HSDP shard groups tried, in data-parallel ranks: one node of 8 GPUs and four nodes (with
 #: tp = 1), the shard sizes torchtitan's and FSDP2's HSDP examples use (one node, or a few).
@@ -93,17 +94,62 @@ def search_hsdp(request: Any, result: Any, gpus: int, run: Callable[[Any], Any])
     return best
 
 
+#: The offload sets tried, in order, where the stack runs their kinds: the optimizer states
+#: (ZeRO-Offload, Megatron's ``--optimizer-cpu-offload``), the activations (Megatron / TE
+#: ``--cpu-offloading``), then the optimizer states and the parameters (ZeRO-Infinity's
+#: ``offload_param``, which needs ZeRO-3).
+OFFLOAD_SETS = (("optimizer",), ("activations",), ("optimizer", "params"))
+
+
+def offload_sets(kinds: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The sets of :data:`OFFLOAD_SETS` whose every kind is in ``kinds`` (the stack's
+    capability)."""
+    return [s for s in OFFLOAD_SETS if set(s) <= set(kinds)]
+
+
+def offload_cannot_win(result: Any) -> bool:
+    """Whether offload cannot beat ``result`` by its objective: something fits and no
+    configuration that memory alone kept out was better (``result.unfit_floor``: its best step
+    time for ``time`` and ``time-to-train``, GPU-seconds per step for ``cost``). Offload only
+    frees memory and adds host copies and the host optimizer step to a configuration, so it
+    wins only by letting in one that did not fit. The ``memory`` objective, which offload
+    lowers directly, and a strategy that does not report the floor are always searched."""
+    floor = getattr(result, "unfit_floor", None) or {}
+    key = {"time": "time", "time-to-train": "time", "cost": "cost"}.get(result.objective)
+    if not result.rows or key not in floor:
+        return False
+    r = result.rows[0]
+    best = float(r["step_time_s"]) * (float(r["gpus"]) if key == "cost" else 1.0)
+    return floor[key] >= best
+
+
+def _offload_flags(kinds: tuple[str, ...]) -> str:
+    return "--offload " + " --offload ".join(kinds)
+
+
 def search_offload(request: Any, result: Any, kinds: tuple[str, ...],
                    run: Callable[[Any], Any]) -> Any:
-    """When nothing fits, the plan with the stack's optimizer and parameter offload
-    (``kinds``, its capability); ``result`` itself when something fits or offload does not
-    help."""
-    use = [k for k in ("optimizer", "params") if k in kinds]
-    if result.rows or not use:
+    """The better of ``result`` (no offload) and the plan with each offload set the stack runs
+    (:func:`offload_sets` of ``kinds``), by the request's objective. Skipped where offload
+    cannot win (:func:`offload_cannot_win`); a set of two kinds is tried only while nothing
+    fits or its first kind alone won (more offload frees more memory). When offload wins,
+    or nothing fits without it, every plan tried is a line of ``setup["searched"]``; otherwise
+    ``result`` comes back as it was."""
+    sets = offload_sets(kinds)
+    if not sets or offload_cannot_win(result):
         return result
-    alt = run(request.model_copy(update={"offload": use}))
-    if not alt.rows:
+    lines = [_line("offload off", result)]
+    best, best_score, won = result, _score(result), None
+    for kinds_i in sets:
+        if len(kinds_i) > 1 and best.rows and won != kinds_i[:1]:
+            continue  # more offload on top: only while nothing fits or its first kind won
+        alt = run(request.model_copy(update={"offload": list(kinds_i)}))
+        lines.append(_line(_offload_flags(kinds_i), alt))
+        if _score(alt) < best_score:
+            best, best_score, won = alt, _score(alt), kinds_i
+    if won is None and result.rows:  # a plan that offload does not improve: as it was
         return result
-    alt.setup["searched"] = [f"nothing fits without offload; with --offload "
-                             f"{' --offload '.join(use)}: " + _line("", alt)[2:]]
-    return alt
+    head = [] if result.rows else ["nothing fits without offload"]
+    tail = [f"offload wins: {_offload_flags(won)}"] if won is not None else []
+    best.setup["searched"] = [*result.setup.get("searched", []), *head, *lines, *tail]
+    return best

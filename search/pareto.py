@@ -116,6 +116,10 @@ class Tally:
         self.seen = np.zeros(0, dtype=np.int64)
         self.evaluated = 0
         self.feasible = 0
+        #: the fastest step [s] and fewest GPU-seconds per step of the valid configurations
+        #: that do not fit in memory (what memory alone kept out: :meth:`unfit_floor`)
+        self.unfit_step_s = np.inf
+        self.unfit_gpu_s = np.inf
 
     def add(self, s) -> None:
         """Fold a scored block into the summary."""
@@ -129,6 +133,11 @@ class Tally:
             ok_new = np.unique(s.flat[new & s.fits])
             self.evaluated += nf.size
             self.feasible += ok_new.size
+        unfit = valid & ~s.fits
+        if unfit.any():
+            step = s.step_time_s[unfit]
+            self.unfit_step_s = min(self.unfit_step_s, float(step.min()))
+            self.unfit_gpu_s = min(self.unfit_gpu_s, float((step * s.gpus[unfit]).min()))
         if valid.any():
             peak = np.where(valid, s.peak_memory_bytes, np.inf)
             i = int(np.lexsort((s.flat, peak))[0])
@@ -153,3 +162,8 @@ class Tally:
         self.front_flat, self.front_F = merge_front(
             self.front_flat, self.front_F, s.flat[ok][m], F[m]
         )
+
+    def unfit_floor(self) -> dict[str, float]:
+        """What memory alone kept out: the fastest step (``time``) and fewest GPU-seconds per
+        step (``cost``) among the valid configurations that do not fit (inf: none)."""
+        return {"time": self.unfit_step_s, "cost": self.unfit_gpu_s}

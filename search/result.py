@@ -240,6 +240,11 @@ class SearchResult:
     #: the whole run of the ``top`` configurations (perfmodel.run.TrainRun) when the search
     #: was given its length (train_tokens or train_steps)
     train: Any = None
+    #: the best step time (``time``) and GPU-seconds per step (``cost``) among the evaluated
+    #: configurations that memory alone kept out (search.pareto.Tally.unfit_floor; empty when
+    #: the strategy does not say): a search for less memory (offload) cannot beat the best
+    #: where these are no better
+    unfit_floor: dict[str, float] = field(default_factory=dict)
 
     @property
     def best(self) -> pd.DataFrame:
@@ -360,6 +365,7 @@ def finalize(
     feasible: int,
     seconds: float,
     extra: dict[str, Any] | None = None,
+    unfit_floor: dict[str, float] | None = None,
 ) -> SearchResult:
     """Evaluate the reported configurations once more and build the :class:`SearchResult`.
 
@@ -375,7 +381,7 @@ def finalize(
     assert not viol.any(), "strategies report valid configurations only"
     return finalize_batch(problem, space.batch(a), len(top_flat), len(pareto_flat),
                           strategy=strategy, evaluated=evaluated, feasible=feasible,
-                          seconds=seconds, extra=extra)
+                          seconds=seconds, extra=extra, unfit_floor=unfit_floor)
 
 
 def finalize_batch(
@@ -389,6 +395,7 @@ def finalize_batch(
     feasible: int,
     seconds: float,
     extra: dict[str, Any] | None = None,
+    unfit_floor: dict[str, float] | None = None,
 ) -> SearchResult:
     """:func:`finalize` from the configurations themselves: ``batch`` holds the top (best
     first), then the Pareto front, then at most one smallest-footprint configuration. For
@@ -460,6 +467,7 @@ def finalize_batch(
             "recompute_searched": [RECOMPUTE[int(v)] for v in space.values["recompute"]],
         },
         extra=dict(extra or {}) | _pareto_names(problem),
+        unfit_floor=dict(unfit_floor or {}),
     )
 
 
@@ -522,4 +530,5 @@ def finalize_tally(
         feasible=tally.feasible,
         seconds=time.perf_counter() - t0,
         extra=extra,
+        unfit_floor=tally.unfit_floor(),
     )

@@ -749,7 +749,8 @@ class DPSearch:
                               len(tally.front_flat), strategy=self.name,
                               evaluated=tally.evaluated, feasible=tally.feasible,
                               seconds=time.perf_counter() - t0,
-                              extra={"layouts": n_layouts, "dp_solved": n_solved})
+                              extra={"layouts": n_layouts, "dp_solved": n_solved},
+                              unfit_floor=tally.unfit_floor())
 
     def _dp_layouts(self, problem: Problem, keeper: _Keeper,
                     outer: _OuterRows) -> tuple[int, int]:

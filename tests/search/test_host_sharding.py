@@ -2,6 +2,7 @@
 where the framework runs them, and their command-line flags."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -10,7 +11,12 @@ import search
 from cli.main import app
 from perfmodel.core.errors import SpecError
 from perfmodel.spec.specs import load_model, load_training
-from search.host_sharding import hsdp_candidates, training_with_options
+from search.host_sharding import (
+    hsdp_candidates,
+    offload_cannot_win,
+    offload_sets,
+    training_with_options,
+)
 from search.request import PlanRequest
 
 runner = CliRunner()
@@ -58,8 +64,49 @@ def test_nothing_fits_searches_offload_where_the_stack_runs_it():
     r = search.plan("gpt3-13b", "dgx-a100-40g", gpus=8, framework="deepspeed", zero_stage=2,
                     tp=1, pp=1, top=1)
     assert r.fits_any
-    assert r.setup["training_switches"]["offload"] == ("optimizer", "params")
-    assert "nothing fits without offload" in r.setup["searched"][0]
+    # the optimizer states alone make it fit; the parameters on top (ZeRO-3 only) add nothing
+    assert r.setup["training_switches"]["offload"] == ("optimizer",)
+    lines = r.setup["searched"]
+    assert lines[0] == "nothing fits without offload" and lines[1] == "offload off: nothing fits"
+    assert lines[2].startswith("--offload optimizer:")
+    assert lines[3].startswith("--offload optimizer --offload params:")
+    assert lines[-1] == "offload wins: --offload optimizer"
+
+
+def test_offload_is_searched_and_wins_where_memory_is_tight():
+    # 13B on one node of 8 A100-40GB with DeepSpeed: without offload only tp 2 with ZeRO-0
+    # fits; the optimizer states on the host let tp 1 with ZeRO-1 in, faster per step
+    r = search.plan("gpt3-13b", "dgx-a100-40g", gpus=8, framework="deepspeed", top=1)
+    off = search.plan("gpt3-13b", "dgx-a100-40g", gpus=8, framework="deepspeed", top=1,
+                      offload=[])
+    assert r.setup["training_switches"]["offload"] == ("optimizer",)
+    assert r.rows[0]["step_time_s"] < off.rows[0]["step_time_s"]
+    assert "searched" not in off.setup and "offload" not in off.setup["training_switches"]
+    lines = r.setup["searched"]
+    assert lines[0].startswith("offload off: ") and lines[-1] == "offload wins: --offload optimizer"
+    assert any(x.startswith("--offload optimizer --offload params:") for x in lines)
+
+
+def test_offload_is_not_picked_where_memory_is_roomy():
+    # 8B on 64 H100s: the fastest configuration already fits, so offload cannot win on time
+    # and is not even tried
+    req = PlanRequest(model="llama3.1-8b", cluster="dgx-h100", gpus=64, framework="bridge-25.x",
+                      pp=1, cp=1, top=1)
+    r = search.api.plan_request(req)
+    assert offload_cannot_win(r)
+    assert "searched" not in r.setup and "offload" not in r.setup["training_switches"]
+
+
+def test_offload_sets_and_when_offload_cannot_win():
+    assert offload_sets(("optimizer", "params")) == [("optimizer",), ("optimizer", "params")]
+    assert offload_sets(("optimizer", "activations")) == [("optimizer",), ("activations",)]
+    row = {"step_time_s": 2.0, "gpus": 8}
+    r = SimpleNamespace(rows=[row], objective="time", unfit_floor={"time": 2.5, "cost": 12.0})
+    assert offload_cannot_win(r)  # nothing faster was kept out by memory
+    assert not offload_cannot_win(SimpleNamespace(**{**vars(r), "objective": "cost"}))  # 12 < 16
+    assert not offload_cannot_win(SimpleNamespace(**{**vars(r), "objective": "memory"}))
+    assert not offload_cannot_win(SimpleNamespace(**{**vars(r), "rows": []}))
+    assert not offload_cannot_win(SimpleNamespace(**{**vars(r), "unfit_floor": {}}))
 
 
 @pytest.mark.slow
