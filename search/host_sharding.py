@@ -76,22 +76,52 @@ def _line(label: str, result: Any) -> str:
             f"{units.fmt_bytes(r['memory_bytes']['peak'])}")
 
 
+def _step(result: Any) -> str:
+    """The best row's step time, or that nothing fits."""
+    if not result.rows:
+        return "nothing fits"
+    return f"{units.fmt_seconds(result.rows[0]['step_time_s'])} per step"
+
+
 def search_hsdp(request: Any, result: Any, gpus: int, run: Callable[[Any], Any]) -> Any:
     """The better of ``result`` (full sharding) and the plan with each HSDP shard group of
-    :func:`hsdp_candidates` on ``gpus`` GPUs, by the request's objective. When a shard group
-    wins, every plan tried is a line of ``setup["searched"]`` and the last says which won;
-    otherwise ``result`` comes back as it was."""
+    :func:`hsdp_candidates` on ``gpus`` GPUs, by the request's objective, with what was tried
+    in ``setup["searched"]``: when a shard group wins, a line per plan and the last says which
+    won and the two step times; otherwise one line with the two step times (``result`` as it
+    was otherwise)."""
     lines = [_line("HSDP off (ZeRO-3 shards over all of dp)", result)]
     best, best_score, won = result, _score(result), None
+    tried, best_alt = [], None
     for s in hsdp_candidates(gpus):
         alt = run(request.model_copy(update={"hsdp_shard": s}))
         lines.append(_line(f"HSDP shard {s} (replicated across dp / {s})", alt))
+        tried.append(s)
+        if best_alt is None or _score(alt) < _score(best_alt[1]):
+            best_alt = (s, alt)
         if _score(alt) < best_score:
             best, best_score, won = alt, _score(alt), s
-    if won is not None:  # a plan that HSDP does not improve reports what it always did
-        lines.append(f"HSDP wins: shard {won}")
+    if best_alt is None:  # no shard group below the GPU count: nothing was searched
+        return result
+    if won is not None:
+        lines.append(f"HSDP wins: shard {won}, {_step(best)} against {_step(result)} with "
+                     "ZeRO-3 shards over all of dp")
         best.setup["searched"] = [*result.setup.get("searched", []), *lines]
-    return best
+        return best
+    result.setup["searched"] = [*result.setup.get("searched", []),
+                                _hsdp_lost(tried, result, *best_alt)]
+    return result
+
+
+def _hsdp_lost(tried: list[int], result: Any, shard: int, alt: Any) -> str:
+    """The one line of an HSDP search that did not win: the two step times (and, where they
+    are equal, that the best plan does not use ZeRO-3, which HSDP changes)."""
+    head = f"HSDP shard {', '.join(map(str, tried))} searched, not picked: "
+    if _step(result) != _step(alt):
+        return (f"{head}{_step(result)} without it against {_step(alt)} at best with it "
+                f"(shard {shard})")
+    zero = result.rows[0]["config"]["zero_stage"] if result.rows else 3
+    why = "" if zero == 3 else f" (the best plan is ZeRO-{zero}, which HSDP does not change)"
+    return f"{head}no gain, {_step(result)} with or without it{why}"
 
 
 #: The offload sets tried, in order, where the stack runs their kinds: the optimizer states

@@ -117,11 +117,34 @@ def test_torchtitan_searches_hsdp():
                     pp=1, tp=1, top=1)
     lines = r.setup["searched"]
     assert lines[0].startswith("HSDP off") and len(lines) == 4
-    assert lines[-1] == "HSDP wins: shard 32"
+    assert lines[-1].startswith("HSDP wins: shard 32, 14.14")
+    assert lines[-1].endswith("against 14.153 s per step with ZeRO-3 shards over all of dp")
     assert r.setup["training_switches"]["hsdp_shard"] == 32
 
 
-def test_hsdp_search_keeps_a_plan_it_does_not_improve():
+def test_hsdp_search_keeps_a_plan_it_does_not_improve_and_says_so():
     r = search.plan("llama3.1-8b", "dgx-h100", gpus=16, framework="torchtitan", zero_stage=2,
                     top=1)
-    assert "searched" not in r.setup and "hsdp_shard" not in r.setup["training_switches"]
+    assert "hsdp_shard" not in r.setup["training_switches"]
+    (line,) = r.setup["searched"]
+    step = f"{r.rows[0]['step_time_s']:.3f} s per step"
+    assert line == (f"HSDP shard 8 searched, not picked: no gain, {step} with or without it "
+                    "(the best plan is ZeRO-2, which HSDP does not change)")
+
+
+def test_cli_says_whether_hsdp_won():
+    args = ["--model", "llama3.1-8b", "--cluster", "dgx-h100", "--gpus", "16", "--framework",
+            "torchtitan", "--pp", "1", "--cp", "1", "--tp", "1"]
+    lost = runner.invoke(app, [*args, "--zero", "2"])
+    assert lost.exit_code == 0, lost.output
+    assert "searched: HSDP shard 8 searched, not picked: no gain" in lost.output
+    # ZeRO-3 over 16 ranks against a shard of 8 replicated twice: the shard loses here, and
+    # the line shows both step times
+    zero3 = runner.invoke(app, [*args, "--zero", "3", "--json"])
+    doc = json.loads(zero3.stdout)
+    (line,) = doc["setup"]["searched"]
+    step = doc["best"]["step_time_s"]
+    assert "hsdp_shard" not in doc["setup"]["training_switches"]
+    assert line.startswith(f"HSDP shard 8 searched, not picked: {step:.3f} s per step without "
+                           "it against ")
+    assert line.endswith(" s per step at best with it (shard 8)")
