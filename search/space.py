@@ -746,12 +746,6 @@ class Scored:
     score: np.ndarray
     objectives: np.ndarray | None = None
 
-    def __post_init__(self) -> None:
-        if self.objectives is None:  # the step's view (step time, peak memory, GPUs)
-            object.__setattr__(self, "objectives", np.stack(
-                [self.step_time_s, self.peak_memory_bytes,
-                 np.asarray(self.gpus).astype(float)], 1))
-
     @property
     def valid(self) -> np.ndarray:
         return self.violations == 0
@@ -763,10 +757,22 @@ class Scored:
 
     @property
     def F(self) -> np.ndarray:
-        return self.objectives
+        if self.objectives is not None:
+            return self.objectives
+        # the step's view (step time, peak memory, GPUs), built when asked for
+        return np.stack([self.step_time_s, self.peak_memory_bytes, self.gpus.astype(float)], 1)
 
     def take(self, idx: np.ndarray) -> Scored:
-        return Scored(**{k: getattr(self, k)[idx] for k in self.__dataclass_fields__})
+        return Scored(**{k: None if getattr(self, k) is None else getattr(self, k)[idx]
+                         for k in self.__dataclass_fields__})
+
+    @staticmethod
+    def concat(parts: list[Scored]) -> Scored:
+        """One block of several, in order (``objectives`` kept where every part has them)."""
+        def cat(k: str) -> np.ndarray | None:
+            vals = [getattr(p, k) for p in parts]
+            return None if any(v is None for v in vals) else np.concatenate(vals)
+        return Scored(**{k: cat(k) for k in Scored.__dataclass_fields__})
 
 
 def objective_score(objective: str, step_time_s, peak_memory_bytes, gpus) -> np.ndarray:
