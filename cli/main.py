@@ -613,8 +613,8 @@ def _print_best(out: Console, r: Any, plan_kwargs: dict[str, Any] | None = None)
 
 #: Request fields a pinning command leaves out: the search's own settings, which do not
 #: change a pinned configuration's prediction, and the API-only ones.
-_NOT_PINNED = ("strategy", "objective", "top", "seed", "progress", "evaluator",
-               "max_step_time_s", "max_memory_bytes", "num_microbatches")
+_NOT_PINNED = ("strategy", "objective", "pareto_objectives", "top", "seed", "progress",
+               "evaluator", "max_step_time_s", "max_memory_bytes", "num_microbatches")
 
 
 def _option_words(name: str, value: Any) -> list[str]:
@@ -649,6 +649,11 @@ def pin_options(row: dict[str, Any], setup: dict[str, Any],
             "optimizer": setup["optimizer"]}
     if setup.get("framework") and not given.get("framework"):
         pins["framework"] = setup["framework"]
+    searched = setup.get("training_switches", {})  # what the HSDP / offload search picked
+    if searched.get("offload") and given.get("offload") is None:
+        pins["offload"] = list(searched["offload"])
+    if searched.get("hsdp_shard") and given.get("hsdp_shard") is None:
+        pins["hsdp_shard"] = searched["hsdp_shard"]
     dims = {d: c[d] for d in SEARCH_DIMS if d in c and d not in ("ep", "etp")}
     if _is_moe_row(c) or setup.get("model_summary", {}).get("num_experts", 1) > 1:
         dims.update(ep=c["ep"], etp=c["etp"])

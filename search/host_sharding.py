@@ -16,6 +16,7 @@ from typing import Any
 
 from perfmodel.core import units
 from perfmodel.spec.specs import ModelSpec, TrainingSpec, load_training
+from search.space import OFFLOAD_SETS
 
 __all__ = ["OFFLOAD_SETS", "hsdp_candidates", "offload_cannot_win", "offload_sets", "search_hsdp",
            "search_offload", "training_with_options"]
@@ -124,31 +125,30 @@ def _hsdp_lost(tried: list[int], result: Any, shard: int, alt: Any) -> str:
     return f"{head}no gain, {_step(result)} with or without it{why}"
 
 
-#: The offload sets tried, in order, where the stack runs their kinds: the optimizer states
-#: (ZeRO-Offload, Megatron's ``--optimizer-cpu-offload``), the activations (Megatron / TE
-#: ``--cpu-offloading``), then the optimizer states and the parameters (ZeRO-Infinity's
-#: ``offload_param``, which needs ZeRO-3).
-OFFLOAD_SETS = (("optimizer",), ("activations",), ("optimizer", "params"))
-
-
 def offload_sets(kinds: tuple[str, ...]) -> list[tuple[str, ...]]:
     """The sets of :data:`OFFLOAD_SETS` whose every kind is in ``kinds`` (the stack's
     capability)."""
     return [s for s in OFFLOAD_SETS if set(s) <= set(kinds)]
 
 
-def offload_cannot_win(result: Any) -> bool:
-    """Whether offload cannot beat ``result`` by its objective: something fits and no
-    configuration that memory alone kept out was better (``result.unfit_floor``: its best step
-    time for ``time`` and ``time-to-train``, GPU-seconds per step for ``cost``). Offload only
-    frees memory and adds host copies and the host optimizer step to a configuration, so it
-    wins only by letting in one that did not fit. The ``memory`` objective, which offload
-    lowers directly, and a strategy that does not report the floor are always searched."""
+def offload_cannot_win(result: Any, kinds: tuple[str, ...] | None = None,
+                       to_beat: Any = None) -> bool:
+    """Whether offload (the set ``kinds``; None: any) cannot beat ``result`` by its objective:
+    something fits and no configuration that memory alone kept out, and that this offload
+    could let in (``result.unfit_floor``, :meth:`search.pareto.Tally.unfit_floor`), was
+    better: its best step time for ``time`` and ``time-to-train``, GPU-seconds per step for
+    ``cost``. Offload only frees memory and adds host copies and the host optimizer step to a
+    configuration, so it wins only by letting in one that did not fit. ``to_beat``: a better
+    plan found since (with another offload set) whose best row is the one to beat. The
+    ``memory`` objective, which offload lowers directly, and a strategy that does not report
+    the floor are always searched."""
     floor = getattr(result, "unfit_floor", None) or {}
     key = {"time": "time", "time-to-train": "time", "cost": "cost"}.get(result.objective)
     if not result.rows or key not in floor:
         return False
-    r = result.rows[0]
+    if kinds is not None and "sets" in floor:
+        floor = floor["sets"].get("+".join(kinds), floor)
+    r = (to_beat if to_beat is not None and to_beat.rows else result).rows[0]
     best = float(r["step_time_s"]) * (float(r["gpus"]) if key == "cost" else 1.0)
     return floor[key] >= best
 
@@ -160,19 +160,22 @@ def _offload_flags(kinds: tuple[str, ...]) -> str:
 def search_offload(request: Any, result: Any, kinds: tuple[str, ...],
                    run: Callable[[Any], Any]) -> Any:
     """The better of ``result`` (no offload) and the plan with each offload set the stack runs
-    (:func:`offload_sets` of ``kinds``), by the request's objective. Skipped where offload
-    cannot win (:func:`offload_cannot_win`); a set of two kinds is tried only while nothing
+    (:func:`offload_sets` of ``kinds``), by the request's objective. A set is skipped where it
+    cannot win (:func:`offload_cannot_win`: no faster configuration that memory kept out could
+    fit with it); a set of two kinds is tried only while nothing
     fits or its first kind alone won (more offload frees more memory). When offload wins,
     or nothing fits without it, every plan tried is a line of ``setup["searched"]``; otherwise
     ``result`` comes back as it was."""
-    sets = offload_sets(kinds)
-    if not sets or offload_cannot_win(result):
+    sets = [k for k in offload_sets(kinds) if not offload_cannot_win(result, k)]
+    if not sets:
         return result
     lines = [_line("offload off", result)]
     best, best_score, won = result, _score(result), None
     for kinds_i in sets:
         if len(kinds_i) > 1 and best.rows and won != kinds_i[:1]:
             continue  # more offload on top: only while nothing fits or its first kind won
+        if won is not None and offload_cannot_win(result, kinds_i, best):
+            continue
         alt = run(request.model_copy(update={"offload": list(kinds_i)}))
         lines.append(_line(_offload_flags(kinds_i), alt))
         if _score(alt) < best_score:

@@ -261,7 +261,7 @@ class PlanRequest(BaseModel):
         "framework runs HSDP)")
     offload: list[OffloadKind] | None = Field(
         None, description="offload to host memory: optimizer, params, activations "
-        "(repeatable; default: none, or searched where the framework runs it and nothing fits)")
+        "(repeatable; default: searched where the framework runs it, kept where it wins)")
     optimizer_offload_fraction: Annotated[float | None, Cli(min=0.0, max=1.0)] = Field(
         None, description="share of the optimizer states on the host with --offload optimizer "
         "(default 1)")

@@ -28,7 +28,9 @@ from pydantic import ValidationError
 
 from perfmodel.core.codes import RECOMPUTE, SCHEDULE, Recompute, Schedule
 from perfmodel.core.errors import SpecError
+from perfmodel.compute.layer import optimizer_params_per_gpu
 from perfmodel.memory.breakdown import usable_hbm_bytes
+from perfmodel.memory.optimizer_offload import cpu_adam_params_per_s, cpu_adam_s
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig, resolve_config
 from perfmodel.parallel.layers import megatron_layout
 from perfmodel.run import train_run
@@ -53,6 +55,8 @@ __all__ = [
     "ALIASES",
     "OBJECTIVES",
     "PARETO_OBJECTIVES",
+    "OFFLOAD_KINDS",
+    "OFFLOAD_SETS",
     "PARETO_SETS",
     "SEARCH_DIMS",
     "Problem",
@@ -87,6 +91,14 @@ PARETO_OBJECTIVES = ("step_time_s", "peak_memory_bytes", "gpus")
 #: length (:class:`perfmodel.run.RunSettings`).
 PARETO_SETS = {"step-memory-gpus": PARETO_OBJECTIVES,
                "time-to-train-cost": ("train_wall_s", "train_cost")}
+
+#: The offload sets a plan may search (``search.host_sharding``), in the order tried: the
+#: optimizer states (ZeRO-Offload, Megatron's ``--optimizer-cpu-offload``), the activations
+#: (Megatron / TE ``--cpu-offloading``), then the optimizer states and the parameters
+#: (ZeRO-Infinity's ``offload_param``, ZeRO-3 only). ``Scored.freeable_bytes`` holds, per
+#: configuration, an upper bound of what each kind of :data:`OFFLOAD_KINDS` frees.
+OFFLOAD_SETS = (("optimizer",), ("activations",), ("optimizer", "params"))
+OFFLOAD_KINDS = ("optimizer", "params", "activations")
 
 #: Short names of dimensions: ``zero=1`` pins ``zero_stage``.
 ALIASES = {"zero": "zero_stage", "micro_batch": "micro_batch_size", "mbs": "micro_batch_size",
@@ -734,7 +746,11 @@ class Scored:
 
     ``score`` is the single objective (inf where invalid or not fitting); ``F`` the Pareto
     objectives (``objectives``: the problem's :data:`PARETO_SETS` entry, one column each, inf
-    where invalid; left out: :data:`PARETO_OBJECTIVES`).
+    where invalid; left out: :data:`PARETO_OBJECTIVES`). ``excess_bytes`` (peak over the usable
+    HBM) and ``freeable_bytes`` (n x :data:`OFFLOAD_KINDS`: optimizer states + gradients,
+    weights, activations, what each offload kind can free at most) say which configurations
+    that do not fit an offload set could let in, and ``host_optimizer_s`` what optimizer offload
+    adds to their step at least (None where the evaluator does not say).
     """
 
     flat: np.ndarray
@@ -745,6 +761,9 @@ class Scored:
     gpus: np.ndarray
     score: np.ndarray
     objectives: np.ndarray | None = None
+    excess_bytes: np.ndarray | None = None
+    freeable_bytes: np.ndarray | None = None
+    host_optimizer_s: np.ndarray | None = None
 
     @property
     def valid(self) -> np.ndarray:
@@ -932,15 +951,49 @@ class Problem:
         gpus = a["dp"] * a["tp"] * a["pp"] * a["cp"]
         score = np.full(n, np.inf)
         F = np.full((n, self.n_objectives), np.inf)  # the run's view; the step's: from Scored
+        freeable = np.zeros((n, len(OFFLOAD_KINDS)))
+        host = np.zeros(n)
         if valid.size:
-            res = self.evaluate_batch(self.space.batch(a, valid))
+            batch = self.space.batch(a, valid)
+            res = self.evaluate_batch(batch)
             step[valid] = res.step_time_s
             peak[valid] = res.memory_bytes["peak"]
             fits[valid] = res.fits
             score[valid], F[valid] = self.values(res, step[valid], peak[valid], gpus[valid])
+            freeable[valid] = freeable_bytes(res.memory_bytes)
+            host[valid] = self.host_optimizer_floor_s(batch, res)
         score = np.where((violations == 0) & fits & self.within_limits(step, peak), score, np.inf)
         return Scored(flat, violations, fits, step, peak, gpus, score,
-                      F if self.pareto == "time-to-train-cost" else None)
+                      F if self.pareto == "time-to-train-cost" else None,
+                      peak - self.usable_bytes, freeable, host)
+
+    def host_optimizer_floor_s(self, batch: ConfigBatch, res: Any) -> np.ndarray:
+        """What optimizer offload adds to each configuration's step at least [s]: the CPU Adam
+        step of the parameters this GPU updates (:func:`perfmodel.compute.layer.optimizer_params_per_gpu`,
+        :func:`perfmodel.memory.optimizer_offload.cpu_adam_s`) less the GPU optimizer step it
+        replaces; 0 where the training offloads only a share or the evaluator gives no
+        optimizer term."""
+        gpu_s = getattr(res, "time_s", {}).get("optimizer")
+        if gpu_s is None or self.space.training.optimizer_offload_fraction != 1.0:
+            return np.zeros(len(batch))
+        host_s = cpu_adam_s(optimizer_params_per_gpu(self.space.model, batch),
+                            cpu_adam_params_per_s(self.space.cluster))
+        return np.maximum(host_s - np.asarray(gpu_s, dtype=float), 0.0)
+
+
+def freeable_bytes(memory_bytes: Mapping[str, Any]) -> np.ndarray:
+    """What each kind of :data:`OFFLOAD_KINDS` can free at most per GPU [bytes], n x 3: the
+    optimizer states and the gradients (``optimizer``), the weights (``params``), the
+    activations (``activations``); inf where the evaluator does not give the term (so that no
+    offload is ruled out)."""
+    peak = np.asarray(memory_bytes["peak"], dtype=float)
+
+    def term(*keys: str) -> np.ndarray:
+        if any(k not in memory_bytes for k in keys):
+            return np.full(peak.shape, np.inf)
+        return sum(np.asarray(memory_bytes[k], dtype=float) for k in keys)
+
+    return np.stack([term("optimizer", "gradients"), term("weights"), term("activations")], 1)
 
 
 def check_search_size(space: SearchSpace, limit: int | None = MAX_GRID_CONFIGURATIONS) -> int:

@@ -4,6 +4,7 @@ where the framework runs them, and their command-line flags."""
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -17,7 +18,9 @@ from search.host_sharding import (
     offload_sets,
     training_with_options,
 )
+from search.pareto import Tally
 from search.request import PlanRequest
+from search.space import Scored
 
 runner = CliRunner()
 
@@ -148,3 +151,41 @@ def test_cli_says_whether_hsdp_won():
     assert line.startswith(f"HSDP shard 8 searched, not picked: {step:.3f} s per step without "
                            "it against ")
     assert line.endswith(" s per step at best with it (shard 8)")
+
+
+def test_the_pin_command_carries_the_offload_the_search_picked():
+    args = ["--model", "gpt3-13b", "--cluster", "dgx-a100-40g", "--gpus", "8", "--framework",
+            "deepspeed", "--top", "1", "--json"]
+    doc = json.loads(runner.invoke(app, args).stdout)
+    pin = doc["pin_command"]
+    assert "--offload optimizer" in pin
+    again = json.loads(runner.invoke(app, [*pin.split()[1:], "--json"]).stdout)
+    assert again["best"]["step_time_s"] == doc["best"]["step_time_s"]
+    assert "searched" not in again["setup"]  # offload given: nothing more searched
+
+
+def test_tally_floors_of_what_memory_kept_out_per_offload_set():
+    """Hand numbers: three valid configurations that do not fit (8 GPUs each), 10 GiB over the
+    usable HBM; one fits. Optimizer offload frees at most 12 / 4 / 2 GiB of them and adds at
+    least 1 s of host Adam; activation offload frees 1 / 20 / 1 GiB."""
+    gib = 2.0**30
+    n = 4
+    s = Scored(flat=np.arange(n), violations=np.zeros(n, dtype=np.int8),
+               fits=np.array([False, False, False, True]),
+               step_time_s=np.array([1.0, 2.0, 3.0, 5.0]),
+               peak_memory_bytes=np.full(n, 90 * gib), gpus=np.full(n, 8),
+               score=np.array([np.inf, np.inf, np.inf, 5.0]),
+               excess_bytes=np.array([10.0, 10.0, 10.0, -1.0]) * gib,
+               freeable_bytes=np.array([[12, 0, 1], [4, 0, 20], [2, 9, 1], [0, 0, 0]]) * gib,
+               host_optimizer_s=np.ones(n))
+    t = Tally(3)
+    t.add(s)
+    f = t.unfit_floor()
+    assert f["time"] == 1.0 and f["cost"] == 8.0
+    assert f["sets"]["optimizer"] == {"time": 2.0, "cost": 16.0}  # the first, + 1 s of Adam
+    assert f["sets"]["activations"] == {"time": 2.0, "cost": 16.0}  # the second only
+    assert f["sets"]["optimizer+params"]["time"] == 2.0  # the first (the third: 3 + 1)
+    result = SimpleNamespace(rows=[{"step_time_s": 2.0, "gpus": 8}], objective="time",
+                             unfit_floor=f)
+    assert offload_cannot_win(result, ("optimizer",))  # 2 s at best: no better than 2 s
+    assert not offload_cannot_win(result)  # without offload's terms: 1 s was kept out
