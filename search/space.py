@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from perfmodel.compute.layer import optimizer_params_per_gpu
 from perfmodel.core.codes import RECOMPUTE, SCHEDULE, Recompute, Schedule
 from perfmodel.core.errors import SpecError
-from perfmodel.compute.layer import optimizer_params_per_gpu
 from perfmodel.memory.breakdown import usable_hbm_bytes
 from perfmodel.memory.optimizer_offload import cpu_adam_params_per_s, cpu_adam_s
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig, resolve_config
@@ -54,9 +54,9 @@ from perfmodel.spec.specs import (
 __all__ = [
     "ALIASES",
     "OBJECTIVES",
-    "PARETO_OBJECTIVES",
     "OFFLOAD_KINDS",
     "OFFLOAD_SETS",
+    "PARETO_OBJECTIVES",
     "PARETO_SETS",
     "SEARCH_DIMS",
     "Problem",
@@ -969,7 +969,8 @@ class Problem:
 
     def host_optimizer_floor_s(self, batch: ConfigBatch, res: Any) -> np.ndarray:
         """What optimizer offload adds to each configuration's step at least [s]: the CPU Adam
-        step of the parameters this GPU updates (:func:`perfmodel.compute.layer.optimizer_params_per_gpu`,
+        step of the parameters this GPU updates
+        (:func:`perfmodel.compute.layer.optimizer_params_per_gpu`,
         :func:`perfmodel.memory.optimizer_offload.cpu_adam_s`) less the GPU optimizer step it
         replaces; 0 where the training offloads only a share or the evaluator gives no
         optimizer term."""
