@@ -624,8 +624,8 @@ def _print_best(out: Console, r: Any, plan_kwargs: dict[str, Any] | None = None)
 
 #: Request fields a pinning command leaves out: the search's own settings, which do not
 #: change a pinned configuration's prediction, and the API-only ones.
-_NOT_PINNED = ("strategy", "objective", "top", "seed", "progress", "evaluator",
-               "max_step_time_s", "max_memory_bytes", "num_microbatches")
+_NOT_PINNED = ("strategy", "objective", "pareto_objectives", "top", "seed", "progress",
+               "evaluator", "max_step_time_s", "max_memory_bytes", "num_microbatches")
 
 
 def _option_words(name: str, value: Any) -> list[str]:
@@ -660,6 +660,11 @@ def pin_options(row: dict[str, Any], setup: dict[str, Any],
             "optimizer": setup["optimizer"]}
     if setup.get("framework") and not given.get("framework"):
         pins["framework"] = setup["framework"]
+    searched = setup.get("training_switches", {})  # what the HSDP / offload search picked
+    if searched.get("offload") and given.get("offload") is None:
+        pins["offload"] = list(searched["offload"])
+    if searched.get("hsdp_shard") and given.get("hsdp_shard") is None:
+        pins["hsdp_shard"] = searched["hsdp_shard"]
     dims = {d: c[d] for d in SEARCH_DIMS if d in c and d not in ("ep", "etp", "cp_comm")}
     if c.get("cp_comm", "p2p") != "p2p":  # the ring is what an unpinned plan takes
         dims["cp_comm"] = c["cp_comm"]
@@ -682,19 +687,29 @@ def pin_command(row: dict[str, Any], setup: dict[str, Any],
 
 
 def _print_pareto(out: Console, r: Any) -> None:
-    """The Pareto front (step time, peak memory, GPUs), fastest first."""
-    t = Table(title=f"Pareto front: {len(r.pareto_rows)} configurations none of which is "
-              "faster, smaller and on fewer GPUs at once", title_justify="left")
+    """The Pareto front, fastest first: the step's (step time, peak memory, GPUs), or the
+    run's (time to train, cost: ``--pareto-objectives time-to-train-cost``); with the run's
+    length, each row's days, GPU-hours and cost."""
+    run_view = "pareto_objectives" in r.extra
+    train = bool(r.pareto_rows) and "train" in r.pareto_rows[0]
+    title = ("finishes sooner and costs less at once" if run_view else
+             "is faster, smaller and on fewer GPUs at once")
+    t = Table(title=f"Pareto front: {len(r.pareto_rows)} configurations none of which {title}",
+              title_justify="left")
+    extra_cols = ["days", "GPU-hours", "cost"] if train else []
     for col in ("#", "dp", "tp", "pp", "vp", "cp", "zero", "mbs", "recompute", "sp", "sched",
-                "GPUs", "step", "MFU", "peak mem"):
+                "GPUs", "step", "MFU", "peak mem", *extra_cols):
         t.add_column(col, justify="left" if col in ("recompute", "sched") else "right")
     for i, row in enumerate(r.pareto_rows):
         c = row["config"]
+        tr = row.get("train") or {}
+        run_cells = [f"{tr['days']:.1f}", f"{tr['gpu_hours']:,.0f}",
+                     "-" if tr["cost"] is None else f"{tr['cost']:,.0f}"] if train else []
         t.add_row(str(i + 1), str(c["dp"]), str(c["tp"]), str(c["pp"]), str(c["vp"]),
                   _cp_cell(c), str(c["zero_stage"]), str(c["micro_batch_size"]),
                   c["recompute"], "on" if c["sequence_parallel"] else "off", c["schedule"],
                   str(row["gpus"]), units.fmt_seconds(row["step_time_s"]), f"{row['mfu']:.1%}",
-                  units.fmt_bytes(row["memory_bytes"]["peak"]))
+                  units.fmt_bytes(row["memory_bytes"]["peak"]), *run_cells)
     out.print(t)
 
 

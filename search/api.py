@@ -311,12 +311,15 @@ def problem_of(request: PlanRequest) -> Problem:
     evaluator = r.evaluator or _default_evaluator()
     if prof is not None and not prof.is_neutral:
         evaluator = functools.partial(profile_evaluate, profile=prof, evaluator=evaluator)
-    return Problem(space, evaluator, getattr(r.objective, "value", r.objective), kernels,
+    objective = getattr(r.objective, "value", r.objective)
+    pareto = getattr(r.pareto_objectives, "value", r.pareto_objectives) or (
+        "time-to-train-cost" if objective == "time-to-train" else "step-memory-gpus")
+    return Problem(space, evaluator, objective, kernels,
                    r.calibration, memory_headroom=headroom,
                    max_step_time_s=r.max_step_time_s, max_memory_bytes=r.max_memory_bytes,
                    assumed=why, profile=None if prof is None else prof.name,
                    run=run_settings_for(space, r.train_tokens, r.train_steps, r.gpu_hour_price,
-                                        r.checkpoint_mode))
+                                        r.checkpoint_mode), pareto=pareto)
 
 
 def _check_single(space: SearchSpace) -> None:
@@ -397,7 +400,9 @@ def plan_request(request: PlanRequest) -> SearchResult:
         gpus = load_cluster(request.cluster, request.gpus).total_gpus
         result = host_sharding.search_hsdp(request, result, gpus, _plan_request_one)
     if caps is not None and request.offload is None and caps.offload is not None:
-        result = host_sharding.search_offload(request, result, caps.offload.value,
+        shard = result.setup.get("training_switches", {}).get("hsdp_shard")
+        base = request if shard is None else request.model_copy(update={"hsdp_shard": shard})
+        result = host_sharding.search_offload(base, result, caps.offload.value,
                                               _plan_request_one)
     return result
 

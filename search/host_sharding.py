@@ -4,9 +4,9 @@
 training setup (:func:`training_with_options`). Left out, two of them are searched where the
 framework preset says its stack runs them (``[capabilities]`` ``hsdp`` and ``offload``,
 :mod:`perfmodel.spec.frameworks`): the plan is run again with each HSDP shard group of
-:func:`hsdp_candidates` and the best is kept (:func:`search_hsdp`); when nothing fits, it is run
-again with the stack's optimizer / parameter offload (:func:`search_offload`). When an
-alternative wins, what was tried is listed in ``result.setup["searched"]``.
+:func:`hsdp_candidates` and the best is kept (:func:`search_hsdp`), and with each offload set
+the stack runs unless offload cannot win (:func:`search_offload`). What was tried is listed in
+``result.setup["searched"]``: HSDP's always, offload's when it wins or nothing fits without it.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from typing import Any
 
 from perfmodel.core import units
 from perfmodel.spec.specs import ModelSpec, TrainingSpec, load_training
+from search.space import OFFLOAD_SETS
 
-__all__ = ["hsdp_candidates", "search_hsdp", "search_offload", "training_with_options"]
+__all__ = ["OFFLOAD_SETS", "hsdp_candidates", "offload_cannot_win", "offload_sets", "search_hsdp",
+           "search_offload", "training_with_options"]
 
 #: HSDP shard groups tried, in data-parallel ranks: one node of 8 GPUs and four nodes (with
 #: tp = 1), the shard sizes torchtitan's and FSDP2's HSDP examples use (one node, or a few).
@@ -75,35 +77,112 @@ def _line(label: str, result: Any) -> str:
             f"{units.fmt_bytes(r['memory_bytes']['peak'])}")
 
 
+def _step(result: Any) -> str:
+    """The best row's step time, or that nothing fits."""
+    if not result.rows:
+        return "nothing fits"
+    return f"{units.fmt_seconds(result.rows[0]['step_time_s'])} per step"
+
+
 def search_hsdp(request: Any, result: Any, gpus: int, run: Callable[[Any], Any]) -> Any:
     """The better of ``result`` (full sharding) and the plan with each HSDP shard group of
-    :func:`hsdp_candidates` on ``gpus`` GPUs, by the request's objective. When a shard group
-    wins, every plan tried is a line of ``setup["searched"]`` and the last says which won;
-    otherwise ``result`` comes back as it was."""
+    :func:`hsdp_candidates` on ``gpus`` GPUs, by the request's objective, with what was tried
+    in ``setup["searched"]``: when a shard group wins, a line per plan and the last says which
+    won and the two step times; otherwise one line with the two step times (``result`` as it
+    was otherwise)."""
     lines = [_line("HSDP off (ZeRO-3 shards over all of dp)", result)]
     best, best_score, won = result, _score(result), None
+    tried, best_alt = [], None
     for s in hsdp_candidates(gpus):
         alt = run(request.model_copy(update={"hsdp_shard": s}))
         lines.append(_line(f"HSDP shard {s} (replicated across dp / {s})", alt))
+        tried.append(s)
+        if best_alt is None or _score(alt) < _score(best_alt[1]):
+            best_alt = (s, alt)
         if _score(alt) < best_score:
             best, best_score, won = alt, _score(alt), s
-    if won is not None:  # a plan that HSDP does not improve reports what it always did
-        lines.append(f"HSDP wins: shard {won}")
+    if best_alt is None:  # no shard group below the GPU count: nothing was searched
+        return result
+    if won is not None:
+        lines.append(f"HSDP wins: shard {won}, {_step(best)} against {_step(result)} with "
+                     "ZeRO-3 shards over all of dp")
         best.setup["searched"] = [*result.setup.get("searched", []), *lines]
-    return best
+        return best
+    result.setup["searched"] = [*result.setup.get("searched", []),
+                                _hsdp_lost(tried, result, *best_alt)]
+    return result
+
+
+def _hsdp_lost(tried: list[int], result: Any, shard: int, alt: Any) -> str:
+    """The one line of an HSDP search that did not win: the two step times (and, where they
+    are equal, that the best plan does not use ZeRO-3, which HSDP changes)."""
+    head = f"HSDP shard {', '.join(map(str, tried))} searched, not picked: "
+    if _step(result) != _step(alt):
+        return (f"{head}{_step(result)} without it against {_step(alt)} at best with it "
+                f"(shard {shard})")
+    zero = result.rows[0]["config"]["zero_stage"] if result.rows else 3
+    why = "" if zero == 3 else f" (the best plan is ZeRO-{zero}, which HSDP does not change)"
+    return f"{head}no gain, {_step(result)} with or without it{why}"
+
+
+def offload_sets(kinds: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The sets of :data:`OFFLOAD_SETS` whose every kind is in ``kinds`` (the stack's
+    capability)."""
+    return [s for s in OFFLOAD_SETS if set(s) <= set(kinds)]
+
+
+def offload_cannot_win(result: Any, kinds: tuple[str, ...] | None = None,
+                       to_beat: Any = None) -> bool:
+    """Whether offload (the set ``kinds``; None: any) cannot beat ``result`` by its objective:
+    something fits and no configuration that memory alone kept out, and that this offload
+    could let in (``result.unfit_floor``, :meth:`search.pareto.Tally.unfit_floor`), was
+    better: its best step time for ``time`` and ``time-to-train``, GPU-seconds per step for
+    ``cost``. Offload only frees memory and adds host copies and the host optimizer step to a
+    configuration, so it wins only by letting in one that did not fit. ``to_beat``: a better
+    plan found since (with another offload set) whose best row is the one to beat. The
+    ``memory`` objective, which offload lowers directly, and a strategy that does not report
+    the floor are always searched."""
+    floor = getattr(result, "unfit_floor", None) or {}
+    key = {"time": "time", "time-to-train": "time", "cost": "cost"}.get(result.objective)
+    if not result.rows or key not in floor:
+        return False
+    if kinds is not None and "sets" in floor:
+        floor = floor["sets"].get("+".join(kinds), floor)
+    r = (to_beat if to_beat is not None and to_beat.rows else result).rows[0]
+    best = float(r["step_time_s"]) * (float(r["gpus"]) if key == "cost" else 1.0)
+    return floor[key] >= best
+
+
+def _offload_flags(kinds: tuple[str, ...]) -> str:
+    return "--offload " + " --offload ".join(kinds)
 
 
 def search_offload(request: Any, result: Any, kinds: tuple[str, ...],
                    run: Callable[[Any], Any]) -> Any:
-    """When nothing fits, the plan with the stack's optimizer and parameter offload
-    (``kinds``, its capability); ``result`` itself when something fits or offload does not
-    help."""
-    use = [k for k in ("optimizer", "params") if k in kinds]
-    if result.rows or not use:
+    """The better of ``result`` (no offload) and the plan with each offload set the stack runs
+    (:func:`offload_sets` of ``kinds``), by the request's objective. A set is skipped where it
+    cannot win (:func:`offload_cannot_win`: no faster configuration that memory kept out could
+    fit with it); a set of two kinds is tried only while nothing
+    fits or its first kind alone won (more offload frees more memory). When offload wins,
+    or nothing fits without it, every plan tried is a line of ``setup["searched"]``; otherwise
+    ``result`` comes back as it was."""
+    sets = [k for k in offload_sets(kinds) if not offload_cannot_win(result, k)]
+    if not sets:
         return result
-    alt = run(request.model_copy(update={"offload": use}))
-    if not alt.rows:
+    lines = [_line("offload off", result)]
+    best, best_score, won = result, _score(result), None
+    for kinds_i in sets:
+        if len(kinds_i) > 1 and best.rows and won != kinds_i[:1]:
+            continue  # more offload on top: only while nothing fits or its first kind won
+        if won is not None and offload_cannot_win(result, kinds_i, best):
+            continue
+        alt = run(request.model_copy(update={"offload": list(kinds_i)}))
+        lines.append(_line(_offload_flags(kinds_i), alt))
+        if _score(alt) < best_score:
+            best, best_score, won = alt, _score(alt), kinds_i
+    if won is None and result.rows:  # a plan that offload does not improve: as it was
         return result
-    alt.setup["searched"] = [f"nothing fits without offload; with --offload "
-                             f"{' --offload '.join(use)}: " + _line("", alt)[2:]]
-    return alt
+    head = [] if result.rows else ["nothing fits without offload"]
+    tail = [f"offload wins: {_offload_flags(won)}"] if won is not None else []
+    best.setup["searched"] = [*result.setup.get("searched", []), *head, *lines, *tail]
+    return best

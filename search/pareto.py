@@ -8,7 +8,11 @@ IEEE TEVC 6(2), 2002, Sec. II (Pareto dominance).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+
+from search.space import OFFLOAD_KINDS, OFFLOAD_SETS
 
 __all__ = ["Tally", "dominates", "merge_front", "pareto_mask", "top_k"]
 
@@ -116,6 +120,14 @@ class Tally:
         self.seen = np.zeros(0, dtype=np.int64)
         self.evaluated = 0
         self.feasible = 0
+        #: the fastest step [s] and fewest GPU-seconds per step of the valid configurations
+        #: that do not fit in memory (what memory alone kept out: :meth:`unfit_floor`)
+        self.unfit_step_s = np.inf
+        self.unfit_gpu_s = np.inf
+        #: the same among those an offload set could let in (its freeable bytes cover the
+        #: excess), each with what the set adds to its step at least (the host optimizer
+        #: step), per set of OFFLOAD_SETS; None while no block said what offload frees
+        self.unfit_by_set: dict[str, list[float]] | None = None
 
     def add(self, s) -> None:
         """Fold a scored block into the summary."""
@@ -129,6 +141,7 @@ class Tally:
             ok_new = np.unique(s.flat[new & s.fits])
             self.evaluated += nf.size
             self.feasible += ok_new.size
+        self._add_unfit(s, valid & ~s.fits)
         if valid.any():
             peak = np.where(valid, s.peak_memory_bytes, np.inf)
             i = int(np.lexsort((s.flat, peak))[0])
@@ -153,3 +166,37 @@ class Tally:
         self.front_flat, self.front_F = merge_front(
             self.front_flat, self.front_F, s.flat[ok][m], F[m]
         )
+
+    def _add_unfit(self, s, unfit: np.ndarray) -> None:
+        """Fold the configurations that do not fit into the floors of :meth:`unfit_floor`."""
+        if s.freeable_bytes is not None and self.unfit_by_set is None:
+            self.unfit_by_set = {"+".join(k): [np.inf, np.inf] for k in OFFLOAD_SETS}
+        if not unfit.any():
+            return
+        step = s.step_time_s[unfit]
+        gpu_s = step * s.gpus[unfit]
+        self.unfit_step_s = min(self.unfit_step_s, float(step.min()))
+        self.unfit_gpu_s = min(self.unfit_gpu_s, float(gpu_s.min()))
+        if s.freeable_bytes is None or self.unfit_by_set is None:
+            return
+        free, excess = s.freeable_bytes[unfit], s.excess_bytes[unfit]
+        host = (np.zeros(step.shape) if s.host_optimizer_s is None
+                else s.host_optimizer_s[unfit])
+        for kinds in OFFLOAD_SETS:
+            cols = [OFFLOAD_KINDS.index(k) for k in kinds]
+            could = free[:, cols].sum(axis=1) >= excess
+            if could.any():  # each one's step at least, with this offload
+                with_s = step[could] + (host[could] if "optimizer" in kinds else 0.0)
+                floor = self.unfit_by_set["+".join(kinds)]
+                floor[0] = min(floor[0], float(with_s.min()))
+                floor[1] = min(floor[1], float((with_s * s.gpus[unfit][could]).min()))
+
+    def unfit_floor(self) -> dict[str, Any]:
+        """What memory alone kept out: the fastest step (``time``) and fewest GPU-seconds per
+        step (``cost``) among the valid configurations that do not fit (inf: none), and, where
+        the blocks said what offload frees, the same per offload set (``sets``, keyed
+        ``optimizer``, ``activations``, ``optimizer+params``) among those it could let in."""
+        out: dict[str, Any] = {"time": self.unfit_step_s, "cost": self.unfit_gpu_s}
+        if self.unfit_by_set is not None:
+            out["sets"] = {k: {"time": v[0], "cost": v[1]} for k, v in self.unfit_by_set.items()}
+        return out

@@ -35,7 +35,7 @@ from perfmodel.hardware.calibration import Calibration
 from perfmodel.hardware.profile import EfficiencyProfile
 from perfmodel.spec.frameworks import FrameworkSpec
 from perfmodel.spec.specs import MAX_GPUS, PRECISIONS, ClusterSpec, ModelSpec, TrainingSpec
-from search.space import ALIASES, OBJECTIVES, SEARCH_DIMS
+from search.space import ALIASES, OBJECTIVES, PARETO_SETS, SEARCH_DIMS
 from search.strategies.grid import Progress
 
 __all__ = [
@@ -81,6 +81,7 @@ Schedule = Literal[SCHEDULE]
 CpComm = Literal[CP_COMM]
 Strategy = Literal[STRATEGIES]
 Objective = Literal[OBJECTIVES]
+ParetoObjectives = Literal[tuple(PARETO_SETS)]
 Kernels = Literal[KERNELS]
 
 
@@ -206,6 +207,12 @@ class PlanRequest(BaseModel):
     objective: Objective = Field(
         "time", description="what 'best' minimises: step time, peak memory, GPU-seconds per "
         "step, or the run's expected wall time (time-to-train)")
+    pareto_objectives: ParetoObjectives | None = Field(
+        None, description="the Pareto front's objectives (NSGA-II's and every strategy's "
+        "front): step-memory-gpus (step time, peak memory, GPUs) or time-to-train-cost (the "
+        "run's expected wall time with failures and checkpoints, and its cost; needs "
+        "--train-tokens or --train-steps) [default: time-to-train-cost with --objective "
+        "time-to-train, else step-memory-gpus]")
     top: Annotated[int, Cli(min=1, limit=(MAX_TOP, "rows"))] = Field(
         10, description="configurations in the table")
     max_configurations: Annotated[int | None, Cli(min=0)] = Field(
@@ -259,7 +266,7 @@ class PlanRequest(BaseModel):
         "framework runs HSDP)")
     offload: list[OffloadKind] | None = Field(
         None, description="offload to host memory: optimizer, params, activations "
-        "(repeatable; default: none, or searched where the framework runs it and nothing fits)")
+        "(repeatable; default: searched where the framework runs it, kept where it wins)")
     optimizer_offload_fraction: Annotated[float | None, Cli(min=0.0, max=1.0)] = Field(
         None, description="share of the optimizer states on the host with --offload optimizer "
         "(default 1)")
@@ -352,7 +359,7 @@ def _check_setup(options: Mapping[str, Any]) -> None:
     for name in ("gpus", "global_batch_size", "seq_len"):
         if options.get(name) is not None:
             _int_arg(name, options[name], 1, MAX_COUNT)
-    for name in ("precision", "optimizer", "objective", "kernels"):
+    for name in ("precision", "optimizer", "objective", "kernels", "pareto_objectives"):
         v = options.get(name, PlanRequest.model_fields[name].default)
         if (v is not None or name in ("objective", "kernels")) and not isinstance(
                 getattr(v, "value", v), str):

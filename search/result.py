@@ -12,6 +12,7 @@ Columns (pandas): the configuration fields, ``gpus``, ``step_time_s``, ``tokens_
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from perfmodel.core.codes import COMPRESSION, CP_COMM, RECOMPUTE, SCHEDULE
 from perfmodel.hardware.overlap import gpu_generation
 from perfmodel.parallel.config import ConfigBatch
 from search.intervals import Interval, interval_for
+from search.space import PARETO_OBJECTIVES, PARETO_SETS
 
 __all__ = [
     "Diagnostic",
@@ -239,6 +241,11 @@ class SearchResult:
     #: the whole run of the ``top`` configurations (perfmodel.run.TrainRun) when the search
     #: was given its length (train_tokens or train_steps)
     train: Any = None
+    #: the best step time (``time``) and GPU-seconds per step (``cost``) among the evaluated
+    #: configurations that memory alone kept out (search.pareto.Tally.unfit_floor; empty when
+    #: the strategy does not say): a search for less memory (offload) cannot beat the best
+    #: where these are no better
+    unfit_floor: dict[str, float] = field(default_factory=dict)
 
     @property
     def best(self) -> pd.DataFrame:
@@ -359,6 +366,7 @@ def finalize(
     feasible: int,
     seconds: float,
     extra: dict[str, Any] | None = None,
+    unfit_floor: dict[str, float] | None = None,
 ) -> SearchResult:
     """Evaluate the reported configurations once more and build the :class:`SearchResult`.
 
@@ -374,7 +382,7 @@ def finalize(
     assert not viol.any(), "strategies report valid configurations only"
     return finalize_batch(problem, space.batch(a), len(top_flat), len(pareto_flat),
                           strategy=strategy, evaluated=evaluated, feasible=feasible,
-                          seconds=seconds, extra=extra)
+                          seconds=seconds, extra=extra, unfit_floor=unfit_floor)
 
 
 def finalize_batch(
@@ -388,6 +396,7 @@ def finalize_batch(
     feasible: int,
     seconds: float,
     extra: dict[str, Any] | None = None,
+    unfit_floor: dict[str, float] | None = None,
 ) -> SearchResult:
     """:func:`finalize` from the configurations themselves: ``batch`` holds the top (best
     first), then the Pareto front, then at most one smallest-footprint configuration. For
@@ -404,8 +413,7 @@ def finalize_batch(
     if strategy == "single" and nt == 0 and has_smallest:
         # one configuration asked for: show it even though it does not fit (fits is False)
         top = frame.iloc[nt + npar:nt + npar + 1].reset_index(drop=True)
-    par = frame.iloc[nt:nt + npar]
-    order = np.lexsort((par["peak_memory_bytes"].to_numpy(), par["step_time_s"].to_numpy()))
+    par, order = _pareto_of(problem, res, frame, rows, nt, npar)
     pareto = par.iloc[order].reset_index(drop=True)
     pareto_rows = [rows[nt + i] for i in order]
     smallest = rows[nt + npar] if has_smallest else None
@@ -459,8 +467,43 @@ def finalize_batch(
             | _set_host_sharding_switches(space.training),
             "recompute_searched": [RECOMPUTE[int(v)] for v in space.values["recompute"]],
         },
-        extra=dict(extra or {}),
+        extra=dict(extra or {}) | _pareto_names(problem),
+        unfit_floor=dict(unfit_floor or {}),
     )
+
+
+def _pareto_names(problem: Any) -> dict[str, Any]:
+    """``pareto_objectives`` (the front's columns) for the search's statistics when the front
+    is not the step's (step time, peak memory, GPUs), so that a plan without it reports what
+    it always did."""
+    names = PARETO_SETS.get(getattr(problem, "pareto", ""), PARETO_OBJECTIVES)
+    return {} if names == PARETO_OBJECTIVES else {"pareto_objectives": list(names)}
+
+
+def _pareto_of(problem: Any, res: Any, frame: pd.DataFrame, rows: list[dict[str, Any]],
+               nt: int, npar: int) -> tuple[pd.DataFrame, np.ndarray]:
+    """The Pareto front's frame and its order: fastest step first (then smallest peak); with
+    the run's length (``problem.run``) every front row also carries its whole run (``train``
+    in JSON, ``train_<field>`` columns), and the run's view (``time-to-train-cost``) is
+    ordered by the run's wall time (then cost)."""
+    par = frame.iloc[nt:nt + npar]
+    run = getattr(problem, "run", None)
+    if run is None or npar == 0:
+        order = np.lexsort((par["peak_memory_bytes"].to_numpy(), par["step_time_s"].to_numpy()))
+        return par, order
+    sl = slice(nt, nt + npar)
+    sub = SimpleNamespace(  # the front's share of the evaluation, what the run's terms read
+        memory_bytes={k: np.asarray(v)[sl] for k, v in res.memory_bytes.items()},
+        time_s={k: np.asarray(v)[sl] for k, v in res.time_s.items()})
+    t = problem.train_of(sub, par["step_time_s"].to_numpy(), par["gpus"].to_numpy())
+    for i in range(npar):
+        rows[nt + i]["train"] = t.row(i)
+    par = par.assign(**{f"train_{k}": np.asarray(v) for k, v in vars(t).items()})
+    if getattr(problem, "pareto", "") == "time-to-train-cost":
+        order = np.lexsort((par["train_gpu_hours"].to_numpy(), par["train_wall_s"].to_numpy()))
+    else:
+        order = np.lexsort((par["peak_memory_bytes"].to_numpy(), par["step_time_s"].to_numpy()))
+    return par, order
 
 
 def _set_host_sharding_switches(training: Any) -> dict[str, Any]:
@@ -488,4 +531,5 @@ def finalize_tally(
         feasible=tally.feasible,
         seconds=time.perf_counter() - t0,
         extra=extra,
+        unfit_floor=tally.unfit_floor(),
     )

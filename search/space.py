@@ -26,9 +26,11 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from perfmodel.compute.layer import optimizer_params_per_gpu
 from perfmodel.core.codes import CP_COMM, RECOMPUTE, SCHEDULE, CpComm, Recompute, Schedule
 from perfmodel.core.errors import SpecError
 from perfmodel.memory.breakdown import usable_hbm_bytes
+from perfmodel.memory.optimizer_offload import cpu_adam_params_per_s, cpu_adam_s
 from perfmodel.parallel.config import ConfigBatch, ParallelConfig, a2a_heads_ok, resolve_config
 from perfmodel.parallel.layers import megatron_layout
 from perfmodel.run import train_run
@@ -52,7 +54,10 @@ from perfmodel.spec.specs import (
 __all__ = [
     "ALIASES",
     "OBJECTIVES",
+    "OFFLOAD_KINDS",
+    "OFFLOAD_SETS",
     "PARETO_OBJECTIVES",
+    "PARETO_SETS",
     "SEARCH_DIMS",
     "Problem",
     "Scored",
@@ -81,6 +86,20 @@ SEARCH_DIMS = (
 OBJECTIVES = ("time", "memory", "cost", "time-to-train")
 #: Objectives of the multi-objective (Pareto) view, all minimised.
 PARETO_OBJECTIVES = ("step_time_s", "peak_memory_bytes", "gpus")
+#: The Pareto views by name (a plan's ``pareto_objectives``): the step's (step time, peak
+#: memory, GPUs), or the whole run's (expected wall time with failures and checkpoints [s],
+#: cost = GPU-hours x price, GPU-hours without a price: the same front), which needs the run's
+#: length (:class:`perfmodel.run.RunSettings`).
+PARETO_SETS = {"step-memory-gpus": PARETO_OBJECTIVES,
+               "time-to-train-cost": ("train_wall_s", "train_cost")}
+
+#: The offload sets a plan may search (``search.host_sharding``), in the order tried: the
+#: optimizer states (ZeRO-Offload, Megatron's ``--optimizer-cpu-offload``), the activations
+#: (Megatron / TE ``--cpu-offloading``), then the optimizer states and the parameters
+#: (ZeRO-Infinity's ``offload_param``, ZeRO-3 only). ``Scored.freeable_bytes`` holds, per
+#: configuration, an upper bound of what each kind of :data:`OFFLOAD_KINDS` frees.
+OFFLOAD_SETS = (("optimizer",), ("activations",), ("optimizer", "params"))
+OFFLOAD_KINDS = ("optimizer", "params", "activations")
 
 #: Short names of dimensions: ``zero=1`` pins ``zero_stage``.
 ALIASES = {"zero": "zero_stage", "micro_batch": "micro_batch_size", "mbs": "micro_batch_size",
@@ -742,7 +761,12 @@ class Scored:
     """What a strategy sees of a block of configurations (one entry per flat index).
 
     ``score`` is the single objective (inf where invalid or not fitting); ``F`` the Pareto
-    objectives (:data:`PARETO_OBJECTIVES`, inf where invalid).
+    objectives (``objectives``: the problem's :data:`PARETO_SETS` entry, one column each, inf
+    where invalid; left out: :data:`PARETO_OBJECTIVES`). ``excess_bytes`` (peak over the usable
+    HBM) and ``freeable_bytes`` (n x :data:`OFFLOAD_KINDS`: optimizer states + gradients,
+    weights, activations, what each offload kind can free at most) say which configurations
+    that do not fit an offload set could let in, and ``host_optimizer_s`` what optimizer offload
+    adds to their step at least (None where the evaluator does not say).
     """
 
     flat: np.ndarray
@@ -752,6 +776,10 @@ class Scored:
     peak_memory_bytes: np.ndarray
     gpus: np.ndarray
     score: np.ndarray
+    objectives: np.ndarray | None = None
+    excess_bytes: np.ndarray | None = None
+    freeable_bytes: np.ndarray | None = None
+    host_optimizer_s: np.ndarray | None = None
 
     @property
     def valid(self) -> np.ndarray:
@@ -764,10 +792,22 @@ class Scored:
 
     @property
     def F(self) -> np.ndarray:
+        if self.objectives is not None:
+            return self.objectives
+        # the step's view (step time, peak memory, GPUs), built when asked for
         return np.stack([self.step_time_s, self.peak_memory_bytes, self.gpus.astype(float)], 1)
 
     def take(self, idx: np.ndarray) -> Scored:
-        return Scored(**{k: getattr(self, k)[idx] for k in self.__dataclass_fields__})
+        return Scored(**{k: None if getattr(self, k) is None else getattr(self, k)[idx]
+                         for k in self.__dataclass_fields__})
+
+    @staticmethod
+    def concat(parts: list[Scored]) -> Scored:
+        """One block of several, in order (``objectives`` kept where every part has them)."""
+        def cat(k: str) -> np.ndarray | None:
+            vals = [getattr(p, k) for p in parts]
+            return None if any(v is None for v in vals) else np.concatenate(vals)
+        return Scored(**{k: cat(k) for k in Scored.__dataclass_fields__})
 
 
 def objective_score(objective: str, step_time_s, peak_memory_bytes, gpus) -> np.ndarray:
@@ -812,6 +852,8 @@ class Problem:
     #: the whole run (perfmodel.run.RunSettings): steps, checkpoint, failures, power, price;
     #: needed by the objective ``time-to-train``, reported when given
     run: Any = None
+    #: the Pareto view (a key of :data:`PARETO_SETS`)
+    pareto: str = "step-memory-gpus"
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -821,6 +863,12 @@ class Problem:
         if self.objective == "time-to-train" and self.run is None:
             raise SpecError("objective = 'time-to-train' needs the run's length: give "
                             "train_tokens or train_steps")
+        if self.pareto not in PARETO_SETS:
+            raise SpecError(f"pareto_objectives = {self.pareto!r}: expected one of "
+                            f"{', '.join(PARETO_SETS)}")
+        if self.pareto == "time-to-train-cost" and self.run is None:
+            raise SpecError("pareto_objectives = 'time-to-train-cost' needs the run's length: "
+                            "give train_tokens or train_steps")
         if not 0.0 <= self.memory_headroom < 1.0:
             raise SpecError(
                 f"memory_headroom = {self.memory_headroom!r}: expected a fraction in [0, 1)"
@@ -852,17 +900,42 @@ class Problem:
                 res.fits = fits
         return res
 
-    def objective_values(self, res: Any, step_time_s, peak_bytes, gpus) -> np.ndarray:
-        """The single objective of evaluated configurations (``res``: their StepResult). The
-        objective ``time-to-train`` is the expected wall time of the whole run, failures and
-        checkpoints included (:func:`perfmodel.run.train_run`)."""
-        if self.objective != "time-to-train":
-            return objective_score(self.objective, step_time_s, peak_bytes, gpus)
+    @property
+    def n_objectives(self) -> int:
+        """Columns of the Pareto view (``Scored.F``)."""
+        return len(PARETO_SETS[self.pareto])
+
+    def train_of(self, res: Any, step_time_s, gpus) -> Any:
+        """The whole run (:func:`perfmodel.run.train_run`) of evaluated configurations
+        (``res``: their StepResult): step time, GPUs, staged weights + optimizer bytes and the
+        compute share of the step."""
         step = np.asarray(step_time_s, dtype=float)
         mem = getattr(res, "memory_bytes", {})
         staged = np.asarray(mem.get("weights", 0.0)) + np.asarray(mem.get("optimizer", 0.0))
         compute = np.asarray(getattr(res, "time_s", {}).get("compute", step))
-        return train_run(self.run, step, gpus, staged, compute / step).wall_s
+        return train_run(self.run, step, gpus, staged, compute / step)
+
+    def objective_values(self, res: Any, step_time_s, peak_bytes, gpus) -> np.ndarray:
+        """The single objective of evaluated configurations (``res``: their StepResult). The
+        objective ``time-to-train`` is the expected wall time of the whole run, failures and
+        checkpoints included (:func:`perfmodel.run.train_run`)."""
+        return self.values(res, step_time_s, peak_bytes, gpus)[0]
+
+    def values(self, res: Any, step_time_s, peak_bytes, gpus) -> tuple[np.ndarray, np.ndarray]:
+        """(single objective, Pareto objectives: n x :attr:`n_objectives`) of evaluated
+        configurations; the whole run is computed once, for both when both need it."""
+        run = None
+        if self.objective == "time-to-train" or self.pareto == "time-to-train-cost":
+            run = self.train_of(res, step_time_s, gpus)
+        score = (run.wall_s if self.objective == "time-to-train" else
+                 objective_score(self.objective, step_time_s, peak_bytes, gpus))
+        if self.pareto == "time-to-train-cost":
+            cost = run.gpu_hours * (1.0 if self.run.gpu_hour_price is None
+                                    else self.run.gpu_hour_price)
+            return score, np.stack([run.wall_s, cost], 1)
+        return score, np.stack([np.asarray(step_time_s, dtype=float),
+                                np.asarray(peak_bytes, dtype=float),
+                                np.asarray(gpus).astype(float)], 1)
 
     def within_limits(self, step_time_s: np.ndarray, peak_bytes: np.ndarray) -> np.ndarray:
         """Whether each configuration meets ``max_step_time_s`` and ``max_memory_bytes``."""
@@ -891,17 +964,53 @@ class Problem:
         step = np.full(n, np.inf)
         peak = np.full(n, np.inf)
         fits = np.zeros(n, dtype=bool)
+        gpus = a["dp"] * a["tp"] * a["pp"] * a["cp"]
+        score = np.full(n, np.inf)
+        F = np.full((n, self.n_objectives), np.inf)  # the run's view; the step's: from Scored
+        freeable = np.zeros((n, len(OFFLOAD_KINDS)))
+        host = np.zeros(n)
         if valid.size:
-            res = self.evaluate_batch(self.space.batch(a, valid))
+            batch = self.space.batch(a, valid)
+            res = self.evaluate_batch(batch)
             step[valid] = res.step_time_s
             peak[valid] = res.memory_bytes["peak"]
             fits[valid] = res.fits
-        gpus = a["dp"] * a["tp"] * a["pp"] * a["cp"]
-        score = np.full(n, np.inf)
-        if valid.size:
-            score[valid] = self.objective_values(res, step[valid], peak[valid], gpus[valid])
+            score[valid], F[valid] = self.values(res, step[valid], peak[valid], gpus[valid])
+            freeable[valid] = freeable_bytes(res.memory_bytes)
+            host[valid] = self.host_optimizer_floor_s(batch, res)
         score = np.where((violations == 0) & fits & self.within_limits(step, peak), score, np.inf)
-        return Scored(flat, violations, fits, step, peak, gpus, score)
+        return Scored(flat, violations, fits, step, peak, gpus, score,
+                      F if self.pareto == "time-to-train-cost" else None,
+                      peak - self.usable_bytes, freeable, host)
+
+    def host_optimizer_floor_s(self, batch: ConfigBatch, res: Any) -> np.ndarray:
+        """What optimizer offload adds to each configuration's step at least [s]: the CPU Adam
+        step of the parameters this GPU updates
+        (:func:`perfmodel.compute.layer.optimizer_params_per_gpu`,
+        :func:`perfmodel.memory.optimizer_offload.cpu_adam_s`) less the GPU optimizer step it
+        replaces; 0 where the training offloads only a share or the evaluator gives no
+        optimizer term."""
+        gpu_s = getattr(res, "time_s", {}).get("optimizer")
+        if gpu_s is None or self.space.training.optimizer_offload_fraction != 1.0:
+            return np.zeros(len(batch))
+        host_s = cpu_adam_s(optimizer_params_per_gpu(self.space.model, batch),
+                            cpu_adam_params_per_s(self.space.cluster))
+        return np.maximum(host_s - np.asarray(gpu_s, dtype=float), 0.0)
+
+
+def freeable_bytes(memory_bytes: Mapping[str, Any]) -> np.ndarray:
+    """What each kind of :data:`OFFLOAD_KINDS` can free at most per GPU [bytes], n x 3: the
+    optimizer states and the gradients (``optimizer``), the weights (``params``), the
+    activations (``activations``); inf where the evaluator does not give the term (so that no
+    offload is ruled out)."""
+    peak = np.asarray(memory_bytes["peak"], dtype=float)
+
+    def term(*keys: str) -> np.ndarray:
+        if any(k not in memory_bytes for k in keys):
+            return np.full(peak.shape, np.inf)
+        return sum(np.asarray(memory_bytes[k], dtype=float) for k in keys)
+
+    return np.stack([term("optimizer", "gradients"), term("weights"), term("activations")], 1)
 
 
 def check_search_size(space: SearchSpace, limit: int | None = MAX_GRID_CONFIGURATIONS) -> int:

@@ -21,9 +21,11 @@ from perfmodel.compute import layer as compute
 from perfmodel.hardware import overlap
 from perfmodel.moe import dispatch as moe_dispatch
 from perfmodel.moe import experts as moe
+from perfmodel.moe import imbalance as moe_imbalance
 from perfmodel.spec.specs import load_gpu
 
-__all__ = ["FittedConstant", "constants_markdown", "constants_records", "fitted_constants"]
+__all__ = ["FittedConstant", "constants_markdown", "constants_records", "fitted_constants",
+           "published_defaults"]
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,21 @@ def _own_constants() -> list[FittedConstant]:
     ]
 
 
+def published_defaults() -> list[FittedConstant]:
+    """Defaults taken from published measurements, not fitted (``evidence`` "published
+    measurements"; ``source`` the paper, ``rows`` what it measured)."""
+    return [
+        FittedConstant("imbalance.TYPICAL_IMBALANCE", moe_imbalance.TYPICAL_IMBALANCE, "1",
+                       "MoE routing imbalance of learned, load-balanced routing: tokens of the "
+                       "busiest expert / mean per expert (--moe-imbalance for runs that do not "
+                       "force balance; the default stays the model's, 1 where dropless)",
+                       "Fedus et al. 2022 (Switch Transformer), Sec. 2.2 and Table 1; Wang et "
+                       "al. 2024, arXiv:2408.15664, Table 1 and Fig. 3",
+                       "capacity factor 1.25 with < 1 % dropped tokens; MaxVio_batch 0.1-0.3 "
+                       "with loss-free balancing", "published measurements"),
+    ]
+
+
 def fitted_constants() -> list[FittedConstant]:
     """Every fitted constant of the time model, dev-row constants first."""
     return [*_dense_constants(), *_moe_constants(), *_own_constants()]
@@ -142,5 +159,11 @@ def constants_markdown() -> str:
     body = "".join(f"| `{c.name}` | {c.value:.4g} | {c.unit} | {c.meaning} | {c.rows} | "
                    f"`{c.source}` | {c.evidence} |\n" for c in fitted_constants())
     n_dev = sum(c.evidence == "dev rows" for c in fitted_constants())
+    published = ("\n## Defaults from published measurements\n\nNot fitted: taken from the "
+                 "papers named, and settable by the user.\n\n"
+                 "| constant | value | unit | meaning | measured | source |\n"
+                 "|---|---|---|---|---|---|\n" + "".join(
+                     f"| `{c.name}` | {c.value:.4g} | {c.unit} | {c.meaning} | {c.rows} | "
+                     f"{c.source} |\n" for c in published_defaults()))
     return (f"{n_dev} constants are fitted to the end-to-end dev rows; the others to kernel "
-            "measurements or the single-H200 runs.\n\n" + head + body)
+            "measurements or the single-H200 runs.\n\n" + head + body + published)

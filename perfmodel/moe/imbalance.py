@@ -29,10 +29,15 @@ from perfmodel.spec.specs import ModelSpec
 
 __all__ = ["TYPICAL_IMBALANCE", "effective_imbalance", "with_imbalance"]
 
-#: Busiest / mean expert load of learned routing with load balancing, per micro-batch: 1.25,
-#: the capacity factor Switch Transformer trains at with < 1 % dropped tokens (Fedus et al.
-#: 2022, Table 1), inside the 1.1-1.3 ``MaxVio_batch`` band of loss-free balancing (Wang et al.
-#: 2024, arXiv:2408.15664).
+#: Routing imbalance of learned, load-balanced routing, the value to give ``--moe-imbalance``
+#: for a run that does not force balance [1: tokens of the busiest expert / mean tokens per
+#: expert, per micro-batch; ``MaxVio + 1``]. 1.25: the capacity factor Switch Transformer
+#: trains at with < 1 % dropped tokens (Fedus et al. 2022, JMLR 23, Sec. 2.2 and Table 1), so
+#: the busiest expert of auxiliary-loss routing stays near 1.25 x the mean; inside the
+#: ``MaxVio_batch`` band of 0.1-0.3 that DeepSeek's auxiliary-loss-free balancing reaches
+#: (Wang et al. 2024, arXiv:2408.15664, Table 1 and Fig. 3). Listed in the constants registry
+#: (``validation.constants``, ``docs/constants.md``). The plan's default stays the model's own
+#: value (1 where dropless): the benchmark runs the model is validated on force balance.
 TYPICAL_IMBALANCE = 1.25
 
 

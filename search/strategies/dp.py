@@ -611,10 +611,10 @@ class _Keeper:
         peak = np.asarray(res.memory_bytes["peak"], dtype=float)
         fits = np.asarray(res.fits, dtype=bool)
         ok = fits & problem.within_limits(step, peak)
-        score = np.where(ok, problem.objective_values(res, step, peak, cand.gpus),
-                         np.inf)
+        score, F = problem.values(res, step, peak, cand.gpus)
+        score = np.where(ok, score, np.inf)
         tally.add(Scored(ids, np.zeros(len(cand), dtype=np.int8), fits, step, peak,
-                         cand.gpus, score))
+                         cand.gpus, score, F))
         live = np.concatenate([tally.top_flat, tally.front_flat, tally.small_flat])
         both = cand if self.batch is None else _concat([self.batch, cand])
         both_ids = np.concatenate([self.ids, ids])
@@ -733,7 +733,7 @@ class DPSearch:
         if problem.kernels != "fused":
             raise SpecError("strategy dp models Megatron-LM layouts: kernels must be 'fused' "
                             f"(got kernels '{problem.kernels}')")
-        keeper = _Keeper(problem, Tally(self.top))
+        keeper = _Keeper(problem, Tally(self.top, problem.n_objectives))
         # Phase 1: the even splits, and a lower bound per outer configuration.
         outer = _even_splits(problem, keeper, progress)
         if keeper.batch is None:
@@ -749,7 +749,8 @@ class DPSearch:
                               len(tally.front_flat), strategy=self.name,
                               evaluated=tally.evaluated, feasible=tally.feasible,
                               seconds=time.perf_counter() - t0,
-                              extra={"layouts": n_layouts, "dp_solved": n_solved})
+                              extra={"layouts": n_layouts, "dp_solved": n_solved},
+                              unfit_floor=tally.unfit_floor())
 
     def _dp_layouts(self, problem: Problem, keeper: _Keeper,
                     outer: _OuterRows) -> tuple[int, int]:

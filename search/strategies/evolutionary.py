@@ -75,7 +75,7 @@ class GeneticSearch:
         n_genes = shape.size
         rate = self.mutation_rate if self.mutation_rate is not None else 2.0 / n_genes
         hbm = problem.space.cluster.gpu.hbm_bytes
-        tally = Tally(self.top)
+        tally = Tally(self.top, problem.n_objectives)
         repair = problem.space.repair
         pop = repair((rng.random((self.population, n_genes)) * shape).astype(np.int64))
         s = problem.score_genes(pop)
@@ -101,8 +101,7 @@ class GeneticSearch:
             elite = np.lexsort((s.flat, fit))[: self.elite]
             rest = np.sort(np.lexsort((cs.flat, cfit))[: self.population - self.elite])
             pop = np.concatenate([pop[elite], child[rest]])
-            s = Scored(**{k: np.concatenate([getattr(s, k)[elite], getattr(cs, k)[rest]])
-                          for k in Scored.__dataclass_fields__})
+            s = Scored.concat([s.take(elite), cs.take(rest)])
             fit = np.concatenate([fit[elite], cfit[rest]])
             if progress is not None:
                 progress(gen + 1, self.generations)
@@ -117,8 +116,7 @@ class GeneticSearch:
                 pop[self.elite:] = repair(fresh.astype(np.int64))
                 fs = problem.score_genes(pop[self.elite:])
                 tally.add(fs)
-                s = Scored(**{k: np.concatenate([getattr(s, k)[: self.elite], getattr(fs, k)])
-                              for k in Scored.__dataclass_fields__})
+                s = Scored.concat([s.take(np.arange(self.elite)), fs])
                 fit = np.concatenate([fit[: self.elite], penalized(fs, hbm)])
                 stall = 0
         return finalize_tally(problem, tally, strategy=self.name, t0=t0,

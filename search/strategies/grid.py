@@ -47,7 +47,7 @@ class GridSearch:
             ) -> SearchResult:
         """Search the whole space; ``seed`` is unused (exhaustive search is deterministic)."""
         t0 = time.perf_counter()
-        tally = Tally(self.top, repeats=False)
+        tally = Tally(self.top, problem.n_objectives, repeats=False)
         check_search_size(problem.space, self.max_configurations)
         total = problem.space.size
         for flat in problem.space.iter_chunks(self.chunk_size):

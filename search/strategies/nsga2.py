@@ -1,4 +1,7 @@
-"""NSGA-II through pymoo: the multi-objective view (step time, peak memory, GPU count).
+"""NSGA-II through pymoo: the multi-objective view (step time, peak memory, GPU count), or,
+with the problem's ``pareto`` ``time-to-train-cost``, the whole run's (expected wall time with
+failures and checkpoints, cost), both from :meth:`search.space.Problem.values` over the whole
+population at once.
 
 This is the only module that imports pymoo. Variables are integers, one per searched dimension:
 the index into that dimension's candidate list (the grid's encoding), sampled with
@@ -48,8 +51,8 @@ class _Adapter(PymooProblem):
     def __init__(self, problem: Problem, tally: Tally, progress: Progress | None,
                  max_evals: int) -> None:
         shape = np.asarray(problem.space.shape)
-        super().__init__(n_var=shape.size, n_obj=3, n_ieq_constr=2, xl=np.zeros(shape.size),
-                         xu=shape - 1, vtype=int)
+        super().__init__(n_var=shape.size, n_obj=problem.n_objectives, n_ieq_constr=2,
+                         xl=np.zeros(shape.size), xu=shape - 1, vtype=int)
         self.problem = problem
         self.tally = tally
         self.progress = progress
@@ -107,7 +110,7 @@ class NSGA2Search:
     def run(self, problem: Problem, seed: int = 0, progress: Progress | None = None
             ) -> SearchResult:
         t0 = time.perf_counter()
-        tally = Tally(self.top)
+        tally = Tally(self.top, problem.n_objectives)
         adapter = _Adapter(problem, tally, progress, self.population * self.generations)
         dedup = DefaultDuplicateElimination()
         repair = _CanonicalRepair(problem.space)

@@ -63,3 +63,68 @@ def test_cli_run_section_and_json():
               "checkpoint_interval_s", "goodput"):
         assert k in t
     assert t["cost"] is None and t["train_steps"] == 1000
+
+
+# --- NSGA-II over (time to train, cost) ------------------------------------------------------
+RUN_FRONT = {"gpus": 16, "global_batch_size": 64, "seq_len": 2048, "tp": [1, 2], "pp": 1,
+             "cp": 1, "vp": 1, "allow_idle_gpus": True, "train_tokens": 2e10,
+             "gpu_hour_price": 2.5}
+PINNED = ("dp", "tp", "pp", "vp", "cp", "zero_stage", "micro_batch_size", "recompute",
+          "sequence_parallel", "schedule")
+
+
+@pytest.fixture(scope="module")
+def run_front():
+    return plan("llama3.1-8b", "dgx-h100", strategy="nsga2", objective="time-to-train",
+                **RUN_FRONT)
+
+
+def test_nsga2_front_over_time_to_train_and_cost_is_non_dominated(run_front):
+    r = run_front
+    assert r.extra["pareto_objectives"] == ["train_wall_s", "train_cost"]
+    F = np.array([[p["train"]["wall_s"], p["train"]["cost"]] for p in r.pareto_rows])
+    assert len(F) >= 2  # more GPUs finish sooner and cost more: a trade-off, not one point
+    for i in range(len(F)):
+        others = np.delete(F, i, axis=0)
+        assert not np.any(np.all(others <= F[i], 1) & np.any(others < F[i], 1))
+    assert np.all(np.diff(F[:, 0]) >= 0)  # ordered by time to train
+    assert list(r.pareto["train_wall_s"]) == list(F[:, 0])
+    assert r.to_json()["pareto"][0]["train"] == r.pareto_rows[0]["train"]
+
+
+def test_each_front_point_is_what_plan_gives_for_it_pinned(run_front):
+    """A front point's time to train and cost are the run section of that configuration
+    planned alone (every dimension pinned) with the same run options."""
+    for p in run_front.pareto_rows:
+        c = p["config"]
+        alone = plan("llama3.1-8b", "dgx-h100", gpus=16, global_batch_size=64, seq_len=2048,
+                     allow_idle_gpus=True, train_tokens=2e10, gpu_hour_price=2.5,
+                     num_microbatches=c["num_microbatches"], **{k: c[k] for k in PINNED})
+        t = alone.train.to_dict()
+        assert p["train"]["wall_s"] == pytest.approx(t["wall_s"], rel=1e-12)
+        assert p["train"]["cost"] == pytest.approx(t["cost"], rel=1e-12)
+        assert p["train"]["cost"] == pytest.approx(2.5 * p["gpus"]
+                                                   * p["train"]["wall_s"] / 3600)
+
+
+def test_run_front_matches_the_exhaustive_grid():
+    """On a small space NSGA-II finds the grid's (exhaustive) front over the same objectives."""
+    opts = {**RUN_FRONT, "tp": 1, "micro_batch_size": 1, "recompute": "none"}
+    grid = plan("llama3.1-8b", "dgx-h100", pareto_objectives="time-to-train-cost", **opts)
+    nsga = plan("llama3.1-8b", "dgx-h100", strategy="nsga2",
+                pareto_objectives="time-to-train-cost", **opts)
+    key = [(p["gpus"], p["config"]["zero_stage"]) for p in grid.pareto_rows]
+    assert [(p["gpus"], p["config"]["zero_stage"]) for p in nsga.pareto_rows] == key
+    assert grid.objective == "time"  # the front's objectives do not change "best"
+
+
+def test_run_front_needs_the_run_length():
+    with pytest.raises(SpecError, match="time-to-train-cost.*train_tokens or train_steps"):
+        plan("llama3.1-8b", "dgx-h100", strategy="nsga2",
+             pareto_objectives="time-to-train-cost", **SMALL)
+    r = runner.invoke(app, ["--model", "llama3.1-8b", "--cluster", "dgx-h100", "--gpus", "64",
+                            "--strategy", "nsga2", "--pareto-objectives",
+                            "time-to-train-cost"])
+    assert r.exit_code == 2
+    assert "Traceback" not in r.output
+    assert "needs the run's length" in r.output

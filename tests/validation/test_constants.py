@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from benchmarks import constants_doc
 from perfmodel.compute import layer as compute
-from validation.constants import fitted_constants
+from perfmodel.moe.imbalance import TYPICAL_IMBALANCE
+from validation.constants import fitted_constants, published_defaults
 
 
 def test_registry_reads_the_live_values():
@@ -15,3 +16,10 @@ def test_registry_reads_the_live_values():
 
 def test_constants_page_is_current():
     assert constants_doc.PAGE.read_text() == constants_doc.page_text()
+
+
+def test_published_defaults_read_the_live_values():
+    by_name = {c.name: c for c in published_defaults()}
+    c = by_name["imbalance.TYPICAL_IMBALANCE"]
+    assert c.value == TYPICAL_IMBALANCE and c.unit == "1" and "arXiv:2408.15664" in c.source
+    assert c.evidence == "published measurements"
