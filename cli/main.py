@@ -666,7 +666,7 @@ def pin_options(row: dict[str, Any], setup: dict[str, Any],
     if searched.get("hsdp_shard") and given.get("hsdp_shard") is None:
         pins["hsdp_shard"] = searched["hsdp_shard"]
     dims = {d: c[d] for d in SEARCH_DIMS if d in c and d not in ("ep", "etp", "cp_comm")}
-    if c.get("cp_comm", "p2p") != "p2p":  # the ring is what an unpinned plan takes
+    if c.get("cp", 1) > 1 and "cp_comm" in c:  # searched where cp > 1
         dims["cp_comm"] = c["cp_comm"]
     if _is_moe_row(c) or setup.get("model_summary", {}).get("num_experts", 1) > 1:
         dims.update(ep=c["ep"], etp=c["etp"])

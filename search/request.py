@@ -138,7 +138,7 @@ class PlanRequest(BaseModel):
 
     The parallel dimensions ``dp tp pp vp cp zero_stage micro_batch_size recompute
     sequence_parallel schedule ep etp cp_comm num_microbatches`` (aliases ``zero``,
-    ``micro_batch``, ``mbs``, ``sp``): ``None`` searches it (``cp_comm``: takes the ring, p2p),
+    ``micro_batch``, ``mbs``, ``sp``): ``None`` searches it (``cp_comm``: the types the framework runs),
     a value pins it, a list / range restricts it; with all of them pinned, the one
     configuration is evaluated.
 
@@ -195,7 +195,7 @@ class PlanRequest(BaseModel):
         None, description="expert tensor-parallel size (MoE)")
     cp_comm: CpComm | Sequence[CpComm] | None = Field(
         None, description="context-parallel communication: p2p (ring attention, the default) "
-        "or a2a (Ulysses all-to-all by head); search.plan takes a list to search both")
+        "or a2a (Ulysses all-to-all by head); searched over what the framework runs if omitted")
     stage_layers: Annotated[Sequence[int] | None, Cli(("--stage-layers",), int_list=True)] = Field(
         None, description="transformer layers on each pipeline rank, e.g. 8,9,9,6 (pins pp to "
         "their count; Megatron-LM's --pipeline-model-parallel-layout)")

@@ -576,8 +576,8 @@ def _candidates(d: str, model: ModelSpec, training: TrainingSpec, n_gpus: int, s
     if d == "ep":  # expert parallel: divisors of the expert count (1 for a dense model)
         v = divisors(model.num_experts)
         return v[v <= n_gpus]
-    if d == "cp_comm":  # the ring (Megatron-Core's default) unless asked for more
-        return np.array([CpComm.P2P])
+    if d == "cp_comm":  # both; the framework's capabilities keep what its release runs
+        return np.array([CpComm.P2P, CpComm.A2A])
     if d == "etp":  # expert tensor parallel: powers of two inside the scale-up domain
         if not model.is_moe:
             return np.array([1])
@@ -715,6 +715,8 @@ def make_space(
         values["schedule"] = np.array([Schedule.INTERLEAVED])
     if "vp" not in fixed and "schedule" in fixed and Schedule.INTERLEAVED not in values["schedule"]:
         values["vp"] = np.array([1])
+    if "cp_comm" not in fixed and values["cp"].max() == 1:  # no cp group: nothing to choose
+        values["cp_comm"] = values["cp_comm"][:1]
     return SearchSpace(
         model=model,
         training=training,

@@ -316,6 +316,8 @@ def framework_pins(fw: FrameworkSpec) -> dict[str, list]:
         pins["cp"] = [1]
     if fw.capabilities.cp_comm_types is not None:
         pins["cp_comm"] = [n for n in CP_COMM if n in fw.capabilities.cp_comm_types.value]
+    else:  # a stack that does not list its types runs the ring (every cp release does)
+        pins["cp_comm"] = ["p2p"]
     if fw.sequence_parallel == "off":
         pins["sequence_parallel"] = [False]
     if "interleaved" not in fw.schedules:
