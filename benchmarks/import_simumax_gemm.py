@@ -49,12 +49,12 @@ def main(path: str, gpu: str, dtype: str, commit: str) -> None:
         rows.setdefault((m, n, k, layout), []).append(float(eff))
     print(f"# Measured {dtype} GEMM efficiency of one NVIDIA {gpu}: achieved 2*m*n*k FLOP/s over "
           f"the dense {dtype} peak of {op['tflops']:g} TFLOP/s.")
-    print(f"# Source: github.com/MooreThreads/SimuMax, file configs/system/{doc['sys_name']}.json,"
-          f" commit {commit}, accelerator.op.matmul.accurate_efficient_factor (measured on the")
-    print("# machine of that file; converted by benchmarks/import_simumax_gemm.py). Shapes as the")
-    print("# forward GEMM: m tokens, n output features, k input features; layout fwd (SimuMax TN),")
-    print("# dgrad (NN), wgrad (NT). Units: efficiency [-] of peak_tflops [TFLOP/s]; repeated")
-    print("# shapes averaged.")
+    print(f"# source: SimuMax (github.com/MooreThreads/SimuMax) configs/system/{doc['sys_name']}.json"
+          f" at commit {commit}")
+    print("# field: accelerator.op.matmul.accurate_efficient_factor, measured on the machine of that")
+    print("# file; converted by benchmarks/import_simumax_gemm.py. Shapes as the forward GEMM: m")
+    print("# tokens, n output features, k input features; layout fwd (SimuMax TN), dgrad (NN),")
+    print("# wgrad (NT). Units: efficiency [-] of peak_tflops [TFLOP/s]; repeated shapes averaged.")
     print("gpu,dtype,peak_tflops,m,n,k,layout,efficiency")
     for (m, n, k, layout), effs in sorted(rows.items()):
         print(f"{gpu},{dtype},{op['tflops']:g},{m},{n},{k},{layout},{sum(effs) / len(effs):.4f}")

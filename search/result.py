@@ -19,6 +19,8 @@ import pandas as pd
 
 from perfmodel.core import units
 from perfmodel.core.codes import COMPRESSION, RECOMPUTE, SCHEDULE
+from perfmodel.hardware.calibration import calibration_for
+from perfmodel.hardware.kernel_tables import kernel_table_notes
 from perfmodel.hardware.overlap import gpu_generation
 from perfmodel.parallel.config import ConfigBatch
 from search.intervals import Interval, interval_for
@@ -447,6 +449,10 @@ def finalize_batch(
             "framework_source": (getattr(problem, "assumed", None) or {}).get("framework"),
             "profile": getattr(problem, "profile", None),
             "interval": interval.basis(),
+            "kernel_tables": kernel_table_notes(
+                space.cluster.gpu, space.training.precision,
+                calibration_for(space.cluster.gpu, getattr(problem, "calibration", None)).source,
+                problem.kernels),
             "training_switches": {k: getattr(space.training, k) for k in (
                 "overlap_grad_reduce", "overlap_tp_comm", "overlap_p2p_comm",
                 "flash_attention", "zero3_gather", "grad_reduce_in_fp32", "fp8_params",

@@ -68,11 +68,11 @@ def table_dtype(precision: str) -> str | None:
 
 
 def _header(text: str) -> str:
-    """The ``# Source: ...`` sentence of a table's header comment (one line of text)."""
-    lines = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("#")]
-    joined = " ".join(lines)
-    start = joined.find("Source:")
-    return joined[start:].split(". ")[0] if start >= 0 else joined[:200]
+    """The ``# source: ...`` line of a table's header comment (what the table was read from)."""
+    for line in text.splitlines():
+        if line.startswith("# source:"):
+            return line[len("# source:"):].strip()
+    return "source not stated"
 
 
 def _read_table(name: str) -> GemmTable:
@@ -145,20 +145,21 @@ def _table_calibration(cal: Calibration, gpu: str, dtype: str, gemm_scale: float
                    _interp={})
 
 
-def kernel_table_notes(gpu: GPUSpec, precision: str, calibration_source: str) -> list[str]:
+def kernel_table_notes(gpu: GPUSpec, precision: str, calibration_source: str,
+                       kernels: str = "fused") -> list[str]:
     """One line per kernel family saying where this run's efficiencies come from: a measured
     calibration of the GPU, a published table (file and source), or, where there is no measured
-    kernel table for the GPU and dtype, what stands in for it."""
+    kernel table for the GPU and dtype, what stands in for it (``kernels``: ``fused`` multi-GPU
+    kernels also take the fitted sustained fraction)."""
     if "scaled to" not in calibration_source:
         return [f"kernels: measured on this GPU ({calibration_source})"]
     table = gemm_table(gpu, precision)
-    dtype = table_dtype(precision) or precision
     if table is not None:
-        gemm = f"GEMM {dtype}: measured table {table.file} ({table.source})"
+        gemm = f"GEMM {table.dtype}: measured table {table.file} ({table.source})"
     else:
-        gemm = (f"no measured kernel table for {gpu.name} {precision} GEMMs: efficiency from the "
-                "H200 bf16 table transferred by datasheet peak and published matmul ceiling, "
-                "times the fitted sustained fraction"
+        gemm = (f"no measured kernel table for {gpu.name} {precision}: GEMM efficiency from the "
+                "H200 bf16 table transferred by datasheet peak and published matmul ceiling"
+                + (", times the fitted sustained fraction" if kernels == "fused" else "")
                 + (" and the fitted low-precision ratio" if precision in ("fp8", "fp4") else ""))
     attention = (f"no measured kernel table for {gpu.name} attention: flash-attention rate from "
                  "the H200 table at the same fraction of peak")
