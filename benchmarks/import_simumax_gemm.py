@@ -40,13 +40,17 @@ def main(path: str, gpu: str, dtype: str, commit: str) -> None:
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
     op = doc["accelerator"]["op"]["matmul"]
-    rows = {}
+    rows: dict = {}
     for key, eff in op["accurate_efficient_factor"].items():
         hit = _KEY.search(key)
-        if hit is None or "out_dtype=" not in key:
+        if hit is None:
             continue
         m, n, k, layout = forward_shape(*(int(v) for v in hit.groups()[:3]), hit.group(4))
-        rows.setdefault((m, n, k, layout), []).append(float(eff))
+        fp32_out = "out_dtype=fp32" in key
+        rows.setdefault((m, n, k, layout), {}).setdefault(fp32_out, []).append(float(eff))
+    # the weight gradient accumulates into Megatron's fp32 main gradient (gradient-accumulation
+    # fusion): its fp32-output rows where the file has both
+    rows = {shape: v.get(True) or v[False] for shape, v in rows.items()}
     print(f"# Measured {dtype} GEMM efficiency of one NVIDIA {gpu}: achieved 2*m*n*k FLOP/s over "
           f"the dense {dtype} peak of {op['tflops']:g} TFLOP/s.")
     print(f"# source: SimuMax (github.com/MooreThreads/SimuMax) configs/system/{doc['sys_name']}.json"
@@ -54,7 +58,8 @@ def main(path: str, gpu: str, dtype: str, commit: str) -> None:
     print("# field: accelerator.op.matmul.accurate_efficient_factor, measured on the machine of that")
     print("# file; converted by benchmarks/import_simumax_gemm.py. Shapes as the forward GEMM: m")
     print("# tokens, n output features, k input features; layout fwd (SimuMax TN), dgrad (NN),")
-    print("# wgrad (NT). Units: efficiency [-] of peak_tflops [TFLOP/s]; repeated shapes averaged.")
+    print("# wgrad (NT, its fp32-output rows: accumulation into the fp32 main gradient). Units:")
+    print("# efficiency [-] of peak_tflops [TFLOP/s]; repeated shapes averaged.")
     print("gpu,dtype,peak_tflops,m,n,k,layout,efficiency")
     for (m, n, k, layout), effs in sorted(rows.items()):
         print(f"{gpu},{dtype},{op['tflops']:g},{m},{n},{k},{layout},{sum(effs) / len(effs):.4f}")

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import functools
 import io
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -37,7 +38,7 @@ from perfmodel.hardware.calibration import LAYOUTS, Calibration
 from perfmodel.spec.specs import GPUSpec
 
 __all__ = ["KERNEL_TABLE_DIR", "GemmTable", "gemm_table", "kernel_table_notes",
-           "table_dtype", "with_gemm_table"]
+           "read_gemm_table", "table_dtype", "with_gemm_table"]
 
 KERNEL_TABLE_DIR = SPECS_ROOT / "kernels"
 """Folder of the shipped kernel tables (``<gpu>-<dtype>-gemm.csv``)."""
@@ -75,11 +76,14 @@ def _header(text: str) -> str:
     return "source not stated"
 
 
-def _read_table(name: str) -> GemmTable:
-    """A shipped table, checked (columns, one GPU and dtype, efficiencies in (0, 1])."""
-    path = KERNEL_TABLE_DIR / name
+def read_gemm_table(path: Path) -> GemmTable:
+    """A GEMM table file, checked (columns, one GPU and dtype, efficiencies in (0, 1]);
+    :class:`SpecError` (one line) else."""
     text = read_text_bounded(path, "CSV")
-    df = pd.read_csv(io.StringIO(text), comment="#")
+    try:
+        df = pd.read_csv(io.StringIO(text), comment="#")
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as err:
+        raise SpecError(f"{shown(path)}: not a CSV table: {shown(err)}") from None
     missing = [c for c in _COLUMNS if c not in df.columns]
     if missing or df.empty:
         raise SpecError(f"{shown(path)}: " + (f"missing columns {missing}" if missing
@@ -99,7 +103,8 @@ def _read_table(name: str) -> GemmTable:
                           g["efficiency"].to_numpy(dtype=np.float64))
     return GemmTable(gpu=str(df["gpu"].iloc[0]), dtype=str(df["dtype"].iloc[0]),
                      peak_tflops=float(df["peak_tflops"].iloc[0]),
-                     file=f"hardware_specs/kernels/{name}", source=_header(text), points=points)
+                     file=f"hardware_specs/kernels/{path.name}", source=_header(text),
+                     points=points)
 
 
 @functools.lru_cache(maxsize=1)
@@ -107,7 +112,7 @@ def _tables() -> dict[tuple[str, str], GemmTable]:
     """(GPU name, dtype) -> table, for every shipped ``*-gemm.csv``."""
     out = {}
     for p in sorted(KERNEL_TABLE_DIR.glob("*-gemm.csv")):
-        t = _read_table(p.name)
+        t = read_gemm_table(p)
         out[(t.gpu, t.dtype)] = t
     return out
 
@@ -139,10 +144,14 @@ def _table_calibration(cal: Calibration, gpu: str, dtype: str, gemm_scale: float
     table = _tables()[(gpu, dtype)]
     ratio = table.peak_tflops * 1e12 / cal.peak_flops_bf16
     points = {lay: (pts, np.log(eff * ratio)) for lay, (pts, eff) in table.points.items()}
-    return replace(cal, gemm_points=points, gemm_tiles=None, gemm_points_plain=None,
-                   gemm_scale=gemm_scale, gemm_m_scale=1.0, name=f"{cal.name}+{table.file}",
-                   source=f"{cal.source}; GEMMs: measured table {table.file} ({table.source})",
-                   _interp={})
+    # a plain Calibration (a profiled one shares its base's interpolators: rebuild them here)
+    return Calibration(**{
+        **{f.name: getattr(cal, f.name) for f in fields(Calibration)},
+        "gemm_points": points, "gemm_tiles": None, "gemm_points_plain": None,
+        "gemm_scale": gemm_scale, "gemm_m_scale": 1.0, "name": f"{cal.name}+{table.file}",
+        "source": f"{cal.source}; GEMMs: measured table {table.file} ({table.source})",
+        "_interp": {},
+    })
 
 
 def kernel_table_notes(gpu: GPUSpec, precision: str, calibration_source: str,
