@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfmodel.compute.layer import sustained_gemm_fraction
 from perfmodel.core import units
 from perfmodel.core.codes import COMPRESSION, RECOMPUTE, SCHEDULE
 from perfmodel.hardware.calibration import calibration_for
@@ -452,7 +453,7 @@ def finalize_batch(
             "kernel_tables": kernel_table_notes(
                 space.cluster.gpu, space.training.precision,
                 calibration_for(space.cluster.gpu, getattr(problem, "calibration", None)).source,
-                problem.kernels),
+                sustained_gemm_fraction(space.cluster.gpu) if problem.kernels == "fused" else 1.0),
             "training_switches": {k: getattr(space.training, k) for k in (
                 "overlap_grad_reduce", "overlap_tp_comm", "overlap_p2p_comm",
                 "flash_attention", "zero3_gather", "grad_reduce_in_fp32", "fp8_params",

@@ -155,11 +155,12 @@ def _table_calibration(cal: Calibration, gpu: str, dtype: str, gemm_scale: float
 
 
 def kernel_table_notes(gpu: GPUSpec, precision: str, calibration_source: str,
-                       kernels: str = "fused") -> list[str]:
+                       sustained_fraction: float = 1.0) -> list[str]:
     """One line per kernel family saying where this run's efficiencies come from: a measured
     calibration of the GPU, a published table (file and source), or, where there is no measured
-    kernel table for the GPU and dtype, what stands in for it (``kernels``: ``fused`` multi-GPU
-    kernels also take the fitted sustained fraction)."""
+    kernel table for the GPU and dtype, what stands in for it (``sustained_fraction``: the
+    fraction fitted on end-to-end rows that scales the transferred GEMM efficiency, 1 when none
+    applies)."""
     if "scaled to" not in calibration_source:
         return [f"kernels: measured on this GPU ({calibration_source})"]
     table = gemm_table(gpu, precision)
@@ -168,7 +169,8 @@ def kernel_table_notes(gpu: GPUSpec, precision: str, calibration_source: str,
     else:
         gemm = (f"no measured kernel table for {gpu.name} {precision}: GEMM efficiency from the "
                 "H200 bf16 table transferred by datasheet peak and published matmul ceiling"
-                + (", times the fitted sustained fraction" if kernels == "fused" else "")
+                + (f", times the sustained fraction {sustained_fraction:.3g} fitted on end-to-end "
+                   "rows" if sustained_fraction != 1.0 else "")
                 + (" and the fitted low-precision ratio" if precision in ("fp8", "fp4") else ""))
     attention = (f"no measured kernel table for {gpu.name} attention: flash-attention rate from "
                  "the H200 table at the same fraction of peak")
