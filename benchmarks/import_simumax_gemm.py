@@ -15,7 +15,7 @@ convention of ``hardware_specs/calibration/*/gemm.csv``) with the layout ``fwd``
 
     git -C SimuMax show COMMIT:configs/system/b200_bf16_ceperm.json > b200.json
     python benchmarks/import_simumax_gemm.py b200.json B200 bf16 COMMIT \
-        > hardware_specs/kernels/b200-bf16-gemm.csv
+        configs/system/b200_bf16_ceperm.json > hardware_specs/kernels/b200-bf16-gemm.csv
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ def forward_shape(m: int, k: int, n: int, layout: str) -> tuple[int, int, int, s
     return k, m, n, "wgrad"  # NT: m output features, k tokens, n input features
 
 
-def main(path: str, gpu: str, dtype: str, commit: str) -> None:
+def main(path: str, gpu: str, dtype: str, commit: str, repo_path: str) -> None:
+    """Print the table of the SimuMax system file ``path`` (``repo_path`` in the repository at
+    ``commit``) for ``gpu`` (a GPU spec's name) and ``dtype``."""
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
     op = doc["accelerator"]["op"]["matmul"]
@@ -53,7 +55,7 @@ def main(path: str, gpu: str, dtype: str, commit: str) -> None:
     rows = {shape: v.get(True) or v[False] for shape, v in rows.items()}
     print(f"# Measured {dtype} GEMM efficiency of one NVIDIA {gpu}: achieved 2*m*n*k FLOP/s over "
           f"the dense {dtype} peak of {op['tflops']:g} TFLOP/s.")
-    print(f"# source: SimuMax (github.com/MooreThreads/SimuMax) configs/system/{doc['sys_name']}.json"
+    print(f"# source: SimuMax (github.com/MooreThreads/SimuMax) {repo_path}"
           f" at commit {commit}")
     print("# field: accelerator.op.matmul.accurate_efficient_factor, measured on the machine of that")
     print("# file; converted by benchmarks/import_simumax_gemm.py. Shapes as the forward GEMM: m")
@@ -66,4 +68,4 @@ def main(path: str, gpu: str, dtype: str, commit: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])

@@ -16,9 +16,12 @@ calibration folder), ``layout`` (``fwd``, ``dgrad``, ``wgrad``) and ``efficiency
 interpolated as a calibration's (piecewise-linear in ``log`` over ``(log2 m, log2 n, log2
 k)``, nearest measured shape outside their hull; :meth:`Calibration.gemm_efficiency`).
 
-Shipped: B200 bf16 (SimuMax ``configs/system/b200_bf16_ceperm.json``, 432 shapes of dense
-Llama / DeepSeek layer GEMMs; mean efficiency 0.49 of the 2,250 TFLOP/s peak). No other GPU and
-dtype has a published per-shape table here: :func:`kernel_table_notes` says so for each run.
+Shipped (the ``gpu`` column matches a GPU spec's name, case aside): B200 bf16 (SimuMax
+``configs/system/b200_bf16_ceperm.json``, 432 shapes of dense Llama / DeepSeek layer GEMMs;
+median efficiency 0.49 of the 2,250 TFLOP/s peak) and A100-PCIe-80GB bf16 (SimuMax
+``configs/system/a100_pcie.json``, 183 shapes, median 0.73 of 312 TFLOP/s; used by a GPU preset
+of that name, none shipped yet). No other GPU and dtype has a published per-shape table here:
+:func:`kernel_table_notes` says so for each run.
 """
 
 from __future__ import annotations
@@ -113,7 +116,7 @@ def _tables() -> dict[tuple[str, str], GemmTable]:
     out = {}
     for p in sorted(KERNEL_TABLE_DIR.glob("*-gemm.csv")):
         t = read_gemm_table(p)
-        out[(t.gpu, t.dtype)] = t
+        out[(t.gpu.upper(), t.dtype)] = t
     return out
 
 
@@ -121,7 +124,7 @@ def gemm_table(gpu: GPUSpec, precision: str) -> GemmTable | None:
     """The published GEMM table of ``gpu`` for the layer GEMMs of a run at ``precision``, or
     None where none is shipped."""
     dtype = table_dtype(precision)
-    return None if dtype is None else _tables().get((gpu.name, dtype))
+    return None if dtype is None else _tables().get((gpu.name.upper(), dtype))
 
 
 def with_gemm_table(cal: Calibration, table: GemmTable, gemm_scale: float = 1.0) -> Calibration:
@@ -141,7 +144,7 @@ def with_gemm_table(cal: Calibration, table: GemmTable, gemm_scale: float = 1.0)
 def _table_calibration(cal: Calibration, gpu: str, dtype: str, gemm_scale: float) -> Calibration:
     """:func:`with_gemm_table`, built once per calibration (hashed by identity), table and
     scale: the interpolators are triangulated once."""
-    table = _tables()[(gpu, dtype)]
+    table = _tables()[(gpu.upper(), dtype)]
     ratio = table.peak_tflops * 1e12 / cal.peak_flops_bf16
     points = {lay: (pts, np.log(eff * ratio)) for lay, (pts, eff) in table.points.items()}
     # a plain Calibration (a profiled one shares its base's interpolators: rebuild them here)

@@ -83,3 +83,13 @@ def test_bad_table_is_refused_with_one_line(tmp_path):
     p.write_text("gpu,dtype,m\nX,bf16,1\n")
     with pytest.raises(SpecError, match="missing columns"):
         read_gemm_table(p)
+
+
+def test_a100_pcie_table_serves_a_gpu_of_that_name():
+    """SimuMax a100_pcie.json: m=4096, k=5120, n=1536 TN 0.788 (of 312 TFLOP/s); no shipped
+    preset has that name, so the A100-SXM4 keeps the transferred curve."""
+    sxm = load_gpu("a100-sxm4-80gb")
+    pcie = sxm.model_copy(update={"name": "A100-PCIe-80GB"})
+    assert gemm_table(sxm, "bf16") is None
+    cal = sustained_calibration(pcie, None, "fused", "bf16")
+    assert float(cal.gemm_efficiency(4096, 1536, 5120)) == pytest.approx(0.788, abs=5e-4)
