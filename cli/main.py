@@ -580,6 +580,8 @@ def _print_best(out: Console, r: Any, plan_kwargs: dict[str, Any] | None = None)
     evidence = _calibration_line(s)
     if evidence:
         out.print(f"  {evidence}", soft_wrap=True)
+    for line in s.get("kernel_tables") or ():
+        out.print(f"  {line}", soft_wrap=True, markup=False)
     b = r.breakdown(0)
     t = Table(title="step time (communication rows: the part overlap leaves exposed)",
               title_justify="left")

@@ -18,8 +18,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfmodel.compute.layer import sustained_gemm_fraction
 from perfmodel.core import units
 from perfmodel.core.codes import COMPRESSION, CP_COMM, RECOMPUTE, SCHEDULE
+from perfmodel.hardware.calibration import calibration_for
+from perfmodel.hardware.kernel_tables import kernel_table_notes
 from perfmodel.hardware.overlap import gpu_generation
 from perfmodel.parallel.config import ConfigBatch
 from search.intervals import Interval, interval_for
@@ -456,6 +459,10 @@ def finalize_batch(
             "framework_source": (getattr(problem, "assumed", None) or {}).get("framework"),
             "profile": getattr(problem, "profile", None),
             "interval": interval.basis(),
+            "kernel_tables": kernel_table_notes(
+                space.cluster.gpu, space.training.precision,
+                calibration_for(space.cluster.gpu, getattr(problem, "calibration", None)).source,
+                sustained_gemm_fraction(space.cluster.gpu) if problem.kernels == "fused" else 1.0),
             "training_switches": {k: getattr(space.training, k) for k in (
                 "overlap_grad_reduce", "overlap_tp_comm", "overlap_p2p_comm",
                 "flash_attention", "zero3_gather", "grad_reduce_in_fp32", "fp8_params",

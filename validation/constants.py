@@ -60,7 +60,8 @@ def _dense_constants() -> list[FittedConstant]:
                        "GEMM rate of a node training at its power limit / one-GPU MAMF (Hopper)",
                        _FIT, _NEMO_ROWS, "dev rows"),
         FittedConstant("gpus/b200.toml sustained_gemm_fraction", _gpu_fraction("b200"), "1",
-                       "the same, B200 (no calibration published)", _FIT,
+                       "the same, B200 fp8 GEMMs (bf16 GEMMs: the published SimuMax "
+                       "table, hardware_specs/kernels/b200-bf16-gemm.csv)", _FIT,
                        "R0162-R0165, R0175-R0178 (Megatron-Bridge 25.09/25.11)", "dev rows"),
         FittedConstant("gpus/gb200.toml sustained_gemm_fraction", _gpu_fraction("gb200"), "1",
                        "the same, GB200", _FIT,

@@ -46,6 +46,7 @@ from perfmodel.compute import eager as eager_kernels
 from perfmodel.core.codes import CpComm, Recompute
 from perfmodel.core.errors import SpecError
 from perfmodel.hardware.calibration import KERNEL_MIN_S, Calibration, calibration_for
+from perfmodel.hardware.kernel_tables import gemm_table, with_gemm_table
 from perfmodel.hardware.overlap import gpu_generation
 from perfmodel.moe import dispatch as moe_dispatch
 from perfmodel.moe import experts as moe
@@ -183,21 +184,32 @@ def sustained_gemm_fraction(gpu: GPUSpec) -> float:
     return float(own) if own is not None else SUSTAINED_GEMM_FRACTION[gpu_generation(gpu)]
 
 
-def sustained_calibration(gpu: GPUSpec, calibration=None, kernels: str = "fused") -> Calibration:
-    """The GPU's calibration with :func:`sustained_gemm_fraction` applied to its GEMM efficiency
-    when the efficiency was transferred from another GPU's one-GPU measurement (the shipped H200
-    tables scaled by datasheet; a calibration passed in, e.g. under an efficiency profile, is
-    checked by its ``source``) and the kernels are the fused multi-GPU ones."""
-    if calibration is None:
-        cal = calibration_for(gpu)
-        if kernels == "fused" and "scaled to" in cal.source:
-            return calibration_for(gpu, None, gemm_scale=sustained_gemm_fraction(gpu))
+def sustained_calibration(gpu: GPUSpec, calibration=None, kernels: str = "fused",
+                          precision: str | None = None) -> Calibration:
+    """The GPU's calibration as its layer GEMMs are priced.
+
+    A GPU measured by its own calibration (or given one, e.g. under an efficiency profile)
+    keeps it. A GPU whose efficiency is transferred from another GPU's one-GPU measurement (the
+    shipped H200 tables scaled by datasheet; checked by the calibration's ``source``) takes, in
+    this order: the published GEMM table of its part and ``precision``
+    (:func:`perfmodel.hardware.kernel_tables.gemm_table`: a kernel measurement, used as
+    measured, times an efficiency profile's correction only), else, with the fused multi-GPU
+    kernels, :func:`sustained_gemm_fraction` applied to the transferred efficiency.
+    """
+    base = calibration_for(gpu)
+    cal = base if calibration is None else calibration_for(gpu, calibration)
+    if "scaled to" not in cal.source:
         return cal
-    cal = calibration_for(gpu, calibration)
-    if kernels == "fused" and "scaled to" in cal.source:
-        f = sustained_gemm_fraction(gpu)
-        if f != 1.0:  # the interpolators do not depend on gemm_scale: share them
-            return replace(cal, gemm_scale=cal.gemm_scale * f)
+    table = None if precision is None else gemm_table(gpu, precision)
+    if table is not None:
+        return with_gemm_table(cal, table, cal.gemm_scale / base.gemm_scale)
+    if kernels != "fused":
+        return cal
+    if calibration is None:
+        return calibration_for(gpu, None, gemm_scale=sustained_gemm_fraction(gpu))
+    f = sustained_gemm_fraction(gpu)
+    if f != 1.0:  # the interpolators do not depend on gemm_scale: share them
+        return replace(cal, gemm_scale=cal.gemm_scale * f)
     return cal
 
 
@@ -1165,7 +1177,7 @@ def _compute_times(model, training, gpu, batch, kernels, calibration) -> dict[st
     if kernels == "eager" and model.is_hybrid:
         raise SpecError(f"model '{model.name}': hybrid Mamba2 layers are modelled with fused "
                         "kernels only (kernels='fused')")
-    cal = sustained_calibration(gpu, calibration, kernels)
+    cal = sustained_calibration(gpu, calibration, kernels, training.precision)
     eager = kernels == "eager"
     n = len(batch)
     c = _layer_context(model, training, gpu, batch, cal, eager)
