@@ -274,34 +274,40 @@ def expert_dp_ops(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch
                     training, batch)
 
 
-def zero_ops(psi: np.ndarray, n: np.ndarray, training: TrainingSpec, batch: ConfigBatch
-             ) -> dict[str, CollectiveOp]:
-    """Gradient-reduction and ZeRO collectives of ``psi`` parameters per GPU over a group of
-    ``n`` GPUs (the body of :func:`dp_ops`)."""
+def zero_op_counts(batch: ConfigBatch) -> dict[str, np.ndarray]:
+    """How many of each collective of :func:`zero_ops` a step issues, per configuration (0
+    where a kind does not apply): the counts of :func:`dp_ops` and :func:`expert_dp_ops`."""
     m = batch.num_microbatches.astype(np.float64)
     z = batch.zero_stage
     topk = batch.grad_compression == Compression.TOPK
+    zeros = np.zeros(len(batch))
+    one = np.ones(len(batch))
+    return {
+        "grad_all_reduce": np.where((z == 0) & ~topk, one, zeros),
+        "grad_sparse_all_gather": np.where((z == 0) & topk, one, zeros),
+        "grad_reduce_scatter": np.select([z == 1, z >= 2], [one, m], zeros),
+        "param_all_gather": np.where((z == 1) | (z == 2), one, zeros),
+        "zero3_param_all_gather": np.where(
+            z == 3, (2 + (batch.recompute == Recompute.FULL)) * m, zeros),
+    }
+
+
+def zero_ops(psi: np.ndarray, n: np.ndarray, training: TrainingSpec, batch: ConfigBatch
+             ) -> dict[str, CollectiveOp]:
+    """Gradient-reduction and ZeRO collectives of ``psi`` parameters per GPU over a group of
+    ``n`` GPUs (the body of :func:`dp_ops`; counts: :func:`zero_op_counts`)."""
     gc = compressed_grad_bytes_per_elem(training, batch)
     w = param_bytes_per_elem(training)
-    zeros = np.zeros_like(psi)
-    one = np.ones_like(psi)
+    count = zero_op_counts(batch)
     return {
-        "grad_all_reduce": CollectiveOp(
-            "all_reduce", psi * gc, np.where((z == 0) & ~topk, one, zeros), n
-        ),
+        "grad_all_reduce": CollectiveOp("all_reduce", psi * gc, count["grad_all_reduce"], n),
         "grad_sparse_all_gather": CollectiveOp(
-            "all_gather", n * psi * gc, np.where((z == 0) & topk, one, zeros), n
-        ),
+            "all_gather", n * psi * gc, count["grad_sparse_all_gather"], n),
         "grad_reduce_scatter": CollectiveOp(
-            "reduce_scatter", psi * gc, np.select([z == 1, z >= 2], [one, m], zeros), n
-        ),
-        "param_all_gather": CollectiveOp(
-            "all_gather", psi * w, np.where((z == 1) | (z == 2), one, zeros), n
-        ),
+            "reduce_scatter", psi * gc, count["grad_reduce_scatter"], n),
+        "param_all_gather": CollectiveOp("all_gather", psi * w, count["param_all_gather"], n),
         "zero3_param_all_gather": CollectiveOp(
-            "all_gather", psi * w,
-            np.where(z == 3, (2 + (batch.recompute == Recompute.FULL)) * m, zeros), n
-        ),
+            "all_gather", psi * w, count["zero3_param_all_gather"], n),
     }
 
 

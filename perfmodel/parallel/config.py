@@ -465,6 +465,18 @@ class ConfigBatch:
             cache[names] = (sub, codes)
         return cache[names]
 
+    def per_distinct(self, names: tuple[str, ...], fn) -> dict[str, np.ndarray]:
+        """``fn(batch)`` (a dict of per-configuration arrays) computed once per distinct
+        configuration by the fields ``names`` and spread back (:meth:`unique_by`): exact for
+        an elementwise ``fn`` that reads only those fields. Small batches, and batches whose
+        rows are mostly distinct, are computed as they are."""
+        if len(self) > 256:
+            sub, codes = self.unique_by(names)
+            if 2 * len(sub) < len(self):
+                return {k: v.take(codes, axis=0) if np.ndim(v) else v
+                        for k, v in fn(sub).items()}
+        return fn(self)
+
     def _unique_by(self, names: tuple[str, ...]) -> tuple[ConfigBatch, np.ndarray]:
         key = np.zeros(len(self), dtype=np.int64)
         radix = 1  # distinct values key can take so far
@@ -481,6 +493,9 @@ class ConfigBatch:
                 radix = len(uniq_k)
             key = key * span + (v - lo)
             radix *= span
+        if radix <= max(4 * len(self), 1 << 16):  # a dense table of the keys: no sort
+            codes, first = _factorize_dense(key, radix)
+            return self.take(first), codes
         codes, uniq = _factorize(key)
         first = np.empty(len(uniq), dtype=np.int64)
         first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
@@ -526,6 +541,19 @@ def _factorize(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rank = np.empty(len(order), dtype=np.int64)
     rank[order] = np.arange(len(order))
     return rank[inv.reshape(-1)], uniq[order]
+
+
+def _factorize_dense(key: np.ndarray, radix: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_factorize` of integer keys in ``[0, radix)`` by a table of ``radix`` entries
+    (linear time): the codes in order of first occurrence and each code's first row."""
+    n = len(key)
+    first_of_key = np.full(radix, n, dtype=np.int64)
+    first_of_key[key[::-1]] = np.arange(n - 1, -1, -1)  # the last write (first row) wins
+    present = np.flatnonzero(first_of_key < n)
+    first = np.sort(first_of_key[present])
+    rank = np.empty(radix, dtype=np.int64)
+    rank[key[first]] = np.arange(len(first))
+    return rank[key], first
 
 
 def _take(v, idx):
