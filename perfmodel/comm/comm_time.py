@@ -119,7 +119,8 @@ def comm_times(
     # Each term is computed once per distinct value of the fields it reads
     # (:meth:`ConfigBatch.per_distinct`; search batches repeat them many times over), in the
     # order below: MoE, one layer's TP and CP, the pipeline send, the data-parallel reduction.
-    ep = batch.per_distinct(_COMM_FIELDS, lambda b: moe_comm_times(model, training, cluster, b))
+    ep = (batch.per_distinct(_COMM_FIELDS, lambda b: moe_comm_times(model, training, cluster, b))
+          if model.is_moe else moe_comm_times(model, training, cluster, batch))
     layer = batch.per_distinct(_LAYER_COMM_FIELDS,
                                lambda b: _layer_comm_times(model, training, cluster, b))
     pp = batch.per_distinct(_PP_COMM_FIELDS, lambda b: _pp_comm_times(model, training, cluster, b))

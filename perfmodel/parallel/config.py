@@ -478,28 +478,40 @@ class ConfigBatch:
         return fn(self)
 
     def _unique_by(self, names: tuple[str, ...]) -> tuple[ConfigBatch, np.ndarray]:
+        # A mixed-radix key of per-field codes, re-coded to its distinct values whenever it
+        # would outgrow a dense table of ``limit`` entries: linear time, no sort.
+        limit = max(4 * len(self), 1 << 16)
         key = np.zeros(len(self), dtype=np.int64)
         radix = 1  # distinct values key can take so far
         for name in names:
+            v, span = self._field_codes(name, limit)
+            if radix * span > limit:  # re-code the key (stays <= len(self))
+                key, first = _factorize_dense(key, radix)
+                radix = len(first)
+            key = key * span + v
+            radix *= span
+            if radix > limit:  # still too wide for a table: sort
+                key, uniq = _factorize(key)
+                radix = len(uniq)
+        codes, first = _factorize_dense(key, radix)
+        return self.take(first), codes
+
+    def _field_codes(self, name: str, limit: int) -> tuple[np.ndarray, int]:
+        """One field as int64 codes in ``[0, span)`` and ``span`` (small integers: the value
+        less the smallest; else the distinct values in order of first occurrence). Computed
+        once per batch and field."""
+        cache = self.__dict__.setdefault("_field_code_cache", {})
+        if name not in cache:
             v = np.asarray(getattr(self, name))
             v = v.astype(np.int64) if v.dtype.kind == "b" else v
             lo, hi = (v.min(), v.max()) if len(v) else (0, 0)
             span = int(hi) - int(lo) + 1 if v.dtype.kind in "iu" else 0
-            if span <= 0 or radix * span >= 2**62:  # not small integers: code the values
+            if 0 < span <= limit:
+                cache[name] = ((v - lo).astype(np.int64), span)
+            else:  # not small integers: code the values
                 codes_v, uniq_v = _factorize(v)
-                v, lo, span = codes_v, 0, len(uniq_v)
-            if radix * span >= 2**62:  # re-code the key (stays < len(self))
-                key, uniq_k = _factorize(key)
-                radix = len(uniq_k)
-            key = key * span + (v - lo)
-            radix *= span
-        if radix <= max(4 * len(self), 1 << 16):  # a dense table of the keys: no sort
-            codes, first = _factorize_dense(key, radix)
-            return self.take(first), codes
-        codes, uniq = _factorize(key)
-        first = np.empty(len(uniq), dtype=np.int64)
-        first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
-        return self.take(first), codes
+                cache[name] = (codes_v, max(len(uniq_v), 1))
+        return cache[name]
 
     def config(self, i: int) -> ParallelConfig:
         """The i-th configuration as a ParallelConfig."""
