@@ -1355,9 +1355,9 @@ def even_memory_breakdown(
     eager = kernels == "eager"
     ctx = _memory_context(model, training, cluster.gpu, batch, eager, flash_attention, dropout)
     # 1. Parameters per GPU on the first, last and a middle rank, routed experts apart.
-    params = _stage_param_counts(ctx)
     # 2. Weights, gradients and optimizer states by ZeRO stage.
-    states = _stage_model_state_bytes(ctx, params)
+    params, states = batch.per_distinct(_STATE_FIELDS, lambda b: _params_and_states(
+        _memory_context(model, training, cluster.gpu, b, eager, flash_attention, ctx.dropout)))
     # 3. Activations: the layers kept, the layer being recomputed, the embedding and the loss.
     acts = _stage_activation_bytes(ctx, params)
     # 4. Other buffers; gradients that live in eager DDP's bucket copy are counted there.
@@ -1455,6 +1455,30 @@ class _RankParamCounts:
     experts_layer: np.ndarray
 
 
+#: The fields steps 1 and 2 of :func:`memory_breakdown` read (the layer layout, tp, the ZeRO
+#: stage and the groups that shard the states).
+_STATE_FIELDS = ("tp", "pp", "vp", "first_stage_layers", "last_stage_layers",
+                 "embedding_as_layer", "loss_as_layer", "dp", "cp", "zero_stage", "ep", "etp")
+#: The fields one layer's activations read (:func:`stage_layer_activation_bytes`).
+_LAYER_SHAPE_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "recompute")
+
+
+def _params_and_states(ctx: _MemoryContext) -> tuple[_RankParamCounts, _RankStateBytes]:
+    """Steps 1 and 2 of :func:`memory_breakdown` (:func:`_stage_param_counts`,
+    :func:`_stage_model_state_bytes`), computed once per distinct :data:`_STATE_FIELDS`."""
+    params = _stage_param_counts(ctx)
+    return params, _stage_model_state_bytes(ctx, params)
+
+
+def _layer_activation_terms(ctx: _MemoryContext) -> dict:
+    """:func:`stage_layer_activation_bytes` of ``ctx``: ``kept``, ``full`` [bytes], ``e``,
+    ``gi`` [bytes per value]."""
+    kept, full, e, gi = stage_layer_activation_bytes(
+        ctx.model, ctx.training, ctx.seq, ctx.mbs, ctx.tp, ctx.sp, ctx.rc, eager=ctx.eager,
+        flash_attention=ctx.flash_attention, dropout=ctx.dropout)
+    return {"kept": kept, "full": full, "e": e, "gi": gi}
+
+
 def _stage_param_counts(ctx: _MemoryContext) -> _RankParamCounts:
     """Step 1 of :func:`memory_breakdown`: parameters per GPU [count], with Megatron-LM's layer
     layout (uneven first/last stages, or the embedding and the loss counted as layers:
@@ -1484,7 +1508,8 @@ def _stage_param_counts(ctx: _MemoryContext) -> _RankParamCounts:
 
 @dataclass(frozen=True)
 class _RankStateBytes:
-    """Model states of the first and last rank, ``(weights, gradients, optimizer)`` [bytes];
+    """Model states of the first, last and a middle rank, ``(weights, gradients, optimizer)``
+    [bytes] (the middle rank's without eager FSDP2's sharded weights: fused kernels only);
     the bytes per parameter of :func:`kernel_state_bytes_per_param` (``w_bpp``, ``g_bpp``,
     ``o_bpp``, ``copy_bpp``, ``fp8_params``) and ``state``, the ZeRO operands of
     :func:`rank_state_bytes` after the parameter counts."""
@@ -1497,6 +1522,7 @@ class _RankStateBytes:
     state: tuple
     first: tuple
     last: tuple
+    middle: tuple
 
 
 def _stage_model_state_bytes(ctx: _MemoryContext, par: _RankParamCounts) -> _RankStateBytes:
@@ -1523,7 +1549,8 @@ def _stage_model_state_bytes(ctx: _MemoryContext, par: _RankParamCounts) -> _Ran
                                                    w_bpp)
     return _RankStateBytes(w_bpp=w_bpp, g_bpp=g_bpp, o_bpp=o_bpp, copy_bpp=copy_bpp,
                             fp8_params=fp8_params, state=state, first=(w1, g1, o1),
-                            last=(w2, g2, o2))
+                            last=(w2, g2, o2),
+                            middle=rank_state_bytes(par.params_mid, par.experts_mid, *state))
 
 
 def _without_bucketed_gradients(states: _RankStateBytes, grads_in_buffer) -> _RankStateBytes:
@@ -1573,9 +1600,9 @@ def _stage_activation_bytes(ctx: _MemoryContext, par: _RankParamCounts
     Korthikanti et al. 2022, Table 2 and Sec. 4.2.3; Narayanan et al. 2021, Sec. 2.2.
     """
     model, training, c, eager, rc = ctx.model, ctx.training, ctx.batch, ctx.eager, ctx.rc
-    layer_bytes, layer_full_bytes, e, gi = stage_layer_activation_bytes(
-        model, training, ctx.seq, ctx.mbs, ctx.tp, ctx.sp, rc, eager=eager,
-        flash_attention=ctx.flash_attention, dropout=ctx.dropout)
+    one = c.per_distinct(_LAYER_SHAPE_FIELDS, lambda b: _layer_activation_terms(_memory_context(
+        model, training, ctx.gpu, b, eager, ctx.flash_attention, ctx.dropout)))
+    layer_bytes, layer_full_bytes, e, gi = one["kept"], one["full"], one["e"], one["gi"]
     moe_kept_bytes, moe_full_bytes = moe_layer_activation_bytes(model, training, c, rc, e, gi)
     layer_bytes = layer_bytes + moe_kept_bytes
     layer_full_bytes = layer_full_bytes + moe_full_bytes
@@ -1679,7 +1706,7 @@ def _middle_rank_bytes(ctx: _MemoryContext, par: _RankParamCounts, states: _Rank
     infl_mid = inflight_microbatches(ctx.pp, ctx.m, ctx.sched, ctx.vp, stage=1) + (
         moe.a2a_overlap_extra_inflight(ctx.training, ctx.batch))
     return (
-        *rank_state_bytes(par.params_mid, par.experts_mid, *states.state),
+        *states.middle,
         stage_activation_bytes(infl_mid, par.layers_mid, acts.n_offload, acts.layer_bytes,
                                acts.recompute_bytes, 0.0),
         other.base + other.zero3_first + stage_fp8_weight_cache_bytes(

@@ -12,7 +12,7 @@ a pipeline group by ``tp*cp*dp``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Annotated
 
 import numpy as np
@@ -466,15 +466,15 @@ class ConfigBatch:
         return cache[names]
 
     def per_distinct(self, names: tuple[str, ...], fn) -> dict[str, np.ndarray]:
-        """``fn(batch)`` (a dict of per-configuration arrays) computed once per distinct
+        """``fn(batch)`` (per-configuration arrays, or dicts, tuples or dataclasses of them:
+        :func:`spread_rows`) computed once per distinct
         configuration by the fields ``names`` and spread back (:meth:`unique_by`): exact for
         an elementwise ``fn`` that reads only those fields. Small batches, and batches whose
         rows are mostly distinct, are computed as they are."""
         if len(self) > 256:
             sub, codes = self.unique_by(names)
             if 2 * len(sub) < len(self):
-                return {k: v.take(codes, axis=0) if np.ndim(v) else v
-                        for k, v in fn(sub).items()}
+                return spread_rows(fn(sub), codes, len(sub))
         return fn(self)
 
     def _unique_by(self, names: tuple[str, ...]) -> tuple[ConfigBatch, np.ndarray]:
@@ -553,6 +553,23 @@ def _factorize(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rank = np.empty(len(order), dtype=np.int64)
     rank[order] = np.arange(len(order))
     return rank[inv.reshape(-1)], uniq[order]
+
+
+def spread_rows(value, codes: np.ndarray, n_sub: int):
+    """``value`` computed on ``n_sub`` distinct rows, spread back to every row (``codes``: each
+    row's distinct row): arrays whose first axis has ``n_sub`` entries are taken at ``codes``;
+    dicts, tuples and dataclasses are spread field by field; anything else (scalars, specs)
+    is returned as it is."""
+    if isinstance(value, np.ndarray):
+        return value.take(codes, axis=0) if value.ndim and value.shape[0] == n_sub else value
+    if isinstance(value, dict):
+        return {k: spread_rows(v, codes, n_sub) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(spread_rows(v, codes, n_sub) for v in value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return replace(value, **{f.name: spread_rows(getattr(value, f.name), codes, n_sub)
+                                 for f in fields(value) if f.init})
+    return value
 
 
 def _factorize_dense(key: np.ndarray, radix: int) -> tuple[np.ndarray, np.ndarray]:
