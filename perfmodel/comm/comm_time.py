@@ -243,6 +243,8 @@ _LAYER_COMM_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "reco
                       "etp")
 #: The fields the pipeline send reads (its group: pp with stride tp*cp*dp).
 _PP_COMM_FIELDS = ("tp", "cp", "dp", "pp", "micro_batch_size", "sequence_parallel")
+# (keys share their leading fields where they can: ConfigBatch.unique_by starts from the
+# distinct rows of a prefix it has already computed)
 #: The fields one data-parallel collective reads: the buffer (the largest stage's parameters
 #: per GPU and the gradient compression) and the dp x cp group.
 _DP_ONCE_FIELDS = ("tp", "cp", "dp", "pp", "vp", "first_stage_layers", "last_stage_layers",

@@ -1457,8 +1457,11 @@ class _RankParamCounts:
 
 #: The fields steps 1 and 2 of :func:`memory_breakdown` read (the layer layout, tp, the ZeRO
 #: stage and the groups that shard the states).
-_STATE_FIELDS = ("tp", "pp", "vp", "first_stage_layers", "last_stage_layers",
-                 "embedding_as_layer", "loss_as_layer", "dp", "cp", "zero_stage", "ep", "etp")
+_STATE_FIELDS = ("tp", "cp", "dp", "pp", "vp", "first_stage_layers", "last_stage_layers",
+                 "embedding_as_layer", "loss_as_layer", "grad_compression", "topk_ratio",
+                 "zero_stage", "ep", "etp")  # (gradient compression: a prefix shared with
+# perfmodel.comm.comm_time's data-parallel key, whose distinct rows ConfigBatch.unique_by
+# starts from)
 #: The fields one layer's activations read (:func:`stage_layer_activation_bytes`).
 _LAYER_SHAPE_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "recompute")
 

@@ -483,7 +483,12 @@ class ConfigBatch:
         limit = max(4 * len(self), 1 << 16)
         key = np.zeros(len(self), dtype=np.int64)
         radix = 1  # distinct values key can take so far
-        for name in names:
+        cache = self.__dict__.get("_unique_cache", {})
+        start = next((i for i in range(len(names) - 1, 0, -1) if names[:i] in cache), 0)
+        if start:  # the codes of a prefix already computed: start from them
+            sub, key = cache[names[:start]]
+            radix = len(sub)
+        for name in names[start:]:
             v, span = self._field_codes(name, limit)
             if radix * span > limit:  # re-code the key (stays <= len(self))
                 key, first = _factorize_dense(key, radix)
