@@ -1482,6 +1482,23 @@ def _layer_activation_terms(ctx: _MemoryContext) -> dict:
     return {"kept": kept, "full": full, "e": e, "gi": gi}
 
 
+#: The fields the in-flight micro-batches read (the schedule, and the MoE all-to-all
+#: overlap's switch: :func:`perfmodel.moe.experts.a2a_overlap_applies`).
+_INFLIGHT_FIELDS = ("pp", "vp", "num_microbatches", "schedule", "ep", "recompute")
+
+
+def _inflight_terms(ctx: _MemoryContext) -> dict:
+    """In-flight micro-batches of the first, last and a middle rank (``first``, ``last``:
+    :func:`stage_inflight_microbatches`; ``mid``: rank 1, fused, with the all-to-all overlap's
+    extra) and the loss's (``loss``: :func:`loss_inflight_microbatches`, fused)."""
+    first, last = stage_inflight_microbatches(ctx.training, ctx.batch, ctx.pp, ctx.m, ctx.sched,
+                                              ctx.vp, eager=ctx.eager)
+    mid = inflight_microbatches(ctx.pp, ctx.m, ctx.sched, ctx.vp, stage=1) + (
+        moe.a2a_overlap_extra_inflight(ctx.training, ctx.batch))
+    return {"first": first, "last": last, "mid": mid,
+            "loss": loss_inflight_microbatches(ctx.sched, ctx.m, last)}
+
+
 def _stage_param_counts(ctx: _MemoryContext) -> _RankParamCounts:
     """Step 1 of :func:`memory_breakdown`: parameters per GPU [count], with Megatron-LM's layer
     layout (uneven first/last stages, or the embedding and the loss counted as layers:
@@ -1581,6 +1598,7 @@ class _StageActivationBytes:
     gi: float | None
     infl_first: np.ndarray
     infl_last: np.ndarray
+    infl_mid: np.ndarray
     n_offload: int
     logits_transient_bytes: np.ndarray
     first: np.ndarray
@@ -1610,16 +1628,16 @@ def _stage_activation_bytes(ctx: _MemoryContext, par: _RankParamCounts
     layer_bytes = layer_bytes + moe_kept_bytes
     layer_full_bytes = layer_full_bytes + moe_full_bytes
     recompute_bytes = np.where(rc == Recompute.FULL, 0.0 if eager else layer_full_bytes, 0.0)
-    infl_first, infl_last = stage_inflight_microbatches(training, c, ctx.pp, ctx.m, ctx.sched,
-                                                        ctx.vp, eager=eager)
+    infl = c.per_distinct(_INFLIGHT_FIELDS, lambda b: _inflight_terms(_memory_context(
+        model, training, ctx.gpu, b, eager, ctx.flash_attention, ctx.dropout)))
+    infl_first, infl_last = infl["first"], infl["last"]
     embed_bytes = embedding_activation_bytes(ctx.tokens, ctx.h, ctx.sp_div, ctx.dropout,
                                              eager=eager)
     final_bytes = final_layer_activation_bytes(ctx.tokens, ctx.h, ctx.sp_div, e, eager=eager)
     logits_held_bytes, logits_transient_bytes = loss_buffer_bytes(training, ctx.logits,
                                                                   eager=eager)
     n_offload = 0 if eager else training.cpu_offload_layers  # CPU activation offloading
-    mb_loss = (np.ceil(infl_last) if eager
-               else loss_inflight_microbatches(ctx.sched, ctx.m, infl_last))
+    mb_loss = np.ceil(infl_last) if eager else infl["loss"]
     loss_bytes = mb_loss * (final_bytes + logits_held_bytes)
     act_first, act_last = single_stage_activation_bytes(
         stage_activation_bytes(infl_first, par.layers_first, n_offload, layer_bytes,
@@ -1630,7 +1648,7 @@ def _stage_activation_bytes(ctx: _MemoryContext, par: _RankParamCounts
     return _StageActivationBytes(
         layer_bytes=layer_bytes, layer_full_bytes=layer_full_bytes,
         recompute_bytes=recompute_bytes, e=e, gi=gi, infl_first=infl_first,
-        infl_last=infl_last, n_offload=n_offload,
+        infl_last=infl_last, infl_mid=infl["mid"], n_offload=n_offload,
         logits_transient_bytes=logits_transient_bytes, first=act_first, last=act_last)
 
 
@@ -1706,8 +1724,7 @@ def _middle_rank_bytes(ctx: _MemoryContext, par: _RankParamCounts, states: _Rank
     ----------
     Narayanan et al. 2021, Sec. 2.2.
     """
-    infl_mid = inflight_microbatches(ctx.pp, ctx.m, ctx.sched, ctx.vp, stage=1) + (
-        moe.a2a_overlap_extra_inflight(ctx.training, ctx.batch))
+    infl_mid = acts.infl_mid
     return (
         *states.middle,
         stage_activation_bytes(infl_mid, par.layers_mid, acts.n_offload, acts.layer_bytes,
