@@ -157,6 +157,10 @@ def _read_env(folder: Path) -> dict:
 
 
 
+#: Sets of distinct points whose interpolated values a calibration remembers (per table).
+_LOOKUP_MEMO_SIZE = 256
+
+
 def unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct rows of a 2-D float array and each row's index among them
     (``uniq[inv] == a``), as ``np.unique(a, axis=0, return_inverse=True)`` up to the order of
@@ -237,19 +241,33 @@ class Calibration:
         barycentric sum is written out term by term (no BLAS reduction whose blocking depends
         on the batch length).
         """
-        tri, vals, tree = self._interp[(key, name)]
         pts = np.asarray(pts, dtype=np.float64)
         if len(pts) == 0:
             return np.empty(0)
         # A batch has few distinct shapes (they depend on tp, cp and the micro-batch only):
         # interpolate each distinct point once (exact float rows, no rounding); ``distinct``:
-        # the caller has already made the rows distinct.
+        # the caller has already made the rows distinct. The values of a set of distinct
+        # points are remembered (a search's batches ask for the same shapes again).
         if distinct:
             uniq, inv = pts, np.arange(len(pts))
         else:
             uniq, inv = unique_rows(pts)
+        memo = ("memo", key, name, uniq.shape, uniq.tobytes())
+        out = self._interp.get(memo)
+        if out is None:
+            if sum(len(k) == 5 for k in list(self._interp)) >= _LOOKUP_MEMO_SIZE:
+                for k in [k for k in list(self._interp) if len(k) == 5]:
+                    self._interp.pop(k, None)
+            out = self._interp[memo] = self._interpolate(key, name, uniq)
+            out.setflags(write=False)
+        return out[inv.reshape(-1)]
+
+    def _interpolate(self, key: str, name: str, uniq: np.ndarray) -> np.ndarray:
+        """:meth:`_lookup` at distinct points ``uniq``: each located by a brute-force scan of
+        the simplices, the barycentric sum written out term by term."""
+        tri, vals, tree = self._interp[(key, name)]
         if tri is None:  # too few or coplanar points to triangulate: nearest measured point
-            return np.exp(vals[tree.query(uniq)[1]])[inv.reshape(-1)]
+            return np.exp(vals[tree.query(uniq)[1]])
         simplex = tri.find_simplex(uniq, bruteforce=True)
         inside = simplex >= 0
         s = np.where(inside, simplex, 0)
@@ -261,7 +279,7 @@ class Calibration:
                + (1.0 - c[0] - c[1] - c[2]) * v_s[:, 3])  # fmt: skip
         if not inside.all():
             lin = np.where(inside, lin, vals[tree.query(uniq)[1]])
-        return np.exp(lin)[inv.reshape(-1)]
+        return np.exp(lin)
 
     def gemm_efficiency(self, m, n, k, layout: str = "fwd") -> np.ndarray:
         """Achieved / peak for an ``m x k`` by ``k x n`` GEMM (``2*m*n*k`` FLOPs).
