@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(TABLE_PATH)
     if "--check" in argv:
         fresh = path.exists() and path.read_text() == text
-        print(f"{path.name}: {'fresh' if fresh else 'stale: run python -m validation.evidence_table'}")
+        state = "fresh" if fresh else "stale: run python -m validation.evidence_table"
+        print(f"{path.name}: {state}")
         return 0 if fresh else 1
     atomic_write(path, text)
     print(f"wrote {path}")

@@ -37,8 +37,8 @@ from numpy.typing import ArrayLike
 from perfmodel.parallel.config import ConfigBatch
 from perfmodel.spec.specs import ClusterSpec
 
-__all__ = ["GroupPlacement", "group_placement", "nested_group_placement", "parallel_group_tiers", "parallel_groups",
-           "tier_arrays"]
+__all__ = ["GroupPlacement", "group_placement", "nested_group_placement", "parallel_group_tiers",
+           "parallel_groups", "tier_arrays"]
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from perfmodel.parallel.config import ConfigBatch
 from perfmodel.step.evaluate import evaluate
-from validation import validate
-from validation import evidence_table
+from validation import evidence_table, validate
 from validation.evidence import TABLE_PATH, _rows, calibration_evidence, evidence_line
 
 
