@@ -1475,11 +1475,20 @@ def _params_and_states(ctx: _MemoryContext) -> tuple[_RankParamCounts, _RankStat
 
 def _layer_activation_terms(ctx: _MemoryContext) -> dict:
     """:func:`stage_layer_activation_bytes` of ``ctx``: ``kept``, ``full`` [bytes], ``e``,
-    ``gi`` [bytes per value]."""
+    ``gi`` [bytes per value]; the embedding's (``embed``), the final layer's (``final``) and
+    the loss's logits (``logits_held``, ``logits_transient``) per micro-batch [bytes]
+    (:func:`embedding_activation_bytes`, :func:`final_layer_activation_bytes`,
+    :func:`loss_buffer_bytes`): all of them read tp, cp, the micro-batch and sp only."""
     kept, full, e, gi = stage_layer_activation_bytes(
         ctx.model, ctx.training, ctx.seq, ctx.mbs, ctx.tp, ctx.sp, ctx.rc, eager=ctx.eager,
         flash_attention=ctx.flash_attention, dropout=ctx.dropout)
-    return {"kept": kept, "full": full, "e": e, "gi": gi}
+    held, transient = loss_buffer_bytes(ctx.training, ctx.logits, eager=ctx.eager)
+    return {"kept": kept, "full": full, "e": e, "gi": gi,
+            "embed": embedding_activation_bytes(ctx.tokens, ctx.h, ctx.sp_div, ctx.dropout,
+                                                eager=ctx.eager),
+            "final": final_layer_activation_bytes(ctx.tokens, ctx.h, ctx.sp_div, e,
+                                                  eager=ctx.eager),
+            "logits_held": held, "logits_transient": transient}
 
 
 #: The fields the in-flight micro-batches read (the schedule, and the MoE all-to-all
@@ -1631,11 +1640,8 @@ def _stage_activation_bytes(ctx: _MemoryContext, par: _RankParamCounts
     infl = c.per_distinct(_INFLIGHT_FIELDS, lambda b: _inflight_terms(_memory_context(
         model, training, ctx.gpu, b, eager, ctx.flash_attention, ctx.dropout)))
     infl_first, infl_last = infl["first"], infl["last"]
-    embed_bytes = embedding_activation_bytes(ctx.tokens, ctx.h, ctx.sp_div, ctx.dropout,
-                                             eager=eager)
-    final_bytes = final_layer_activation_bytes(ctx.tokens, ctx.h, ctx.sp_div, e, eager=eager)
-    logits_held_bytes, logits_transient_bytes = loss_buffer_bytes(training, ctx.logits,
-                                                                  eager=eager)
+    embed_bytes, final_bytes = one["embed"], one["final"]
+    logits_held_bytes, logits_transient_bytes = one["logits_held"], one["logits_transient"]
     n_offload = 0 if eager else training.cpu_offload_layers  # CPU activation offloading
     mb_loss = np.ceil(infl_last) if eager else infl["loss"]
     loss_bytes = mb_loss * (final_bytes + logits_held_bytes)
