@@ -495,7 +495,7 @@ def comm_bytes_per_gpu(
     tp = m * layers * one["tp_n"] * one["tp_one"] + tp_boundary_bytes(model, training, batch)
 
     # pipeline parallel: sends of the busiest stage
-    send = batch.per_distinct(_PP_FIELDS, lambda b: {
+    send = batch.per_distinct(_LAYER_FIELDS, lambda b: {
         "bytes": pp_activation_bytes(model, training, b)})["bytes"]
     pp = m * pp_sends_per_microbatch(batch) * send
     pp = pp + pp_tied_embedding_bytes(model, training, batch)
@@ -510,8 +510,8 @@ def comm_bytes_per_gpu(
 
 #: The fields one layer's tensor- and context-parallel factors read (:func:`_layer_bytes`).
 _LAYER_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "recompute", "ep", "etp")
-#: The fields one pipeline send reads (:func:`pp_activation_bytes`).
-_PP_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel")
+#: (one pipeline send, :func:`pp_activation_bytes`, reads a subset of them: tp, cp, the
+#: micro-batch and sp; the same key spares a second distinct-row pass)
 #: The fields one data-parallel collective's bytes read: the buffer and the dp x cp group.
 _DP_ONCE_FIELDS = ("tp", "cp", "dp", "pp", "vp", "first_stage_layers", "last_stage_layers",
                    "embedding_as_layer", "loss_as_layer", "grad_compression", "topk_ratio")

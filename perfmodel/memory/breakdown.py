@@ -1462,8 +1462,11 @@ _STATE_FIELDS = ("tp", "cp", "dp", "pp", "vp", "first_stage_layers", "last_stage
                  "zero_stage", "ep", "etp")  # (gradient compression: a prefix shared with
 # perfmodel.comm.comm_time's data-parallel key, whose distinct rows ConfigBatch.unique_by
 # starts from)
-#: The fields one layer's activations read (:func:`stage_layer_activation_bytes`).
-_LAYER_SHAPE_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "recompute")
+#: The fields one layer's activations read (:func:`stage_layer_activation_bytes`: tp, cp, the
+#: micro-batch, sp, recompute), with ep and etp: the key of one layer's compute
+#: (perfmodel.compute.layer), whose distinct rows are then found once for both.
+_LAYER_SHAPE_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "recompute", "ep",
+                       "etp")
 
 
 def _params_and_states(ctx: _MemoryContext) -> tuple[_RankParamCounts, _RankStateBytes]:

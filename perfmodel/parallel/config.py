@@ -560,19 +560,25 @@ def _factorize(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rank[inv.reshape(-1)], uniq[order]
 
 
-def spread_rows(value, codes: np.ndarray, n_sub: int):
+def spread_rows(value, codes: np.ndarray, n_sub: int, _seen: dict | None = None):
     """``value`` computed on ``n_sub`` distinct rows, spread back to every row (``codes``: each
-    row's distinct row): arrays whose first axis has ``n_sub`` entries are taken at ``codes``;
+    row's distinct row): arrays whose first axis has ``n_sub`` entries are taken at ``codes``
+    (an array met twice is taken once: the spread values alias as the computed ones did);
     dicts, tuples and dataclasses are spread field by field; anything else (scalars, specs)
     is returned as it is."""
+    seen = {} if _seen is None else _seen
     if isinstance(value, np.ndarray):
-        return value.take(codes, axis=0) if value.ndim and value.shape[0] == n_sub else value
+        if not (value.ndim and value.shape[0] == n_sub):
+            return value
+        if id(value) not in seen:
+            seen[id(value)] = (value, value.take(codes, axis=0))
+        return seen[id(value)][1]
     if isinstance(value, dict):
-        return {k: spread_rows(v, codes, n_sub) for k, v in value.items()}
+        return {k: spread_rows(v, codes, n_sub, seen) for k, v in value.items()}
     if isinstance(value, tuple):
-        return tuple(spread_rows(v, codes, n_sub) for v in value)
+        return tuple(spread_rows(v, codes, n_sub, seen) for v in value)
     if is_dataclass(value) and not isinstance(value, type):
-        return replace(value, **{f.name: spread_rows(getattr(value, f.name), codes, n_sub)
+        return replace(value, **{f.name: spread_rows(getattr(value, f.name), codes, n_sub, seen)
                                  for f in fields(value) if f.init})
     return value
 
