@@ -480,7 +480,7 @@ class ConfigBatch:
     def _unique_by(self, names: tuple[str, ...]) -> tuple[ConfigBatch, np.ndarray]:
         # A mixed-radix key of per-field codes, re-coded to its distinct values whenever it
         # would outgrow a dense table of ``limit`` entries: linear time, no sort.
-        limit = max(4 * len(self), 1 << 16)
+        limit = max(4 * len(self), 1024)
         key = np.zeros(len(self), dtype=np.int64)
         radix = 1  # distinct values key can take so far
         cache = self.__dict__.get("_unique_cache", {})
