@@ -483,22 +483,24 @@ class ConfigBatch:
         limit = max(4 * len(self), 1024)
         key = np.zeros(len(self), dtype=np.int64)
         radix = 1  # distinct values key can take so far
-        cache = self.__dict__.get("_unique_cache", {})
-        start = next((i for i in range(len(names) - 1, 0, -1) if names[:i] in cache), 0)
-        if start:  # the codes of a prefix already computed: start from them
-            sub, key = cache[names[:start]]
-            radix = len(sub)
-        for name in names[start:]:
+        # start from the codes of the longest prefix already coded (a key of unique_by, or a
+        # prefix re-coded on the way to one): any coding of a prefix gives the same rows
+        prefixes = self.__dict__.setdefault("_prefix_codes", {})
+        start = next((i for i in range(len(names) - 1, 0, -1) if names[:i] in prefixes), 0)
+        if start:
+            radix, key = prefixes[names[:start]]
+        for i, name in enumerate(names[start:], start=start):
             v, span = self._field_codes(name, limit)
             if radix * span > limit:  # re-code the key (stays <= len(self))
-                key, first = _factorize_dense(key, radix)
-                radix = len(first)
+                key, radix = _recode_dense(key, radix)
+                prefixes[names[:i]] = (radix, key)
             key = key * span + v
             radix *= span
             if radix > limit:  # still too wide for a table: sort
                 key, uniq = _factorize(key)
                 radix = len(uniq)
         codes, first = _factorize_dense(key, radix)
+        prefixes[names] = (len(first), codes)
         return self.take(first), codes
 
     def _field_codes(self, name: str, limit: int) -> tuple[np.ndarray, int]:
@@ -581,6 +583,15 @@ def spread_rows(value, codes: np.ndarray, n_sub: int, _seen: dict | None = None)
         return replace(value, **{f.name: spread_rows(getattr(value, f.name), codes, n_sub, seen)
                                  for f in fields(value) if f.init})
     return value
+
+
+def _recode_dense(key: np.ndarray, radix: int) -> tuple[np.ndarray, int]:
+    """Integer keys in ``[0, radix)`` re-coded to ``[0, distinct)`` (in the order of the key
+    values, not of first occurrence: for the prefix of a longer key) and ``distinct``."""
+    seen = np.zeros(radix, dtype=bool)
+    seen[key] = True
+    rank = np.cumsum(seen, dtype=np.int64) - 1
+    return rank[key], int(rank[-1]) + 1
 
 
 def _factorize_dense(key: np.ndarray, radix: int) -> tuple[np.ndarray, np.ndarray]:
