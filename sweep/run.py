@@ -70,20 +70,19 @@ _CONFIG_FIELDS = ("dp", "tp", "pp", "vp", "cp", "zero_stage", "micro_batch_size"
 _PREDICTIONS = ("step_time_s", "tokens_per_s", "mfu", "hfu", "peak_memory_bytes")
 
 
-def run_figures(train_tokens: float, tokens_per_s: float, gpus: int) -> dict[str, float]:
-    """Days and GPU-hours to train on ``train_tokens`` at a constant ``tokens_per_s``.
+def run_figures(train: Any, i: int) -> dict[str, float | None]:
+    """The run figures of configuration ``i`` of a search's whole run (``result.train``, a
+    :class:`perfmodel.run.TrainRun`: the very terms ``plan --train-tokens`` reports).
 
-    Parameters
-    ----------
-    train_tokens : tokens of the whole run [tokens]
-    tokens_per_s : the step's throughput [tokens/s]
-    gpus : GPUs the configuration uses
-
-    Returns ``train_days = train_tokens / tokens_per_s / 86400`` [days] and ``gpu_hours =
-    gpus * train_days * 24`` [GPU-hours] (no failures, restarts or checkpoints counted).
+    Returns ``train_days`` (wall-clock days with interruptions, restarts and checkpoints),
+    ``failure_free_days`` (the steps alone), ``gpu_hours`` (GPUs x wall time), ``goodput``
+    (failure-free over wall time), ``energy_mwh`` (None without the GPU's TDP) and ``cost``
+    (None without a GPU-hour price).
     """
-    train_s = train_tokens / tokens_per_s
-    return {"train_days": train_s / SECONDS_PER_DAY, "gpu_hours": gpus * train_s / 3600.0}
+    r = train.row(i)
+    return {"train_days": r["days"], "failure_free_days": r["useful_s"] / SECONDS_PER_DAY,
+            "gpu_hours": r["gpu_hours"], "goodput": r["goodput"],
+            "energy_mwh": r["energy_mwh"], "cost": r["cost"]}
 
 
 def _scenario_fields(s: Scenario) -> dict[str, Any]:
@@ -97,7 +96,8 @@ def _search(s: Scenario) -> Any:
     cluster = scenario_cluster(s.cluster, s.overrides) if s.overrides else s.cluster
     return plan(s.model, cluster, gpus=s.gpus, global_batch_size=s.global_batch,
                 seq_len=s.seq_len, precision=s.precision, framework=s.framework,
-                strategy=s.strategy, objective=s.objective, top=s.top)
+                strategy=s.strategy, objective=s.objective, top=s.top,
+                train_tokens=s.train_tokens)
 
 
 def _ranked_rows(s: Scenario, result: Any) -> list[dict[str, Any]]:
@@ -108,8 +108,8 @@ def _ranked_rows(s: Scenario, result: Any) -> list[dict[str, Any]]:
     for rank, rec in enumerate(result.top.to_dict("records"), start=1):
         row = {"status": "ok", "reason": "", "rank": rank, "gpus_used": rec["gpus"],
                **{k: rec[k] for k in (*_CONFIG_FIELDS, *_PREDICTIONS, *intervals)}}
-        if s.train_tokens is not None:
-            row.update(run_figures(s.train_tokens, rec["tokens_per_s"], rec["gpus"]))
+        if result.train is not None:  # train_tokens given: the plan's own run terms
+            row.update(run_figures(result.train, rank - 1))
         rows.append(row)
     return rows
 

@@ -45,7 +45,8 @@ COLUMNS: dict[str, str] = {
     "step_time_s": "float64", "tokens_per_s": "float64", "mfu": "float64", "hfu": "float64",
     "peak_memory_bytes": "float64",
     # the run (train_tokens given)
-    "train_days": "float64", "gpu_hours": "float64",
+    "train_days": "float64", "failure_free_days": "float64", "gpu_hours": "float64",
+    "goodput": "float64", "energy_mwh": "float64", "cost": "float64",
 }
 
 #: Seconds between two writes of finished rows into ``<out>.parts/``.

@@ -19,20 +19,15 @@ Nothing here is fitted: it reports the evidence the efficiency rests on.
 from __future__ import annotations
 
 import functools
-import math
+import json
 
-from perfmodel.parallel.config import ConfigBatch
-from perfmodel.step.evaluate import evaluate
-from validation import validate
+from hardware_specs import ROOT as SPECS_ROOT
 
-__all__ = ["SOURCE_FRAMEWORK", "calibration_evidence", "evidence_line"]
+__all__ = ["TABLE_PATH", "calibration_evidence", "evidence_line"]
 
-#: The framework preset (``hardware_specs/frameworks``) each source's runs used: the vendor
-#: recipes (:data:`validation.validate.VENDOR_SOURCE_FRAMEWORK`) and the Megatron-LM papers (Narayanan et
-#: al. 2021 ran the SC21 scripts, Korthikanti et al. 2022 added sequence parallelism and
-#: selective recompute: the ``megatron-2021`` and ``megatron-2022`` presets describe them).
-SOURCE_FRAMEWORK = {**validate.VENDOR_SOURCE_FRAMEWORK, "Megatron-LM 2021": "megatron-2021",
-                    "Korthikanti 2022": "megatron-2022"}
+#: The per-row numbers (:mod:`validation.evidence_table`, which writes them): a plan reads them
+#: instead of evaluating the dev rows again.
+TABLE_PATH = SPECS_ROOT / "validation" / "evidence_rows.json"
 
 
 def _precision_family(precision: str) -> str:
@@ -50,20 +45,9 @@ def _precision_family(precision: str) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _rows() -> tuple:
-    """(source group, GPU name, precision, case, is MoE) of every expressible step-scope
-    dev row."""
-    out = []
-    for _, r in validate.read_runs().iterrows():
-        try:
-            case = validate.case_from_row(r)
-        except Exception:  # noqa: BLE001, S112 - rows the tool cannot express are skipped
-            continue
-        if case.scope != "step":
-            continue
-        out.append((validate.source_group(str(r["source"])), case.cluster.gpu.name,
-                    case.training.precision_name, case, bool(case.model.is_moe)))
-    return tuple(out)
+def _rows() -> tuple[dict, ...]:
+    """The shipped per-row table (:mod:`validation.evidence_table`), in file order."""
+    return tuple(json.loads(TABLE_PATH.read_text()))
 
 
 @functools.lru_cache(maxsize=32)
@@ -78,32 +62,30 @@ def calibration_evidence(gpu_name: str, framework: str | None = None,
     ``groups`` is empty when the dev split has no run on that GPU of that precision class and
     kind of model (``kind``: "16-bit dense", "fp8 MoE", ...).
     """
-    on_gpu = [x for x in _rows() if x[1] == gpu_name]
+    on_gpu = [x for x in _rows() if x["gpu_type"] == gpu_name]
     kind = []
     if precision is not None:
         cls = _precision_family(precision)
-        on_gpu = [x for x in on_gpu if _precision_family(x[2]) == cls]
+        on_gpu = [x for x in on_gpu if _precision_family(x["precision"]) == cls]
         kind.append(cls)
     if moe is not None:
-        on_gpu = [x for x in on_gpu if x[4] == bool(moe)]
+        on_gpu = [x for x in on_gpu if x["moe"] == bool(moe)]
         kind.append("MoE" if moe else "dense")
     matched_by = " ".join(kind) or "GPU type"
-    if framework is not None and any(SOURCE_FRAMEWORK.get(x[0]) == framework for x in on_gpu):
-        on_gpu = [x for x in on_gpu if SOURCE_FRAMEWORK.get(x[0]) == framework]
+    if framework is not None and any(x["framework"] == framework for x in on_gpu):
+        on_gpu = [x for x in on_gpu if x["framework"] == framework]
         matched_by += f", framework {framework}"
     groups: dict[tuple, dict] = {}
-    for src, gpu, prec, case, _ in on_gpu:
-        res = evaluate(case.model, case.training, case.cluster,
-                       ConfigBatch.from_configs([case.config]))
-        pred, mfu = float(res.step_time_s[0]), float(res.mfu[0])
-        if not (math.isfinite(pred) and pred > 0):
+    for x in on_gpu:
+        if x["error"] is None:  # no finite positive prediction
             continue
+        src, gpu, prec = x["source"], x["gpu_type"], x["precision"]
         g = groups.setdefault((src, gpu, prec), {"source": src, "gpu_type": gpu,
                                                  "precision": prec, "rows": [], "mfu": [],
                                                  "err": []})
-        g["rows"].append(case.row_id)
-        g["mfu"].append(mfu * pred / case.measured_step_s)
-        g["err"].append(pred / case.measured_step_s - 1.0)
+        g["rows"].append(x["row_id"])
+        g["mfu"].append(x["measured_mfu"])
+        g["err"].append(x["error"])
     out = []
     for g in groups.values():
         out.append({"source": g["source"], "gpu_type": g["gpu_type"],

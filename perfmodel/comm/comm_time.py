@@ -28,6 +28,7 @@ from perfmodel.comm.comm_volume import (
     pp_activation_bytes,
     tp_activation_bytes,
     tp_collectives_per_layer,
+    zero_op_counts,
 )
 from perfmodel.core.codes import CpComm, Recompute
 from perfmodel.hardware import collectives as coll
@@ -40,6 +41,7 @@ from perfmodel.spec.specs import ClusterSpec, ModelSpec, TrainingSpec
 __all__ = [
     "DDP_BUCKET_MIN_PARAMS",
     "all_reduce_auto_time",
+    "collective_once_s",
     "comm_times",
     "dp_num_buckets",
     "exposed_dp_time_s",
@@ -87,11 +89,11 @@ def _all_reduce_analytic_s(size_bytes: ArrayLike, group: GroupPlacement) -> np.n
     return np.minimum(np.minimum(ring, tree), hier)
 
 
-def op_time(op: CollectiveOp, group: GroupPlacement) -> np.ndarray:
-    """Time [s] of ``op.count`` collectives of ``op.buffer_bytes`` on ``group`` (all-reduce: the
+def collective_once_s(op: CollectiveOp, group: GroupPlacement) -> np.ndarray:
+    """Time [s] of one collective of ``op.buffer_bytes`` on ``group`` (all-reduce: the
     fastest algorithm; all-gather / reduce-scatter: ring at the group's bandwidth, or at the
-    measured bus bandwidth, :meth:`GroupPlacement.bw_for`), each with NCCL's fixed cost
-    (:func:`perfmodel.hardware.collectives.collective_base_s`)."""
+    measured bus bandwidth, :meth:`GroupPlacement.bw_for`), with NCCL's fixed cost of the call
+    (:func:`perfmodel.hardware.collectives.collective_base_s`); ``op.count`` is not read."""
     if op.collective == "all_reduce":
         one = all_reduce_auto_time(op.buffer_bytes, group)
     else:
@@ -99,8 +101,13 @@ def op_time(op: CollectiveOp, group: GroupPlacement) -> np.ndarray:
             op.collective, op.buffer_bytes, group.size, group.bw_for(op.collective),
             group.latency_s
         )
-    one = one + coll.collective_base_s(group.size)  # NCCL's fixed cost of each call
-    return np.where(op.count > 0, op.count * one, 0.0)
+    return one + coll.collective_base_s(group.size)  # NCCL's fixed cost of each call
+
+
+def op_time(op: CollectiveOp, group: GroupPlacement) -> np.ndarray:
+    """Time [s] of ``op.count`` collectives of ``op.buffer_bytes`` on ``group``
+    (:func:`collective_once_s` each)."""
+    return np.where(op.count > 0, op.count * collective_once_s(op, group), 0.0)
 
 
 def comm_times(
@@ -131,15 +138,27 @@ def comm_times(
     Module docstrings of :mod:`perfmodel.comm.comm_volume` (what is sent) and
     :mod:`perfmodel.parallel.topology` (at what bandwidth).
     """
-    if len(batch) > 256:
-        # Search batches repeat the same communication many times over (vp and the schedule
-        # do not change it): compute each distinct case once and spread it back.
-        sub, codes = batch.unique_by(_COMM_FIELDS)
-        if 2 * len(sub) < len(batch):
-            return {k: v[codes] for k, v in comm_times(model, training, cluster, sub).items()}
-    groups = parallel_groups(cluster, batch, ("tp", "cp", "pp", "dp_cp"))
-    g_tp, g_cp, g_pp, g_dp = groups["tp"], groups["cp"], groups["pp"], groups["dp_cp"]
+    # Each term is computed once per distinct value of the fields it reads
+    # (:meth:`ConfigBatch.per_distinct`; search batches repeat them many times over), in the
+    # order below: MoE, one layer's TP and CP, the pipeline send, the data-parallel reduction.
+    ep = (batch.per_distinct(_COMM_FIELDS, lambda b: moe_comm_times(model, training, cluster, b))
+          if model.is_moe else moe_comm_times(model, training, cluster, batch))
+    layer = batch.per_distinct(_LAYER_COMM_FIELDS,
+                               lambda b: _layer_comm_times(model, training, cluster, b))
+    pp = batch.per_distinct(_PP_COMM_FIELDS, lambda b: _pp_comm_times(model, training, cluster, b))
+    if training.zero3_gather == "tensor":
+        dp = batch.per_distinct(_COMM_FIELDS, lambda b: _dp_comm_times(model, training, cluster, b))
+    else:
+        dp = _dp_comm_times_from_counts(model, training, cluster, batch)
+    return {**ep, **layer, **pp, **dp}
 
+
+def _layer_comm_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                      batch: ConfigBatch) -> dict[str, np.ndarray]:
+    """The tensor- and context-parallel link times of one layer and one micro-batch [s]
+    (:func:`comm_times`' ``tp_*`` and ``cp_*`` terms; reads :data:`_LAYER_COMM_FIELDS`)."""
+    groups = parallel_groups(cluster, batch, ("tp", "cp"))
+    g_tp, g_cp = groups["tp"], groups["cp"]
     # tensor parallel: all-reduce, or all-gather + reduce-scatter with sequence parallelism
     act = tp_activation_bytes(model, training, batch)
     ar = all_reduce_auto_time(act, g_tp)
@@ -159,15 +178,31 @@ def comm_times(
     kv_send = coll.p2p_time(kv_bytes, g_cp.p2p_bw_bytes_per_s, g_cp.latency_s)
     kv_dkv_send = coll.p2p_time(2.0 * kv_bytes, g_cp.p2p_bw_bytes_per_s, g_cp.latency_s)
     cp_fwd_n, cp_bwd_n = cp_sends_per_layer(batch)
-    cp_link = _cp_link_times(model, training, batch, g_cp, kv_send, cp_fwd_n, cp_bwd_n)
+    return {
+        "tp_layer_fwd_s": tp_fwd_n * tp_one,
+        "tp_layer_bwd_s": tp_bwd_n * tp_one,
+        **_cp_link_times(model, training, batch, g_cp, kv_send, cp_fwd_n, cp_bwd_n),
+        "cp_kv_send_s": np.where(batch.cp > 1, kv_send, 0.0),
+        "cp_kv_dkv_send_s": np.where(batch.cp > 1, kv_dkv_send, 0.0),
+    }
 
-    # pipeline: one send between neighbouring stages
+
+def _pp_comm_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                   batch: ConfigBatch) -> dict[str, np.ndarray]:
+    """``pp_p2p_s``: one send between neighbouring pipeline stages [s] (reads
+    :data:`_PP_COMM_FIELDS`)."""
+    g_pp = parallel_groups(cluster, batch, ("pp",))["pp"]
     pp_send = coll.p2p_time(
         pp_activation_bytes(model, training, batch), g_pp.p2p_bw_bytes_per_s, g_pp.latency_s
     )
-    pp_send = np.where(batch.pp > 1, pp_send, 0.0)
+    return {"pp_p2p_s": np.where(batch.pp > 1, pp_send, 0.0)}
 
-    # data parallel over the dp x cp group
+
+def _dp_comm_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                   batch: ConfigBatch) -> dict[str, np.ndarray]:
+    """``dp_grad_s`` and ``zero3_gather_s`` [s] of :func:`comm_times`, data parallel over the
+    dp x cp group (every field of :data:`_COMM_FIELDS`)."""
+    g_dp = parallel_groups(cluster, batch, ("dp_cp",))["dp_cp"]
     ops = dp_ops(model, training, batch)
     dp_grad = sum(op_time(ops[k], g_dp) for k in ops if k != "zero3_param_all_gather")
     zero3 = op_time(ops["zero3_param_all_gather"], g_dp)
@@ -187,21 +222,38 @@ def comm_times(
         zero3 = np.where(z3, ds["gather_s"], zero3)
         rs = op_time(ops["grad_reduce_scatter"], g_dp)
         dp_grad = np.where(z3, dp_grad - rs + ds["reduce_scatter_s"], dp_grad)
+    return {"dp_grad_s": np.asarray(dp_grad, dtype=np.float64), "zero3_gather_s": zero3}
 
-    # mixture of experts: token dispatch/combine per MoE layer, expert gradients over expert-dp
-    ep = moe_comm_times(model, training, cluster, batch)
 
-    return {
-        **ep,
-        "tp_layer_fwd_s": tp_fwd_n * tp_one,
-        "tp_layer_bwd_s": tp_bwd_n * tp_one,
-        **cp_link,
-        "cp_kv_send_s": np.where(batch.cp > 1, kv_send, 0.0),
-        "cp_kv_dkv_send_s": np.where(batch.cp > 1, kv_dkv_send, 0.0),
-        "pp_p2p_s": pp_send,
-        "dp_grad_s": np.asarray(dp_grad, dtype=np.float64),
-        "zero3_gather_s": zero3,
-    }
+def _dp_once_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                   batch: ConfigBatch) -> dict[str, np.ndarray]:
+    """One collective of each data-parallel kind (:func:`dp_ops`) on the dp x cp group [s], and
+    the ring's latency ``ring_latency_s`` (reads :data:`_DP_ONCE_FIELDS`: the counts are
+    :func:`zero_op_counts`')."""
+    g_dp = parallel_groups(cluster, batch, ("dp_cp",))["dp_cp"]
+    out = {k: collective_once_s(op, g_dp) for k, op in dp_ops(model, training, batch).items()}
+    out["ring_latency_s"] = coll.all_gather_time(0.0, g_dp.size, g_dp.bw_bytes_per_s,
+                                                 g_dp.latency_s) + coll.collective_base_s(g_dp.size)
+    return out
+
+
+def _dp_comm_times_from_counts(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                               batch: ConfigBatch) -> dict[str, np.ndarray]:
+    """:func:`_dp_comm_times` (without DeepSpeed's tensor gathers) as counts x one collective:
+    the collective once per distinct buffer and group (:func:`_dp_once_times`), the counts
+    (:func:`zero_op_counts`) per configuration; the same numbers, term by term."""
+    once = batch.per_distinct(_DP_ONCE_FIELDS,
+                              lambda b: _dp_once_times(model, training, cluster, b))
+    counts = zero_op_counts(batch)
+
+    def times(k):  # op_time, from the spread single collective
+        return np.where(counts[k] > 0, counts[k] * once[k], 0.0)
+
+    dp_grad = sum(times(k) for k in counts if k != "zero3_param_all_gather")
+    gathers_per_pass = model.num_layers / batch.pp
+    zero3 = times("zero3_param_all_gather") + counts["zero3_param_all_gather"] * np.maximum(
+        gathers_per_pass - 1, 0) * (once["ring_latency_s"])
+    return {"dp_grad_s": np.asarray(dp_grad, dtype=np.float64), "zero3_gather_s": zero3}
 
 
 def _cp_link_times(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch,
@@ -238,6 +290,28 @@ _COMM_FIELDS = ("dp", "tp", "pp", "cp", "cp_comm", "zero_stage", "micro_batch_si
                 "num_microbatches", "recompute", "sequence_parallel", "grad_compression", "topk_ratio",
                 "vp", "first_stage_layers", "last_stage_layers", "embedding_as_layer",
                 "loss_as_layer", "ep", "etp")
+
+
+# --------------------------------------------------------------------------------------------
+# Overlap of the data-parallel reduction with the backward pass
+# --------------------------------------------------------------------------------------------
+#: The configuration fields that communication times depend on.
+_COMM_FIELDS = ("dp", "tp", "pp", "cp", "cp_comm", "zero_stage", "micro_batch_size",
+                "num_microbatches", "recompute", "sequence_parallel", "grad_compression",
+                "topk_ratio",
+                "vp", "first_stage_layers", "last_stage_layers", "embedding_as_layer",
+                "loss_as_layer", "ep", "etp")
+#: The fields one layer's tensor- and context-parallel link times read.
+_LAYER_COMM_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "recompute", "ep",
+                      "etp", "cp_comm")
+#: The fields the pipeline send reads (its group: pp with stride tp*cp*dp).
+_PP_COMM_FIELDS = ("tp", "cp", "dp", "pp", "micro_batch_size", "sequence_parallel")
+# (keys share their leading fields where they can: ConfigBatch.unique_by starts from the
+# distinct rows of a prefix it has already computed)
+#: The fields one data-parallel collective reads: the buffer (the largest stage's parameters
+#: per GPU and the gradient compression) and the dp x cp group.
+_DP_ONCE_FIELDS = ("tp", "cp", "dp", "pp", "vp", "first_stage_layers", "last_stage_layers",
+                   "embedding_as_layer", "loss_as_layer", "grad_compression", "topk_ratio")
 
 
 def moe_comm_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,

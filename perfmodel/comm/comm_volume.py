@@ -277,34 +277,40 @@ def expert_dp_ops(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch
                     training, batch)
 
 
-def zero_ops(psi: np.ndarray, n: np.ndarray, training: TrainingSpec, batch: ConfigBatch
-             ) -> dict[str, CollectiveOp]:
-    """Gradient-reduction and ZeRO collectives of ``psi`` parameters per GPU over a group of
-    ``n`` GPUs (the body of :func:`dp_ops`)."""
+def zero_op_counts(batch: ConfigBatch) -> dict[str, np.ndarray]:
+    """How many of each collective of :func:`zero_ops` a step issues, per configuration (0
+    where a kind does not apply): the counts of :func:`dp_ops` and :func:`expert_dp_ops`."""
     m = batch.num_microbatches.astype(np.float64)
     z = batch.zero_stage
     topk = batch.grad_compression == Compression.TOPK
+    zeros = np.zeros(len(batch))
+    one = np.ones(len(batch))
+    return {
+        "grad_all_reduce": np.where((z == 0) & ~topk, one, zeros),
+        "grad_sparse_all_gather": np.where((z == 0) & topk, one, zeros),
+        "grad_reduce_scatter": np.select([z == 1, z >= 2], [one, m], zeros),
+        "param_all_gather": np.where((z == 1) | (z == 2), one, zeros),
+        "zero3_param_all_gather": np.where(
+            z == 3, (2 + (batch.recompute == Recompute.FULL)) * m, zeros),
+    }
+
+
+def zero_ops(psi: np.ndarray, n: np.ndarray, training: TrainingSpec, batch: ConfigBatch
+             ) -> dict[str, CollectiveOp]:
+    """Gradient-reduction and ZeRO collectives of ``psi`` parameters per GPU over a group of
+    ``n`` GPUs (the body of :func:`dp_ops`; counts: :func:`zero_op_counts`)."""
     gc = compressed_grad_bytes_per_elem(training, batch)
     w = param_bytes_per_elem(training)
-    zeros = np.zeros_like(psi)
-    one = np.ones_like(psi)
+    count = zero_op_counts(batch)
     return {
-        "grad_all_reduce": CollectiveOp(
-            "all_reduce", psi * gc, np.where((z == 0) & ~topk, one, zeros), n
-        ),
+        "grad_all_reduce": CollectiveOp("all_reduce", psi * gc, count["grad_all_reduce"], n),
         "grad_sparse_all_gather": CollectiveOp(
-            "all_gather", n * psi * gc, np.where((z == 0) & topk, one, zeros), n
-        ),
+            "all_gather", n * psi * gc, count["grad_sparse_all_gather"], n),
         "grad_reduce_scatter": CollectiveOp(
-            "reduce_scatter", psi * gc, np.select([z == 1, z >= 2], [one, m], zeros), n
-        ),
-        "param_all_gather": CollectiveOp(
-            "all_gather", psi * w, np.where((z == 1) | (z == 2), one, zeros), n
-        ),
+            "reduce_scatter", psi * gc, count["grad_reduce_scatter"], n),
+        "param_all_gather": CollectiveOp("all_gather", psi * w, count["param_all_gather"], n),
         "zero3_param_all_gather": CollectiveOp(
-            "all_gather", psi * w,
-            np.where(z == 3, (2 + (batch.recompute == Recompute.FULL)) * m, zeros), n
-        ),
+            "all_gather", psi * w, count["zero3_param_all_gather"], n),
     }
 
 
@@ -502,26 +508,24 @@ def comm_bytes_per_gpu(
     """
     m = batch.num_microbatches.astype(np.float64)
     layers = _stage_layers(model, batch)  # layers held by one GPU (all its chunks)
+    # the per-layer and per-collective factors once per distinct value of the fields they
+    # read (ConfigBatch.per_distinct; a search batch repeats them), the products per row
+    one = batch.per_distinct(_LAYER_FIELDS, lambda b: _layer_bytes(model, training, b))
 
     # data parallel: sum over the step's collectives
-    ops = list(dp_ops(model, training, batch).values())
-    if model.is_moe:
-        ops += list(expert_dp_ops(model, training, batch).values())
-    dp = sum(op.count * bytes_per_gpu(op.collective, op.buffer_bytes, op.group_size)
-             for op in ops)
+    dp = _dp_bytes(model, training, batch)
 
     # tensor parallel: all-reduce equivalents per layer per micro-batch
-    tp_fwd, tp_bwd = tp_collectives_per_layer(batch, model)
-    tp_one = bytes_per_gpu("all_reduce", tp_activation_bytes(model, training, batch), batch.tp)
-    tp = m * layers * (tp_fwd + tp_bwd) * tp_one + tp_boundary_bytes(model, training, batch)
+    tp = m * layers * one["tp_n"] * one["tp_one"] + tp_boundary_bytes(model, training, batch)
 
     # pipeline parallel: sends of the busiest stage
-    pp = m * pp_sends_per_microbatch(batch) * pp_activation_bytes(model, training, batch)
+    send = batch.per_distinct(_LAYER_FIELDS, lambda b: {
+        "bytes": pp_activation_bytes(model, training, b)})["bytes"]
+    pp = m * pp_sends_per_microbatch(batch) * send
     pp = pp + pp_tied_embedding_bytes(model, training, batch)
 
     # context parallel: ring attention K/V exchanges, or the Ulysses all-to-alls
-    cp_fwd, cp_bwd = cp_sends_per_layer(batch)
-    cp = m * layers * (cp_fwd + cp_bwd) * cp_kv_chunk_bytes(model, training, batch)
+    cp = m * layers * one["cp_n"] * one["kv_bytes"]
     a2a = batch.cp_comm == CpComm.A2A
     if np.any(a2a):
         cp = np.where(a2a, m * layers * cp_a2a_bytes_per_layer(model, training, batch), cp)
@@ -529,6 +533,42 @@ def comm_bytes_per_gpu(
     out = {"dp": np.asarray(dp, dtype=np.float64), "tp": tp, "pp": pp, "cp": cp}
     out["ep"] = ep_dispatch_bytes(model, training, batch)
     return out
+
+
+#: The fields one layer's tensor- and context-parallel factors read (:func:`_layer_bytes`).
+_LAYER_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "recompute", "ep", "etp")
+#: (one pipeline send, :func:`pp_activation_bytes`, reads a subset of them: tp, cp, the
+#: micro-batch and sp; the same key spares a second distinct-row pass)
+#: The fields one data-parallel collective's bytes read: the buffer and the dp x cp group.
+_DP_ONCE_FIELDS = ("tp", "cp", "dp", "pp", "vp", "first_stage_layers", "last_stage_layers",
+                   "embedding_as_layer", "loss_as_layer", "grad_compression", "topk_ratio")
+
+
+def _layer_bytes(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch) -> dict:
+    """One layer's factors of :func:`comm_bytes_per_gpu`: tensor-parallel all-reduce
+    equivalents ``tp_n`` (forward + backward) of ``tp_one`` bytes each, ring sends ``cp_n`` of
+    ``kv_bytes`` each."""
+    tp_fwd, tp_bwd = tp_collectives_per_layer(batch, model)
+    tp_one = bytes_per_gpu("all_reduce", tp_activation_bytes(model, training, batch), batch.tp)
+    cp_fwd, cp_bwd = cp_sends_per_layer(batch)
+    return {"tp_n": tp_fwd + tp_bwd, "tp_one": tp_one, "cp_n": cp_fwd + cp_bwd,
+            "kv_bytes": cp_kv_chunk_bytes(model, training, batch)}
+
+
+def _dp_bytes(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch) -> np.ndarray:
+    """Data-parallel bytes per GPU and step: the sum over :func:`dp_ops` (and, MoE,
+    :func:`expert_dp_ops`) of count x bytes of one collective; for a dense model the bytes of
+    one collective once per distinct :data:`_DP_ONCE_FIELDS` (counts: :func:`zero_op_counts`)."""
+    if model.is_moe:
+        ops = [*dp_ops(model, training, batch).values(),
+               *expert_dp_ops(model, training, batch).values()]
+        return sum(op.count * bytes_per_gpu(op.collective, op.buffer_bytes, op.group_size)
+                   for op in ops)
+    once = batch.per_distinct(_DP_ONCE_FIELDS, lambda b: {
+        k: bytes_per_gpu(op.collective, op.buffer_bytes, op.group_size)
+        for k, op in dp_ops(model, training, b).items()})
+    counts = zero_op_counts(batch)
+    return sum(counts[k] * once[k] for k in counts)
 
 
 def ep_dispatch_bytes(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch

@@ -560,6 +560,12 @@ def _overlap_s(gpu_s, cpu_s):
 
 _SHAPE_FIELDS = ("tp", "cp", "cp_comm", "micro_batch_size", "sequence_parallel", "recompute", "ep",
                  "etp")
+#: The fields the optimizer step reads (:func:`optimizer_params_per_gpu`: the largest stage's
+#: parameters, ZeRO sharding over dp x cp and expert-dp); the gradient compression only so that
+#: the key is the one the memory model's states use (one distinct-row pass for both).
+_OPTIMIZER_FIELDS = ("tp", "cp", "dp", "pp", "vp", "first_stage_layers", "last_stage_layers",
+                     "embedding_as_layer", "loss_as_layer", "grad_compression", "topk_ratio",
+                     "zero_stage", "ep", "etp")
 
 
 UNFUSED_ROPE_KERNELS = 6
@@ -650,7 +656,8 @@ def compute_times(
         if len(sub_batch) < len(batch):
             sub = _compute_times(model, training, gpu, sub_batch, kernels, calibration)
             out = {k: v.take(codes, axis=0) for k, v in sub.items()}
-            out["optimizer_s"] = _optimizer_s(model, training, gpu, batch, kernels, calibration)
+            out["optimizer_s"] = batch.per_distinct(_OPTIMIZER_FIELDS, lambda b: {
+                "s": _optimizer_s(model, training, gpu, b, kernels, calibration)})["s"]
             return out
     return _compute_times(model, training, gpu, batch, kernels, calibration)
 

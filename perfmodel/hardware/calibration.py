@@ -156,6 +156,28 @@ def _read_env(folder: Path) -> dict:
     return env
 
 
+
+#: Sets of distinct points whose interpolated values a calibration remembers (per table).
+_LOOKUP_MEMO_SIZE = 256
+
+
+def unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of a 2-D float array and each row's index among them
+    (``uniq[inv] == a``), as ``np.unique(a, axis=0, return_inverse=True)`` up to the order of
+    the distinct rows: one 1-D ``np.unique`` per column, then one of the combined integer key
+    (the row-wise unique sorts byte strings, many times slower on a search batch)."""
+    key = np.zeros(len(a), dtype=np.int64)
+    radix = 1
+    for j in range(a.shape[1]):
+        u, inv = np.unique(a[:, j], return_inverse=True)
+        if radix * len(u) >= 2**62:  # too many combinations for one integer key
+            uniq, inv_rows = np.unique(a, axis=0, return_inverse=True)
+            return uniq, inv_rows.reshape(-1)
+        key = key * len(u) + inv.reshape(-1)
+        radix *= len(u)
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    return a[first], inv.reshape(-1)
+
 @dataclass(frozen=True, eq=False)
 class Calibration:
     """Kernel efficiencies of one GPU (measured, or scaled from another's measurement).
@@ -219,19 +241,33 @@ class Calibration:
         barycentric sum is written out term by term (no BLAS reduction whose blocking depends
         on the batch length).
         """
-        tri, vals, tree = self._interp[(key, name)]
         pts = np.asarray(pts, dtype=np.float64)
         if len(pts) == 0:
             return np.empty(0)
         # A batch has few distinct shapes (they depend on tp, cp and the micro-batch only):
         # interpolate each distinct point once (exact float rows, no rounding); ``distinct``:
-        # the caller has already made the rows distinct.
+        # the caller has already made the rows distinct. The values of a set of distinct
+        # points are remembered (a search's batches ask for the same shapes again).
         if distinct:
             uniq, inv = pts, np.arange(len(pts))
         else:
-            uniq, inv = np.unique(pts, axis=0, return_inverse=True)
+            uniq, inv = unique_rows(pts)
+        memo = ("memo", key, name, uniq.shape, uniq.tobytes())
+        out = self._interp.get(memo)
+        if out is None:
+            if sum(len(k) == 5 for k in list(self._interp)) >= _LOOKUP_MEMO_SIZE:
+                for k in [k for k in list(self._interp) if len(k) == 5]:
+                    self._interp.pop(k, None)
+            out = self._interp[memo] = self._interpolate(key, name, uniq)
+            out.setflags(write=False)
+        return out[inv.reshape(-1)]
+
+    def _interpolate(self, key: str, name: str, uniq: np.ndarray) -> np.ndarray:
+        """:meth:`_lookup` at distinct points ``uniq``: each located by a brute-force scan of
+        the simplices, the barycentric sum written out term by term."""
+        tri, vals, tree = self._interp[(key, name)]
         if tri is None:  # too few or coplanar points to triangulate: nearest measured point
-            return np.exp(vals[tree.query(uniq)[1]])[inv.reshape(-1)]
+            return np.exp(vals[tree.query(uniq)[1]])
         simplex = tri.find_simplex(uniq, bruteforce=True)
         inside = simplex >= 0
         s = np.where(inside, simplex, 0)
@@ -243,7 +279,7 @@ class Calibration:
                + (1.0 - c[0] - c[1] - c[2]) * v_s[:, 3])  # fmt: skip
         if not inside.all():
             lin = np.where(inside, lin, vals[tree.query(uniq)[1]])
-        return np.exp(lin)[inv.reshape(-1)]
+        return np.exp(lin)
 
     def gemm_efficiency(self, m, n, k, layout: str = "fwd") -> np.ndarray:
         """Achieved / peak for an ``m x k`` by ``k x n`` GEMM (``2*m*n*k`` FLOPs).
@@ -276,7 +312,7 @@ class Calibration:
         else:
             # few distinct shapes per batch: residual and tile model once per shape
             raw = np.stack([m_lookup.ravel(), n.ravel(), k.ravel()], axis=1)
-            u, inv = np.unique(raw, axis=0, return_inverse=True)
+            u, inv = unique_rows(raw)
             mu, nu, ku = u[:, 0], u[:, 1], u[:, 2]
             eu = self._lookup("gemm", layout, np.log2(u), distinct=True) * _tile_efficiency(
                 mu, nu, ku, self.gemm_tiles[layout], self.gemm_tiles_peak_flops)

@@ -1355,9 +1355,9 @@ def even_memory_breakdown(
     eager = kernels == "eager"
     ctx = _memory_context(model, training, cluster.gpu, batch, eager, flash_attention, dropout)
     # 1. Parameters per GPU on the first, last and a middle rank, routed experts apart.
-    params = _stage_param_counts(ctx)
     # 2. Weights, gradients and optimizer states by ZeRO stage.
-    states = _stage_model_state_bytes(ctx, params)
+    params, states = batch.per_distinct(_STATE_FIELDS, lambda b: _params_and_states(
+        _memory_context(model, training, cluster.gpu, b, eager, flash_attention, ctx.dropout)))
     # 3. Activations: the layers kept, the layer being recomputed, the embedding and the loss.
     acts = _stage_activation_bytes(ctx, params)
     # 4. Other buffers; gradients that live in eager DDP's bucket copy are counted there.
@@ -1455,6 +1455,62 @@ class _RankParamCounts:
     experts_layer: np.ndarray
 
 
+#: The fields steps 1 and 2 of :func:`memory_breakdown` read (the layer layout, tp, the ZeRO
+#: stage and the groups that shard the states).
+_STATE_FIELDS = ("tp", "cp", "dp", "pp", "vp", "first_stage_layers", "last_stage_layers",
+                 "embedding_as_layer", "loss_as_layer", "grad_compression", "topk_ratio",
+                 "zero_stage", "ep", "etp")  # (gradient compression: a prefix shared with
+# perfmodel.comm.comm_time's data-parallel key, whose distinct rows ConfigBatch.unique_by
+# starts from)
+#: The fields one layer's activations read (:func:`stage_layer_activation_bytes`: tp, cp, the
+#: micro-batch, sp, recompute), with ep and etp: the key of one layer's compute
+#: (perfmodel.compute.layer), whose distinct rows are then found once for both.
+_LAYER_SHAPE_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "recompute", "ep",
+                       "etp")
+
+
+def _params_and_states(ctx: _MemoryContext) -> tuple[_RankParamCounts, _RankStateBytes]:
+    """Steps 1 and 2 of :func:`memory_breakdown` (:func:`_stage_param_counts`,
+    :func:`_stage_model_state_bytes`), computed once per distinct :data:`_STATE_FIELDS`."""
+    params = _stage_param_counts(ctx)
+    return params, _stage_model_state_bytes(ctx, params)
+
+
+def _layer_activation_terms(ctx: _MemoryContext) -> dict:
+    """:func:`stage_layer_activation_bytes` of ``ctx``: ``kept``, ``full`` [bytes], ``e``,
+    ``gi`` [bytes per value]; the embedding's (``embed``), the final layer's (``final``) and
+    the loss's logits (``logits_held``, ``logits_transient``) per micro-batch [bytes]
+    (:func:`embedding_activation_bytes`, :func:`final_layer_activation_bytes`,
+    :func:`loss_buffer_bytes`): all of them read tp, cp, the micro-batch and sp only."""
+    kept, full, e, gi = stage_layer_activation_bytes(
+        ctx.model, ctx.training, ctx.seq, ctx.mbs, ctx.tp, ctx.sp, ctx.rc, eager=ctx.eager,
+        flash_attention=ctx.flash_attention, dropout=ctx.dropout)
+    held, transient = loss_buffer_bytes(ctx.training, ctx.logits, eager=ctx.eager)
+    return {"kept": kept, "full": full, "e": e, "gi": gi,
+            "embed": embedding_activation_bytes(ctx.tokens, ctx.h, ctx.sp_div, ctx.dropout,
+                                                eager=ctx.eager),
+            "final": final_layer_activation_bytes(ctx.tokens, ctx.h, ctx.sp_div, e,
+                                                  eager=ctx.eager),
+            "logits_held": held, "logits_transient": transient}
+
+
+#: The fields the in-flight micro-batches read (the schedule, and the MoE all-to-all
+#: overlap's switch: :func:`perfmodel.moe.experts.a2a_overlap_applies`).
+_INFLIGHT_FIELDS = ("pp", "vp", "num_microbatches", "schedule", "ep", "recompute")
+
+
+def _inflight_terms(ctx: _MemoryContext) -> dict:
+    """In-flight micro-batches of the first, last and a middle rank (``first``, ``last``:
+    :func:`stage_inflight_microbatches`; ``mid``: rank 1, fused, with the all-to-all overlap's
+    extra) and the loss's (``loss``: :func:`loss_inflight_microbatches`, fused)."""
+    first, last = stage_inflight_microbatches(ctx.training, ctx.batch, ctx.pp, ctx.m, ctx.sched,
+                                              ctx.vp, eager=ctx.eager)
+    mid = inflight_microbatches(ctx.pp, ctx.m, ctx.sched, ctx.vp, stage=1) + (
+        moe.a2a_overlap_extra_inflight(ctx.training, ctx.batch))
+    return {"first": first, "last": last, "mid": mid,
+            "loss": loss_inflight_microbatches(ctx.sched, ctx.m, last)}
+
+
 def _stage_param_counts(ctx: _MemoryContext) -> _RankParamCounts:
     """Step 1 of :func:`memory_breakdown`: parameters per GPU [count], with Megatron-LM's layer
     layout (uneven first/last stages, or the embedding and the loss counted as layers:
@@ -1484,7 +1540,8 @@ def _stage_param_counts(ctx: _MemoryContext) -> _RankParamCounts:
 
 @dataclass(frozen=True)
 class _RankStateBytes:
-    """Model states of the first and last rank, ``(weights, gradients, optimizer)`` [bytes];
+    """Model states of the first, last and a middle rank, ``(weights, gradients, optimizer)``
+    [bytes] (the middle rank's without eager FSDP2's sharded weights: fused kernels only);
     the bytes per parameter of :func:`kernel_state_bytes_per_param` (``w_bpp``, ``g_bpp``,
     ``o_bpp``, ``copy_bpp``, ``fp8_params``) and ``state``, the ZeRO operands of
     :func:`rank_state_bytes` after the parameter counts."""
@@ -1497,6 +1554,7 @@ class _RankStateBytes:
     state: tuple
     first: tuple
     last: tuple
+    middle: tuple
 
 
 def _stage_model_state_bytes(ctx: _MemoryContext, par: _RankParamCounts) -> _RankStateBytes:
@@ -1523,7 +1581,8 @@ def _stage_model_state_bytes(ctx: _MemoryContext, par: _RankParamCounts) -> _Ran
                                                    w_bpp)
     return _RankStateBytes(w_bpp=w_bpp, g_bpp=g_bpp, o_bpp=o_bpp, copy_bpp=copy_bpp,
                             fp8_params=fp8_params, state=state, first=(w1, g1, o1),
-                            last=(w2, g2, o2))
+                            last=(w2, g2, o2),
+                            middle=rank_state_bytes(par.params_mid, par.experts_mid, *state))
 
 
 def _without_bucketed_gradients(states: _RankStateBytes, grads_in_buffer) -> _RankStateBytes:
@@ -1551,6 +1610,7 @@ class _StageActivationBytes:
     gi: float | None
     infl_first: np.ndarray
     infl_last: np.ndarray
+    infl_mid: np.ndarray
     n_offload: int
     logits_transient_bytes: np.ndarray
     first: np.ndarray
@@ -1573,23 +1633,20 @@ def _stage_activation_bytes(ctx: _MemoryContext, par: _RankParamCounts
     Korthikanti et al. 2022, Table 2 and Sec. 4.2.3; Narayanan et al. 2021, Sec. 2.2.
     """
     model, training, c, eager, rc = ctx.model, ctx.training, ctx.batch, ctx.eager, ctx.rc
-    layer_bytes, layer_full_bytes, e, gi = stage_layer_activation_bytes(
-        model, training, ctx.seq, ctx.mbs, ctx.tp, ctx.sp, rc, eager=eager,
-        flash_attention=ctx.flash_attention, dropout=ctx.dropout)
+    one = c.per_distinct(_LAYER_SHAPE_FIELDS, lambda b: _layer_activation_terms(_memory_context(
+        model, training, ctx.gpu, b, eager, ctx.flash_attention, ctx.dropout)))
+    layer_bytes, layer_full_bytes, e, gi = one["kept"], one["full"], one["e"], one["gi"]
     moe_kept_bytes, moe_full_bytes = moe_layer_activation_bytes(model, training, c, rc, e, gi)
     layer_bytes = layer_bytes + moe_kept_bytes
     layer_full_bytes = layer_full_bytes + moe_full_bytes
     recompute_bytes = np.where(rc == Recompute.FULL, 0.0 if eager else layer_full_bytes, 0.0)
-    infl_first, infl_last = stage_inflight_microbatches(training, c, ctx.pp, ctx.m, ctx.sched,
-                                                        ctx.vp, eager=eager)
-    embed_bytes = embedding_activation_bytes(ctx.tokens, ctx.h, ctx.sp_div, ctx.dropout,
-                                             eager=eager)
-    final_bytes = final_layer_activation_bytes(ctx.tokens, ctx.h, ctx.sp_div, e, eager=eager)
-    logits_held_bytes, logits_transient_bytes = loss_buffer_bytes(training, ctx.logits,
-                                                                  eager=eager)
+    infl = c.per_distinct(_INFLIGHT_FIELDS, lambda b: _inflight_terms(_memory_context(
+        model, training, ctx.gpu, b, eager, ctx.flash_attention, ctx.dropout)))
+    infl_first, infl_last = infl["first"], infl["last"]
+    embed_bytes, final_bytes = one["embed"], one["final"]
+    logits_held_bytes, logits_transient_bytes = one["logits_held"], one["logits_transient"]
     n_offload = 0 if eager else training.cpu_offload_layers  # CPU activation offloading
-    mb_loss = (np.ceil(infl_last) if eager
-               else loss_inflight_microbatches(ctx.sched, ctx.m, infl_last))
+    mb_loss = np.ceil(infl_last) if eager else infl["loss"]
     loss_bytes = mb_loss * (final_bytes + logits_held_bytes)
     act_first, act_last = single_stage_activation_bytes(
         stage_activation_bytes(infl_first, par.layers_first, n_offload, layer_bytes,
@@ -1600,7 +1657,7 @@ def _stage_activation_bytes(ctx: _MemoryContext, par: _RankParamCounts
     return _StageActivationBytes(
         layer_bytes=layer_bytes, layer_full_bytes=layer_full_bytes,
         recompute_bytes=recompute_bytes, e=e, gi=gi, infl_first=infl_first,
-        infl_last=infl_last, n_offload=n_offload,
+        infl_last=infl_last, infl_mid=infl["mid"], n_offload=n_offload,
         logits_transient_bytes=logits_transient_bytes, first=act_first, last=act_last)
 
 
@@ -1676,10 +1733,9 @@ def _middle_rank_bytes(ctx: _MemoryContext, par: _RankParamCounts, states: _Rank
     ----------
     Narayanan et al. 2021, Sec. 2.2.
     """
-    infl_mid = inflight_microbatches(ctx.pp, ctx.m, ctx.sched, ctx.vp, stage=1) + (
-        moe.a2a_overlap_extra_inflight(ctx.training, ctx.batch))
+    infl_mid = acts.infl_mid
     return (
-        *rank_state_bytes(par.params_mid, par.experts_mid, *states.state),
+        *states.middle,
         stage_activation_bytes(infl_mid, par.layers_mid, acts.n_offload, acts.layer_bytes,
                                acts.recompute_bytes, 0.0),
         other.base + other.zero3_first + stage_fp8_weight_cache_bytes(

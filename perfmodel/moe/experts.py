@@ -339,7 +339,9 @@ def dispatch_ops_per_layer(model: ModelSpec, training: TrainingSpec, batch: Conf
         buf = ep * etp * tokens_per_gpu(training, batch) * h * bytes_per_value
         return {"allgather": ("all_gather", np.where(ep * etp > 1, buf, 0.0), ep * etp)}
     rt = routed_tokens_per_gpu(model, training, batch)
-    a2a_buf = np.where(ep > 1, rt * h * bytes_per_value, 0.0)
+    # the busiest rank receives (dispatch) and sends back (combine) imbalance x the mean tokens:
+    # its exchange sets the all-to-all's time (perfmodel.moe.imbalance)
+    a2a_buf = np.where(ep > 1, rt * model.load_imbalance * h * bytes_per_value, 0.0)
     # with ep = 1 and etp = tp the tp group's sequence-parallel all-gather feeds the experts
     # (counted in the tp term, see uses_dispatcher)
     gather_buf = np.where((etp > 1) & uses_dispatcher(batch),

@@ -12,7 +12,7 @@ a pipeline group by ``tp*cp*dp``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Annotated
 
 import numpy as np
@@ -498,26 +498,60 @@ class ConfigBatch:
             cache[names] = (sub, codes)
         return cache[names]
 
+    def per_distinct(self, names: tuple[str, ...], fn) -> dict[str, np.ndarray]:
+        """``fn(batch)`` (per-configuration arrays, or dicts, tuples or dataclasses of them:
+        :func:`spread_rows`) computed once per distinct
+        configuration by the fields ``names`` and spread back (:meth:`unique_by`): exact for
+        an elementwise ``fn`` that reads only those fields. Small batches, and batches whose
+        rows are mostly distinct, are computed as they are."""
+        if len(self) > 256:
+            sub, codes = self.unique_by(names)
+            if 2 * len(sub) < len(self):
+                return spread_rows(fn(sub), codes, len(sub))
+        return fn(self)
+
     def _unique_by(self, names: tuple[str, ...]) -> tuple[ConfigBatch, np.ndarray]:
+        # A mixed-radix key of per-field codes, re-coded to its distinct values whenever it
+        # would outgrow a dense table of ``limit`` entries: linear time, no sort.
+        limit = max(4 * len(self), 1024)
         key = np.zeros(len(self), dtype=np.int64)
         radix = 1  # distinct values key can take so far
-        for name in names:
+        # start from the codes of the longest prefix already coded (a key of unique_by, or a
+        # prefix re-coded on the way to one): any coding of a prefix gives the same rows
+        prefixes = self.__dict__.setdefault("_prefix_codes", {})
+        start = next((i for i in range(len(names) - 1, 0, -1) if names[:i] in prefixes), 0)
+        if start:
+            radix, key = prefixes[names[:start]]
+        for i, name in enumerate(names[start:], start=start):
+            v, span = self._field_codes(name, limit)
+            if radix * span > limit:  # re-code the key (stays <= len(self))
+                key, radix = _recode_dense(key, radix)
+                prefixes[names[:i]] = (radix, key)
+            key = key * span + v
+            radix *= span
+            if radix > limit:  # still too wide for a table: sort
+                key, uniq = _factorize(key)
+                radix = len(uniq)
+        codes, first = _factorize_dense(key, radix)
+        prefixes[names] = (len(first), codes)
+        return self.take(first), codes
+
+    def _field_codes(self, name: str, limit: int) -> tuple[np.ndarray, int]:
+        """One field as int64 codes in ``[0, span)`` and ``span`` (small integers: the value
+        less the smallest; else the distinct values in order of first occurrence). Computed
+        once per batch and field."""
+        cache = self.__dict__.setdefault("_field_code_cache", {})
+        if name not in cache:
             v = np.asarray(getattr(self, name))
             v = v.astype(np.int64) if v.dtype.kind == "b" else v
             lo, hi = (v.min(), v.max()) if len(v) else (0, 0)
             span = int(hi) - int(lo) + 1 if v.dtype.kind in "iu" else 0
-            if span <= 0 or radix * span >= 2**62:  # not small integers: code the values
+            if 0 < span <= limit:
+                cache[name] = ((v - lo).astype(np.int64), span)
+            else:  # not small integers: code the values
                 codes_v, uniq_v = _factorize(v)
-                v, lo, span = codes_v, 0, len(uniq_v)
-            if radix * span >= 2**62:  # re-code the key (stays < len(self))
-                key, uniq_k = _factorize(key)
-                radix = len(uniq_k)
-            key = key * span + (v - lo)
-            radix *= span
-        codes, uniq = _factorize(key)
-        first = np.empty(len(uniq), dtype=np.int64)
-        first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
-        return self.take(first), codes
+                cache[name] = (codes_v, max(len(uniq_v), 1))
+        return cache[name]
 
     def config(self, i: int) -> ParallelConfig:
         """The i-th configuration as a ParallelConfig."""
@@ -560,6 +594,51 @@ def _factorize(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rank = np.empty(len(order), dtype=np.int64)
     rank[order] = np.arange(len(order))
     return rank[inv.reshape(-1)], uniq[order]
+
+
+def spread_rows(value, codes: np.ndarray, n_sub: int, _seen: dict | None = None):
+    """``value`` computed on ``n_sub`` distinct rows, spread back to every row (``codes``: each
+    row's distinct row): arrays whose first axis has ``n_sub`` entries are taken at ``codes``
+    (an array met twice is taken once: the spread values alias as the computed ones did);
+    dicts, tuples and dataclasses are spread field by field; anything else (scalars, specs)
+    is returned as it is."""
+    seen = {} if _seen is None else _seen
+    if isinstance(value, np.ndarray):
+        if not (value.ndim and value.shape[0] == n_sub):
+            return value
+        if id(value) not in seen:
+            seen[id(value)] = (value, value.take(codes, axis=0))
+        return seen[id(value)][1]
+    if isinstance(value, dict):
+        return {k: spread_rows(v, codes, n_sub, seen) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(spread_rows(v, codes, n_sub, seen) for v in value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return replace(value, **{f.name: spread_rows(getattr(value, f.name), codes, n_sub, seen)
+                                 for f in fields(value) if f.init})
+    return value
+
+
+def _recode_dense(key: np.ndarray, radix: int) -> tuple[np.ndarray, int]:
+    """Integer keys in ``[0, radix)`` re-coded to ``[0, distinct)`` (in the order of the key
+    values, not of first occurrence: for the prefix of a longer key) and ``distinct``."""
+    seen = np.zeros(radix, dtype=bool)
+    seen[key] = True
+    rank = np.cumsum(seen, dtype=np.int64) - 1
+    return rank[key], int(rank[-1]) + 1
+
+
+def _factorize_dense(key: np.ndarray, radix: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_factorize` of integer keys in ``[0, radix)`` by a table of ``radix`` entries
+    (linear time): the codes in order of first occurrence and each code's first row."""
+    n = len(key)
+    first_of_key = np.full(radix, n, dtype=np.int64)
+    first_of_key[key[::-1]] = np.arange(n - 1, -1, -1)  # the last write (first row) wins
+    present = np.flatnonzero(first_of_key < n)
+    first = np.sort(first_of_key[present])
+    rank = np.empty(radix, dtype=np.int64)
+    rank[key[first]] = np.arange(len(first))
+    return rank[key], first
 
 
 def _take(v, idx):

@@ -42,8 +42,8 @@ from perfmodel.parallel.config import ConfigBatch
 from perfmodel.spec.specs import ClusterSpec
 
 __all__ = ["MEASURED_COLLECTIVES", "GroupPlacement", "group_placement",
-           "measured_busbw_bytes_per_s", "nested_group_placement", "parallel_groups",
-           "tier_arrays"]
+           "measured_busbw_bytes_per_s", "nested_group_placement", "parallel_group_tiers",
+           "parallel_groups", "tier_arrays"]
 
 MEASURED_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 """Collectives a tier's nccl-tests table may name: the columns of
@@ -280,6 +280,22 @@ def _spread_groups(cluster: ClusterSpec, batch: ConfigBatch, sub_batch: ConfigBa
                 v.setflags(write=False)
             cache[k] = (cluster, GroupPlacement(**spread))
     return {k: cache[k][1] for k in keys}
+
+
+def parallel_group_tiers(cluster: ClusterSpec, batch: ConfigBatch, names: tuple[str, ...]
+                         ) -> dict[str, np.ndarray]:
+    """The ``tier`` of :func:`parallel_groups`' groups ``names`` alone: a search batch places
+    each distinct (tp, cp, dp, pp) once and spreads back its tier only (read-only arrays)."""
+    if len(batch) <= 256:
+        return {k: g.tier for k, g in parallel_groups(cluster, batch, names).items()}
+    sub_batch, codes = batch.unique_by(("tp", "cp", "dp", "pp"))
+    cache = batch.__dict__.setdefault("_tier_cache", {})
+    for k in names:
+        if cache.get(k, (None,))[0] is not cluster:
+            tier = parallel_groups(cluster, sub_batch, (k,))[k].tier.take(codes, axis=0)
+            tier.setflags(write=False)
+            cache[k] = (cluster, tier)
+    return {k: cache[k][1] for k in names}
 
 
 def parallel_groups(

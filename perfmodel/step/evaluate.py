@@ -49,7 +49,7 @@ from perfmodel.parallel.layers import (
     uniform_recompute,
     without_layout,
 )
-from perfmodel.parallel.topology import group_placement, parallel_groups
+from perfmodel.parallel.topology import group_placement, parallel_group_tiers, parallel_groups
 from perfmodel.spec.specs import ClusterSpec, ModelSpec, TrainingSpec
 from perfmodel.step.host_and_sharding import with_sharding_and_offload
 
@@ -836,7 +836,7 @@ def _dp_terms_s(c: _StepContext, layer: _LayerTerms, pipe: _PipelineTerms, p2p: 
     model, training, cluster, b, comm = c.model, c.training, c.cluster, c.batch, c.comm
     dp_grad_s = dp_grad_link_s(b, comm)
     z3_s = zero3_gather_link_s(b, comm)
-    tiers = {k: g.tier for k, g in parallel_groups(cluster, b, ("tp", "cp", "pp", "dp_cp")).items()}
+    tiers = parallel_group_tiers(cluster, b, ("tp", "cp", "pp", "dp_cp"))
     streams = _link_streams(comm, tiers, b, c.m, pipe.layers_per_stage, p2p.sends, p2p.link_s,
                             layer.tp_link_s, dp_grad_s, z3_s)
     tier_busy_s = comm_time_mod.link_busy_s(streams, len(cluster.tiers))

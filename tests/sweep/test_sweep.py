@@ -2,6 +2,7 @@
 a Dask scheduler and worker started as processes on 127.0.0.1 (``plan sweep --scheduler``), a
 LocalCluster, and this process; a stopped sweep resumes; failures are rows."""
 
+import json
 import os
 import socket
 import subprocess
@@ -51,13 +52,15 @@ def spec_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def expected(spec_path):
-    """Each scenario's best configuration from search.plan in this process (None: nothing
-    fits)."""
+    """Each scenario's best configuration from search.plan in this process, with its run's
+    ``train_days`` (None: nothing fits)."""
     out = {}
     for s in load_sweep_spec(spec_path).scenarios():
         r = plan(s.model, scenario_cluster(s.cluster, s.overrides), gpus=s.gpus,
-                 global_batch_size=s.global_batch, seq_len=s.seq_len)
-        out[s.id] = r.best.iloc[0].to_dict() if r.fits_any else None
+                 global_batch_size=s.global_batch, seq_len=s.seq_len,
+                 train_tokens=s.train_tokens)
+        out[s.id] = ({**r.best.iloc[0].to_dict(), "train_days": r.train.row(0)["days"]}
+                     if r.fits_any else None)
     assert len(out) == 20 and any(v is None for v in out.values())
     assert sum(v is not None for v in out.values()) >= 8
     return out
@@ -74,7 +77,7 @@ def _check_rows(table: pd.DataFrame, expected: dict) -> None:
             continue
         assert row["status"] == "ok" and row["reason"] == ""
         assert {k: row[k] for k in COMPARED} == {k: best[k] for k in COMPARED}
-        assert row["train_days"] == pytest.approx(1e9 / best["tokens_per_s"] / 86400)
+        assert row["train_days"] == best["train_days"]  # the plan's run terms
 
 
 def _free_port() -> int:
@@ -195,11 +198,26 @@ def test_top_k_rows_rank_the_configurations():
     assert table["step_time_s"].is_monotonic_increasing
 
 
-def test_run_figures_hand_computed():
-    # 1e12 tokens at 1e6 tokens/s: 1e6 s = 11.574 days; on 64 GPUs 64e6 / 3600 GPU-hours
-    f = run_figures(1e12, 1e6, 64)
-    assert f["train_days"] == pytest.approx(1e6 / 86400) == pytest.approx(11.574, abs=1e-3)
-    assert f["gpu_hours"] == pytest.approx(17777.78, abs=0.01)
+def test_run_figures_are_the_plans():
+    """A sweep row's run figures are the ones `plan --train-tokens` reports for the same
+    scenario (one definition: perfmodel.run.train_run, with interruptions and checkpoints)."""
+    table = sweep({"models": ["gpt3-125m"], "clusters": ["dgx-h100"], "gpus": [8],
+                   "global_batch": [16], "seq_len": [1024], "top": 2, "train_tokens": 1e10},
+                  workers=0)
+    r = plan("gpt3-125m", "dgx-h100", gpus=8, global_batch_size=16, seq_len=1024, top=2,
+             train_tokens=1e10)
+    for i, row in enumerate(table.to_dict("records")):
+        t = r.train.row(i)
+        assert row["step_time_s"] == r.rows[i]["step_time_s"]
+        assert row["train_days"] == t["days"] and row["gpu_hours"] == t["gpu_hours"]
+        assert row["failure_free_days"] == t["useful_s"] / 86_400 and row["goodput"] == t["goodput"]
+        assert row["train_days"] > row["failure_free_days"]  # interruptions and checkpoints
+        assert run_figures(r.train, i)["train_days"] == t["days"]
+    res = runner.invoke(app, ["--model", "gpt3-125m", "--cluster", "dgx-h100", "--gpus", "8",
+                              "--global-batch", "16", "--seq-len", "1024", "--train-tokens",
+                              "1e10", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["train"]["days"] == table["train_days"].iloc[0]
 
 
 def test_batch_size_aims_at_seconds_and_spreads_work():

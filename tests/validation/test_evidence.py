@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 from cli.main import app
 from perfmodel.parallel.config import ConfigBatch
 from perfmodel.step.evaluate import evaluate
-from validation import validate
-from validation.evidence import _rows, calibration_evidence, evidence_line
+from validation import evidence_table, validate
+from validation.evidence import TABLE_PATH, _rows, calibration_evidence, evidence_line
 
 
 def test_framework_narrows_to_its_source():
@@ -79,7 +79,21 @@ def test_evidence_is_of_the_same_precision_class_and_kind_of_model():
     for g in ev["groups"]:
         assert g["precision"] in ("bf16", "fp16")
     dense = calibration_evidence("H100-SXM5-80GB", None, "fp8-cs", False)
-    moe_rows = {case.row_id for *_, case, moe in _rows() if moe}
+    moe_rows = {x["row_id"] for x in _rows() if x["moe"]}
     assert all(not set(g["rows"]) & moe_rows for g in dense["groups"])
     if not ev["groups"]:
         assert "no published 16-bit MoE run on H100-SXM5-80GB" in evidence_line(ev)
+
+
+def test_shipped_table_is_fresh():
+    """The per-row table the plan header reads equals the dev rows evaluated now (regenerate it
+    with ``python -m validation.evidence_table`` when predictions move)."""
+    shipped = json.loads(TABLE_PATH.read_text())
+    fresh = evidence_table.evidence_rows()
+    assert [r["row_id"] for r in shipped] == [r["row_id"] for r in fresh]
+    for old, new in zip(shipped, fresh):
+        for k, v in new.items():
+            if isinstance(v, float):
+                assert old[k] == pytest.approx(v, rel=1e-12, abs=1e-15), (new["row_id"], k)
+            else:
+                assert old[k] == v, (new["row_id"], k)

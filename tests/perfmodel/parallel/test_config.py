@@ -306,3 +306,30 @@ def test_batch_round_trip_property(cfgs):
     assert [b.take(idx).config(i).model_dump() for i in range(len(b))] == [
         cfgs[j].model_dump() for j in idx
     ]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(0, 3), st.sampled_from([0.01, 0.5]),
+                          st.booleans()), min_size=1, max_size=600),
+       st.sampled_from([("tp",), ("tp", "cp"), ("tp", "cp", "topk_ratio", "sequence_parallel"),
+                        ("cp", "topk_ratio")]))
+def test_unique_by_is_first_occurrence_factorisation(rows, names):
+    """unique_by: the distinct rows by ``names`` in order of first occurrence and every row's
+    index among them, as a pandas.factorize of the tuples (with a cached prefix too)."""
+    tp, cp, topk, sp = (np.array(c) for c in zip(*rows))
+    b = ConfigBatch.from_arrays(tp=tp, cp=cp, topk_ratio=topk, sequence_parallel=sp)
+    if len(names) > 1:
+        b.unique_by(names[:1])  # the prefix's codes are reused
+    sub, codes = b.unique_by(names)
+    keys = list(zip(*(getattr(b, f).tolist() for f in names)))
+    first = {}
+    expect = [first.setdefault(k, len(first)) for k in keys]
+    assert codes.tolist() == expect
+    assert list(zip(*(getattr(sub, f).tolist() for f in names))) == list(first)
+
+    def fn(s):  # reads only the fields of names
+        return {"x": sum(100.0 ** i * getattr(s, f) for i, f in enumerate(names)), "k": 3.0}
+
+    spread = b.per_distinct(names, fn)
+    assert spread["k"] == 3.0
+    np.testing.assert_array_equal(spread["x"], fn(b)["x"])

@@ -103,3 +103,26 @@ def test_issue_case_pinned_row_equals_search_row(top):
             k: c[k] for k in ("dp", "tp", "pp", "vp", "cp", "zero_stage", "micro_batch_size",
                               "recompute", "sequence_parallel", "schedule", "num_microbatches")})
         assert one.rows[0]["step_time_s"] == row["step_time_s"]
+
+
+#: search batches whose terms are de-duplicated (more than 256 rows), dense and MoE
+WHOLE_SPACES = [CASES[0], CASES[1],
+                pytest.param(("mixtral-8x7b", "dgx-h100", 64, 256, 4096, "bf16", "fused"),
+                             marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("case", WHOLE_SPACES)
+def test_search_batch_equals_its_small_chunks_exactly(case):
+    """A whole search batch, where each term is computed once per distinct value of the
+    fields it reads and spread back (ConfigBatch.per_distinct), equals the same batch
+    evaluated in chunks of 128 configurations (no de-duplication): ``==``."""
+    p, batch = _valid_configs(case)
+    n = len(batch)
+    assert n > 256
+    s, kw = p.space, {"kernels": p.kernels}
+    whole = _arrays(evaluate(s.model, s.training, s.cluster, batch, **kw))
+    for start in range(0, n, 128):
+        rows = np.arange(start, min(start + 128, n))
+        part = _arrays(evaluate(s.model, s.training, s.cluster, batch.take(rows), **kw))
+        for k, v in part.items():
+            np.testing.assert_array_equal(whole[k][rows], v, err_msg=k)

@@ -36,7 +36,8 @@ def test_cp_exposed_s():
     # 2 x 0 + 2 x (5-4) = 2 ms exposed, 2 x 3 + 2 x 4 = 14 ms hidden; slowdown 0.1 x 20 ms
     model = SimpleNamespace(is_hybrid=False)
     training = SimpleNamespace(recompute_modules=("core_attn",))
-    b = SimpleNamespace(cp=np.array([1, 4, 4]), recompute=np.array([0, 0, 1]))
+    b = SimpleNamespace(cp=np.array([1, 4, 4]), recompute=np.array([0, 0, 1]),
+                        cp_comm=np.zeros(3, dtype=np.int64))
     ct = {"attn_fwd_s": a(8e-3, 8e-3, 8e-3), "attn_bwd_s": a(16e-3, 16e-3, 16e-3)}
     comm = {"cp_kv_send_s": a(0.0, 3e-3, 3e-3), "cp_kv_dkv_send_s": a(0.0, 5e-3, 5e-3)}
     cp_s, slow = step.cp_exposed_s(model, training, b, ct, comm, 0.1)
