@@ -75,7 +75,7 @@ FIXED_OPTIONS = (*SEARCH_DIMS, "num_microbatches")
 Precision = Literal[PRECISIONS]
 Optimizer = Literal[get_args(TrainingSpec.model_fields["optimizer"].annotation)]
 Zero3Gather = Literal[get_args(TrainingSpec.model_fields["zero3_gather"].annotation)]
-OffloadKind = Literal["optimizer", "params", "activations"]
+OffloadKind = Literal["none", "optimizer", "params", "activations"]
 Recompute = Literal[RECOMPUTE]
 Schedule = Literal[SCHEDULE]
 Strategy = Literal[STRATEGIES]
@@ -254,7 +254,8 @@ class PlanRequest(BaseModel):
         "framework runs HSDP)")
     offload: list[OffloadKind] | None = Field(
         None, description="offload to host memory: optimizer, params, activations "
-        "(repeatable; default: none, or searched where the framework runs it and nothing fits)")
+        "(repeatable; none: nothing offloaded, not searched; default: none, or searched where "
+        "the framework runs it and nothing fits)")
     optimizer_offload_fraction: Annotated[float | None, Cli(min=0.0, max=1.0)] = Field(
         None, description="share of the optimizer states on the host with --offload optimizer "
         "(default 1)")
