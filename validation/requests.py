@@ -61,13 +61,20 @@ def case_pins(case: Any, stage_layers: list[int] | None = None) -> dict[str, Any
     return pins
 
 
-def row_framework(preset: str, training: TrainingSpec) -> str | FrameworkSpec:
+#: Switches that act on mixture-of-experts layers only: a dense row need not match them.
+MOE_SWITCHES = ("moe_token_dispatcher", "moe_flex_backend", "moe_router_fusion",
+                "moe_parallel_folding")
+
+
+def row_framework(preset: str, training: TrainingSpec, moe: bool = True) -> str | FrameworkSpec:
     """The ``framework`` of a row that ran ``preset``'s release: the preset's name where its
-    switches are the row's, else the preset carrying the row's switches
-    (:func:`perfmodel.spec.frameworks.with_switches_of`, named ``<preset>+recipe``)."""
+    switches are the row's (a dense row's: but the MoE ones, :data:`MOE_SWITCHES`), else the
+    preset carrying the row's switches (:func:`perfmodel.spec.frameworks.with_switches_of`,
+    named ``<preset>+recipe``)."""
     fw = load_framework(preset)
     own = fw.training_switches(training.precision)
-    if all(getattr(training, k) == v for k, v in own.items()):
+    if all(getattr(training, k) == v for k, v in own.items()
+           if moe or k not in MOE_SWITCHES):
         return preset
     derived = with_switches_of(fw, training)
     return derived.model_copy(update={"name": f"{preset}+recipe"})
@@ -91,7 +98,8 @@ def case_options(case: Any, preset: str, *, model: ModelSpec | None = None,
     cluster, gpus = _cluster_option(case.cluster)
     options = {"model": model or case.model, "cluster": cluster, "gpus": gpus,
                "global_batch_size": t.global_batch_size, "seq_len": t.seq_len,
-               "precision": t.precision_name, "framework": row_framework(preset, t),
+               "precision": t.precision_name,
+               "framework": row_framework(preset, t, (model or case.model).is_moe),
                "training": t, **case_pins(case, stage_layers), "top": 1,
                # what the recipe offloads and shards, so that nothing else is searched
                "offload": list(t.offload) or ["none"], "hsdp_shard": t.hsdp_shard}

@@ -524,14 +524,15 @@ def case_request(case: Case, profile=None) -> dict:
     return case_options(case, case.framework, profile=profile)
 
 
-def predict_row(case: Case, profile=None) -> float:
+def predict_row(case: Case, profile=None) -> tuple[float, bool | None]:
     """Predicted seconds for a case's measured quantity as ``plan validate`` reports it: a step
     through the request a user types (:func:`case_request`, evaluated by ``plan``'s own
     :func:`search.api.plan_request`), one layer's time (no request takes it) by
-    :func:`predict_case`."""
+    :func:`predict_case`; and whether the step fits in memory (None: a layer)."""
     if case.scope != "step":
-        return predict_case(case, profile=profile)
-    return predict_options(case_request(case, profile))[0]
+        return predict_case(case, profile=profile), None
+    step_s, row = predict_options(case_request(case, profile))
+    return step_s, bool(row.get("fits", False))
 
 
 def predict_case(case: Case, kernels: str = "fused", profile=None) -> float:
@@ -577,7 +578,7 @@ def training_runs_report(path: Path | pd.DataFrame | None = None, profile=None,
             progress(i, len(df))
         try:
             case = case_from_row(r)
-            pred = predict_row(case, profile=profile)
+            pred, fits = predict_row(case, profile=profile)
         except ValidationError as err:
             skipped.append({"row_id": r["row_id"], "model": r["model"],
                             "reason": format_validation_error(err)})
@@ -606,8 +607,24 @@ def training_runs_report(path: Path | pd.DataFrame | None = None, profile=None,
             "gpu_type": case.cluster.gpu.name,
             "precision": case.training.precision_name,
             "framework": request_framework_name(case),
+            "fits": fits,
         })
     return pd.DataFrame(rows), pd.DataFrame(skipped, columns=["row_id", "model", "reason"])
+
+
+def row_requests(path: Path | pd.DataFrame | None = None) -> dict[str, dict]:
+    """Row id -> :class:`search.request.PlanRequest` keywords (:func:`case_request`) of every
+    step-scope row :func:`training_runs_report` predicts."""
+    df = path if isinstance(path, pd.DataFrame) else read_runs(path)
+    out = {}
+    for _, r in df.iterrows():
+        try:
+            case = case_from_row(r)
+        except (SpecError, ValidationError, ValueError):
+            continue
+        if case.scope == "step":
+            out[case.row_id] = case_request(case)
+    return out
 
 
 def request_framework_name(case: Case) -> str:
@@ -616,7 +633,7 @@ def request_framework_name(case: Case) -> str:
     (:func:`validation.requests.row_framework`); '' for a one-layer row (no request)."""
     if case.scope != "step":
         return ""
-    fw = row_framework(case.framework, case.training)
+    fw = row_framework(case.framework, case.training, case.model.is_moe)
     return fw if isinstance(fw, str) else fw.name
 
 

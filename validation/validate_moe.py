@@ -72,6 +72,7 @@ __all__ = [
     "SEARCH_GAIN_BAND",
     "model_from_row",
     "moe_case_from_row",
+    "moe_row_requests",
     "moe_runs_report",
     "moe_summary",
     "moe_tuned_report",
@@ -757,10 +758,24 @@ def moe_runs_report(path: Path | None = None) -> tuple[pd.DataFrame, pd.DataFram
     return pd.DataFrame(rows), pd.DataFrame(skipped, columns=["row_id", "model", "reason"])
 
 
+def moe_row_requests(path: Path | None = None) -> dict[str, dict]:
+    """Row id -> :class:`search.request.PlanRequest` keywords (:func:`row_request`) of every
+    row :func:`moe_runs_report` predicts."""
+    df = pd.read_csv(path or VALIDATION_DIR / "moe_runs_dev.csv")
+    out = {}
+    for _, r in df.iterrows():
+        try:
+            case = moe_case_from_row(r, df)
+        except SpecError:
+            continue
+        out[case.row_id] = row_request(r, case)
+    return out
+
+
 def _framework_name(case: Case) -> str:
     """The ``--framework`` a row's request names (``<preset>+recipe``: the preset carrying
     the row's own switches)."""
-    fw = row_framework(case.framework, case.training)
+    fw = row_framework(case.framework, case.training, case.model.is_moe)
     return fw if isinstance(fw, str) else fw.name
 
 
