@@ -89,7 +89,9 @@ DEFAULT_SEQ_LEN = 2048
 #: Training-setup switches that :func:`plan` takes one by one (they override ``training`` and
 #: the ``framework``'s values); see :class:`perfmodel.spec.specs.TrainingSpec`.
 TRAINING_SWITCHES = ("flash_attention", "overlap_grad_reduce", "overlap_tp_comm",
-                     "overlap_p2p_comm", "zero3_gather")
+                     "overlap_p2p_comm", "zero3_gather", "attention_backend",
+                     "recompute_modules", "cpu_offload_layers", "overlap_moe_comm",
+                     "moe_pad_expert_input_to_capacity", "cuda_graph_full_iteration")
 
 #: When neither the caller nor the model preset gives a sequence length, the model's declared
 #: context (``max_seq_len``, ``max_position_embeddings`` of a HF config) is used up to this cap:
@@ -97,10 +99,11 @@ TRAINING_SWITCHES = ("flash_attention", "overlap_grad_reduce", "overlap_tp_comm"
 #: contexts are reached by a short long-context extension, not by the pre-training step.
 DEFAULT_SEQ_LEN_CAP = 8192
 
-#: Training-setup values no option of ``plan`` sets one by one, which still move the answer:
-#: the gradient buffer's dtype, the attention kernel, the loss kernel, fp8 weights, the modules
-#: selective recompute recomputes. The report names each with where it came from (the
-#: framework preset, the training file, or the TrainingSpec default).
+#: Training-setup values that move the answer beyond the overlap switches: the gradient
+#: buffer's dtype, the attention kernel, the loss kernel, fp8 weights, the modules selective
+#: recompute repeats (these two are options of :data:`TRAINING_SWITCHES` too). The report names each
+#: with where it came from (an option, the framework preset, the training file, or the
+#: TrainingSpec default).
 SETUP_DEFAULTS = ("grad_reduce_in_fp32", "attention_backend", "cross_entropy", "fp8_params",
                   "recompute_modules")
 

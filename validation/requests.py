@@ -6,13 +6,13 @@ A row read by :func:`validation.validate.case_from_row` (dense) or
 :class:`search.request.PlanRequest` (:func:`case_options`): the model, the cluster scaled to the
 row's GPUs, its global batch, sequence and precision, the training stack it ran
 (``framework``: the row's release preset by name, or that preset carrying the row's own recipe
-switches where they differ from it, :func:`row_framework`), the training setup the recipe states
-(``training``: its recompute modules, CPU-offloaded layers, dispatcher, attention kernel, ...)
+switches where they differ from it, :func:`row_framework`), the recipe's own settings that are
+options (:data:`RECIPE_OPTIONS`: attention kernel, recompute modules, CPU-offloaded layers, ...)
 and every parallel dimension pinned with the row's per-stage layout. :func:`predict_options`
 evaluates it with :func:`search.api.plan_request`, the function behind ``plan``.
 
 :func:`typed_options` writes the spec objects of those keywords to TOML files (model, cluster,
-training, framework), so that the row becomes a command line (``cli.validate.row_command``)
+framework), so that the row becomes a command line (``cli.validate.row_command``)
 whose ``--json`` output is the step time ``plan validate`` reports.
 """
 
@@ -32,8 +32,15 @@ from perfmodel.spec.specs import ClusterSpec, ModelSpec, TrainingSpec, load_clus
 from search.api import plan_request
 from search.request import PlanRequest
 
-__all__ = ["case_options", "case_pins", "predict_options", "row_framework", "spec_toml",
-           "typed_options"]
+__all__ = ["case_options", "case_pins", "predict_options", "recipe_options", "row_framework",
+           "spec_toml", "typed_options"]
+
+#: Training-setup values a recipe states that are options of their own (``--attention-backend``,
+#: ``--recompute-modules``, ...): given where the row's differ from what the request sets
+#: without them (the TrainingSpec default, or the framework's).
+RECIPE_OPTIONS = ("attention_backend", "recompute_modules", "cpu_offload_layers",
+                  "overlap_moe_comm", "moe_pad_expert_input_to_capacity",
+                  "cuda_graph_full_iteration")
 
 #: The parallel dimensions a row pins (each a :class:`search.request.PlanRequest` field).
 PINNED_DIMS = ("dp", "tp", "pp", "vp", "cp", "zero_stage", "micro_batch_size", "recompute",
@@ -96,16 +103,29 @@ def case_options(case: Any, preset: str, *, model: ModelSpec | None = None,
     ``preset``'s release (``model``: the model it is timed with, default the case's)."""
     t = case.training
     cluster, gpus = _cluster_option(case.cluster)
+    framework = row_framework(preset, t, (model or case.model).is_moe)
     options = {"model": model or case.model, "cluster": cluster, "gpus": gpus,
                "global_batch_size": t.global_batch_size, "seq_len": t.seq_len,
-               "precision": t.precision_name,
-               "framework": row_framework(preset, t, (model or case.model).is_moe),
-               "training": t, **case_pins(case, stage_layers), "top": 1,
+               "precision": t.precision_name, "framework": framework,
+               **recipe_options(t, load_framework(framework)),
+               **case_pins(case, stage_layers), "top": 1,
                # what the recipe offloads and shards, so that nothing else is searched
                "offload": list(t.offload) or ["none"], "hsdp_shard": t.hsdp_shard}
     if profile is not None:
         options["profile"] = profile
     return options
+
+
+def recipe_options(training: TrainingSpec, fw: FrameworkSpec) -> dict[str, Any]:
+    """The :data:`RECIPE_OPTIONS` where ``training``'s value is not the one the request gets
+    without them (the framework's, else the TrainingSpec default)."""
+    own = fw.training_switches(training.precision)
+    out = {}
+    for k in RECIPE_OPTIONS:
+        v = getattr(training, k)
+        if v != own.get(k, TrainingSpec.model_fields[k].default):
+            out[k] = list(v) if isinstance(v, tuple) else v
+    return out
 
 
 def predict_options(options: dict[str, Any]) -> tuple[float, dict[str, Any]]:
@@ -154,7 +174,7 @@ def typed_options(options: dict[str, Any], folder: str | Path, stem: str) -> dic
     """``options`` with each spec object (model, cluster, training, framework) written to
     ``folder/<stem>-<field>.toml`` and replaced by that path."""
     out = dict(options)
-    for name in ("model", "cluster", "training", "framework"):
+    for name in ("model", "cluster", "framework"):
         v = out.get(name)
         if isinstance(v, BaseModel):
             path = Path(folder) / f"{stem}-{name}.toml"

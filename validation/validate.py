@@ -317,11 +317,14 @@ def row_framework_preset(r: pd.Series, modern: bool) -> str:
     """The framework preset of the release a dense row ran (its request's ``framework``): the
     vendor source's release (:data:`VENDOR_SOURCE_FRAMEWORK`), DeepSpeed's ZeRO-3 for a
     DeepSpeed row (``deepspeed-2021`` before 2023), Megatron-LM v3.0 (``megatron-2022``:
-    selective recompute, sequence parallelism) for Korthikanti et al. 2022, else the era's
+    selective recompute, sequence parallelism) for Korthikanti et al. 2022, ``megatron-2020``
+    for Megatron-LM's 2020 README runs, else the era's
     stack of :func:`era_switches` (``nemo-24.07`` current, ``megatron-2021`` before)."""
     group = source_group(str(r.get("source", "")))
     if "deepspeed" in str(r["zero_or_dist_optimizer"]).lower():
         return "deepspeed" if modern else "deepspeed-2021"
+    if "megatron-lm (2020)" in " ".join(str(r.get(k, "")) for k in ("source", "software")).lower():
+        return "megatron-2020"  # its fp16 loss scaler (_row_switches)
     if group in VENDOR_SOURCE_FRAMEWORK:
         return VENDOR_SOURCE_FRAMEWORK[group]
     if group == "Korthikanti 2022":
