@@ -232,7 +232,8 @@ class PlanRequest(BaseModel):
     max_memory_bytes: Annotated[float | None, Cli(("--max-memory",), quantity="gib")] = Field(
         None, description="only configurations whose peak is at most this, e.g. 70GiB")
     framework: str | Path | FrameworkSpec | None = Field(
-        None, description="the training stack you will launch (megatron-2021, megatron-2022, "
+        None, description="the training stack you will launch (megatron-2020, megatron-2021, "
+        "megatron-2022, "
         "nemo-24.07, nemo-24.09, bridge-25.09, bridge-25.x, bridge-26.02, deepspeed, "
         "deepspeed-2021, torchtitan, or a TOML file): sets its switches and keeps the search "
         "to what it runs")
