@@ -71,6 +71,7 @@ __all__ = [
     "MAX_TOP",
     "STRATEGIES",
     "STRATEGY_CLASSES",
+    "RECIPE_SWITCHES",
     "TRAINING_SWITCHES",
     "PlanRequest",
     "evaluate_config",
@@ -89,9 +90,13 @@ DEFAULT_SEQ_LEN = 2048
 #: Training-setup switches that :func:`plan` takes one by one (they override ``training`` and
 #: the ``framework``'s values); see :class:`perfmodel.spec.specs.TrainingSpec`.
 TRAINING_SWITCHES = ("flash_attention", "overlap_grad_reduce", "overlap_tp_comm",
-                     "overlap_p2p_comm", "zero3_gather", "attention_backend",
-                     "recompute_modules", "cpu_offload_layers", "overlap_moe_comm",
-                     "moe_pad_expert_input_to_capacity", "cuda_graph_full_iteration")
+                     "overlap_p2p_comm", "zero3_gather")
+#: A recipe's own settings that :func:`plan` takes one by one too (they override ``training``
+#: and the ``framework``'s values); ``result.setup["assumed"]`` names one the caller left out
+#: only where a framework or training file set it (or it is one of :data:`SETUP_DEFAULTS`).
+RECIPE_SWITCHES = ("attention_backend", "recompute_modules", "cpu_offload_layers",
+                   "overlap_moe_comm", "moe_pad_expert_input_to_capacity",
+                   "cuda_graph_full_iteration")
 
 #: When neither the caller nor the model preset gives a sequence length, the model's declared
 #: context (``max_seq_len``, ``max_position_embeddings`` of a HF config) is used up to this cap:
@@ -101,7 +106,7 @@ DEFAULT_SEQ_LEN_CAP = 8192
 
 #: Training-setup values that move the answer beyond the overlap switches: the gradient
 #: buffer's dtype, the attention kernel, the loss kernel, fp8 weights, the modules selective
-#: recompute repeats (these two are options of :data:`TRAINING_SWITCHES` too). The report names each
+#: recompute repeats (these two are options too, :data:`RECIPE_SWITCHES`). The report names each
 #: with where it came from (an option, the framework preset, the training file, or the
 #: TrainingSpec default).
 SETUP_DEFAULTS = ("grad_reduce_in_fp32", "attention_backend", "cross_entropy", "fp8_params",
@@ -270,10 +275,12 @@ def _sources(why: dict[str, str], keys: set[str], src: str, overrides: dict[str,
     fw_keys = set() if fw is None else set(fw.training_switches())
     if implicit:
         fw_keys -= keys
-    for k in (*TRAINING_SWITCHES, *SETUP_DEFAULTS):
+    for k in (*TRAINING_SWITCHES, *SETUP_DEFAULTS, *RECIPE_SWITCHES):
         if overrides.get(k) is None:
             why[k] = (f"framework {fw.name}" if k in fw_keys else
                       src if k in keys else "tool default")
+            if why[k] == "tool default" and k not in (*TRAINING_SWITCHES, *SETUP_DEFAULTS):
+                del why[k]  # a recipe setting nobody set: the report does not list it
 
 
 def make_problem(model: Any, cluster: Any, training: Any = None, **options: Any) -> Problem:
@@ -290,7 +297,7 @@ def problem_of(request: PlanRequest) -> Problem:
     prof = load_profile(r.profile)
     m, t, c, why, fw = _specs(r.model, r.cluster, r.training, r.gpus, {
         k: getattr(r, k) for k in ("global_batch_size", "seq_len", "precision", "optimizer",
-                                   *TRAINING_SWITCHES)}, r.framework)
+                                   *TRAINING_SWITCHES, *RECIPE_SWITCHES)}, r.framework)
     t = host_sharding.training_with_options(t, m, r)
     # the DP's layouts need not divide the layers evenly
     uneven_layers = r.uneven_layers or getattr(r.strategy, "value", r.strategy) == "dp"
