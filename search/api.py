@@ -55,7 +55,7 @@ from search.request import (
 )
 from search.result import SearchResult
 from search.space import MAX_GRID_CONFIGURATIONS, SEARCH_DIMS, Problem, SearchSpace, make_space
-from search.strategies.grid import GridSearch
+from search.strategies.grid import GridSearch, evaluate_single
 from search.train import attach_train, run_settings_for
 
 try:  # a dependency; the planner stays usable without it
@@ -69,9 +69,9 @@ __all__ = [
     "DEFAULT_SEQ_LEN_CAP",
     "DEFAULT_TOKENS_PER_STEP",
     "MAX_TOP",
+    "RECIPE_SWITCHES",
     "STRATEGIES",
     "STRATEGY_CLASSES",
-    "RECIPE_SWITCHES",
     "TRAINING_SWITCHES",
     "PlanRequest",
     "evaluate_config",
@@ -419,8 +419,7 @@ def _plan_request_one(request: PlanRequest) -> SearchResult:
     if all(len(space.values[d]) == 1 for d in space.dims):
         _check_single(space)
         with threads:
-            return attach_train(_annotate(GridSearch(top=1, name="single").run(problem),
-                                          problem), problem)
+            return attach_train(_annotate(evaluate_single(problem), problem), problem)
     if space.stage_layers is not None and getattr(request.strategy, "value",
                                                   request.strategy) == "dp":
         raise SpecError("stage_layers pins the per-stage layout that strategy dp searches: "

@@ -869,14 +869,17 @@ class Problem:
         flat = np.ravel_multi_index(tuple(genes.T), self.space.shape).astype(np.int64)
         return self._score(flat, a, violations)
 
-    def _score(self, flat, a, violations) -> Scored:
+    def _score(self, flat, a, violations, res: Any = None) -> Scored:
+        """Score decoded configurations (``res``: their evaluation when already done, every
+        one valid)."""
         n = flat.shape[0]
         valid = np.flatnonzero(violations == 0)
         step = np.full(n, np.inf)
         peak = np.full(n, np.inf)
         fits = np.zeros(n, dtype=bool)
         if valid.size:
-            res = self.evaluate_batch(self.space.batch(a, valid))
+            if res is None:
+                res = self.evaluate_batch(self.space.batch(a, valid))
             step[valid] = res.step_time_s
             peak[valid] = res.memory_bytes["peak"]
             fits[valid] = res.fits
