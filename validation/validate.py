@@ -423,10 +423,11 @@ def _row_switches(r: pd.Series, modern: bool, precision: str) -> dict:
     n_off = _bridge_cpu_offload_layers(r, zero_txt, src_txt, precision)
     if n_off:
         sw["cpu_offload_layers"] = n_off
-    if "megatron-bridge" in src_txt and "megatron-fsdp" in zero_txt:
+    if "megatron-bridge" in src_txt:
         # Megatron-Bridge's performance scripts turn the fused weight-gradient accumulation off
-        # with Megatron-FSDP (scripts/performance/configs/llama/llama3_llm_pretrain.py, 70B
-        # and 8B, and llama31_llm_pretrain.py, 405B: "if cfg.ddp.use_megatron_fsdp: ...
+        # with Megatron-FSDP (the switch acts under zero_stage 3 only, as the bridge presets set
+        # it; scripts/performance/configs/llama/llama3_llm_pretrain.py, 70B and 8B, and
+        # llama31_llm_pretrain.py, 405B: "if cfg.ddp.use_megatron_fsdp: ...
         # cfg.model.gradient_accumulation_fusion = False  # Disabled to avoid functional errors")
         sw["fsdp_gradient_accumulation_fusion"] = False
     if "deepspeed" in zero_txt and not modern:
