@@ -255,14 +255,17 @@ def command_signature(model: type[PlanRequest]) -> inspect.Signature:
 
 
 def check_bounds(options: dict[str, Any]) -> None:
-    """One-line error for a count option outside [1, limit] (the limit is named)."""
+    """One-line error for a count option outside [min, limit] (min: the field's, else 1; the
+    limit is named)."""
     for name, field in PlanCommand.model_fields.items():
-        limit = cli_of(field).limit
+        limit, least = cli_of(field).limit, cli_of(field).min
         v = options.get(name)
         if limit is None or v is None:
             continue
         flag = _flag(name, field)
-        if v < 1:
+        if least is not None and v < least:
+            _fail(f"{flag} {v}: expected an integer >= {least:g}")
+        if least is None and v < 1:
             _fail(f"{flag} {v}: expected a positive integer")
         if v > limit[0]:
             _fail(f"{flag} {v}: above the limit of {limit[0]:,} {limit[1]}")
@@ -682,9 +685,16 @@ def pin_options(row: dict[str, Any], setup: dict[str, Any],
 def pin_command(row: dict[str, Any], setup: dict[str, Any],
                 plan_kwargs: dict[str, Any]) -> str:
     """The ``plan ...`` command line whose output is exactly ``row``'s prediction."""
+    return command_line(pin_options(row, setup, plan_kwargs))
+
+
+def command_line(options: dict[str, Any]) -> str:
+    """The ``plan ...`` command line of :func:`search.plan` keywords (files and names, not spec
+    objects; the search's own settings, :data:`_NOT_PINNED`, left out)."""
     words = ["plan"]
-    for name, value in pin_options(row, setup, plan_kwargs).items():
-        words += _option_words(name, value)
+    for name, value in options.items():
+        if name not in _NOT_PINNED and value is not None:
+            words += _option_words(name, value)
     return shlex.join(words)
 
 

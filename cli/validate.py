@@ -11,19 +11,23 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cli.main import command_line
 from cli.validate_forward import forward_section
 from perfmodel.core.errors import SpecError
 from perfmodel.hardware.profile import load_profile
+from validation.requests import typed_options
 from validation.runs import read_runs, row_progress
 from validation.typed_back import NEWEST_SOURCES, typed_back_report, typed_back_summary
 from validation.validate import (
     group_table,
+    row_requests,
     summary,
     training_runs_report,
     tuned_report,
 )
 from validation.validate_moe import (
     moe_doc,
+    moe_row_requests,
     moe_tuned_report,
     moe_tuned_summary,
     print_moe_report,
@@ -49,6 +53,10 @@ def validate_command(
     json_out: bool = typer.Option(False, "--json", help="one JSON document on stdout"),
     profile: str | None = typer.Option(None, "--profile", help="predict under this efficiency "
                                        "profile (shipped name or TOML from `plan calibrate`)"),
+    commands: Path | None = typer.Option(None, "--commands", help="only the command lines: "  # noqa: B008 (typer)
+                                         "each row's `plan ...` (one line a row, after its id), "
+                                         "its spec files written to this folder; the command's "
+                                         "--json step time is the one this report gives"),
     forward: bool = typer.Option(False, "--forward", help="only the forward-looking section: "
                                  "errors of constants refitted without the predicted rows (by "
                                  "release, model, GPU generation), the fitted constants and the "
@@ -57,6 +65,9 @@ def validate_command(
     """Predicted versus published step times (the validation report)."""
     if forward:
         forward_section(json_out)
+        return
+    if commands is not None:
+        _print_commands(commands, runs, moe and runs is None)
         return
     # 1. the dense published runs (a user error exits 2 with one line)
     report, skipped = _training_runs_or_exit(runs, profile)
@@ -119,6 +130,32 @@ def _training_runs_or_exit(runs: Path | None, profile: str | None) -> tuple[
     except (OSError, KeyError, pd.errors.ParserError) as e:
         typer.echo(f"plan: error: --runs {runs}: cannot read a training-runs table: {e}", err=True)
         raise typer.Exit(2) from None
+
+
+def row_command(options: dict, folder: Path, stem: str) -> str:
+    """The ``plan ...`` command line of a row's request (:mod:`validation.requests`), its spec
+    objects written to ``folder`` (:func:`validation.requests.typed_options`)."""
+    return command_line(typed_options(options, folder, stem))
+
+
+def _print_commands(folder: Path, runs: Path | None, moe: bool) -> None:
+    """``row_id<TAB>plan ...`` for each row predicted (dense, then MoE); exit 2 with one line
+    on a user error."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        requests = row_requests(runs)
+        if moe:
+            requests.update(moe_row_requests())
+    except (SpecError, OSError) as e:
+        typer.echo(f"plan: error: {e}", err=True)
+        raise typer.Exit(2) from None
+    for row_id, options in requests.items():
+        typer.echo(f"{row_id}\t{row_command(options, folder, safe_stem(row_id))}")
+
+
+def safe_stem(row_id: str) -> str:
+    """A file name stem of a row id (letters, digits, ``-`` and ``_``)."""
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in row_id)[:60] or "row"
 
 
 def typed_back_line(s: dict) -> str:

@@ -55,7 +55,7 @@ from search.request import (
 )
 from search.result import SearchResult
 from search.space import MAX_GRID_CONFIGURATIONS, SEARCH_DIMS, Problem, SearchSpace, make_space
-from search.strategies.grid import GridSearch
+from search.strategies.grid import GridSearch, evaluate_single
 from search.train import attach_train, run_settings_for
 
 try:  # a dependency; the planner stays usable without it
@@ -69,6 +69,7 @@ __all__ = [
     "DEFAULT_SEQ_LEN_CAP",
     "DEFAULT_TOKENS_PER_STEP",
     "MAX_TOP",
+    "RECIPE_SWITCHES",
     "STRATEGIES",
     "STRATEGY_CLASSES",
     "TRAINING_SWITCHES",
@@ -90,6 +91,12 @@ DEFAULT_SEQ_LEN = 2048
 #: the ``framework``'s values); see :class:`perfmodel.spec.specs.TrainingSpec`.
 TRAINING_SWITCHES = ("flash_attention", "overlap_grad_reduce", "overlap_tp_comm",
                      "overlap_p2p_comm", "zero3_gather")
+#: A recipe's own settings that :func:`plan` takes one by one too (they override ``training``
+#: and the ``framework``'s values); ``result.setup["assumed"]`` names one the caller left out
+#: only where a framework or training file set it (or it is one of :data:`SETUP_DEFAULTS`).
+RECIPE_SWITCHES = ("attention_backend", "recompute_modules", "cpu_offload_layers",
+                   "overlap_moe_comm", "moe_pad_expert_input_to_capacity",
+                   "cuda_graph_full_iteration")
 
 #: When neither the caller nor the model preset gives a sequence length, the model's declared
 #: context (``max_seq_len``, ``max_position_embeddings`` of a HF config) is used up to this cap:
@@ -97,10 +104,11 @@ TRAINING_SWITCHES = ("flash_attention", "overlap_grad_reduce", "overlap_tp_comm"
 #: contexts are reached by a short long-context extension, not by the pre-training step.
 DEFAULT_SEQ_LEN_CAP = 8192
 
-#: Training-setup values no option of ``plan`` sets one by one, which still move the answer:
-#: the gradient buffer's dtype, the attention kernel, the loss kernel, fp8 weights, the modules
-#: selective recompute recomputes. The report names each with where it came from (the
-#: framework preset, the training file, or the TrainingSpec default).
+#: Training-setup values that move the answer beyond the overlap switches: the gradient
+#: buffer's dtype, the attention kernel, the loss kernel, fp8 weights, the modules selective
+#: recompute repeats (these two are options too, :data:`RECIPE_SWITCHES`). The report names each
+#: with where it came from (an option, the framework preset, the training file, or the
+#: TrainingSpec default).
 SETUP_DEFAULTS = ("grad_reduce_in_fp32", "attention_backend", "cross_entropy", "fp8_params",
                   "recompute_modules")
 
@@ -267,10 +275,12 @@ def _sources(why: dict[str, str], keys: set[str], src: str, overrides: dict[str,
     fw_keys = set() if fw is None else set(fw.training_switches())
     if implicit:
         fw_keys -= keys
-    for k in (*TRAINING_SWITCHES, *SETUP_DEFAULTS):
+    for k in (*TRAINING_SWITCHES, *SETUP_DEFAULTS, *RECIPE_SWITCHES):
         if overrides.get(k) is None:
             why[k] = (f"framework {fw.name}" if k in fw_keys else
                       src if k in keys else "tool default")
+            if why[k] == "tool default" and k not in (*TRAINING_SWITCHES, *SETUP_DEFAULTS):
+                del why[k]  # a recipe setting nobody set: the report does not list it
 
 
 def make_problem(model: Any, cluster: Any, training: Any = None, **options: Any) -> Problem:
@@ -287,7 +297,7 @@ def problem_of(request: PlanRequest) -> Problem:
     prof = load_profile(r.profile)
     m, t, c, why, fw = _specs(r.model, r.cluster, r.training, r.gpus, {
         k: getattr(r, k) for k in ("global_batch_size", "seq_len", "precision", "optimizer",
-                                   *TRAINING_SWITCHES)}, r.framework)
+                                   *TRAINING_SWITCHES, *RECIPE_SWITCHES)}, r.framework)
     t = host_sharding.training_with_options(t, m, r)
     # the DP's layouts need not divide the layers evenly
     uneven_layers = r.uneven_layers or getattr(r.strategy, "value", r.strategy) == "dp"
@@ -415,8 +425,7 @@ def _plan_request_one(request: PlanRequest) -> SearchResult:
     if all(len(space.values[d]) == 1 for d in space.dims):
         _check_single(space)
         with threads:
-            return attach_train(_annotate(GridSearch(top=1, name="single").run(problem),
-                                          problem), problem)
+            return attach_train(_annotate(evaluate_single(problem), problem), problem)
     if space.stage_layers is not None and getattr(request.strategy, "value",
                                                   request.strategy) == "dp":
         raise SpecError("stage_layers pins the per-stage layout that strategy dp searches: "

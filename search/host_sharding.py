@@ -28,10 +28,10 @@ HSDP_SHARDS = (8, 32)
 
 def _names(v: Any) -> tuple[str, ...]:
     """Offload names as plain strings (the command line gives str Enums; one name alone is
-    taken as a list of one)."""
+    taken as a list of one; ``none`` names nothing: no offload, and none searched)."""
     if isinstance(v, str):
         v = [v]
-    return tuple(str(getattr(x, "value", x)) for x in v)
+    return tuple(n for n in (str(getattr(x, "value", x)) for x in v) if n != "none")
 
 
 def training_with_options(t: TrainingSpec, model: ModelSpec, request: Any) -> TrainingSpec:

@@ -34,7 +34,14 @@ from perfmodel.core.errors import SpecError
 from perfmodel.hardware.calibration import Calibration
 from perfmodel.hardware.profile import EfficiencyProfile
 from perfmodel.spec.frameworks import FrameworkSpec
-from perfmodel.spec.specs import MAX_GPUS, PRECISIONS, ClusterSpec, ModelSpec, TrainingSpec
+from perfmodel.spec.specs import (
+    MAX_GPUS,
+    PRECISIONS,
+    ClusterSpec,
+    ModelSpec,
+    RecomputeModule,
+    TrainingSpec,
+)
 from search.space import ALIASES, OBJECTIVES, PARETO_SETS, SEARCH_DIMS
 from search.strategies.grid import Progress
 
@@ -75,7 +82,8 @@ FIXED_OPTIONS = (*SEARCH_DIMS, "num_microbatches")
 Precision = Literal[PRECISIONS]
 Optimizer = Literal[get_args(TrainingSpec.model_fields["optimizer"].annotation)]
 Zero3Gather = Literal[get_args(TrainingSpec.model_fields["zero3_gather"].annotation)]
-OffloadKind = Literal["optimizer", "params", "activations"]
+AttentionBackend = Literal[get_args(TrainingSpec.model_fields["attention_backend"].annotation)]
+OffloadKind = Literal["none", "optimizer", "params", "activations"]
 Recompute = Literal[RECOMPUTE]
 Schedule = Literal[SCHEDULE]
 CpComm = Literal[CP_COMM]
@@ -236,7 +244,8 @@ class PlanRequest(BaseModel):
     max_memory_bytes: Annotated[float | None, Cli(("--max-memory",), quantity="gib")] = Field(
         None, description="only configurations whose peak is at most this, e.g. 70GiB")
     framework: str | Path | FrameworkSpec | None = Field(
-        None, description="the training stack you will launch (megatron-2021, megatron-2022, "
+        None, description="the training stack you will launch (megatron-2020, megatron-2021, "
+        "megatron-2022, "
         "nemo-24.07, nemo-24.09, bridge-25.09, bridge-25.x, bridge-26.02, deepspeed, "
         "deepspeed-2021, torchtitan, or a TOML file): sets its switches and keeps the search "
         "to what it runs")
@@ -255,6 +264,25 @@ class PlanRequest(BaseModel):
         None, description="pipeline sends / receives overlap compute")
     zero3_gather: Zero3Gather | None = Field(
         None, description="ZeRO-3 gathers per layer (FSDP2) or per tensor (DeepSpeed 2021)")
+    # a recipe's own settings of the training setup (perfmodel.spec.specs.TrainingSpec)
+    attention_backend: AttentionBackend | None = Field(
+        None, description="fused attention kernel: cudnn (Transformer Engine's default) or "
+        "flash-attn-2 (NVTE_FUSED_ATTN=0 without flash-attn 3; default: the framework's)")
+    recompute_modules: list[RecomputeModule] | None = Field(
+        None, description="what selective recompute repeats (repeatable; Megatron-Core "
+        "--recompute-modules; default core_attn)")
+    cpu_offload_layers: Annotated[int | None, Cli(min=0, limit=(2**16, "layers"))] = Field(
+        None, description="activations of N layers per pipeline stage offloaded to host "
+        "memory (Megatron-Core --cpu-offloading-num-layers; default 0)")
+    overlap_moe_comm: bool | None = Field(
+        None, description="MoE all-to-all overlaps another micro-batch's compute "
+        "(--overlap-moe-expert-parallel-comm; default off)")
+    moe_pad_expert_input_to_capacity: bool | None = Field(
+        None, description="token-dropping MoE pads the expert inputs to capacity "
+        "(--moe-pad-expert-input-to-capacity; default off)")
+    cuda_graph_full_iteration: bool | None = Field(
+        None, description="the whole step replayed as one CUDA graph (--cuda-graph-scope "
+        "full_iteration; default off)")
     # MoE routing imbalance, hybrid sharding and offload (perfmodel.moe.imbalance,
     # perfmodel.comm.hsdp, perfmodel.memory.optimizer_offload)
     moe_imbalance: Annotated[float | None, Cli(min=1.0)] = Field(
@@ -266,7 +294,8 @@ class PlanRequest(BaseModel):
         "framework runs HSDP)")
     offload: list[OffloadKind] | None = Field(
         None, description="offload to host memory: optimizer, params, activations "
-        "(repeatable; default: searched where the framework runs it, kept where it wins)")
+        "(repeatable; none: nothing offloaded, nothing searched; default: searched where the "
+        "framework runs it, kept where it wins)")
     optimizer_offload_fraction: Annotated[float | None, Cli(min=0.0, max=1.0)] = Field(
         None, description="share of the optimizer states on the host with --offload optimizer "
         "(default 1)")

@@ -400,13 +400,14 @@ def finalize_batch(
     seconds: float,
     extra: dict[str, Any] | None = None,
     unfit_floor: dict[str, float] | None = None,
+    result: Any = None,
 ) -> SearchResult:
     """:func:`finalize` from the configurations themselves: ``batch`` holds the top (best
     first), then the Pareto front, then at most one smallest-footprint configuration. For
     strategies whose configurations are not points of the space (the layouts of
-    :mod:`search.strategies.dp`)."""
+    :mod:`search.strategies.dp`). ``result``: the batch's evaluation, when already done."""
     space = problem.space
-    res = problem.evaluate_batch(batch)
+    res = problem.evaluate_batch(batch) if result is None else result
     frame, rows = _rows(batch, res)
     interval = _interval_of(space)
     frame = _attach_intervals(frame, rows, interval)

@@ -960,7 +960,9 @@ class Problem:
         flat = np.ravel_multi_index(tuple(genes.T), self.space.shape).astype(np.int64)
         return self._score(flat, a, violations)
 
-    def _score(self, flat, a, violations) -> Scored:
+    def _score(self, flat, a, violations, res: Any = None) -> Scored:
+        """Score decoded configurations (``res``: their evaluation when already done, every
+        one valid)."""
         n = flat.shape[0]
         valid = np.flatnonzero(violations == 0)
         step = np.full(n, np.inf)
@@ -973,7 +975,8 @@ class Problem:
         host = np.zeros(n)
         if valid.size:
             batch = self.space.batch(a, valid)
-            res = self.evaluate_batch(batch)
+            if res is None:
+                res = self.evaluate_batch(batch)
             step[valid] = res.step_time_s
             peak[valid] = res.memory_bytes["peak"]
             fits[valid] = res.fits

@@ -15,37 +15,17 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pandas as pd
 
 from perfmodel.core.errors import SpecError
-from perfmodel.parallel.layers import stage_layer_table
 from search.api import plan
 from validation import validate
+from validation.requests import case_pins
 
 __all__ = ["NEWEST_SOURCES", "typed_back_report", "typed_back_summary"]
 
 #: The rows of the newest two releases in the dev split (their source groups).
 NEWEST_SOURCES = ("Megatron-Bridge 25.09", "Megatron-Bridge 25.11")
-
-
-def _pins(case: validate.Case) -> dict:
-    """The options that pin a row's configuration (as ``plan --dp ... --stage-layers``)."""
-    c = case.config
-    pins = {d: getattr(c, d) for d in ("dp", "tp", "pp", "vp", "cp", "zero_stage",
-                                        "micro_batch_size", "recompute", "sequence_parallel",
-                                        "schedule", "ep")}
-    pins["etp"] = c.expert_tp
-    if c.stage_layers is not None:
-        pins["stage_layers"] = list(c.stage_layers)
-    elif c.first_stage_layers or c.last_stage_layers or c.embedding_as_layer or c.loss_as_layer:
-        t = stage_layer_table(case.model.num_layers, c.pp, c.vp, c.first_stage_layers or 0,
-                              c.last_stage_layers or 0, bool(c.embedding_as_layer),
-                              bool(c.loss_as_layer))
-        pins["stage_layers"] = [int(x) for x in np.asarray(t).sum(axis=1)]
-    if c.stage_recompute_layers is not None:
-        pins["stage_recompute_layers"] = list(c.stage_recompute_layers)
-    return pins
 
 
 def _typed(case: validate.Case, framework: str | None) -> float:
@@ -54,7 +34,7 @@ def _typed(case: validate.Case, framework: str | None) -> float:
     try:
         r = plan(case.model, case.cluster, None, global_batch_size=t.global_batch_size,
                  seq_len=t.seq_len, precision=t.precision_name, framework=framework, top=1,
-                 **_pins(case))
+                 **case_pins(case))
     except SpecError:
         return math.nan
     return float(r.rows[0]["step_time_s"]) if r.rows else math.nan

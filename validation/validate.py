@@ -43,6 +43,7 @@ from perfmodel.spec.specs import (
 )
 from perfmodel.step.profiled import evaluate_profiled as profile_evaluate
 from search.api import plan
+from validation.requests import case_options, predict_options, row_framework
 from validation.runs import read_runs
 
 VALIDATION_DIR = SPECS_ROOT / "validation"
@@ -61,6 +62,7 @@ class Case:
     measured_step_s: float
     scope: str  # "step" or "layer" (Korthikanti Table 4: one layer's fwd+bwd)
     reliability: str
+    framework: str = ""  # the preset of the release the row ran (its plan's --framework)
 
 
 def number_or_none(x) -> float | None:
@@ -308,7 +310,26 @@ def case_from_row(r: pd.Series) -> Case:
     measured = _row_measured_s(r, layer_scope, gb, model.max_seq_len, gpus)
     cfg = resolve_config(cfg, model, training, cluster if scope == "step" else None)
     return Case(r["row_id"], str(r["model"]), model, training, cluster, cfg, float(measured),
-                scope, str(r["reliability"])[:2].strip())
+                scope, str(r["reliability"])[:2].strip(), row_framework_preset(r, modern))
+
+
+def row_framework_preset(r: pd.Series, modern: bool) -> str:
+    """The framework preset of the release a dense row ran (its request's ``framework``): the
+    vendor source's release (:data:`VENDOR_SOURCE_FRAMEWORK`), DeepSpeed's ZeRO-3 for a
+    DeepSpeed row (``deepspeed-2021`` before 2023), Megatron-LM v3.0 (``megatron-2022``:
+    selective recompute, sequence parallelism) for Korthikanti et al. 2022, ``megatron-2020``
+    for Megatron-LM's 2020 README runs, else the era's
+    stack of :func:`era_switches` (``nemo-24.07`` current, ``megatron-2021`` before)."""
+    group = source_group(str(r.get("source", "")))
+    if "deepspeed" in str(r["zero_or_dist_optimizer"]).lower():
+        return "deepspeed" if modern else "deepspeed-2021"
+    if "megatron-lm (2020)" in " ".join(str(r.get(k, "")) for k in ("source", "software")).lower():
+        return "megatron-2020"  # its fp16 loss scaler (_row_switches)
+    if group in VENDOR_SOURCE_FRAMEWORK:
+        return VENDOR_SOURCE_FRAMEWORK[group]
+    if group == "Korthikanti 2022":
+        return "megatron-2022"
+    return "nemo-24.07" if modern else "megatron-2021"
 
 
 def _row_global_batch(r: pd.Series, layer_scope: bool) -> float:
@@ -402,10 +423,11 @@ def _row_switches(r: pd.Series, modern: bool, precision: str) -> dict:
     n_off = _bridge_cpu_offload_layers(r, zero_txt, src_txt, precision)
     if n_off:
         sw["cpu_offload_layers"] = n_off
-    if "megatron-bridge" in src_txt and "megatron-fsdp" in zero_txt:
+    if "megatron-bridge" in src_txt:
         # Megatron-Bridge's performance scripts turn the fused weight-gradient accumulation off
-        # with Megatron-FSDP (scripts/performance/configs/llama/llama3_llm_pretrain.py, 70B
-        # and 8B, and llama31_llm_pretrain.py, 405B: "if cfg.ddp.use_megatron_fsdp: ...
+        # with Megatron-FSDP (the switch acts under zero_stage 3 only, as the bridge presets set
+        # it; scripts/performance/configs/llama/llama3_llm_pretrain.py, 70B and 8B, and
+        # llama31_llm_pretrain.py, 405B: "if cfg.ddp.use_megatron_fsdp: ...
         # cfg.model.gradient_accumulation_fusion = False  # Disabled to avoid functional errors")
         sw["fsdp_gradient_accumulation_fusion"] = False
     if "deepspeed" in zero_txt and not modern:
@@ -499,9 +521,30 @@ def _row_measured_s(r: pd.Series, layer_scope: bool, gb: float, seq: int, gpus: 
     return measured
 
 
+def case_request(case: Case, profile=None) -> dict:
+    """The :class:`search.request.PlanRequest` keywords of a step-scope case: what a user types
+    to predict the row (:func:`validation.requests.case_options`, ``--framework`` the row's
+    release)."""
+    return case_options(case, case.framework, profile=profile)
+
+
+def predict_row(case: Case, profile=None) -> tuple[float, bool | None]:
+    """Predicted seconds for a case's measured quantity as ``plan validate`` reports it: a step
+    through the request a user types (:func:`case_request`, evaluated by ``plan``'s own
+    :func:`search.api.plan_request`), one layer's time (no request takes it) by
+    :func:`predict_case`; and whether the step fits in memory (None: a layer)."""
+    if case.scope != "step":
+        return predict_case(case, profile=profile), None
+    step_s, row = predict_options(case_request(case, profile))
+    return step_s, bool(row.get("fits", False))
+
+
 def predict_case(case: Case, kernels: str = "fused", profile=None) -> float:
     """Predicted seconds for the case's measured quantity (under an efficiency profile: a
-    :class:`perfmodel.hardware.profile.EfficiencyProfile`, a shipped name or a TOML path)."""
+    :class:`perfmodel.hardware.profile.EfficiencyProfile`, a shipped name or a TOML path), by
+    the step model directly: the refits' inner loop (:mod:`validation.calibrate`,
+    :mod:`validation.forward`); for a step the same number as :func:`predict_row`'s request
+    (``tests/validation/test_one_path.py``)."""
     prof = profile_mod.load_profile(profile)
     batch = ConfigBatch.from_configs([case.config])
     if case.scope == "layer":
@@ -539,7 +582,7 @@ def training_runs_report(path: Path | pd.DataFrame | None = None, profile=None,
             progress(i, len(df))
         try:
             case = case_from_row(r)
-            pred = predict_case(case, profile=profile)
+            pred, fits = predict_row(case, profile=profile)
         except ValidationError as err:
             skipped.append({"row_id": r["row_id"], "model": r["model"],
                             "reason": format_validation_error(err)})
@@ -567,8 +610,35 @@ def training_runs_report(path: Path | pd.DataFrame | None = None, profile=None,
             "source": source_group(str(r["source"])),
             "gpu_type": case.cluster.gpu.name,
             "precision": case.training.precision_name,
+            "framework": request_framework_name(case),
+            "fits": fits,
         })
     return pd.DataFrame(rows), pd.DataFrame(skipped, columns=["row_id", "model", "reason"])
+
+
+def row_requests(path: Path | pd.DataFrame | None = None) -> dict[str, dict]:
+    """Row id -> :class:`search.request.PlanRequest` keywords (:func:`case_request`) of every
+    step-scope row :func:`training_runs_report` predicts."""
+    df = path if isinstance(path, pd.DataFrame) else read_runs(path)
+    out = {}
+    for _, r in df.iterrows():
+        try:
+            case = case_from_row(r)
+        except (SpecError, ValidationError, ValueError):
+            continue
+        if case.scope == "step":
+            out[case.row_id] = case_request(case)
+    return out
+
+
+def request_framework_name(case: Case) -> str:
+    """The ``--framework`` of a case's request: its release's preset, or ``<preset>+recipe``
+    where the row's recipe switches differ from the preset's
+    (:func:`validation.requests.row_framework`); '' for a one-layer row (no request)."""
+    if case.scope != "step":
+        return ""
+    fw = row_framework(case.framework, case.training, case.model.is_moe)
+    return fw if isinstance(fw, str) else fw.name
 
 
 

@@ -55,6 +55,7 @@ from perfmodel.spec.specs import (
 )
 from perfmodel.step.evaluate import TIME_TERMS, evaluate
 from search.api import plan
+from validation.requests import case_options, predict_options, row_framework
 from validation.validate import (
     VALIDATION_DIR,
     Case,
@@ -71,6 +72,7 @@ __all__ = [
     "SEARCH_GAIN_BAND",
     "model_from_row",
     "moe_case_from_row",
+    "moe_row_requests",
     "moe_runs_report",
     "moe_summary",
     "moe_tuned_report",
@@ -603,7 +605,23 @@ def moe_case_from_row(r: pd.Series, siblings: pd.DataFrame | None = None) -> Cas
                 f"(etp*ep*pp) == 0){ga_note}") from None
         raise
     return Case(str(r["row_id"]), str(r["model"]), model, training, cluster, cfg,
-                float(measured), "step", str(r.get("status", "")))
+                float(measured), "step", str(r.get("status", "")),
+                release_preset(str(r.get("release", ""))))
+
+
+def release_preset(release: str) -> str:
+    """The ``--framework`` of a row's request: its release's preset
+    (:data:`RELEASE_FRAMEWORK`), Megatron-LM main (``megatron-lm``) for a release without one
+    (the row's recipe switches ride on it, :func:`validation.requests.row_framework`)."""
+    fw = release_framework(release)
+    return "megatron-lm" if fw is None else fw.name
+
+
+def row_request(r: pd.Series, case: Case) -> dict:
+    """The :class:`search.request.PlanRequest` keywords of a MoE row: the case on the model and
+    per-rank layout it is timed with (:func:`timed_model_and_batch`)."""
+    return case_options(case, case.framework, model=timed_model(r, case),
+                        stage_layers=bridge_stage_layers(r, case.config))
 
 
 #: Whether the Megatron-Bridge Qwen3-235B rows are timed on the recipe's pipeline split (the
@@ -690,6 +708,14 @@ def with_stage_layers(batch: ConfigBatch, ranks: list[int]) -> ConfigBatch:
                                loss_as_layer=np.zeros(1, dtype=bool))
 
 
+def timed_model(r: pd.Series, case: Case) -> ModelSpec:
+    """The model of :func:`timed_model_and_batch` (the padded model of an even split, or the
+    real one with its MTP layers on a named layout)."""
+    if bridge_stage_layers(r, case.config) is None:
+        return slowest_rank_model(case.model, case.config)
+    return case.model.model_copy(update={"mtp_num_layers": flop_convention(r)[1]})
+
+
 def timed_model_and_batch(r: pd.Series, case: Case) -> tuple[ModelSpec, ConfigBatch]:
     """The model and batch a row is timed with: with a known Megatron-Bridge DeepSeek-V3 layout
     (:func:`bridge_stage_layers`) the real 61-layer model on that layout, its MTP layers as the
@@ -717,10 +743,9 @@ def moe_runs_report(path: Path | None = None) -> tuple[pd.DataFrame, pd.DataFram
         except SpecError as err:
             skipped.append({"row_id": r["row_id"], "model": r["model"], "reason": str(err)})
             continue
-        model, batch = timed_model_and_batch(r, case)
-        res = evaluate(model, case.training, case.cluster, batch)
+        # the request a user types (validation.requests), through plan's own evaluation
+        pred, row = predict_options(row_request(r, case))
         c = case.config
-        pred = float(res.step_time_s[0])
         rows.append({
             "row_id": case.row_id, "model": case.label, "gpu": str(r["gpu_type"]),
             "gpus": int(r["num_gpus"]), "precision": case.training.precision,
@@ -728,9 +753,30 @@ def moe_runs_report(path: Path | None = None) -> tuple[pd.DataFrame, pd.DataFram
                       f"b{c.micro_batch_size} m{c.num_microbatches} {c.recompute}",
             "status": case.reliability, "measured_s": case.measured_step_s, "predicted_s": pred,
             "error": pred / case.measured_step_s - 1.0,
-            "fits": bool(res.fits[0]),
+            "fits": bool(row.get("fits", False)), "framework": _framework_name(case),
         })
     return pd.DataFrame(rows), pd.DataFrame(skipped, columns=["row_id", "model", "reason"])
+
+
+def moe_row_requests(path: Path | None = None) -> dict[str, dict]:
+    """Row id -> :class:`search.request.PlanRequest` keywords (:func:`row_request`) of every
+    row :func:`moe_runs_report` predicts."""
+    df = pd.read_csv(path or VALIDATION_DIR / "moe_runs_dev.csv")
+    out = {}
+    for _, r in df.iterrows():
+        try:
+            case = moe_case_from_row(r, df)
+        except SpecError:
+            continue
+        out[case.row_id] = row_request(r, case)
+    return out
+
+
+def _framework_name(case: Case) -> str:
+    """The ``--framework`` a row's request names (``<preset>+recipe``: the preset carrying
+    the row's own switches)."""
+    fw = row_framework(case.framework, case.training, case.model.is_moe)
+    return fw if isinstance(fw, str) else fw.name
 
 
 def moe_summary(report: pd.DataFrame) -> dict:

@@ -168,6 +168,13 @@ class FrameworkSpec(Spec):
         "--accumulate-allreduce-grads-in-fp32, forced for bf16)")
     fp8_params: bool = Field(
         default=False, description="fp8 recipes keep fp8 model weights (--fp8-param-gather)")
+    fp16_overflow_check: Literal["fused", "per-tensor"] | None = Field(
+        default=None, description="fp16 loss scaling's gradient check (Megatron-LM 2020: "
+        "apex's per-tensor check, megatron/fp16/loss_scaler.py; None: the TrainingSpec's)")
+    fsdp_gradient_accumulation_fusion: bool | None = Field(
+        default=None, description="the weight-gradient GEMMs accumulate into main_grad under "
+        "Megatron-FSDP (Megatron-Bridge's performance configs turn it off when "
+        "use_megatron_fsdp; None: the TrainingSpec's, on)")
     cross_entropy: Literal["fp32", "fused"] = Field(
         default="fp32", description="the loss kernel: 'fused' = Transformer Engine's in-place "
         "parallel_cross_entropy (Megatron-Bridge performance recipes)")
@@ -228,6 +235,10 @@ class FrameworkSpec(Spec):
                                               "fp8_params", "cross_entropy")}
         if precision == "fp16" and self.fp16_grads_in_fp16:
             out["grad_reduce_in_fp32"] = False
+        if precision == "fp16" and self.fp16_overflow_check is not None:
+            out["fp16_overflow_check"] = self.fp16_overflow_check
+        if self.fsdp_gradient_accumulation_fusion is not None:
+            out["fsdp_gradient_accumulation_fusion"] = self.fsdp_gradient_accumulation_fusion
         # MoE dispatcher switches (perfmodel.moe.dispatch) and the attention kernel, where the
         # preset states them
         for k in ("moe_token_dispatcher", "moe_flex_backend", "moe_router_fusion",

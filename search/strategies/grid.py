@@ -14,11 +14,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from search.pareto import Tally
-from search.result import SearchResult, finalize_tally
+from search.result import SearchResult, finalize_batch, finalize_tally
 from search.space import MAX_GRID_CONFIGURATIONS, Problem, check_search_size
 
-__all__ = ["GridSearch", "Progress"]
+__all__ = ["GridSearch", "Progress", "evaluate_single"]
 
 #: ``progress(done, total)``: flat indices processed so far, out of the space's size.
 Progress = Callable[[int, int], None]
@@ -57,3 +59,23 @@ class GridSearch:
         if progress is not None:
             progress(total, total)  # ranges after the last valid prefix were skipped
         return finalize_tally(problem, tally, strategy=self.name, t0=t0)
+
+
+def evaluate_single(problem: Problem) -> SearchResult:
+    """The one configuration of a fully pinned space, as ``GridSearch(top=1, name="single")``
+    reports it, evaluated once (the grid evaluates it to score it, then again to report it):
+    the path of ``plan`` with every dimension pinned and of ``plan validate``'s rows."""
+    t0 = time.perf_counter()
+    flat = np.zeros(1, dtype=np.int64)
+    a, violations = problem.space.decode_flat(flat)
+    batch = problem.space.batch(a)
+    res = problem.evaluate_batch(batch) if violations[0] == 0 else None
+    if res is None or not callable(getattr(res, "take", None)):
+        return GridSearch(top=1, name="single").run(problem)  # invalid, or a custom evaluator
+    tally = Tally(1, repeats=False)
+    tally.add(problem._score(flat, a, violations, res))
+    n_top, n_front = len(tally.top_flat), len(tally.front_flat)
+    again = np.zeros(n_top + n_front + len(tally.small_flat), dtype=np.int64)
+    return finalize_batch(problem, batch.take(again), n_top, n_front, strategy="single",
+                          evaluated=tally.evaluated, feasible=tally.feasible,
+                          seconds=time.perf_counter() - t0, result=res.take(again))

@@ -560,3 +560,49 @@ def test_torchtitan_refuses_micro_batches_its_rounds_cannot_split(torchtitan_con
     got = torchtitan_config(emit("torchtitan", c, model, good), c.gpus)
     assert all(name == "ScheduleInterleavedZeroBubble" and n == 15
                for name, n, _ in got["stages"].values())
+
+
+def _plan_settings(name):
+    """The command-line settings of a plan of :data:`emit_plans.PLANS` (nothing pinned)."""
+    model, cluster, gpus, tr, _ = PLANS[name]
+    precision = tr.get("low_precision_recipe") or tr["precision"]
+    return ["--model", model, "--cluster", cluster, "--gpus", str(gpus), "--global-batch",
+            str(tr["global_batch_size"]), "--seq-len", str(tr["seq_len"]),
+            "--precision", precision]
+
+
+def _format_runs_precision(fmt, precision):
+    """Whether the newest preset of ``fmt`` switches on ``precision`` (a format that cannot
+    run the setting is not asked for it: its search refuses the precision itself)."""
+    from emit.launch import FORMAT_FRAMEWORK
+    from perfmodel.spec.frameworks import load_framework
+    from perfmodel.spec.specs import load_training
+
+    recipe = precision_recipe(load_training(precision=precision))
+    return recipe in load_framework(FORMAT_FRAMEWORK[fmt]).precisions
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("name", list(PLANS))
+def test_emit_without_framework_on_every_plan_setting(name, fmt, readers):
+    """`plan <the plan's model, GPUs, batch, sequence, precision> --emit X`, no --framework:
+    X's preset searches only what X runs, so it exits 0, and the file passes X's own checks
+    with the degrees, micro-batches, schedule, recompute and precision of the plan it reports."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from perfmodel.spec.specs import load_model, load_training
+
+    args = _plan_settings(name)
+    if not _format_runs_precision(fmt, args[-1]):
+        pytest.skip(f"{fmt}'s preset does not run precision {args[-1]}")
+    r = CliRunner().invoke(app, [*args, "--emit", fmt])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(CliRunner().invoke(app, [*args, "--emit", fmt, "--json"]).stdout)
+    c = load_plan_config(doc["best"]["config"])
+    tr = PLANS[name][3]
+    training = load_training(global_batch_size=tr["global_batch_size"], seq_len=tr["seq_len"],
+                             precision=doc["setup"]["precision"])
+    assert r.stdout.strip() == doc["launch"][fmt]["text"].strip()
+    _check(fmt, r.stdout, c, load_model(PLANS[name][0]), training, PLANS[name][2], readers)
