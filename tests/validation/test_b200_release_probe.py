@@ -33,12 +33,12 @@ def test_distinct_ranks_by_hand():
 
 
 def test_e0035_preset_reading_is_a_what_if():
-    """As published (ep 8) E0035 stays about 24 % fast; read as the v0.2.1 B200 preset (ep 64 +
+    """As published (ep 8) E0035 stays about 21 % fast; read as the v0.2.1 B200 preset (ep 64 +
     layernorm / moe_act) it is within 5 % and its tokens/s equal E0055's within 3 %."""
     p = _probe()
     df = pd.read_csv(VALIDATION_DIR / "moe_runs_dev.csv")
     t = p.gptoss_preset_table(df).set_index("reading")
-    assert t.loc["as published: ep 8", "error"] == pytest.approx(-0.237, abs=0.03)
+    assert t.loc["as published: ep 8", "error"] == pytest.approx(-0.205, abs=0.03)
     assert abs(t.loc["preset v0.2.1: ep 64 + layernorm/moe_act", "error"]) < 0.05
     e55 = t[t["row"] == "E0055"]["tok_s_gpu"].iloc[0]
     assert t.loc["as published: ep 8", "tok_s_gpu"] / e55 == pytest.approx(1.0, abs=0.03)
