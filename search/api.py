@@ -298,6 +298,9 @@ def problem_of(request: PlanRequest) -> Problem:
     m, t, c, why, fw = _specs(r.model, r.cluster, r.training, r.gpus, {
         k: getattr(r, k) for k in ("global_batch_size", "seq_len", "precision", "optimizer",
                                    *TRAINING_SWITCHES, *RECIPE_SWITCHES)}, r.framework)
+    if host_sharding.imbalance_defaulted(t, m, r.moe_imbalance):
+        why["moe_imbalance"] = ("published learned-routing imbalance (busiest expert / mean; "
+                                "--moe-imbalance 1 for force-balanced benchmarks)")
     t = host_sharding.training_with_options(t, m, r)
     # the DP's layouts need not divide the layers evenly
     uneven_layers = r.uneven_layers or getattr(r.strategy, "value", r.strategy) == "dp"

@@ -15,11 +15,20 @@ from collections.abc import Callable
 from typing import Any
 
 from perfmodel.core import units
+from perfmodel.moe.imbalance import TYPICAL_IMBALANCE
 from perfmodel.spec.specs import ModelSpec, TrainingSpec, load_training
 from search.space import OFFLOAD_SETS
 
-__all__ = ["OFFLOAD_SETS", "hsdp_candidates", "offload_cannot_win", "offload_sets", "search_hsdp",
-           "search_offload", "training_with_options"]
+__all__ = [
+    "OFFLOAD_SETS",
+    "hsdp_candidates",
+    "imbalance_defaulted",
+    "offload_cannot_win",
+    "offload_sets",
+    "search_hsdp",
+    "search_offload",
+    "training_with_options",
+]
 
 #: HSDP shard groups tried, in data-parallel ranks: one node of 8 GPUs and four nodes (with
 #: tp = 1), the shard sizes torchtitan's and FSDP2's HSDP examples use (one node, or a few).
@@ -34,15 +43,29 @@ def _names(v: Any) -> tuple[str, ...]:
     return tuple(n for n in (str(getattr(x, "value", x)) for x in v) if n != "none")
 
 
+def imbalance_defaulted(t: TrainingSpec, model: ModelSpec, requested: float | None) -> bool:
+    """Whether the plan takes the published routing imbalance
+    (:data:`perfmodel.moe.imbalance.TYPICAL_IMBALANCE`): a dropless MoE model (no capacity
+    factor) that states no imbalance of its own, and neither the request nor the training
+    setup sets one. Benchmarks that force balanced routing are planned with
+    ``--moe-imbalance 1`` (``requested``: the request's value)."""
+    return (model.is_moe and model.moe_load_imbalance is None
+            and model.moe_capacity_factor is None and t.moe_imbalance is None
+            and requested is None)
+
+
 def training_with_options(t: TrainingSpec, model: ModelSpec, request: Any) -> TrainingSpec:
     """``t`` with the request's ``moe_imbalance``, ``hsdp_shard``, ``offload`` and
     ``optimizer_offload_fraction`` (``activations`` offload: ``L - 1`` layers, Megatron's
     largest ``--cpu-offloading-num-layers``, each stage keeping at least its last, unless
-    ``cpu_offload_layers`` is set); ``t`` itself when none is given."""
+    ``cpu_offload_layers`` is set); the published routing imbalance where
+    :func:`imbalance_defaulted`; ``t`` itself when none of these applies."""
     over: dict[str, Any] = {}
     for k in ("moe_imbalance", "hsdp_shard", "optimizer_offload_fraction"):
         if getattr(request, k) is not None:
             over[k] = getattr(request, k)
+    if imbalance_defaulted(t, model, request.moe_imbalance):
+        over["moe_imbalance"] = TYPICAL_IMBALANCE
     if request.offload is not None:
         over["offload"] = _names(request.offload)
         if "activations" in over["offload"] and not t.cpu_offload_layers:

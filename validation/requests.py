@@ -30,6 +30,7 @@ from perfmodel.parallel.layers import stage_layer_table
 from perfmodel.spec.frameworks import FrameworkSpec, load_framework, with_switches_of
 from perfmodel.spec.specs import ClusterSpec, ModelSpec, TrainingSpec, load_cluster
 from search.api import plan_request
+from search.host_sharding import imbalance_defaulted
 from search.request import PlanRequest
 
 __all__ = ["case_options", "case_pins", "predict_options", "recipe_options", "row_framework",
@@ -111,6 +112,8 @@ def case_options(case: Any, preset: str, *, model: ModelSpec | None = None,
                **case_pins(case, stage_layers), "top": 1,
                # what the recipe offloads and shards, so that nothing else is searched
                "offload": list(t.offload) or ["none"], "hsdp_shard": t.hsdp_shard}
+    if imbalance_defaulted(t, model or case.model, None):
+        options["moe_imbalance"] = 1.0  # the benchmark recipes force balanced routing
     if profile is not None:
         options["profile"] = profile
     return options

@@ -55,6 +55,7 @@ from perfmodel.spec.specs import (
 )
 from perfmodel.step.evaluate import TIME_TERMS, evaluate
 from search.api import plan
+from search.host_sharding import imbalance_defaulted
 from validation.requests import case_options, predict_options, row_framework
 from validation.validate import (
     VALIDATION_DIR,
@@ -866,8 +867,9 @@ def moe_tuned_report(path: Path | None = None, limit: int | None = None,
         if limit is not None and i >= limit:
             break
         fw = release_framework(release[c.row_id]) if release_capabilities else None
+        forced = 1.0 if imbalance_defaulted(c.training, c.model, None) else None
         r = plan(c.model, c.cluster, c.training, top=1, uneven_layers=True,
-                 zero_stage=c.config.zero_stage, sequence_parallel=None,
+                 zero_stage=c.config.zero_stage, sequence_parallel=None, moe_imbalance=forced,
                  framework=with_switches_of(load_framework("ideal") if fw is None else fw,
                                             c.training))
         pred = float(r.top["step_time_s"].iloc[0]) if r.fits_any else float("nan")
