@@ -1,5 +1,5 @@
 """What the NeMo 25.09 / 25.11 MoE rows on DGX B200 say against their 26.02 / 26.02.01 siblings
-(s7-i2, issue #15; docs/moe.md "The 25.x B200 rows against their 26.x siblings").
+(docs/moe.md "The 25.x B200 rows against their 26.x siblings").
 
 Four checks, each printed as a table; nothing in the model is changed:
 

@@ -12,7 +12,7 @@ Run: ``.venv/bin/python benchmarks/bench_search.py`` (single process; pin to one
 - the whole grid path (decode, evaluate, top-k, Pareto) per valid configuration;
 - the full grid search of Llama-3.1-405B on 16,384 H100s (goal: < 10 s) and GPT-3 175B on
   1024 A100s, with the goal ratios;
-- issue 15's DeepSeek-V3 plan on 256 GB200 (``plan --model deepseek-v3 --cluster gb200-nvl72
+- the DeepSeek-V3 plan on 256 GB200 (``plan --model deepseek-v3 --cluster gb200-nvl72
   --gpus 256 --global-batch 8192 --seq-len 4096``, goal: < 10 s);
 - the real-time planner on 32 identical models (feasible and infeasible with degraded mode;
   goal: < 10 s each; exponential over subsets before, > 120 s for 16 models);
@@ -50,8 +50,8 @@ COMMAND = ["--model", "llama3.1-8b", "--cluster", "dgx-h100", "--gpus", "64", "-
 GOAL_405B_S = 10.0
 
 
-GOAL_DP_405B_S = 30.0  # issue 19: --strategy dp on 16,384 H100
-GOAL_DEEPSEEK_S = 10.0  # issue 15: the README's DeepSeek-V3 plan on 256 GB200
+GOAL_DP_405B_S = 30.0  # --strategy dp on 16,384 H100
+GOAL_DEEPSEEK_S = 10.0  # the DeepSeek-V3 plan on 256 GB200
 GOAL_REALTIME_S = 10.0  # 32 models on the real-time planner
 
 
@@ -139,7 +139,7 @@ def realtime_spec(n: int, bound_ms: float, devices: int = 2, gflops: float = 200
 
 
 def moe_and_realtime_report() -> None:
-    """Issue 15's DeepSeek-V3 plan and the 32-model real-time plans, with their goal ratios."""
+    """The DeepSeek-V3 plan on 256 GB200 and the 32-model real-time plans, with goal ratios."""
     from realtime.placement import plan_realtime
 
     r = plan("deepseek-v3", "gb200-nvl72", gpus=256, global_batch_size=8192, seq_len=4096,

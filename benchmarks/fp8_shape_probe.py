@@ -1,9 +1,9 @@
-"""Probe of two shape-dependent FP8 GEMM prices against the dev split (issue 17, s6-i17).
+"""Probe of two shape-dependent FP8 GEMM prices against the dev split.
 
-Before session 6 the model priced a Transformer Engine fp8 GEMM at the bf16 efficiency of the
+Variant ``flat`` prices a Transformer Engine fp8 GEMM at the bf16 efficiency of the
 same ``(m, n, k, layout)`` times ``compute.LOW_PRECISION_GEMM_RATIO`` (0.85) and the recipe's
-ratio, against the 2x fp8 peak: one ratio for every shape (variant ``flat``). This script
-scores the two shape terms published FP8 kernels suggest the way issue 17 does (docs/compute.md,
+ratio, against the 2x fp8 peak: one ratio for every shape. This script scores the two shape
+terms published FP8 kernels suggest against the dev split's FP8 groups (docs/compute.md,
 "FP8 GEMM efficiency by shape"); the first ships on Hopper (``compute.low_precision_tile_factor``):
 
 * ``k0`` -- a per-tile fixed cost (prologue, bf16 epilogue / TMA store, scale application) that
@@ -61,7 +61,7 @@ def fp8_variant(name: str):
     ``LOW_PRECISION_GEMM_RATIO``) by variant ``name``:
 
     * ``shipped``: the model as it is (``compute.LOW_PRECISION_TILE_K0`` on Hopper);
-    * ``flat``: one ratio for every shape (k0 = 0, the model before session 6);
+    * ``flat``: one ratio for every shape (k0 = 0, no per-tile term);
     * ``k0=<float>``: the Hopper term with that k0;
     * ``k0all=<float>``: that k0 on every GPU (Blackwell too);
     * ``tn``: flat, each Hopper fp8 GEMM at the H200 table's TN op of its own shape.

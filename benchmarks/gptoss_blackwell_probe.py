@@ -1,5 +1,5 @@
 """What the GPT-OSS-120B rows of ``moe_runs_dev.csv`` say about the per-step and per-micro-batch
-time on Blackwell (s6-i14b; docs/moe.md "GPT-OSS-120B on Blackwell").
+time on Blackwell (docs/moe.md "GPT-OSS-120B on Blackwell").
 
 Three checks, each printed as a table:
 

@@ -1,4 +1,4 @@
-"""Joint refit of the MoE time constants fitted on ``moe_runs_dev.csv`` (s4-grads).
+"""Joint refit of the MoE time constants fitted on ``moe_runs_dev.csv``.
 
 Parameters (each a named constant with its meaning in its docstring):
 ``perfmodel.moe.experts.MOE_EXPERT_HOST_S`` (host time per local expert and layer pass),

@@ -24,7 +24,7 @@ it. Where the framework cannot run the plan, :func:`refusals` says why (one reas
 :func:`launch_settings` adds the nearest configuration the search finds for that framework
 (``search.plan(..., framework=...)``). Nothing is silently downgraded.
 
-Fields that later issues add are read with ``getattr`` and written only when present:
+Fields that newer configurations carry are read with ``getattr`` and written only when present:
 ``ParallelConfig.first_stage_layers`` / ``last_stage_layers`` / ``embedding_as_layer`` /
 ``loss_as_layer`` (uneven stages) and a precision recipe name (``fp8-cs``, ``fp8-delayed``,
 ``fp8-block``, ``mxfp8``, ``nvfp4``) in ``TrainingSpec.precision`` or

@@ -112,7 +112,7 @@ PRIOR_SIGMA = {
 PRIOR_SIGMA_OVERALL = 0.06
 """One-sigma prior width of the overall efficiency (log units) fitted when the runs cannot
 separate the parameters: the spread of the base model's per-group mean error on the dev split
-(issue 13's model: most group means within +-6 %)."""
+(most group means within +-6 %)."""
 
 CONTRADICTION = 0.10
 """Two rows describing the same run whose measured times differ by more than this are refused."""

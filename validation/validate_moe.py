@@ -627,7 +627,7 @@ def row_request(r: pd.Series, case: Case) -> dict:
 
 #: Whether the Megatron-Bridge Qwen3-235B rows are timed on the recipe's pipeline split (the
 #: embedding and the loss counted as layers); False: the padded even split of
-#: :func:`slowest_rank_model`, as before session 7 (a switch for the refit and the docs).
+#: :func:`slowest_rank_model` (a switch for the refit and the docs).
 BRIDGE_QWEN3_235B_SPLIT = True
 
 

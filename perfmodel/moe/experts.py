@@ -90,7 +90,7 @@ against 11.3 %). ``E/ep`` local experts: DeepSeek-V3 with ep 8 has 32, Qwen3-235
 2. Fitted on ``moe_runs_dev.csv`` (94 rows, 8 models) with the dispatcher switches each row
 names (:mod:`perfmodel.moe.dispatch`), jointly with :data:`TE_GROUPED_GEMM_SLOWDOWN`
 (``python -m benchmarks.moe_time_refit --grid``): 0.07 ms on the 98 rows with the rows' own fp8
-recipes and TE's quantisation casts on the routed experts' top-k rows (s5-fp8): MAPE 10.40 %,
+recipes and TE's quantisation casts on the routed experts' top-k rows: MAPE 10.40 %,
 64 % within 10 %, leave-one-model-out 11.2 % (folds 0.07-0.11 ms, slowdown 0-0.3; (0.08 ms,
 0.20) fits as well); 0.09 ms before those casts (10.33 % on 94 rows, leave-one-model-out 11.0 %); docs/moe.md, "Compute"). Alone it was
 0.13 ms (11.2 %): then it also carried device time that grows with the micro-batch's tokens (the

@@ -1,5 +1,5 @@
 """The plan command line, through typer's CliRunner: output, --json, --csv, --list, and every
-bad-input case of issue 2 (one line on stderr, exit 2, no traceback)."""
+bad-input case (one line on stderr, exit 2, no traceback)."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def test_list_presets():
         assert name in r.stdout
 
 
-# ---- bad input (issue 2) ---------------------------------------------------------------------
+# ---- bad input ----------------------------------------------------------------------------------
 def _cluster_file(tmp_path, extra="", bw="bw_gbyte_per_s = 300"):
     p = tmp_path / "c.toml"
     p.write_text(f'''name = "mine"

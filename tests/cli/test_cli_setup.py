@@ -1,4 +1,4 @@
-"""Issue 18: the training setup on the command line (--framework, single switch flags,
+"""The training setup on the command line (--framework, single switch flags,
 --training FILE), defaults that fit the model, the assumed-setup header, API parity of
 evaluate_config, the MoE warning, the BLAS thread limit, and the output items (exposed terms,
 ZeRO-3 note, nsga2 Pareto table, GPUs-used column)."""
@@ -235,7 +235,7 @@ def test_moe_model_warns_in_one_line(tmp_path, fake):
     r = run(["--model", str(f), "--gpus", "64"])
     assert r.exit_code == 0, r.output
     warns = [x for x in r.stderr.splitlines() if x.startswith("plan: warning:")]
-    # expert parallelism is modelled (issue 15): ep is searched, so no dense-MoE warning
+    # expert parallelism is modelled: ep is searched, so no dense-MoE warning
     assert not any("expert parallelism is not modelled" in w for w in warns), warns
     r = run([])  # a dense model: no warning
     assert "mixture-of-experts" not in r.stderr

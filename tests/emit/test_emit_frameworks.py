@@ -431,7 +431,7 @@ def test_plan_parses_or_is_refused(plan, fmt, readers):
 
 
 def test_expected_refusals():
-    """The issue's cases: DeepSpeed ZeRO-3 + pipeline, torchtitan ZeRO-1, schedules."""
+    """The cases: DeepSpeed ZeRO-3 + pipeline, torchtitan ZeRO-1, schedules."""
     def why(plan, fmt):
         c, m, t = load_plan(plan)
         return " ".join(refusals(fmt, c, m, t))

@@ -18,7 +18,7 @@ CLUSTERS = list_presets("cluster")
 MODELS = list_presets("model")
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "presets.md"
 
-# Names other tools (CLI, README, issues) refer to; they must never disappear.
+# Names other tools (CLI, README, users) refer to; they must never disappear.
 REQUIRED = {
     "gpu": [
         "v100-sxm2-32gb",

@@ -174,7 +174,7 @@ def test_model_matches_spec_param_count():
 
 
 # ------------------------------------------------------------------------------------------------
-# predicted vs measured (the targets), 4 ranks so that it fits in CI
+# predicted vs measured (the targets), 4 ranks so that it fits in CI
 # ------------------------------------------------------------------------------------------------
 VERIFY_CONFIGS = [
     {"dp": 2, "tp": 2, "pp": 1, "zero_stage": 1, "micro_batch_size": 2, "num_microbatches": 2},
@@ -189,7 +189,7 @@ VERIFY_CONFIGS = [
     {"dp": 1, "tp": 2, "pp": 2, "zero_stage": 0, "micro_batch_size": 2, "num_microbatches": 4,
      "sequence_parallel": True, "recompute": "selective", "schedule": "zb"},
 ]  # fmt: skip
-# peak memory: the 10 % target for every configuration (measured -0.3 %, -7.6 %, -5.2 %,
+# peak memory: the 10 % target for every configuration (measured -0.3 %, -7.6 %, -5.2 %,
 # +2.5 %, -9.7 %; docs/harness.md)
 VERIFY_MEMORY_RTOL = 0.10
 

@@ -1,4 +1,4 @@
-"""No orphans (issue #20): SIGTERM to the launcher cleans up like SIGINT, and after a SIGKILL of
+"""No orphans: SIGTERM to the launcher cleans up like SIGINT, and after a SIGKILL of
 the launcher every rank (and torchrun) ends within a few seconds through its watchdog."""
 
 from __future__ import annotations

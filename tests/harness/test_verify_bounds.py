@@ -1,4 +1,4 @@
-"""``plan verify`` refuses unbounded or unrunnable counts up front (issue #20), one line, exit 2."""
+"""``plan verify`` refuses unbounded or unrunnable counts up front, one line, exit 2."""
 
 from __future__ import annotations
 

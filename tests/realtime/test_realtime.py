@@ -319,7 +319,7 @@ def test_cli_bad_key_exit_2_one_line(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Bounded search (issue #20): branch-and-bound over priorities, degraded mode by bisection
+# Bounded search: branch-and-bound over priorities, degraded mode by bisection
 # ---------------------------------------------------------------------------------------------
 def _identical(n, bound_ms, devices=2):
     return {

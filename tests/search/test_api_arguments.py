@@ -1,4 +1,4 @@
-"""Every bad API argument is a one-line SpecError (issue #20), never a TypeError, an
+"""Every bad API argument is a one-line SpecError, never a TypeError, an
 AttributeError, an IndexError or an OverflowError; and it is refused before any search work."""
 
 from __future__ import annotations

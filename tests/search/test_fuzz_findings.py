@@ -1,4 +1,4 @@
-"""Issue 18's fuzzing findings, one test each: every case ends as one line on stderr with exit 2,
+"""Fuzzing findings, one test each: every case ends as one line on stderr with exit 2,
 or as a correct answer (huge counts, non-finite spec values, binary files, broken training-runs
 tables, ``plan verify --global-batch 0``, the pipeline calculators and the divisor lists)."""
 

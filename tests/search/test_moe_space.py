@@ -84,4 +84,4 @@ def test_cli_deepseek_v3_plan_shows_ep_and_etp():
     header = next(line for line in r.output.splitlines() if "why below #1" in line)
     assert " ep " in header and " etp " in header
     assert "ep=" in r.output and "ep_comm" in r.output
-    # The 10 s goal is timed by benchmarks/bench_search.py, not here.
+    # The 10 s goal is timed by benchmarks/bench_search.py, not here.

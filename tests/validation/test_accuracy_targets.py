@@ -1,4 +1,4 @@
-"""Issue 13 accuracy targets on the dev split (hardware_specs/validation/training_runs_dev.csv).
+"""Accuracy targets on the dev split (hardware_specs/validation/training_runs_dev.csv).
 
 - published runs: step-time MAPE <= 7 %; every group (source x GPU type x precision) with a mean
   signed error within +-7 % (no group is exempt);

@@ -120,7 +120,7 @@ def test_calibrating_on_well_predicted_rows_changes_little(dev, data):
 
 # ---- the CLI -------------------------------------------------------------------------------
 def test_cli_calibrate_writes_a_profile_that_plan_uses(tmp_path):
-    # the model matches these NeMo 24.09 BF16 rows (issue 13's fitted H100 constants): a cluster
+    # the model matches these NeMo 24.09 BF16 rows (the fitted H100 constants): a cluster
     # measured 15 % slower on them is what the profile must explain
     def slower(df):
         df["seconds_per_iteration"] = df["seconds_per_iteration"] * 1.15

@@ -1,4 +1,4 @@
-"""Cross-validated calibration on the dev split (issue 17 targets).
+"""Cross-validated calibration on the dev split, against its targets.
 
 Per group (one source and release on one GPU type and precision), ``plan calibrate`` is fitted
 on two rows, the smallest- and the largest-GPU-count one, and predicts the group's other rows.
@@ -12,18 +12,17 @@ import pytest
 
 from validation.calibrate import cross_validate
 
-#: Groups above the 8 % per-group target, with why, and the calibrated MAPE they must stay
-#: under (the measured value plus 0.2-0.3 pt: 9.7, 9.1, 9.8 % since session 7's unfused
-#: weight-gradient staging of the Megatron-FSDP rows; 10.8, 9.3, 10.1 % before). Each is a per-model miss
-#: of the base model that no cluster-wide efficiency expresses. The three Megatron-Bridge FP8
-#: groups hold out one row each (three rows, two to calibrate on); even fitted in-sample on all
-#: three rows with every profile parameter free, the exact fit needs values far outside the
-#: bounds (GB300: scale_up_bw 0.001 and scale_out_bw 3.0; H100: gemm_16bit 1.9-2.4 and both
-#: bandwidths 0.04-0.13), because the three runs are 92-98 % compute and move alike under every
-#: parameter (d log t / d log gemm_fp8 0.57-0.80, every bandwidth <= 0.05). The fourth group of
-#: issue 17's list, Megatron-LM README 2020 A100 (9.5 %), is now 7.0 %: its 1024-GPU row was
-#: priced with 4-byte gradients and the datasheet NVLink rate (fp16_grads_in_fp16 and the
-#: clusters' NCCL protocol_efficiency).
+#: Groups above the 8 % per-group target, with why, and the calibrated MAPE they must stay under
+#: (the measured value plus 0.2-0.3 pt: 9.7, 9.1, 9.8 %, with the unfused weight-gradient staging of
+#: the Megatron-FSDP rows). Each is a per-model miss of the base model that no cluster-wide
+#: efficiency expresses. The three Megatron-Bridge FP8 groups hold out one row each (three rows, two
+#: to calibrate on); even fitted in-sample on all three rows with every profile parameter free, the
+#: exact fit needs values far outside the bounds (GB300: scale_up_bw 0.001 and scale_out_bw 3.0;
+#: H100: gemm_16bit 1.9-2.4 and both bandwidths 0.04-0.13), because the three runs are 92-98 %
+#: compute and move alike under every parameter (d log t / d log gemm_fp8 0.57-0.80, every bandwidth
+#: <= 0.05). Megatron-LM README 2020 A100 is within the target (7.0 %) with its 1024-GPU row priced
+#: with 2-byte gradients and the clusters' NCCL protocol efficiency rather than the datasheet NVLink
+#: rate (fp16_grads_in_fp16, protocol_efficiency).
 KNOWN_OVER_8 = {
     # the calibration rows (R0154 8B, R0157 405B) are predicted slow, the held-out Llama 3 70B
     # (R0156, Megatron-FSDP on 64 GPUs) fast: a uniform correction makes it worse (8.0 -> 10.7 %).
@@ -62,21 +61,21 @@ KNOWN_OVER_8 = {
     # +9.5 / +9.3 / -5.2 % (the pattern stays).
     # Since perfmodel.compute.quantise (TE's casts on the sequence-parallel rows, delayed scaling's
     # cast inside the norm): 10.3 -> 9.3 % (25.11), 10.9 -> 10.2 % (25.09). Also probed for
-    # FP8 (session 5, docs/compute.md "The measured FP8 speed-up"): each userbuffer collective
+    # FP8 (docs/compute.md "The measured FP8 speed-up"): each userbuffer collective
     # hidden by its own GEMM (<= 0.02 ms a layer exposed), the amax all-reduce per autocast
     # region, first_last_layers_bf16 (off in the Bridge performance recipes); none separates
     # the 70B from the 8B / 405B rows.
-    # Session 6 (docs/compute.md "FP8 GEMM efficiency by shape: probed, not adopted";
-    # benchmarks/fp8_shape_probe.py): the published H800 fp8 kernel tables (DeepGEMM, tile-lang)
-    # show a per-tile fixed cost that does not halve at the fp8 rate (fp8 / bf16 speed-up 1.5-2.0
-    # at K = 2048 against 2.0-2.2 at K >= 4096); priced so (compute.low_precision_tile_factor,
-    # k0 = 350 fp8-K units, shipped on Hopper; 800 probed) the three models move alike (their
-    # reductions all span 2048-16384), 9.3 -> 9.2 %, 10.2 -> 10.0 %; Hopper's TN-only fp8 GEMMs
-    # at the H200 table's TN op: 8.5 % / 9.2 %, but the dense MAPE 3.54 -> 3.61 % (per-layout
-    # table noise, not adopted); fp8-cs vs fp8-delayed: -2.2 / -1.3 / -0.9 %
-    # on 8B / 70B / 405B. The 405B shapes (t8 cp2) are +5-6 % in DGX Cloud NeMo 24.09 and -5 to
-    # -8 % here: the gap is per release at one shape, not a GEMM rate.
-    # Session 7 (docs/compute.md "Issue 17's Megatron-Bridge FP8 groups"): the 8B calibration
+    # Per-shape fp8 GEMM prices (docs/compute.md "FP8 GEMM efficiency by shape: probed, not
+    # adopted"; benchmarks/fp8_shape_probe.py): the published H800 fp8 kernel tables (DeepGEMM,
+    # tile-lang) show a per-tile fixed cost that does not halve at the fp8 rate (fp8 / bf16 speed-up
+    # 1.5-2.0 at K = 2048 against 2.0-2.2 at K >= 4096); priced so
+    # (compute.low_precision_tile_factor, k0 = 350 fp8-K units, shipped on Hopper; 800 probed) the
+    # three models move alike (their reductions all span 2048-16384), 9.3 -> 9.2 %, 10.2 -> 10.0 %;
+    # Hopper's TN-only fp8 GEMMs at the H200 table's TN op: 8.5 % / 9.2 %, but the dense MAPE 3.54
+    # -> 3.61 % (per-layout table noise, not adopted); fp8-cs vs fp8-delayed: -2.2 / -1.3 / -0.9 %
+    # on 8B / 70B / 405B. The 405B shapes (t8 cp2) are +5-6 % in DGX Cloud NeMo 24.09 and -5 to -8 %
+    # here: the gap is per release at one shape, not a GEMM rate.
+    # The Megatron-Bridge FP8 groups (docs/compute.md): the 8B calibration
     # row is Megatron-FSDP, whose unfused weight-gradient staging makes it 1.5 % slower
     # (+8.6 -> +10.1 %, +5.8 -> +7.3 %); the uniform correction moves a little further
     # (9.3 -> 9.1 %, 10.1 -> 9.8 %). The 70B is also 5-11 % slow against the same layout's
@@ -104,13 +103,7 @@ def test_cross_validated_mape_at_most_4_percent(cv):
           f"MAPE uncalibrated {before:.1%} -> calibrated on 2 rows/group {after:.1%}")
     for g in groups[groups.held_out > 0].itertuples():
         print(f"  {g.mape_before:6.1%} -> {g.mape_after:6.1%}  ({g.held_out:2d} rows)  {g.group}")
-    # issue 17's target: 4 % (achieved: 3.40 % uncalibrated -> 3.32 % with the Megatron-FSDP
-    # rows' unfused weight-gradient staging; 3.43 % uncalibrated -> 3.34 % with perfmodel.comm.cp_ring;
-    # 3.55 % uncalibrated -> 3.44 % since Hopper's fp8 per-tile
-    # cost, compute.low_precision_tile_factor; 3.64 -> 3.46 % before it; 3.67 -> 3.48 %; 3.66 -> 3.51 % before
-    # perfmodel.compute.quantise; 3.74 -> 3.69 % before
-    # the Megatron-LM 2020-22 gradient dtype and NCCL NVLink terms, 4.2 -> 4.0 % before
-    # perfmodel.comm.zero3_deepspeed)
+    # target: 4 % (3.40 % uncalibrated -> 3.32 % calibrated)
     assert after <= 0.04
     assert after < before
 

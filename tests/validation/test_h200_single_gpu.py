@@ -58,7 +58,7 @@ def test_every_row_within_10_percent():
     table = t.to_string(float_format=lambda x: f"{x:.4f}")
     mape = t["error"].abs().mean()
     assert worst <= TOLERANCE, f"\n{table}\nMAPE {mape:.1%}, worst {worst:.1%}"
-    # issue 13 targets: MAPE <= 5 %, no micro-batch-1 row beyond 15 %
+    # targets: MAPE <= 5 %, no micro-batch-1 row beyond 15 %
     assert mape <= 0.05, f"\n{table}\nMAPE {mape:.1%}"
     assert t.loc[t["micro_batch"] == 1, "error"].abs().max() <= 0.15, table
 

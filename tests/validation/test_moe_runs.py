@@ -1,15 +1,10 @@
-"""Validation against the published MoE training runs (``moe_runs_dev.csv``, issue 15).
+"""Validation against the published MoE training runs (``moe_runs_dev.csv``).
 
-Issue targets: step-time MAPE <= 10 % with every row expressible or refused for a stated true
-limit; the tuned-recipe check in >= 80 % of settings. Measured at the time of writing (session 5):
-98 of 100 rows expressed (2 refused: their published layout is not runnable), MAPE 10.40 % (64 %
-of rows within 10 %; leave-one-model-out 11.2 %), tuned check 33 of 52 settings; session 6:
-s6-i14 (the pre-folding expert layout of Megatron-Core 0.8 / 0.9 for the Grok-1 dgxc rows) and
-s6-i18 (the 25.09 recipes as their files set them): MAPE 10.08 % (66 % within 10 %), tuned check 36 of 52;
-s6-i18b (25.11 presets tied to unmatched rows by layout): MAPE 10.13 %, tuned 36 of 52; merged
-with s6-i15 (Nemotron-3 Nano kernels) and s6-i17 on main: MAPE 9.77 % (69 % within 10 %), see
-docs/moe.md. The MAPE target is met, the tuned one is not; the tests below guard what is reached
-so that a change cannot make it worse unnoticed, and check the refusals.
+Targets: step-time MAPE <= 10 % with every row expressible or refused for a stated true limit;
+the tuned-recipe check in >= 80 % of settings. 98 of 100 rows are expressed (2 refused: their
+published layout is not runnable); MAPE and tuned check in docs/moe.md and docs/accuracy.md.
+The MAPE target is met, the tuned one is not; the tests below guard what is reached so that a
+change cannot make it worse unnoticed, and check the refusals.
 """
 
 import numpy as np
@@ -62,95 +57,61 @@ def test_moe_mape_does_not_regress(report):
     rows, _ = report
     s = moe_summary(rows)
     table = rows[["row_id", "config", "measured_s", "predicted_s", "error"]].to_string()
-    # 94 rows: 11.2 % (57 % within 10 %; leave-one-model-out 11.3 %) with the dispatcher
-    # switches each row names (perfmodel.moe.dispatch), the rows' selective-recompute modules,
-    # the experts' output bias, the exponential floor and GPT-OSS's sliding-window layers (10.8 %
-    # without the window, which makes the too-fast GPT-OSS rows faster); 11.5 % (52 %) before;
-    # 16.0 % on 89 rows with the per-pass host-sync constant and a fully hiding all-to-all overlap;
-    # 10.9 % with the flash-attn 2 kernel of the dgxc Grok-1 recipe (NVTE_FUSED_ATTN=0);
-    # 98 rows with the hybrid Nemotron-3 Nano ones (perfmodel.compute.mamba: -13, -16, -9, -21 %):
-    # 11.06 % (the 94 others 10.89 %); session 5 (s5-fp8): each row priced with its own
-    # published recipe (MXFP8 / FP8-CS / blockwise instead of delayed scaling for all: the
-    # Blackwell MXFP8 rows move +2..+7 %, both the too-fast and the too-slow ones), TE's
-    # quantisation casts where TE runs them (perfmodel.compute.quantise: the routed experts' inputs on
-    # their top-k rows, MLA's five projections each cast) and the 16-bit router: 11.08 %, 50 %.
-    # Session 5 (s5-host): 10.40 % on 98 rows (64 % within 10 %; the 94 others 10.22 %,
-    # 67 %; leave-one-model-out 11.2 %) with TE's multi-stream grouped GEMM
-    # (moe.TE_GROUPED_GEMM_SLOWDOWN 0.30), the per-expert term refitted 0.13 -> 0.07 ms and kept
-    # for experts padded to capacity.
-    # Session 6 (s6-i14): 10.29 % (66 % within 10 %) with the pre-folding expert layout of
-    # Megatron-Core 0.8 / 0.9 for the releases before MoE parallel folding (the six dgxc
-    # v24.11.1 Grok-1 rows: ep 8 ranks tp*cp = 8 apart, perfmodel.moe.expert_layout).
-    # Session 6 (s6-i18): the 25.09 recipes as their files set them (validate_moe.RECIPE_FACTS:
-    # the "(tokendrop)" rows padded to capacity 1.0, Qwen3-30B on B200 / GB200 replayed as a
-    # full-iteration CUDA graph, DeepSeek-V3 B200 / GB200 recomputing mla_up_proj): 10.19 % on
-    # its own (E0013 +37 -> +11 %); merged with s6-i14: 10.08 % (66 % within 10 %).
-    # s6-i15: 10.10 % on its own (67 %) with the Nemotron-3 Nano rows' SSD kernel efficiency and
-    # per-operand casts (the 94 others unchanged); with s6-i14 9.99 %; all three (main +
-    # s6-i15): 9.78 % (69 % within 10 %)
-    # s6-i18b: the 25.11 presets tied to unmatched rows by their GPUs, layout, MBS and GBS
-    # (validate_moe.RECIPE_FACTS_BY_LAYOUT: E0018 mla_up_proj -0.2 -> +1.8 %, now predicted to
-    # fit; E0036 layernorm / moe_act recompute -0.1 -> +5.4 %; E0021 / E0022 TE graphs of attn
-    # +6.8 / +1.3 -> +5.6 / -0.2 %): 10.08 -> 10.13 % on its own, merged with main 9.73 ->
-    # 9.77 % (69 % within 10 %); source-faithful, so kept though the MAPE rises; floors as is
-    # Session 6 (s6-i16b): 9.77 -> 9.84 % (69 -> 68 % within 10 %) with the context-parallel
-    # ring hidden under the attention blocks and its bookkeeping kernels (perfmodel.comm.cp_ring):
-    # the twelve Grok-1 cp 2 rows +0.3 % (closer), E0255 (Mixtral 8x22B cp 8 over two nodes,
-    # its K/V send and forward block balanced at 0.34 / 0.33 ms) +4.5 -> -14.4 %: it was right
-    # only with the ring priced fully exposed.
-    # s6-i17b: 9.84 -> 9.86 %: the MoE layers of a rank whose layers are not a multiple of vp
-    # counted on all of them (layout.stage_moe_layers: Bridge's DeepSeek-V3 (4, 4) rank 3, 13
-    # layers over 4 chunks, was counted over 15-layer windows as 12 MoE + 1 dense); E0005 /
-    # E0020 / E0042 / E0061 +2 % (E0005 / E0020 closer, E0042 / E0061 further); a counting fix,
-    # kept; floor 0.0985 -> 0.0990
-    # Session 7 (s7-i1): 9.86 -> 9.78 % (69 -> 71 % within 10 %) with fp8 delayed scaling's
-    # amax all-reduce per model chunk and pass (quantise.amax_reduction_s; the six Grok-1 fp8
-    # rows +1.1..+1.5 pt, closer; E0068 +0.2 pt); floor 0.0990 -> 0.0985
-    # Session 7 (s7-i4): 9.86 -> 9.90 % (69.4 -> 70.4 % within 10 %) with the Megatron-Bridge
-    # Qwen3-235B rows timed on their recipe's pipeline split (account_for_embedding/loss_in_
-    # pipeline_split: p8 ranks 11, 12 x 6, 11; validate_moe.bridge_accounts_embedding_and_loss)
-    # instead of a padded 96-layer split with the logits on top: the NVL72 rows +8..+23 ->
-    # +4..+14 %, the DGX B200 / H100 ones 0..+3 -> -4..-8 % (right before only by the padding);
-    # source-faithful, so kept. Both merged: 9.83 % (72 % within 10 %); floor 0.0990 -> 0.0985,
-    # within-10 % 0.68 -> 0.71
+    # 98 rows: MAPE 9.8 % (72 % within 10 %; docs/accuracy.md), with the terms the rows' sources
+    # state: the dispatcher switches each row names (perfmodel.moe.dispatch), the rows'
+    # selective-recompute modules, the experts' output bias, the exponential floor, GPT-OSS's
+    # sliding-window layers, flash-attn 2 for the dgxc Grok-1 recipe (NVTE_FUSED_ATTN=0), the
+    # hybrid Nemotron-3 Nano layers (perfmodel.compute.mamba), each row's own published fp8
+    # recipe (MXFP8 / FP8-CS / blockwise / delayed) with TE's quantisation casts where TE runs
+    # them (perfmodel.compute.quantise: the routed experts' inputs on their top-k rows, MLA's five
+    # projections each cast) and delayed scaling's amax all-reduce per model chunk and pass
+    # (quantise.amax_reduction_s), the 16-bit router, TE's multi-stream grouped GEMM
+    # (moe.TE_GROUPED_GEMM_SLOWDOWN 0.30) with the per-expert term 0.07 ms (kept for experts
+    # padded to capacity), the pre-folding expert layout of Megatron-Core 0.8 / 0.9 (the six
+    # dgxc v24.11.1 Grok-1 rows: ep 8 ranks tp*cp = 8 apart, perfmodel.moe.expert_layout), the
+    # 25.09 / 25.11 recipes as their files set them (validate_moe.RECIPE_FACTS and
+    # RECIPE_FACTS_BY_LAYOUT: "(tokendrop)" rows padded to capacity 1.0, full-iteration CUDA
+    # graphs, mla_up_proj / layernorm / moe_act recompute), the context-parallel ring hidden under
+    # the attention blocks with its bookkeeping kernels (perfmodel.comm.cp_ring), the MoE layers
+    # of a rank whose layers are not a multiple of vp (layout.stage_moe_layers) and the
+    # Megatron-Bridge Qwen3-235B rows on their recipe's pipeline split
+    # (validate_moe.bridge_accounts_embedding_and_loss: p8 ranks 11, 12 x 6, 11).
+    # Source-faithful terms stay even where they move rows away: E0255 (Mixtral 8x22B cp 8 over
+    # two nodes) is -14.4 % with the ring hidden (+4.5 % only with the ring fully exposed); the
+    # Qwen3-235B DGX B200 / H100 rows are -4..-8 % on the recipe's split (0..+3 % only on a padded
+    # 96-layer split with the logits on top). Floors: the measured values plus a small margin.
     assert s["mape"] <= 0.0985, f"MAPE {s['mape']:.1%}\n{table}"
     assert s["within_10pct"] >= 0.71
     # DeepSeek-V3 on Megatron-Bridge's own pipeline layouts with the MTP layer on the last
     # stage: 10.0 % (9.8 % with every selective row recomputing the attention core instead of
     # the recipes' mla_up_proj; the p16 rows were +14 to +29 % timed at a padded 64-layer split)
     ds = rows[rows["model"] == "DeepSeek-V3"]
-    # (9.3 % since the rows' own fp8 recipes and perfmodel.compute.quantise; 9.7 % with s5-host's
-    # grouped-GEMM slowdown on its 32 local experts; 9.72 % with the 25.09 B200 / GB200 rows
-    # read as their recipe ran them, token drop padded to capacity and mla_up_proj recomputed:
-    # E0003 / E0004 / E0005 -14.8 / -17.4 / -9.3 -> -15.2 / -17.7 / -10.1 %, the model's
-    # too-fast DeepSeek-V3 B200 m128 rows, docs/moe.md; 9.79 % since Hopper fp8 GEMMs pay
-    # their per-tile fixed cost, compute.low_precision_tile_factor: its H100 rows E0001 / E0002
-    # +0.7 pt, while all rows improve 10.08 -> 10.03 % and the low-precision ones 10.99 -> 10.91 %)
+    # (the 25.09 B200 / GB200 rows read as their recipe ran them, token drop padded to capacity
+    # and mla_up_proj recomputed: E0003 / E0004 / E0005 -15.2 / -17.7 / -10.1 %, the model's
+    # too-fast DeepSeek-V3 B200 m128 rows, docs/moe.md; the H100 rows E0001 / E0002 pay Hopper's
+    # fp8 per-tile fixed cost, compute.low_precision_tile_factor)
     assert len(ds) == 22 and np.abs(ds["error"]).mean() <= 0.0985
-    # the all-to-all-overlapped H100 rows (DeepSeek-V3 on 1024, Qwen3-235B on 256) within 7 %;
-    # E0002 (FP8-CS, inferred) +8.2 % since current scaling's amax pass over MLA's five
-    # projections is priced (+6.7 % with delayed scaling's casts); s5-host: E0001 +8.0 %,
-    # E0002 +9.5 % (DeepSeek-V3's 32 local experts pay the grouped-GEMM slowdown); session 6:
-    # E0001 +8.8 %, E0002 +10.2 % (Hopper fp8 per-tile cost: MLA's projections and the
-    # experts' fc2 reduce over 1536-2048)
+    # the all-to-all-overlapped H100 rows (DeepSeek-V3 on 1024, Qwen3-235B on 256) within 9 %
+    # but E0002 (FP8-CS, inferred): E0001 +8.8 %, E0002 +10.2 % with current scaling's amax pass
+    # over MLA's five projections, the grouped-GEMM slowdown on DeepSeek-V3's 32 local experts
+    # and Hopper's fp8 per-tile cost (MLA's projections and the experts' fc2 reduce over
+    # 1536-2048)
     ov = rows.set_index("row_id").loc[["E0001", "E0002", "E0024", "E0044", "E0064"], "error"]
     assert np.all(np.abs(ov.drop("E0002")) <= 0.09), ov
     assert abs(ov["E0002"]) <= 0.105, ov
     # GPT-OSS-120B: unfused elementwise ops, the recipes' layernorm + moe_act recompute, the
     # experts' fc2 bias outside the grouped GEMM, the exp-bound forward at head dim 64 on
-    # Blackwell and the 128-token window on every other layer: MAPE 13.0 % (13.6 % before the
-    # session-4 terms, 11.0 % without the window; 23 % too fast before the unfused ops)
+    # Blackwell, the 128-token window on every other layer and the grouped-GEMM slowdown: MAPE
+    # 9.2 % (the rows are 23 % too fast with the elementwise ops counted fused)
     oss = rows[rows["model"] == "GPT-OSS-120B"]
-    assert len(oss) == 16 and np.abs(oss["error"]).mean() <= 0.093  # 9.2 % since s5-host
+    assert len(oss) == 16 and np.abs(oss["error"]).mean() <= 0.093
     # Grok-1 (dgxc, measured iteration times), etp = tp (Megatron-Core's default), experts
     # padded to capacity (no host sync; the per-expert term kept), attention on flash-attn 2
-    # (grok1/configure.sh NVTE_FUSED_ATTN=0; NeMo 24.09 / 24.12 ship no flash-attn 3): bf16 rows -3 to -5 %,
-    # fp8 rows -10 to -13 % (MAPE 7.7 %; 8.7 % without the per-expert term for padded experts).
-    # Session 6 (s6-i14): 6.9 % with the Megatron-Core 0.9 expert layout of the dgxc v24.11.1
-    # rows (E0205-E0210: bf16 -1 to -2 %, fp8 -8 to -10 %); the v25.02.01 rows (Megatron-Core
-    # 0.10, folded) are unchanged
-    # Session 7 (s7-i1): 5.8 % (fp8 rows -7 to -11 %, bf16 unchanged) with delayed scaling's
-    # amax reductions: 2 x 128 micro-batches x 8 one-layer chunks a step over 64-256 ranks
+    # (grok1/configure.sh NVTE_FUSED_ATTN=0; NeMo 24.09 / 24.12 ship no flash-attn 3), the
+    # Megatron-Core 0.9 expert layout of the dgxc v24.11.1 rows (E0205-E0210; the v25.02.01 rows,
+    # Megatron-Core 0.10, are folded) and delayed scaling's amax reductions (2 x 128
+    # micro-batches x 8 one-layer chunks a step over 64-256 ranks): bf16 rows -1 to -2 %, fp8
+    # rows -7 to -11 %, MAPE 5.8 %
     grok = rows[rows["model"] == "Grok-1"]
     assert len(grok) == 12 and np.all(np.abs(grok["error"]) <= 0.12)
     assert np.abs(grok["error"]).mean() <= 0.062
@@ -198,30 +159,21 @@ def test_moe_tuned_fraction_does_not_regress():
     s = moe_tuned_summary(t)
     table = t[["model", "gpu", "gpus", "ratio", "recipe_predicted_s", "search_gain",
                "best_config"]].to_string()
-    # 52 settings with the 4 hybrid Nemotron-3 Nano ones (perfmodel.compute.mamba): the search picks the
-    # recipe's layout on B300 / GB200 / GB300 (ratios 1.19 / 1.10 / 1.27, the time error) and on
-    # H100 a pp 2 layout (1.06): 26 of 52 within the band (24 of 48 without them)
+    # 52 settings with the 4 hybrid Nemotron-3 Nano ones (perfmodel.compute.mamba)
     assert s["settings"] == 52
-    # 22 since issue 13's s3-groups base-model changes (SM-side roofline of memory-bound kernels,
-    # Hopper sustained GEMM 0.86 -> 0.84, Blackwell overlap slowdown 0.05): one setting moved
-    # out of the band; not investigated (reported to the MoE owners). Session 4: 23 with the
-    # selective-recompute memory (s4-pick) and s4-models; 22 merged with s4-switches at 7903844
-    # (DeepSeek-V3 B300 picks the recipe's mla_up_proj recompute, 1.139 -> 1.161), so 22 stays.
-    # Session 5 (s5-frame): 24 with each row's release capabilities (no zero-bubble / GPipe
-    # schedule in Megatron; etp = tp for the Megatron-Core 0.9 era Grok-1 rows).
-    # 26 of 52 reached with s5-mamba's Nemotron-3 settings (22 of 48 before).
-    # Session 5 (s5-host): 33 of 52 with TE's multi-stream grouped GEMM and the per-expert
-    # term 0.13 -> 0.07 ms (larger micro-batches no longer amortise device time as if it were
-    # fixed); floor one setting below.
-    # Session 6 (s6-i14): 36 of 52 with the pre-folding expert layout for the Megatron-Core 0.9
-    # Grok-1 settings (the search's in-node ep 8 of t1 cp8 is 8 nodes apart there: bf16 ratios
-    # 1.16-1.17 -> 1.08-1.09; fp8 1.23-1.34 -> 1.19-1.22). s6-i15: the 4 Nemotron-3 Nano
-    # settings in the band (1.06 / 1.04 / 1.14 / 1.00; 35 of 52 on its own) with
-    # mamba.SSD_BANDWIDTH_EFFICIENCY and the per-operand casts; with s6-i14 and s6-i18: 38 of 52;
-    # floor one below. s6-i17b: 38 of 52 with the balanced explicit pipeline layout
+    # 38 of 52 within the band (the floor). What the search needs to land there, each from its
+    # source: each row's release capabilities (no zero-bubble / GPipe schedule in Megatron;
+    # etp = tp for the Megatron-Core 0.9 era Grok-1 rows); TE's multi-stream grouped GEMM and the
+    # per-expert term 0.07 ms (larger micro-batches do not amortise device time as if it were
+    # fixed); the pre-folding expert layout for the Megatron-Core 0.9 Grok-1 settings (the
+    # search's in-node ep 8 of t1 cp8 is 8 nodes apart there: bf16 ratios 1.08-1.09, fp8
+    # 1.19-1.22); the Nemotron-3 Nano settings at mamba.SSD_BANDWIDTH_EFFICIENCY with the
+    # per-operand casts (1.06 / 1.04 / 1.14 / 1.00); the balanced explicit pipeline layout
     # (--pipeline-model-parallel-layout, Megatron-Core >= 0.13): E0002 (DeepSeek-V3, 1024 H100)
-    # 0.87 -> 1.07 (t2 p16 v3 ep32, 61 layers over 48 chunks); the other DeepSeek-V3 settings
-    # pick vp 3 / 7 / 9 layouts and stay where they were (E0003 1.28 -> 1.34, out before)
+    # at 1.07 on t2 p16 v3 ep32 (61 layers over 48 chunks), while the other DeepSeek-V3 settings
+    # pick vp 3 / 7 / 9 layouts (E0003 1.34, out of the band). The base model's SM-side roofline
+    # of memory-bound kernels, Hopper sustained GEMM 0.84 and Blackwell overlap slowdown 0.05
+    # move one setting out of the band; not investigated.
     assert s["fraction"] >= 38 / 52 - 1e-9, f"{s}\n{table}"
     assert set(t["framework"]) >= {"nemo-24.09", "bridge-25.x", "bridge-26.02"}
     grok = t[t["model"] == "Grok-1"]
@@ -476,15 +428,14 @@ def test_switches_separate_the_gb200_study_pair(report):
 @pytest.mark.slow
 def test_hybrid_nemotron3_nano_rows(report):
     # the hybrid Mamba2 / attention / MoE rows (perfmodel.compute.mamba), all predicted too fast:
-    # H100 -13 %, B300 -16 %, GB200 -9 %, GB300 -21 % (E0078-E0081)
+    # (E0078-E0081)
     rows, _ = report
     nano = rows[rows["model"] == "Nemotron-3-Nano-30B-A3B"]
     assert len(nano) == 4
-    # s5-host (per-expert term 0.13 -> 0.07 ms with the grouped-GEMM slowdown): 14.7 %.
-    # s6-i15: 7.3 % (-7.7, -6.0, -3.7, -12.0 %) with the SSD Triton kernels at
+    # 7.3 % (-7.7, -6.0, -3.7, -12.0 %) with the SSD Triton kernels at
     # mamba.SSD_BANDWIDTH_EFFICIENCY 0.50 of the copy bandwidth (measured on mamba_ssm's forward
-    # kernels, vLLM PR #27299; 9.0 % alone) and the hybrid's fp8 casts per operand
-    # (quantise.layer_quantise_terms; 13.0 % alone); still all too fast
+    # kernels, vLLM PR #27299; 13.0 % without it) and the hybrid's fp8 casts per operand
+    # (quantise.layer_quantise_terms; 9.0 % without them); still all too fast
     assert np.all(nano["error"] < 0)
     assert np.all(np.abs(nano["error"]) <= 0.13) and np.abs(nano["error"]).mean() <= 0.08
 

@@ -34,7 +34,7 @@ def test_dense_fp8_speedup(pairs):
 def test_moe_fp8_speedup(pairs):
     m = pairs[pairs["kind"] == "moe"].set_index("fp8_row")
     # DeepSeek-V3 on GB300 priced as the MXFP8 it ran (+9.5 % as delayed scaling): +2.4 %;
-    # +5.5 % with s5-host's multi-stream grouped-GEMM slowdown (moe.TE_GROUPED_GEMM_SLOWDOWN),
+    # +5.5 % with the multi-stream grouped-GEMM slowdown (moe.TE_GROUPED_GEMM_SLOWDOWN),
     # which scales the bf16 and the MXFP8 expert GEMMs alike (the bf16 row E0021 +6.8 %, the
     # MXFP8 row E0022 +1.3 %), so the fp8 saving in seconds grows
     assert abs(m.loc["E0022", "ratio_error"]) <= 0.06

@@ -1,4 +1,4 @@
-"""Validation against published training runs and the vTrain measurements (issue 6 targets).
+"""Validation against published training runs and the vTrain measurements, with their targets.
 
 Targets (the validation README's dev split; no constant is fitted per row):
 - published runs: MAPE of step time <= 10 %, no row worse than 25 %;
@@ -30,8 +30,8 @@ def test_published_runs_mape_and_worst_row(report):
     s = summary(rows)
     table = rows[["row_id", "config", "measured_s", "predicted_s", "error"]].to_string()
     assert s["mape"] <= 0.10, f"MAPE {s['mape']:.1%}\n{table}"
-    # 0.35 since the 126-layer Llama 3.1 405B rows became expressible (issue 14: uneven
-    # Megatron layouts); the worst, R0174 (GB200), is a step-time matter for issue 13
+    # 0.35 with the 126-layer Llama 3.1 405B rows expressed (uneven Megatron layouts); the
+    # worst, R0174 (GB200), is a base-model step-time miss
     assert s["max_abs_error"] <= 0.35, f"worst {s['worst_row']} {s['max_abs_error']:.1%}\n{table}"
 
 

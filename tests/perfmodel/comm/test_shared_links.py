@@ -1,4 +1,4 @@
-"""Shared links, overlap slowdown, low-precision recipes and causal HFU (issue 13)."""
+"""Shared links, overlap slowdown, low-precision recipes and causal HFU."""
 
 import numpy as np
 import pytest
@@ -115,7 +115,7 @@ def _double_dp(monkeypatch, factor):
        m=st.sampled_from([1, 2, 4]), model_name=st.sampled_from(["llama3.1-8b", "llama3.1-70b"]))
 def test_doubling_dp_traffic_on_a_saturated_link_raises_step_time(dp_log, zero, mbs, m,
                                                                    model_name):
-    """Property (issue 13): when the DP link is busy for the whole step, doubling the DP
+    """Property: when the DP link is busy for the whole step, doubling the DP
     traffic never leaves the step time unchanged."""
     import pytest as _pt
 

@@ -154,7 +154,7 @@ def test_auto_is_the_minimum(size, n, bw, lat):
 
 
 # ---------------------------------------------------------------------------------------------
-# Bounds (issue #20): a unit mistake raises instead of giving absurd or negative times
+# Bounds: a unit mistake raises instead of giving absurd or negative times
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "fn, args",

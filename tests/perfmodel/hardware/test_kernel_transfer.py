@@ -1,4 +1,4 @@
-"""Issue 13 group biases: the memory-bound kernels' transfer to other GPUs (SM-side roofline),
+"""Group biases: the memory-bound kernels' transfer to other GPUs (SM-side roofline),
 Transformer Engine's fused cross-entropy, and reading an undated-memory A100 by its era."""
 
 from __future__ import annotations

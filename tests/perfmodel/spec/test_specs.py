@@ -465,7 +465,7 @@ def test_param_count_moe_router():
 
 
 # ---------------------------------------------------------------------------------------------
-# Strict types where files are read (issue #20): no silent coercion, the field is named
+# Strict types where files are read: no silent coercion, the field is named
 # ---------------------------------------------------------------------------------------------
 _CLUSTER_TOML = """
 name = "c"

@@ -1,9 +1,9 @@
 """Same config, same answer: a configuration's prediction never depends on its batch.
 
-Issue #20: in 12 of 215 configurations the step time alone differed from the time inside a
-20-40 configuration batch (GEMM efficiency 0.7011 alone, 0.6918 in a batch), because the
-calibration interpolation de-duplicated rounded points and scipy's simplex walk started from the
-previous query point. Every term is now elementwise, so the equality is exact (``==``).
+The failure mode guarded: the step time of a configuration alone differing from its time inside
+a 20-40 configuration batch (e.g. GEMM efficiency 0.7011 alone, 0.6918 in a batch), when a
+calibration interpolation de-duplicates rounded points or a simplex walk starts from the previous
+query point. Every term is elementwise, so the equality is exact (``==``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from perfmodel.hardware.calibration import calibration_for
 from perfmodel.step.evaluate import evaluate
 from search.api import make_problem
 
-# (model, cluster, gpus, global batch, seq, precision): the issue's case, a GQA model, eager
+# (model, cluster, gpus, global batch, seq, precision): the failing case, a GQA model, eager
 CASES = [
     ("megatron-3.6b", "dgx-a100-40g", 32, 64, 1024, "fp16", "fused"),
     ("llama3.1-8b", "dgx-h100", 16, 128, 4096, "bf16", "fused"),
@@ -75,7 +75,7 @@ def test_batch_equals_one_by_one_exactly(case, data):
 
 
 def test_gemm_efficiency_is_elementwise():
-    # the issue's GEMM: 0.7011 alone, 0.6918 inside a batch
+    # the failing GEMM: 0.7011 alone, 0.6918 inside a batch
     from perfmodel.spec.specs import load_cluster
 
     cal = calibration_for(load_cluster("dgx-a100-40g").gpu)

@@ -1,4 +1,4 @@
-"""MFU and HFU lie in (0, 1] (issue #20: fp32 printed an MFU of 616 %).
+"""MFU and HFU lie in (0, 1] (never e.g. an MFU of 616 % for fp32).
 
 Convention (docs/compute.md): the denominator is the dense peak of the math the GEMMs run in,
 the rate compute_times prices them at: TF32 tensor cores for fp32 with fused kernels, the fp32
@@ -55,7 +55,7 @@ def test_mfu_and_hfu_in_unit_interval(setup, cluster, seq, prec, kernels):
     for name, v in (("mfu", r.mfu), ("hfu", r.hfu)):
         assert np.all(v > 0.0) and np.all(v <= 1.0), (name, float(v.min()), float(v.max()))
     # HFU counts what runs: with flash attention only the causal half of the s x s attention
-    # (issue 13), while MFU keeps the sources' non-causal count; so HFU is at least the MFU
+    # (what runs), while MFU keeps the sources' non-causal count; so HFU is at least the MFU
     # of the causal model count (and equals or exceeds MFU itself without flash attention).
     from perfmodel.compute.flops import model_flops_per_step
     from perfmodel.spec.specs import TrainingSpec

@@ -250,7 +250,7 @@ def test_cli_strategy_dp_on_an_moe_preset():
 
 @pytest.mark.slow
 def test_deepseek_v3_256_gb200_dp_plan_agrees_with_the_default_search():
-    """The issue's command with ``--strategy dp`` (DeepSeek-V3, 256 GB200, GBS 8192, seq 4096):
+    """The DeepSeek-V3 plan with ``--strategy dp`` (DeepSeek-V3, 256 GB200, GBS 8192, seq 4096):
     exit 0 with ep and etp in the table; its best is no worse than the default search's and, for
     the same configuration, the same prediction (measured: both dp=64 pp=4 ep=64 zb, 40.14 s)."""
     import json
