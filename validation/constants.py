@@ -134,8 +134,8 @@ def published_defaults() -> list[FittedConstant]:
     return [
         FittedConstant("imbalance.TYPICAL_IMBALANCE", moe_imbalance.TYPICAL_IMBALANCE, "1",
                        "MoE routing imbalance of learned, load-balanced routing: tokens of the "
-                       "busiest expert / mean per expert (--moe-imbalance for runs that do not "
-                       "force balance; the default stays the model's, 1 where dropless)",
+                       "busiest expert / mean per expert (the plan's default for a dropless "
+                       "model; --moe-imbalance 1 for benchmarks that force balance)",
                        "Fedus et al. 2022 (Switch Transformer), Sec. 2.2 and Table 1; Wang et "
                        "al. 2024, arXiv:2408.15664, Table 1 and Fig. 3",
                        "capacity factor 1.25 with < 1 % dropped tokens; MaxVio_batch 0.1-0.3 "

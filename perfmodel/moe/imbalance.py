@@ -17,10 +17,10 @@ Published measurements of the factor (``MaxVio = F - 1``):
 - GShard (Lepikhin et al. 2021, Sec. 2.2) sets the expert capacity to 2 x the mean for top-2.
 
 The validation rows (Megatron-Core / NeMo / Bridge benchmarks) run force-balanced dropless routing
-(``--moe-router-force-load-balancing``), ``F = 1``; so the default keeps the model's own value
-(``moe_load_imbalance``, else the capacity factor, else 1) and a user sets ``--moe-imbalance``
-for a real run: :data:`TYPICAL_IMBALANCE` is the value we suggest for learned, aux-loss-balanced
-routing.
+(``--moe-router-force-load-balancing``), ``F = 1``, and are planned so (``--moe-imbalance 1``).
+A plan takes the model's own value (``moe_load_imbalance``, else the capacity factor) and, for a
+dropless model that states none, :data:`TYPICAL_IMBALANCE`, the value of learned,
+load-balanced routing (:func:`search.host_sharding.imbalance_defaulted`; the report says so).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ __all__ = ["TYPICAL_IMBALANCE", "effective_imbalance", "with_imbalance"]
 #: the busiest expert of auxiliary-loss routing stays near 1.25 x the mean; inside the
 #: ``MaxVio_batch`` band of 0.1-0.3 that DeepSeek's auxiliary-loss-free balancing reaches
 #: (Wang et al. 2024, arXiv:2408.15664, Table 1 and Fig. 3). Listed in the constants registry
-#: (``validation.constants``, ``docs/constants.md``). The plan's default stays the model's own
-#: value (1 where dropless): the benchmark runs the model is validated on force balance.
+#: (``validation.constants``, ``docs/constants.md``). The plan's default for a dropless model
+#: that states no imbalance; the force-balanced benchmark rows are planned at 1.
 TYPICAL_IMBALANCE = 1.25
 
 
