@@ -200,29 +200,18 @@ def _pp_comm_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpe
 
 def _dp_comm_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                    batch: ConfigBatch) -> dict[str, np.ndarray]:
-    """``dp_grad_s`` and ``zero3_gather_s`` [s] of :func:`comm_times`, data parallel over the
-    dp x cp group (every field of :data:`_COMM_FIELDS`)."""
+    """``dp_grad_s`` and ``zero3_gather_s`` [s] of :func:`comm_times` with DeepSpeed's ZeRO-3 of
+    2021 (``zero3_gather = "tensor"``): :func:`_dp_comm_times_from_counts`, where ZeRO-3 runs
+    one gather and one reduce-scatter per weight matrix on one rail instead
+    (:mod:`perfmodel.comm.zero3_deepspeed`; every field of :data:`_COMM_FIELDS`)."""
+    out = _dp_comm_times_from_counts(model, training, cluster, batch)
     g_dp = parallel_groups(cluster, batch, ("dp_cp",))["dp_cp"]
-    ops = dp_ops(model, training, batch)
-    dp_grad = sum(op_time(ops[k], g_dp) for k in ops if k != "zero3_param_all_gather")
-    zero3 = op_time(ops["zero3_param_all_gather"], g_dp)
-    # ZeRO-3 gathers are issued per layer (FSDP2): each extra collective pays the ring's
-    # latency (n-1)*alpha once more.
-    gathers_per_pass = model.num_layers / batch.pp
-    ring_latency_s = coll.all_gather_time(0.0, g_dp.size, g_dp.bw_bytes_per_s, g_dp.latency_s
-                                          ) + coll.collective_base_s(g_dp.size)
-    zero3 = zero3 + ops["zero3_param_all_gather"].count * np.maximum(gathers_per_pass - 1, 0) * (
-        ring_latency_s
-    )
-    if training.zero3_gather == "tensor":
-        # DeepSpeed ZeRO-3 of 2021: one gather and one reduce-scatter per weight matrix, on one
-        # rail (perfmodel.comm.zero3_deepspeed)
-        ds = zero3_deepspeed.link_times_s(model, training, batch, g_dp, gathers_per_pass)
-        z3 = batch.zero_stage == 3
-        zero3 = np.where(z3, ds["gather_s"], zero3)
-        rs = op_time(ops["grad_reduce_scatter"], g_dp)
-        dp_grad = np.where(z3, dp_grad - rs + ds["reduce_scatter_s"], dp_grad)
-    return {"dp_grad_s": np.asarray(dp_grad, dtype=np.float64), "zero3_gather_s": zero3}
+    ds = zero3_deepspeed.link_times_s(model, training, batch, g_dp, model.num_layers / batch.pp)
+    z3 = batch.zero_stage == 3
+    rs = op_time(dp_ops(model, training, batch)["grad_reduce_scatter"], g_dp)
+    return {"dp_grad_s": np.where(z3, out["dp_grad_s"] - rs + ds["reduce_scatter_s"],
+                                  out["dp_grad_s"]),
+            "zero3_gather_s": np.where(z3, ds["gather_s"], out["zero3_gather_s"])}
 
 
 def _dp_once_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
@@ -239,9 +228,11 @@ def _dp_once_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpe
 
 def _dp_comm_times_from_counts(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                                batch: ConfigBatch) -> dict[str, np.ndarray]:
-    """:func:`_dp_comm_times` (without DeepSpeed's tensor gathers) as counts x one collective:
-    the collective once per distinct buffer and group (:func:`_dp_once_times`), the counts
-    (:func:`zero_op_counts`) per configuration; the same numbers, term by term."""
+    """``dp_grad_s`` and ``zero3_gather_s`` [s] of :func:`comm_times`, data parallel over the
+    dp x cp group, as counts x one collective: the collective once per distinct buffer and group
+    (:func:`_dp_once_times`), the counts (:func:`zero_op_counts`) per configuration. ZeRO-3
+    gathers are issued per layer (FSDP2): each extra collective pays the ring's latency
+    ``(n-1)*alpha`` and NCCL's fixed cost once more."""
     once = batch.per_distinct(_DP_ONCE_FIELDS,
                               lambda b: _dp_once_times(model, training, cluster, b))
     counts = zero_op_counts(batch)
