@@ -4,6 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from perfmodel.moe.experts import dispatch_ops_per_layer
 from perfmodel.moe.imbalance import TYPICAL_IMBALANCE, effective_imbalance, with_imbalance
 from perfmodel.parallel.config import ConfigBatch
 from perfmodel.spec.specs import load_cluster, load_model, load_training
@@ -52,3 +53,16 @@ def test_busiest_expert_slows_the_step_and_the_all_to_all():
     r0, r1 = evaluate(MIXTRAL, t0, H100, b), evaluate(MIXTRAL, t1, H100, b)
     assert np.all(r1.step_time_s > r0.step_time_s)
     assert np.all(r1.time_s["ep_comm"] >= r0.time_s["ep_comm"])
+
+
+def test_busiest_rank_all_to_all_buffer_by_hand():
+    """The busiest rank receives F x the mean routed tokens: Mixtral (h 4096, top-2), one
+    micro-batch of 4096 tokens at tp = cp = 1, ep 8, bf16, F = 1.5:
+    4096 * 2 * 1.5 * 4096 * 2 B = 100,663,296 B per dispatch (F = 1: 67,108,864 B)."""
+    b = ConfigBatch.from_arrays(dp=8, tp=1, pp=1, ep=8, etp=1, zero_stage=1,
+                                micro_batch_size=1, recompute="selective",
+                                sequence_parallel=False, num_microbatches=8)
+    t = load_training(global_batch_size=64, seq_len=4096)
+    for f, want in ((1.5, 100_663_296.0), (1.0, 67_108_864.0)):
+        _, buf, _ = dispatch_ops_per_layer(with_imbalance(MIXTRAL, f), t, b, 2.0)["a2a"]
+        assert buf[0] == want
