@@ -331,6 +331,7 @@ def problem_of(request: PlanRequest) -> Problem:
                    r.calibration, memory_headroom=headroom,
                    max_step_time_s=r.max_step_time_s, max_memory_bytes=r.max_memory_bytes,
                    assumed=why, profile=None if prof is None else prof.name,
+                   efficiency_profile=prof,
                    run=run_settings_for(space, r.train_tokens, r.train_steps, r.gpu_hour_price,
                                         r.checkpoint_mode), pareto=pareto)
 

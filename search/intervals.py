@@ -10,6 +10,12 @@ of the ratio measured / predicted (as split-conformal order statistics,
 beyond the first widens the interval (in log space, about its median) by :data:`BACKOFF_WIDEN`,
 since the coarser residuals mix effects that a finer cell would separate.
 
+Under an efficiency profile fitted by ``plan calibrate`` (``plan --profile``), the interval
+comes from the profile's own leave-one-out residuals (each of the user's runs predicted by the
+profile refitted without it) where at least :data:`MIN_RESIDUALS` of them share the
+prediction's :data:`OWN_LEVEL` neighbourhood, by the same order statistics; otherwise from the
+shipped table, and the basis says why (:func:`interval_for`).
+
 Tokens/s and MFU are inversely proportional to the step time: their intervals are the step
 time's, inverted.
 """
@@ -17,16 +23,18 @@ time's, inverted.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from hardware_specs import ROOT as SPECS_ROOT
 
-__all__ = ["BACKOFF_WIDEN", "COVERAGE", "LEVELS", "MIN_RESIDUALS", "Interval",
-           "conformal_ranks", "interval_for", "precision_class", "read_residual_table", "residual_interval"]
+__all__ = ["BACKOFF_WIDEN", "COVERAGE", "LEVELS", "MIN_RESIDUALS", "OWN_LEVEL", "Interval",
+           "conformal_ranks", "interval_for", "precision_class", "profile_interval",
+           "profile_residual_table", "read_residual_table", "residual_interval"]
 
 RESIDUALS_PATH = SPECS_ROOT / "validation" / "residuals.csv"
 COVERAGE = 0.80
@@ -35,6 +43,8 @@ BACKOFF_WIDEN = 0.25
 #: Neighbourhoods, finest first.
 LEVELS = (("generation", "precision", "kind", "framework"), ("generation", "precision", "kind"),
           ("generation", "kind"), ("kind",), ())
+#: The neighbourhood of a profile's own residuals (its runs are of one cluster and release).
+OWN_LEVEL = ("generation", "precision", "kind")
 
 
 def precision_class(precision: str) -> str:
@@ -52,12 +62,24 @@ class Interval:
     level: str  # the neighbourhood used, e.g. "hopper x fp8 x dense"
     residuals: int
     backoff: int  # levels backed off from the finest
+    origin: str = ""  # the profile whose leave-one-out residuals it rests on ('': shipped)
+    note: str = ""  # why a profile's own residuals were not used
 
     def basis(self) -> str:
         """One line: what the interval rests on."""
+        if self.origin:
+            return (f"80% interval of the measured step time from {self.residuals} leave-one-out "
+                    f"residuals of your runs (profile {self.origin}) of {self.level}")
         thin = f", {self.backoff} level(s) coarser than asked (widened)" if self.backoff > 1 else ""
+        note = f"; {self.note}" if self.note else ""
         return (f"80% interval of the measured step time from {self.residuals} out-of-sample "
-                f"residuals (forward by release) of {self.level or 'all rows'}{thin}")
+                f"residuals (forward by release) of {self.level or 'all rows'}{thin}{note}")
+
+    def source(self) -> dict[str, Any]:
+        """The basis as data (JSON ``setup.interval_source``)."""
+        return {"residuals": "profile leave-one-out" if self.origin else "shipped forward",
+                "profile": self.origin or None, "count": self.residuals,
+                "neighbourhood": self.level, "backoff": self.backoff, "note": self.note or None}
 
 
 @functools.cache
@@ -113,9 +135,47 @@ def _quantile_interval(log_r: np.ndarray, backoff: int, level: str) -> Interval:
                     level, len(x), backoff)
 
 
-def interval_for(generation: str, precision: str, moe: bool, framework: str | None) -> Interval:
+def profile_residual_table(profile: Any) -> pd.DataFrame:
+    """A profile's leave-one-out residuals (``profile.residuals``, records of
+    :class:`perfmodel.hardware.profile.RunResidual`) as a residual table."""
+    cols = ["generation", "precision", "kind", "framework", "ratio"]
+    recs = [{**r.model_dump(), "framework": ""} for r in getattr(profile, "residuals", ())]
+    return pd.DataFrame(recs, columns=["row_id", *cols])[cols]
+
+
+def profile_interval(profile: Any, keys: dict[str, str]) -> tuple[Interval | None, str]:
+    """The interval of neighbourhood ``keys`` from ``profile``'s own leave-one-out residuals of
+    its :data:`OWN_LEVEL` cell (order statistics as the shipped ones), or None and why not
+    (fewer than :data:`MIN_RESIDUALS` of them)."""
+    table = profile_residual_table(profile)
+    sel = np.ones(len(table), dtype=bool)
+    for col in OWN_LEVEL:
+        sel &= table[col].to_numpy() == keys[col]
+    cell = " x ".join(keys[c] for c in OWN_LEVEL)
+    n = int(sel.sum())
+    if n >= MIN_RESIDUALS:
+        iv = _quantile_interval(np.log(table["ratio"].to_numpy(dtype=float)[sel]), 0, cell)
+        return replace(iv, origin=profile.name), ""
+    if table.empty:
+        return None, (f"profile {profile.name} holds no leave-one-out residuals (`plan "
+                      "calibrate` stores them from 3 runs on)")
+    return None, (f"profile {profile.name} holds {n} leave-one-out residuals of {cell}, fewer "
+                  f"than {MIN_RESIDUALS}")
+
+
+def interval_for(generation: str, precision: str, moe: bool, framework: str | None,
+                 profile: Any = None) -> Interval:
     """The interval of a prediction for a GPU generation, precision recipe, dense or MoE model
-    and framework preset name (None: none named), from the shipped residual table."""
+    and framework preset name (None: none named): from the leave-one-out residuals of
+    ``profile`` (an :class:`~perfmodel.hardware.profile.EfficiencyProfile`, or None) where they
+    cover its neighbourhood (:func:`profile_interval`), else from the shipped residual table
+    (under a profile, with a note saying why)."""
     keys = {"generation": generation, "precision": precision_class(precision),
             "kind": "moe" if moe else "dense", "framework": framework or ""}
+    if profile is not None:
+        own, why = profile_interval(profile, keys)
+        if own is not None:
+            return own
+        return replace(residual_interval(read_residual_table(), keys),
+                       note=f"{why}: the shipped residuals are used")
     return residual_interval(read_residual_table(), keys)

@@ -327,12 +327,15 @@ class SearchResult:
         }
 
 
-def _interval_of(space: Any) -> Interval:
-    """The 80 % interval of the space's predictions (:mod:`search.intervals`): its GPU
-    generation, precision, dense / MoE model and framework."""
+def _interval_of(problem: Any) -> Interval:
+    """The 80 % interval of the problem's predictions (:mod:`search.intervals`): its GPU
+    generation, precision, dense / MoE model and framework, and the efficiency profile whose
+    runs' residuals may give it."""
+    space = problem.space
     fw = None if space.framework is None else space.framework.name
     return interval_for(gpu_generation(space.cluster.gpu), space.training.precision_name,
-                        bool(space.model.is_moe), fw)
+                        bool(space.model.is_moe), fw,
+                        getattr(problem, "efficiency_profile", None))
 
 
 def _attach_intervals(frame: pd.DataFrame, rows: list[dict[str, Any]],
@@ -409,7 +412,7 @@ def finalize_batch(
     space = problem.space
     res = problem.evaluate_batch(batch) if result is None else result
     frame, rows = _rows(batch, res)
-    interval = _interval_of(space)
+    interval = _interval_of(problem)
     frame = _attach_intervals(frame, rows, interval)
     nt, npar = n_top, n_pareto
     has_smallest = len(batch) > nt + npar
@@ -460,6 +463,7 @@ def finalize_batch(
             "framework_source": (getattr(problem, "assumed", None) or {}).get("framework"),
             "profile": getattr(problem, "profile", None),
             "interval": interval.basis(),
+            "interval_source": interval.source(),
             "kernel_tables": kernel_table_notes(
                 space.cluster.gpu, space.training.precision,
                 calibration_for(space.cluster.gpu, getattr(problem, "calibration", None)).source,

@@ -851,6 +851,9 @@ class Problem:
     #: where each training value the caller left out came from (reported, not used)
     assumed: Mapping[str, str] = field(default_factory=dict)
     profile: str | None = None  # name of the efficiency profile bound into the evaluator
+    #: that profile itself (perfmodel.hardware.profile.EfficiencyProfile): its runs'
+    #: leave-one-out residuals give the intervals (search.intervals.interval_for)
+    efficiency_profile: Any = None
     #: the whole run (perfmodel.run.RunSettings): steps, checkpoint, failures, power, price;
     #: needed by the objective ``time-to-train``, reported when given
     run: Any = None

@@ -27,7 +27,12 @@ at the solution) and the runs behind it (those whose time it changes most); the 
 every run before and after; a warning when a parameter sits at a bound, and when two parameters
 cannot be separated by the runs (posterior correlation), naming what kind of run would.
 
-:func:`cross_validate` is the honest check: per group of the dev split (one source and release
+:func:`loo_residuals` is the check a user's own runs allow: each run predicted by the profile
+refitted without it (leave-one-out, the path ``plan --profile`` predicts by). ``plan calibrate``
+reports their MAPE next to the in-sample one and stores the residuals in the profile, from which
+``plan --profile`` takes its 80 % intervals (:mod:`search.intervals`).
+
+:func:`cross_validate` is the honest check on the dev split: per group of the dev split (one source and release
 on one GPU type and precision), fit on two rows chosen by a fixed rule (smallest and largest GPU
 count) and predict the others.
 """
@@ -58,9 +63,17 @@ from perfmodel.core.files import (
     refuse_input_as_output,
     shown,
 )
-from perfmodel.hardware.profile import PARAMETERS, EfficiencyProfile, load_profile, profile_toml
+from perfmodel.hardware.overlap import gpu_generation
+from perfmodel.hardware.profile import (
+    PARAMETERS,
+    EfficiencyProfile,
+    RunResidual,
+    load_profile,
+    profile_toml,
+)
 from perfmodel.parallel.config import resolve_config
 from perfmodel.spec.specs import format_validation_error, load_cluster
+from search.intervals import MIN_RESIDUALS, precision_class
 from validation.runs import (
     OPTIONAL_COLUMNS,
     REQUIRED_COLUMNS,
@@ -72,6 +85,7 @@ from validation.validate import VALIDATION_DIR, Case, case_from_row, predict_cas
 
 __all__ = [
     "ERAS",
+    "LOO_MIN_RUNS",
     "NOISE",
     "OPTIONAL_COLUMNS",
     "REQUIRED_COLUMNS",
@@ -87,10 +101,12 @@ __all__ = [
     "fit_profile",
     "group_key",
     "load_profile",
+    "loo_residuals",
     "normalize_runs",
     "profile_everywhere",
     "read_runs",
     "runs_to_cases",
+    "with_loo",
     "write_profile",
     "write_shipped_profiles",
 ]
@@ -524,6 +540,54 @@ def _separability_warnings(names: list[str], cov: np.ndarray, S: np.ndarray) -> 
 
 
 # --------------------------------------------------------------------------------------------
+# leave-one-out: out-of-sample residuals of the user's own runs
+# --------------------------------------------------------------------------------------------
+LOO_MIN_RUNS = 3
+"""Fewest runs with leave-one-out residuals: each refit needs two runs (:func:`fit_profile`)."""
+
+
+def _run_residual(case: Case, predicted_s: float) -> RunResidual:
+    """``case``'s measured / ``predicted_s`` with its neighbourhood keys (search.intervals)."""
+    return RunResidual(row_id=case.row_id, generation=gpu_generation(case.cluster.gpu),
+                       precision=precision_class(case.training.precision_name),
+                       kind="moe" if case.model.is_moe else "dense",
+                       ratio=case.measured_step_s / predicted_s)
+
+
+def loo_residuals(cases: list[Case], noise: float = NOISE, progress: Any = None
+                  ) -> list[RunResidual]:
+    """Out-of-sample residual of every run: the profile refitted on the other runs
+    (:func:`fit_profile`, same settings) predicts it by :func:`predict_case`, the path of
+    ``plan --profile``. Step-scope runs only (a layer time is not a step time); none with
+    fewer than :data:`LOO_MIN_RUNS` runs. ``progress(done, total)`` is called before each
+    refit."""
+    if len(cases) < LOO_MIN_RUNS:
+        return []
+    out = []
+    for i, case in enumerate(cases):
+        if progress is not None:
+            progress(i, len(cases))
+        if case.scope != "step":
+            continue
+        prof = fit_profile(cases[:i] + cases[i + 1:], name="leave-one-out", noise=noise).profile
+        out.append(_run_residual(case, predict_case(case, profile=prof)))
+    return out
+
+
+def with_loo(fit: FitResult, residuals: list[RunResidual]) -> FitResult:
+    """``fit`` with its profile carrying the in-sample MAPE of its runs, their leave-one-out
+    ``residuals`` and MAPE (None without residuals), and a ``loo_error`` column on its rows."""
+    loo = {r.row_id: 1.0 / r.ratio - 1.0 for r in residuals}  # predicted / measured - 1
+    ins = float(fit.rows["error_after"].abs().mean())
+    loo_mape = float(np.mean(np.abs(list(loo.values())))) if loo else None
+    prof = fit.profile.model_copy(update={"in_sample_mape": ins, "loo_mape": loo_mape,
+                                          "residuals": tuple(residuals)})
+    rows = fit.rows.assign(loo_error=pd.Series([loo.get(r) for r in fit.rows["row_id"]],
+                                               index=fit.rows.index, dtype=object))
+    return replace(fit, profile=prof, rows=rows)
+
+
+# --------------------------------------------------------------------------------------------
 # groups of the dev split, cross-validation, the shipped profiles
 # --------------------------------------------------------------------------------------------
 _GPU_CLASSES = ("GB300", "GB200", "B200", "H200", "H100", "A100", "V100", "MI300")
@@ -723,7 +787,8 @@ def calibrate_command(
         "--cluster", help="your cluster (preset or TOML) instead of the preset picked from each "
         "row's gpu_type; use the same one with `plan --profile`")] = None,
 ) -> None:
-    """Fit an efficiency profile to your cluster's measured runs."""
+    """Fit an efficiency profile to your cluster's measured runs (and refit it without each of
+    them: the leave-one-out errors that give `plan --profile` its intervals)."""
     def fail(msg: str) -> None:
         typer.echo(f"plan: error: {msg}", err=True)
         raise typer.Exit(2)
@@ -742,6 +807,10 @@ def calibrate_command(
                 f" (and {len(skipped) - 1} more rows)" if len(skipped) > 1 else ""))
         fit = fit_profile(cases, name=name, fitted_on=f"{len(cases)} runs of {runs.name}: "
                           + ", ".join(c.row_id for c in cases))
+        if len(cases) >= LOO_MIN_RUNS and sys.stderr.isatty():
+            typer.echo(f"leave-one-out: refitting without each of the {len(cases)} runs ...",
+                       err=True)
+        fit = with_loo(fit, loo_residuals(cases))
     except SpecError as e:
         fail(str(e))
         return
@@ -756,7 +825,42 @@ def calibrate_command(
         typer.echo(json.dumps(doc, indent=2, default=float))
         return
     con = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
-    t = Table(title=f"fitted profile '{name}' ({len(cases)} runs)", title_justify="left")
+    _print_fit(con, fit, name, len(cases))
+    for line in _loo_lines(fit.profile, len(cases)):
+        con.print(line)
+    for rid, why in skipped:
+        con.print(f"not used: {rid}: {why}")
+    for w in fit.warnings:
+        con.print(f"[yellow]warning:[/] {w}")
+    if out is not None:
+        con.print(f"profile written to {out}: use it with `plan --profile {out}`")
+
+
+def _loo_lines(prof: EfficiencyProfile, n_runs: int) -> list[str]:
+    """The in-sample and leave-one-out MAPE of the runs, and where the intervals of
+    ``plan --profile`` will come from."""
+    ins = f"MAPE of the runs: {prof.in_sample_mape:.1%} in-sample (profile fitted on all of them)"
+    if prof.loo_mape is None:
+        return [(f"{ins}; leave-one-out needs at least {LOO_MIN_RUNS} runs (each refit needs "
+                 "2), so `plan --profile` takes its 80% intervals from the shipped residuals")]
+    cells: dict[str, int] = {}
+    for r in prof.residuals:
+        k = f"{r.generation} x {r.precision} x {r.kind}"
+        cells[k] = cells.get(k, 0) + 1
+    used = [f"{k} ({n} runs)" for k, n in cells.items() if n >= MIN_RESIDUALS]
+    where = ("`plan --profile` takes its 80% intervals from these residuals for "
+             + ", ".join(used) if used else
+             f"fewer than {MIN_RESIDUALS} in every neighbourhood, so `plan --profile` takes its "
+             "80% intervals from the shipped residuals")
+    return [(f"{ins}, {prof.loo_mape:.1%} leave-one-out (each run predicted by the profile "
+             f"fitted on the other {n_runs - 1})"),
+            f"leave-one-out residuals stored in the profile: {where}"]
+
+
+def _print_fit(con: Console, fit: FitResult, name: str, n_runs: int) -> None:
+    """The fitted parameters and every run's error before and after calibration (and left out
+    of it, where the runs allow leave-one-out)."""
+    t = Table(title=f"fitted profile '{name}' ({n_runs} runs)", title_justify="left")
     for col in ("parameter", "value", "+-1 sigma", "bounds", "runs behind it"):
         t.add_column(col, justify="right" if col in ("value", "+-1 sigma") else "left")
     for p in fit.params:
@@ -767,19 +871,16 @@ def calibrate_command(
             t.add_row(p["name"], f"{p['value']:g}", "-", f"[{p['lo']:g}, {p['hi']:g}]",
                       p.get("note", ""))
     con.print(t)
+    loo = fit.profile.loo_mape is not None
     r = Table(title="runs: predicted vs measured step time", title_justify="left")
-    for col in ("run", "model", "GPUs", "measured", "before", "error", "after", "error "):
+    for col in ("run", "model", "GPUs", "measured", "before", "error", "after", "error ",
+                *(("left out",) if loo else ())):
         r.add_column(col, justify="left" if col in ("run", "model") else "right")
     for x in fit.rows.itertuples():
+        out = ("-" if x.loo_error is None else f"{x.loo_error:+.1%}",) if loo else ()
         r.add_row(x.row_id, x.model, str(x.gpus), f"{x.measured_s:.4g} s", f"{x.before_s:.4g} s",
-                  f"{x.error_before:+.1%}", f"{x.after_s:.4g} s", f"{x.error_after:+.1%}")
+                  f"{x.error_before:+.1%}", f"{x.after_s:.4g} s", f"{x.error_after:+.1%}", *out)
     con.print(r)
-    for rid, why in skipped:
-        con.print(f"not used: {rid}: {why}")
-    for w in fit.warnings:
-        con.print(f"[yellow]warning:[/] {w}")
-    if out is not None:
-        con.print(f"profile written to {out}: use it with `plan --profile {out}`")
 
 
 def write_shipped_profiles(folder: str | Path | None = None) -> dict[str, FitResult]:

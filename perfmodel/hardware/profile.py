@@ -23,6 +23,11 @@ its terms:
 
 A profile of neutral values (every scale 1, no overhead) leaves every prediction exactly as the
 uncalibrated model gives it.
+
+A profile written by ``plan calibrate`` also carries the out-of-sample residuals of its runs
+(:class:`RunResidual`: each run predicted by the profile refitted without it) and the in-sample
+and leave-one-out MAPE; ``plan --profile`` takes the 80 % interval of a prediction from them
+where they cover its neighbourhood (:mod:`search.intervals`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -44,6 +49,7 @@ __all__ = [
     "PARAMETERS",
     "EfficiencyProfile",
     "Parameter",
+    "RunResidual",
     "load_profile",
     "profile_toml",
 ]
@@ -101,11 +107,25 @@ def _field(name: str) -> dict[str, Any]:
     return {"default": p.neutral, "ge": p.lo, "le": p.hi, "description": f"[{p.unit}] {p.meaning}"}
 
 
+class RunResidual(Spec):
+    """One calibration run's out-of-sample residual: its measured step time over the time
+    predicted by the profile refitted without it (leave-one-out), with the run's
+    neighbourhood keys of :mod:`search.intervals` (GPU generation, precision class, kind)."""
+
+    row_id: str
+    generation: str
+    precision: Literal["16-bit", "fp8"]
+    kind: Literal["dense", "moe"]
+    ratio: float = Field(gt=0)
+
+
 class EfficiencyProfile(Spec):
     """Named efficiency corrections of one cluster and software stack (see module docstring).
 
     ``uncertainty`` holds the one-sigma uncertainty of each fitted parameter, in the
-    parameter's own unit; ``fitted_on`` says on which runs it was fitted.
+    parameter's own unit; ``fitted_on`` says on which runs it was fitted; ``residuals`` the
+    leave-one-out residuals of those runs, ``in_sample_mape`` and ``loo_mape`` the mean
+    absolute error of the runs under the profile fitted on all of them and without each.
     """
 
     name: str = "neutral"
@@ -118,6 +138,9 @@ class EfficiencyProfile(Spec):
     scale_out_bw: float = Field(**_field("scale_out_bw"))
     step_overhead_ms: float = Field(**_field("step_overhead_ms"))
     uncertainty: dict[str, float] = Field(default_factory=dict)
+    in_sample_mape: float | None = Field(default=None, ge=0)
+    loo_mape: float | None = Field(default=None, ge=0)
+    residuals: tuple[RunResidual, ...] = ()
 
     def values(self) -> dict[str, float]:
         """Parameter name -> value (the fitted parameters of :data:`PARAMETERS`)."""
@@ -208,8 +231,10 @@ def _toml_value(v: Any) -> str:
 def profile_toml(profile: EfficiencyProfile, header: str = "") -> str:
     """The profile as a TOML file (``load_profile`` reads it back), ``header`` as comments."""
     lines = [f"# {h}" if h else "#" for h in header.splitlines()]
-    for key in ("name", "description", "fitted_on"):
-        lines.append(f"{key} = {_toml_value(getattr(profile, key))}")
+    for key in ("name", "description", "fitted_on", "in_sample_mape", "loo_mape"):
+        v = getattr(profile, key)
+        if v is not None:
+            lines.append(f"{key} = {_toml_value(round(v, 5) if isinstance(v, float) else v)}")
     lines.append("")
     for p in PARAMETERS:
         v = float(getattr(profile, p.name))
@@ -221,4 +246,8 @@ def profile_toml(profile: EfficiencyProfile, header: str = "") -> str:
         lines.append("[uncertainty]  # one sigma, in each parameter's unit")
         for k, v in profile.uncertainty.items():
             lines.append(f"{k} = {_toml_value(round(float(v), 4))}")
+    for r in profile.residuals:  # measured / leave-one-out predicted step time of each run
+        lines += ["", "[[residuals]]"] + [
+            f"{k} = {_toml_value(round(v, 5) if isinstance(v, float) else v)}"
+            for k, v in r.model_dump().items()]
     return "\n".join(lines) + "\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from perfmodel.hardware.profile import EfficiencyProfile, RunResidual
 from search import plan
 from search.intervals import (
     BACKOFF_WIDEN,
@@ -84,3 +85,46 @@ def test_every_result_row_carries_its_interval():
                                             row["tokens_per_s"] / iv.low))
     assert "out-of-sample residuals" in r.setup["interval"]
     assert {"step_time_low_s", "step_time_high_s"} <= set(r.top.columns)
+
+
+# ---- a calibrated profile's own leave-one-out residuals ------------------------------------
+def _profile(ratios, generation="hopper"):
+    res = tuple(RunResidual(row_id=f"r{i}", generation=generation, precision="fp8",
+                            kind="dense", ratio=r) for i, r in enumerate(ratios))
+    return EfficiencyProfile(name="mine", residuals=res)
+
+
+def test_profile_residuals_give_the_interval():
+    # the same five ratios as the shipped-table case above: 0.8^1.2 = 0.76508, 1.2^1.2 = 1.24456
+    iv = interval_for("hopper", "fp8", False, "bridge-25.x", _profile([1.0, 1.1, 0.9, 1.2, 0.8]))
+    assert (iv.origin, iv.residuals, iv.backoff) == ("mine", 5, 0)
+    assert iv.low == pytest.approx(0.76508, abs=1e-5)
+    assert iv.high == pytest.approx(1.24456, abs=1e-5)
+    assert "from 5 leave-one-out residuals of your runs (profile mine)" in iv.basis()
+    assert iv.source()["residuals"] == "profile leave-one-out"
+
+
+def test_profile_without_enough_residuals_falls_back_and_says_so():
+    shipped = interval_for("hopper", "fp8", False, "bridge-25.x")
+    for prof, why in ((_profile([1.0] * 4), "holds 4 leave-one-out residuals of hopper x fp8 x "
+                       "dense, fewer than 5"),
+                      (_profile([1.0] * 6, generation="ampere"), "holds 0 leave-one-out"),
+                      (EfficiencyProfile(name="mine"), "holds no leave-one-out residuals")):
+        iv = interval_for("hopper", "fp8", False, "bridge-25.x", prof)
+        assert (iv.low, iv.high, iv.residuals) == (shipped.low, shipped.high, shipped.residuals)
+        assert iv.origin == "" and why in iv.basis() and "shipped residuals are used" in iv.basis()
+        assert iv.source()["note"] and iv.source()["residuals"] == "shipped forward"
+
+
+def test_plan_under_a_profile_takes_its_interval():
+    prof = _profile([0.95, 1.0, 1.02, 1.05, 1.1])
+    prof = prof.model_copy(update={"residuals": tuple(
+        r.model_copy(update={"precision": "16-bit"}) for r in prof.residuals)})
+    r = plan("llama3.1-8b", "dgx-h100", gpus=8, global_batch_size=64, seq_len=4096,
+             tp=1, pp=1, cp=1, micro_batch_size=1, zero_stage=1, profile=prof)
+    row = r.rows[0]
+    iv = interval_for("hopper", "bf16", False, None, prof)
+    assert row["step_time_interval_s"] == pytest.approx(
+        [row["step_time_s"] * iv.low, row["step_time_s"] * iv.high])
+    assert "leave-one-out residuals of your runs (profile mine)" in r.setup["interval"]
+    assert r.setup["interval_source"]["profile"] == "mine"
