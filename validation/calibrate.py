@@ -73,7 +73,7 @@ from perfmodel.hardware.profile import (
 )
 from perfmodel.parallel.config import resolve_config
 from perfmodel.spec.specs import format_validation_error, load_cluster
-from search.intervals import MIN_RESIDUALS, precision_class
+from search.intervals import MIN_RESIDUALS, interval_for, precision_class
 from validation.runs import (
     OPTIONAL_COLUMNS,
     REQUIRED_COLUMNS,
@@ -100,6 +100,7 @@ __all__ = [
     "fit_era",
     "fit_profile",
     "group_key",
+    "holdout_intervals",
     "load_profile",
     "loo_residuals",
     "normalize_runs",
@@ -709,6 +710,48 @@ def fit_era(era: str, path: str | Path | None = None) -> FitResult:
     groups = sorted({group_key(r) for _, r in df.iterrows() if era_of(r) == era})
     return fit_profile(sel, name=era, description=f"software era {era}",
                        fitted_on=f"{len(sel)} rows of training_runs_dev.csv: " + "; ".join(groups))
+
+
+def holdout_intervals(group: str, path: str | Path | None = None) -> dict[str, Any]:
+    """The calibrated interval against the shipped one on one group of the dev split (one
+    source, release, GPU type and precision: one cluster): its step-scope rows alternately in
+    file order to a calibration half (fit and leave-one-out residuals, as ``plan calibrate``)
+    and a held-out half, predicted under the profile as ``plan --profile`` does.
+
+    Returns the halves' sizes, the in-sample and leave-one-out MAPE, the median half-width (s)
+    over the held-out rows of the interval from the profile's residuals and of the shipped one,
+    and the coverage of the held-out measured times by each (the shipped one also about the
+    uncalibrated prediction, what the user has without a profile).
+    """
+    df, cases = dev_cases(path)
+    keys = df.apply(group_key, axis=1).to_numpy()
+    sel = [c for c, k in zip(cases, keys, strict=True) if k == group and c.scope == "step"]
+    cal, held = sel[0::2], sel[1::2]
+    fit = with_loo(fit_profile(cal, name="calibration-half"), loo_residuals(cal))
+    meas = np.array([c.measured_step_s for c in held])
+    pred = _predict(held, fit.profile)
+    base = _predict(held, EfficiencyProfile())
+    own, shipped = [], []
+    for c in held:
+        a = (gpu_generation(c.cluster.gpu), c.training.precision_name, bool(c.model.is_moe),
+             c.framework or None)
+        own.append(interval_for(*a, profile=fit.profile))
+        shipped.append(interval_for(*a))
+
+    def cover(p: np.ndarray, ivs: list) -> float:
+        return float(np.mean([iv.low <= m / x <= iv.high for m, x, iv in zip(meas, p, ivs,
+                                                                             strict=True)]))
+
+    def half_width_s(ivs: list) -> float:
+        return float(np.median([x * (iv.high - iv.low) / 2 for x, iv in zip(pred, ivs,
+                                                                            strict=True)]))
+
+    return {"group": group, "calibration_rows": len(cal), "held_out_rows": len(held),
+            "in_sample_mape": fit.profile.in_sample_mape, "loo_mape": fit.profile.loo_mape,
+            "from_profile": all(iv.origin for iv in own),
+            "half_width_s": half_width_s(own), "shipped_half_width_s": half_width_s(shipped),
+            "coverage": cover(pred, own), "shipped_coverage": cover(pred, shipped),
+            "shipped_coverage_uncalibrated": cover(base, shipped)}
 
 
 def era_transfer(path: str | Path | None = None) -> pd.DataFrame:
