@@ -870,7 +870,7 @@ def calibrate_command(
     con = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
     _print_fit(con, fit, name, len(cases))
     for line in _loo_lines(fit.profile, len(cases)):
-        con.print(line)
+        con.print(line, soft_wrap=True, markup=False)
     for rid, why in skipped:
         con.print(f"not used: {rid}: {why}")
     for w in fit.warnings:
