@@ -462,8 +462,7 @@ def finalize_batch(
             "framework": None if space.framework is None else space.framework.name,
             "framework_source": (getattr(problem, "assumed", None) or {}).get("framework"),
             "profile": getattr(problem, "profile", None),
-            "interval": interval.basis(),
-            "interval_source": interval.source(),
+            "interval": interval.basis(), "interval_source": interval.source(),
             "kernel_tables": kernel_table_notes(
                 space.cluster.gpu, space.training.precision,
                 calibration_for(space.cluster.gpu, getattr(problem, "calibration", None)).source,

@@ -106,8 +106,8 @@ def test_profile_residuals_give_the_interval():
 
 def test_profile_without_enough_residuals_falls_back_and_says_so():
     shipped = interval_for("hopper", "fp8", False, "bridge-25.x")
-    for prof, why in ((_profile([1.0] * 4), "holds 4 leave-one-out residuals of hopper x fp8 x "
-                       "dense, fewer than 5"),
+    four = "holds 4 leave-one-out residuals of hopper x fp8 x dense, fewer than 5"
+    for prof, why in ((_profile([1.0] * 4), four),
                       (_profile([1.0] * 6, generation="ampere"), "holds 0 leave-one-out"),
                       (EfficiencyProfile(name="mine"), "holds no leave-one-out residuals")):
         iv = interval_for("hopper", "fp8", False, "bridge-25.x", prof)
