@@ -32,9 +32,10 @@ refitted without it (leave-one-out, the path ``plan --profile`` predicts by). ``
 reports their MAPE next to the in-sample one and stores the residuals in the profile, from which
 ``plan --profile`` takes its 80 % intervals (:mod:`search.intervals`).
 
-:func:`cross_validate` is the honest check on the dev split: per group of the dev split (one source and release
+:func:`cross_validate` is the honest check on the dev split: per group (one source and release
 on one GPU type and precision), fit on two rows chosen by a fixed rule (smallest and largest GPU
-count) and predict the others.
+count) and predict the others; :func:`holdout_intervals` calibrates on half of a group's rows and
+checks the intervals of the other half.
 """
 
 from __future__ import annotations
