@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SPLIT_K", "TILE_CANDIDATES", "TileParams", "fit_tile_params", "fit_tile_x",
-           "tile_params_of", "tile_time_s", "wave_utilisation"]
+__all__ = ["SPLIT_K", "TILE_CANDIDATES", "TILE_FIT_SCALE", "TILE_FIT_START", "TileParams",
+           "fit_tile_params", "fit_tile_x", "tile_fit_cost", "tile_fit_residuals", "tile_params_of",
+           "tile_time_s", "wave_utilisation"]
 
 TILE_CANDIDATES = (
     # (tile_m, tile_n, class): class 0 the largest tiles (rate 1), 1 = 128x128, 2 = 64-wide
@@ -106,21 +107,39 @@ def tile_params_of(x, layouts, sms: int) -> dict[str, TileParams]:
     return {lay: _params(x, lay, sms) for lay in layouts}
 
 
-def fit_tile_x(m, n, k, layout, seconds, sms: int = 132) -> np.ndarray:
-    """The fitted parameter vector of :func:`fit_tile_params` (see :func:`_params`)."""
-    from scipy.optimize import least_squares
+TILE_FIT_SCALE = 0.1
+"""Residual scale of the robust tile fit [log ratio]: residuals beyond about 10 % count
+linearly, not quadratically (scipy ``least_squares(loss="soft_l1", f_scale=0.1)``)."""
 
+TILE_FIT_START = (np.log(20e-6), np.log(700e12), np.log(128.0), 1.0, 1.0, 0.0, 0.0)
+"""Starting vector of the tile fit: 20 us fixed time, 700 TFLOP/s, k0 = 128, neutral shape."""
+
+
+def tile_fit_residuals(x, m, n, k, layout, seconds, sms: int = 132) -> np.ndarray:
+    """``log(predicted / measured)`` of each measured GEMM under the parameter vector ``x``
+    (:func:`_params`): the residuals :func:`fit_tile_x` minimises."""
     m, n, k, t = (np.asarray(v, dtype=np.float64) for v in (m, n, k, seconds))
     layout = np.asarray(layout)
-    lays = sorted(set(layout.tolist()))
+    out = np.empty(len(t))
+    for lay in sorted(set(layout.tolist())):
+        s = layout == lay
+        out[s] = tile_time_s(m[s], n[s], k[s], _params(x, lay, sms))
+    return np.log(out / t)
 
-    def pred(x):
-        out = np.empty(len(t))
-        for lay in lays:
-            s = layout == lay
-            out[s] = tile_time_s(m[s], n[s], k[s], _params(x, lay, sms))
-        return out
 
-    x0 = np.array([np.log(20e-6), np.log(700e12), np.log(128.0), 1.0, 1.0, 0.0, 0.0])
-    res = least_squares(lambda x: np.log(pred(x) / t), x0, loss="soft_l1", f_scale=0.1)
+def tile_fit_cost(x, m, n, k, layout, seconds, sms: int = 132) -> float:
+    """The robust loss :func:`fit_tile_x` minimises at ``x``: scipy's ``soft_l1`` with
+    ``f_scale`` :data:`TILE_FIT_SCALE`, ``sum(f^2 * 2 (sqrt(1 + (r/f)^2) - 1)) / 2``."""
+    z = (tile_fit_residuals(x, m, n, k, layout, seconds, sms) / TILE_FIT_SCALE) ** 2
+    return float(0.5 * TILE_FIT_SCALE**2 * np.sum(2.0 * (np.sqrt(1.0 + z) - 1.0)))
+
+
+def fit_tile_x(m, n, k, layout, seconds, sms: int = 132, x0=None) -> np.ndarray:
+    """The fitted parameter vector of :func:`fit_tile_params` (see :func:`_params`), from
+    ``x0`` (default :data:`TILE_FIT_START`)."""
+    from scipy.optimize import least_squares
+
+    start = np.array(TILE_FIT_START if x0 is None else x0, dtype=np.float64)
+    res = least_squares(lambda x: tile_fit_residuals(x, m, n, k, layout, seconds, sms), start,
+                        loss="soft_l1", f_scale=TILE_FIT_SCALE)
     return res.x

@@ -19,7 +19,7 @@ from perfmodel.hardware.calibration import (
     calibration_for,
     load_calibration,
 )
-from perfmodel.hardware.gemm_tiles import fit_tile_params
+from perfmodel.hardware.gemm_tiles import fit_tile_x, tile_fit_cost, tile_params_of
 from perfmodel.spec.specs import load_gpu
 
 H200_PEAK = 989.4e12
@@ -129,17 +129,26 @@ def test_shipped_h200_tables_equal_shared_ones():
 
 
 def test_shipped_tile_fit_is_the_fit_of_its_table():
-    """The saved tile-model fit of the shipped table is what fitting ``gemm.csv`` gives now
-    (same digest, same numbers to the bit): a calibration loads it instead of refitting."""
+    """The saved tile-model fit of the shipped table is the fit of ``gemm.csv`` (same digest), and
+    a calibration loads it instead of refitting. The robust least squares has nearby local
+    minima whose choice depends on the scipy release, so the check is not bit equality with a
+    fresh fit: refitting from the saved vector stays there (a minimum of this table's loss),
+    and no fresh fit from the default start is better."""
     folder = calibration_dir("h200")
     env = cal_mod._read_env(folder)
     gemm = cal_mod._read_csv(folder, "gemm.csv")
     sms = int(env.get("sms", 132))
     saved = json.loads((folder / cal_mod.TILE_FIT_FILE).read_text())
     assert saved["digest"] == cal_mod.tile_fit_digest(gemm, sms)
-    fresh = fit_tile_params(gemm["m"], gemm["n"], gemm["k"], gemm["layout"], gemm["seconds"],
-                            sms=sms)
-    assert cal_mod._tile_params(folder, gemm, sms) == fresh
+    cols = (gemm["m"], gemm["n"], gemm["k"], gemm["layout"], gemm["seconds"])
+    x_saved = np.asarray(saved["x"], dtype=np.float64)
+    cost_saved = tile_fit_cost(x_saved, *cols, sms=sms)
+    again = fit_tile_x(*cols, sms=sms, x0=x_saved)
+    assert tile_fit_cost(again, *cols, sms=sms) == pytest.approx(cost_saved, rel=1e-9)
+    np.testing.assert_allclose(again, x_saved, rtol=1e-5, atol=1e-6)
+    assert cost_saved <= tile_fit_cost(fit_tile_x(*cols, sms=sms), *cols, sms=sms) * (1 + 1e-9)
+    lays = sorted(set(np.asarray(gemm["layout"]).tolist()))
+    assert cal_mod._tile_params(folder, gemm, sms) == tile_params_of(x_saved, lays, sms)
 
 
 def test_tile_fit_of_other_rows_is_refitted(tmp_path):
