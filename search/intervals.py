@@ -19,14 +19,19 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from hardware_specs import ROOT as SPECS_ROOT
+from perfmodel.core.csvtable import read_columns, to_float
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["BACKOFF_WIDEN", "COVERAGE", "LEVELS", "MIN_RESIDUALS", "Interval",
-           "conformal_ranks", "interval_for", "precision_class", "read_residual_table", "residual_interval"]
+           "conformal_ranks", "interval_for", "precision_class", "read_residual_table",
+           "residual_columns", "residual_interval"]
 
 RESIDUALS_PATH = SPECS_ROOT / "validation" / "residuals.csv"
 COVERAGE = 0.80
@@ -61,26 +66,38 @@ class Interval:
 
 
 @functools.cache
+def residual_columns(path: Path | None = None) -> dict[str, np.ndarray]:
+    """The forward-chaining residuals as columns: the neighbourhood keys (``generation``,
+    ``precision``, ``kind``, ``framework``: text) and ``ratio`` = measured / predicted."""
+    cols = read_columns((path or RESIDUALS_PATH).read_text(encoding="utf-8"))
+    fwd = cols["split"] == "forward"
+    out = {c: cols[c][fwd].astype(str) for c in ("generation", "precision", "kind", "framework")}
+    out["ratio"] = to_float(cols["measured_s"][fwd]) / to_float(cols["predicted_s"][fwd])
+    return out
+
+
 def read_residual_table(path: Path | None = None) -> pd.DataFrame:
-    """The forward-chaining residuals: neighbourhood keys and ``ratio`` = measured / predicted."""
-    df = pd.read_csv(path or RESIDUALS_PATH, keep_default_na=False)
-    df = df[df["split"] == "forward"]
-    out = df[["generation", "precision", "kind", "framework"]].astype(str).copy()
-    out["ratio"] = df["measured_s"].astype(float) / df["predicted_s"].astype(float)
-    return out.reset_index(drop=True)
+    """:func:`residual_columns` as a DataFrame (pandas is loaded here: the interval of a plan
+    reads the columns)."""
+    import pandas as pd
+
+    return pd.DataFrame({k: v.astype(object) if v.dtype.kind == "U" else v
+                         for k, v in residual_columns(path).items()})
 
 
-def residual_interval(table: pd.DataFrame, keys: dict[str, str]) -> Interval:
+def residual_interval(table: Any, keys: dict[str, str]) -> Interval:
     """The interval of a neighbourhood ``keys`` (generation, precision, kind, framework) from a
-    residual ``table`` (as :func:`read_residual_table`); the levels of a key left empty (no
-    framework named) are skipped, not counted as backing off."""
+    residual ``table`` (:func:`residual_columns`, or a DataFrame as :func:`read_residual_table`);
+    the levels of a key left empty (no framework named) are skipped, not counted as backing
+    off."""
     named = [lv for lv in LEVELS if all(keys.get(c) for c in lv)]  # unnamed keys: no level
+    ratio = np.asarray(table["ratio"], dtype=np.float64)
     for k, level in enumerate(named):
-        sel = np.ones(len(table), dtype=bool)
+        sel = np.ones(len(ratio), dtype=bool)
         for col in level:
-            sel &= table[col].to_numpy() == keys.get(col, "")
+            sel &= np.asarray(table[col]) == keys.get(col, "")
         if sel.sum() >= MIN_RESIDUALS or not level:
-            return _quantile_interval(np.log(table["ratio"].to_numpy()[sel]), k,
+            return _quantile_interval(np.log(ratio[sel]), k,
                                       " x ".join(keys.get(c, "") for c in level))
     raise AssertionError("the last level matches every row")
 
@@ -118,4 +135,4 @@ def interval_for(generation: str, precision: str, moe: bool, framework: str | No
     and framework preset name (None: none named), from the shipped residual table."""
     keys = {"generation": generation, "precision": precision_class(precision),
             "kind": "moe" if moe else "dense", "framework": framework or ""}
-    return residual_interval(read_residual_table(), keys)
+    return residual_interval(residual_columns(), keys)
