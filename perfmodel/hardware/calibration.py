@@ -59,7 +59,7 @@ from perfmodel.core.errors import SpecError
 from perfmodel.core.files import atomic_write, parse_json, read_text_bounded, shown
 from perfmodel.hardware.gemm_tiles import TileParams, fit_tile_x, tile_params_of, tile_time_s
 from perfmodel.hardware.overlap import gpu_generation
-from perfmodel.hardware.simplex import Triangulation, nearest_point, triangulation_of
+from perfmodel.hardware.simplex import interpolation_of
 from perfmodel.spec.specs import GPUSpec, load_gpu
 
 __all__ = [
@@ -226,9 +226,8 @@ class Calibration:
     def __post_init__(self) -> None:
         for key, table in (("gemm", self.gemm_points), ("fp8", self.gemm_fp8_points or {})):
             for name, (pts, vals) in table.items():
-                pts = np.asarray(pts, dtype=np.float64)
-                self._interp[(key, name)] = (
-                    _triangulation_or_none(pts), np.asarray(vals, dtype=np.float64), pts)
+                tri, tree = interpolation_of(np.asarray(pts, dtype=np.float64))
+                self._interp[(key, name)] = (tri, np.asarray(vals, dtype=np.float64), tree)
 
     def _lookup(self, key: str, name: str, pts: np.ndarray, distinct: bool = False) -> np.ndarray:
         """``exp`` of the piecewise-linear interpolant at each row of ``pts``, elementwise.
@@ -264,9 +263,9 @@ class Calibration:
     def _interpolate(self, key: str, name: str, uniq: np.ndarray) -> np.ndarray:
         """:meth:`_lookup` at distinct points ``uniq``: each located by a brute-force scan of
         the simplices, the barycentric sum written out term by term."""
-        tri, vals, points = self._interp[(key, name)]
+        tri, vals, tree = self._interp[(key, name)]
         if tri is None:  # too few or coplanar points to triangulate: nearest measured point
-            return np.exp(vals[nearest_point(points, uniq)])
+            return np.exp(vals[tree.query(uniq)])
         simplex = tri.find_simplex(uniq)
         inside = simplex >= 0
         s = np.where(inside, simplex, 0)
@@ -277,7 +276,7 @@ class Calibration:
         lin = (c[0] * v_s[:, 0] + c[1] * v_s[:, 1] + c[2] * v_s[:, 2]
                + (1.0 - c[0] - c[1] - c[2]) * v_s[:, 3])  # fmt: skip
         if not inside.all():
-            lin = np.where(inside, lin, vals[nearest_point(points, uniq)])
+            lin[~inside] = vals[tree.query(uniq[~inside])]
         return np.exp(lin)
 
     def gemm_efficiency(self, m, n, k, layout: str = "fwd") -> np.ndarray:
@@ -498,14 +497,6 @@ def _gemm_points(df, peak: float, tiles: dict | None = None) -> dict:
             s = layout == lay
             leff[s] -= np.log(_tile_efficiency(m[s], n[s], k[s], p, peak))
     return _layout_means(df, leff, "gemm.csv")
-
-
-def _triangulation_or_none(pts: np.ndarray) -> Triangulation | None:
-    """Delaunay triangulation of ``pts``, or None when they span less than 3 dimensions (a
-    smoke-test table: too few points, or one value of m)."""
-    if len(pts) < 4 or np.linalg.matrix_rank(pts[1:] - pts[0]) < 3:
-        return None
-    return triangulation_of(pts)
 
 
 def _fp8_ratio_points(df: dict, peak16: float, peak8: float) -> dict:

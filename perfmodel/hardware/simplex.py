@@ -10,8 +10,10 @@ calibration folder) is triangulated by scipy when it is first used.
 
 Point location repeats ``Delaunay.find_simplex(x, bruteforce=True)`` step by step (the same
 tolerances, the same scan order, the same arithmetic), so a point gets the simplex and
-barycentric weights scipy gives it; the nearest measured point (outside the hull) is a brute
-force scan over the points (``cKDTree.query``, lowest index among equally near points).
+barycentric weights scipy gives it. The nearest measured point (outside the hull) is found as
+``cKDTree.query`` finds it, over the same saved tree (its point order and splits) and in the same
+visiting order: of equally near points (a query midway between two measured shapes) the same
+one wins.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import numpy as np
 from hardware_specs import ROOT as SPECS_ROOT
 from perfmodel.core.files import atomic_write, parse_json, read_text_bounded
 
-__all__ = ["TRIANGULATION_DIR", "Triangulation", "nearest_point", "points_digest",
-           "save_triangulation", "triangulation_of"]
+__all__ = ["TRIANGULATION_DIR", "NearestTree", "Triangulation", "interpolation_of",
+           "points_digest", "save_triangulation"]
 
 TRIANGULATION_DIR = SPECS_ROOT / "triangulations"
 """Saved Delaunay triangulations of the shipped point sets (``<digest>.json``)."""
@@ -123,69 +125,170 @@ def barycentric(transform: np.ndarray, x: np.ndarray) -> np.ndarray:
     return c
 
 
-def nearest_point(points: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Index of the nearest row of ``points`` (Euclidean) to each row of ``x``; the lowest
-    index among equally near ones."""
-    x = np.asarray(x, dtype=np.float64)
-    out = np.empty(len(x), dtype=np.int64)
-    for start in range(0, len(x), _CHUNK):
-        q = x[start:start + _CHUNK]
-        d = [q[:, None, j] - points[None, :, j] for j in range(points.shape[1])]
-        d2 = d[0] * d[0]
-        for dj in d[1:]:
-            d2 = d2 + dj * dj
-        out[start:start + _CHUNK] = d2.argmin(axis=1)
-    return out
+@dataclass(frozen=True, eq=False)
+class NearestTree:
+    """scipy's k-d tree of a point set (``cKDTree(points)``): ``indices`` the point order of
+    the leaves, ``nodes`` (K, 6) per node ``split_dim`` (-1: a leaf), ``split``, the ``less``
+    and ``greater`` child (node indices), ``start`` and ``end`` (its slice of ``indices``);
+    node 0 is the root."""
+
+    points: np.ndarray
+    indices: np.ndarray
+    nodes: np.ndarray
+
+    def query(self, x: np.ndarray) -> np.ndarray:
+        """Index of the nearest point (Euclidean) to each row of ``x``, as
+        ``cKDTree.query(x)[1]``."""
+        x = np.asarray(x, dtype=np.float64)
+        pts = self.points.tolist()
+        lo, hi = self.points.min(axis=0).tolist(), self.points.max(axis=0).tolist()
+        nodes = [(int(r[0]), float(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]))
+                 for r in self.nodes]
+        order = self.indices.tolist()
+        return np.array([_nearest(q, pts, lo, hi, nodes, order) for q in x.tolist()],
+                        dtype=np.int64)
 
 
-def _from_doc(points: np.ndarray, doc: dict) -> Triangulation:
+def _nearest(x: list[float], pts: list, lo: list[float], hi: list[float], nodes: list,
+             order: list[int]) -> int:
+    """One query of :meth:`NearestTree.query`: scipy's ``query_single_point`` for k = 1, eps
+    = 0, p = 2 (squared distances; nodes visited nearest first from a binary heap)."""
+    side = [0.0] * len(x)
+    dist = 0.0
+    for i, xi in enumerate(x):
+        s = 0.0
+        if xi - hi[i] > s:
+            s = xi - hi[i]
+        elif lo[i] - xi > s:
+            s = lo[i] - xi
+        dist += s * s - side[i]
+        side[i] = s * s
+    best, upper = -1, float("inf")
+    heap: list = []
+    cur = [0, side, dist]  # node, squared side distances, their sum
+    while True:
+        split_dim, split, less, greater, start, end = nodes[cur[0]]
+        if split_dim == -1:
+            for i in range(start, end):
+                p = pts[order[i]]
+                d = 0.0
+                for j, xj in enumerate(x):
+                    d += (p[j] - xj) * (p[j] - xj)
+                if d < upper:
+                    best, upper = order[i], d
+            if not heap:
+                return best
+            cur = _heap_pop(heap)
+            continue
+        if cur[2] > upper:
+            return best
+        far = [0, list(cur[1]), cur[2]]
+        if x[split_dim] < split:
+            cur[0], far[0], s = less, greater, split - x[split_dim]
+        else:
+            cur[0], far[0], s = greater, less, x[split_dim] - split
+        far[2] += s * s - far[1][split_dim]
+        far[1][split_dim] = s * s
+        if cur[2] > far[2]:
+            cur, far = far, cur
+        if far[2] <= upper:
+            _heap_push(heap, far)
+
+
+def _heap_push(heap: list, item: list) -> None:
+    """scipy's ``heap::push`` (a binary min-heap on ``item[2]``; ties stay where they are)."""
+    heap.append(item)
+    i = len(heap) - 1
+    while i > 0 and heap[i][2] < heap[(i - 1) // 2][2]:
+        heap[i], heap[(i - 1) // 2] = heap[(i - 1) // 2], heap[i]
+        i = (i - 1) // 2
+
+
+def _heap_pop(heap: list) -> list:
+    """scipy's ``heap::pop``: the root, the last item moved up and sifted down."""
+    top = heap[0]
+    heap[0] = heap[-1]
+    heap.pop()
+    n, i = len(heap), 0
+    while True:
+        j, k = 2 * i + 1, 2 * i + 2
+        if not ((j < n and heap[i][2] > heap[j][2]) or (k < n and heap[i][2] > heap[k][2])):
+            return top
+        child = k if (k < n and heap[j][2] > heap[k][2]) else j
+        heap[child], heap[i] = heap[i], heap[child]
+        i = child
+
+
+def _from_doc(points: np.ndarray, doc: dict) -> tuple[Triangulation | None, NearestTree]:
+    tree = NearestTree(points=points, indices=np.array(doc["kdtree"]["indices"], dtype=np.int64),
+                       nodes=np.array(doc["kdtree"]["nodes"], dtype=np.float64).reshape(-1, 6))
+    if doc.get("simplices") is None:
+        return None, tree
     nan_row = [float("nan")] * 12
     t = np.array([nan_row if r is None else r for r in doc["transform"]], dtype=np.float64)
     return Triangulation(points=points,
                          simplices=np.array(doc["simplices"], dtype=np.int64).reshape(-1, 4),
                          neighbors=np.array(doc["neighbors"], dtype=np.int64).reshape(-1, 4),
-                         transform=t.reshape(-1, 4, 3))
+                         transform=t.reshape(-1, 4, 3)), tree
 
 
-def _qhull(points: np.ndarray) -> Triangulation:
-    """scipy's Delaunay triangulation of ``points`` (Qhull), for a point set without a saved
-    one. scipy is loaded here only: a shipped table never needs it."""
-    from scipy.spatial import Delaunay
+def _spans_3d(points: np.ndarray) -> bool:
+    """Whether the points can be triangulated: at least 4, not all in one plane."""
+    return len(points) >= 4 and np.linalg.matrix_rank(points[1:] - points[0]) == 3
 
-    tri = Delaunay(points)
-    return Triangulation(points=points, simplices=tri.simplices.astype(np.int64),
-                         neighbors=tri.neighbors.astype(np.int64),
-                         transform=np.array(tri.transform, dtype=np.float64))
+
+def _scipy_doc(points: np.ndarray) -> dict:
+    """The saved form of scipy's Delaunay triangulation (Qhull; None where the points do not
+    span 3-D) and k-d tree of ``points``. scipy is loaded here only: a shipped table never
+    needs it."""
+    from scipy.spatial import Delaunay, cKDTree
+
+    kd = cKDTree(points)
+    nodes: list[list[float]] = []
+
+    def walk(node) -> int:
+        i = len(nodes)
+        nodes.append([node.split_dim, float(node.split), -1, -1, node.start_idx, node.end_idx])
+        if node.split_dim != -1:
+            nodes[i][2] = walk(node.lesser)
+            nodes[i][3] = walk(node.greater)
+        return i
+
+    walk(kd.tree)
+    doc: dict = {"points_sha256": points_digest(points), "simplices": None,
+                 "kdtree": {"indices": kd.indices.tolist(), "nodes": nodes}}
+    if _spans_3d(points):
+        tri = Delaunay(points)
+        t = tri.transform.reshape(len(tri.simplices), 12)
+        doc |= {"simplices": tri.simplices.tolist(), "neighbors": tri.neighbors.tolist(),
+                "transform": [None if np.isnan(r[0]) else [float(v) for v in r] for r in t]}
+    return doc
 
 
 @functools.lru_cache(maxsize=32)
-def _cached(digest: str, raw: bytes, n: int) -> Triangulation:
+def _cached(digest: str, raw: bytes, n: int) -> tuple[Triangulation | None, NearestTree]:
     points = np.frombuffer(raw, dtype=np.float64).reshape(n, 3).copy()
     points.setflags(write=False)
     f = TRIANGULATION_DIR / f"{digest}.json"
-    if f.exists():
-        doc = parse_json(read_text_bounded(f, "JSON"), str(f))
-        if doc.get("points_sha256") == digest:
-            return _from_doc(points, doc)
-    return _qhull(points)
+    doc = parse_json(read_text_bounded(f, "JSON"), str(f)) if f.exists() else {}
+    if doc.get("points_sha256") != digest:
+        doc = _scipy_doc(points)
+    return _from_doc(points, doc)
 
 
-def triangulation_of(points: np.ndarray) -> Triangulation:
-    """The Delaunay triangulation of ``points`` (N, 3): the saved one (:data:`TRIANGULATION_DIR`)
-    where there is one, else Qhull's, computed now."""
+def interpolation_of(points: np.ndarray) -> tuple[Triangulation | None, NearestTree]:
+    """The Delaunay triangulation of ``points`` (N, 3; None where they do not span 3-D) and
+    their k-d tree: the saved ones (:data:`TRIANGULATION_DIR`) where there are, else scipy's,
+    computed now."""
     p = np.ascontiguousarray(points, dtype=np.float64)
     return _cached(points_digest(p), p.tobytes(), len(p))
 
 
 def save_triangulation(points: np.ndarray, folder: str | Path = TRIANGULATION_DIR) -> Path:
-    """Triangulate ``points`` (Qhull) and save the result as ``<digest>.json`` in ``folder``
-    (flat simplices' transforms as null). Returns its path."""
+    """Triangulate ``points`` (Qhull), build their k-d tree and save both as ``<digest>.json``
+    in ``folder`` (flat simplices' transforms as null). Returns its path."""
     p = np.ascontiguousarray(points, dtype=np.float64)
-    tri = _qhull(p)
-    t = tri.transform.reshape(len(tri.simplices), 12)
-    doc = {"points_sha256": points_digest(p),
-           "simplices": tri.simplices.tolist(), "neighbors": tri.neighbors.tolist(),
-           "transform": [None if np.isnan(r[0]) else [float(v) for v in r] for r in t]}
+    doc = _scipy_doc(p)
     path = Path(folder) / f"{doc['points_sha256']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(doc, separators=(",", ":")) + "\n")
