@@ -20,14 +20,17 @@ __all__ = ["group_mean", "read_columns", "to_float"]
 def read_columns(text: str, comment: str | None = None) -> dict[str, np.ndarray]:
     """Columns of CSV ``text`` with a header row: ``name -> array of str`` (one per row).
 
-    Raises ``ValueError`` (the message says why) for a text without a header or a row with more
-    fields than the header. ``comment``: text from this character to the end of a line is
+    Raises ``ValueError`` (the message says why) for a text without a header, a row with more
+    fields than the header, or a line the ``csv`` module refuses. ``comment``: text from this character to the end of a line is
     dropped (a line left empty with it).
     """
     lines = text.splitlines()
     if comment is not None:
         lines = [ln.split(comment, 1)[0] for ln in lines]
-    rows = [(i + 1, r) for i, r in enumerate(csv.reader(lines)) if r and any(f != "" for f in r)]
+    try:
+        rows = [(i + 1, r) for i, r in enumerate(csv.reader(lines)) if _filled(r)]
+    except csv.Error as err:  # a NUL byte, a field over the csv module's limit
+        raise ValueError(str(err)) from None
     if not rows:
         raise ValueError("No columns to parse from file")
     header = rows[0][1]
@@ -39,6 +42,11 @@ def read_columns(text: str, comment: str | None = None) -> dict[str, np.ndarray]
         body.append(r + [""] * (len(header) - len(r)))
     return {name: np.array([r[j] for r in body], dtype=object)
             for j, name in enumerate(header)}
+
+
+def _filled(row: list[str]) -> bool:
+    """Whether a parsed line is a row (not a blank line)."""
+    return bool(row) and not (len(row) == 1 and not row[0].strip())
 
 
 def _number(text: str) -> float:
