@@ -25,16 +25,20 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from hardware_specs import ROOT as SPECS_ROOT
+from perfmodel.core.csvtable import read_columns, to_float
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["BACKOFF_WIDEN", "COVERAGE", "LEVELS", "MIN_RESIDUALS", "OWN_LEVEL", "Interval",
            "conformal_ranks", "interval_for", "precision_class", "profile_interval",
-           "profile_residual_table", "read_residual_table", "residual_interval"]
+           "profile_residual_table", "read_residual_table", "residual_columns",
+           "residual_interval"]
 
 RESIDUALS_PATH = SPECS_ROOT / "validation" / "residuals.csv"
 COVERAGE = 0.80
@@ -83,26 +87,38 @@ class Interval:
 
 
 @functools.cache
+def residual_columns(path: Path | None = None) -> dict[str, np.ndarray]:
+    """The forward-chaining residuals as columns: the neighbourhood keys (``generation``,
+    ``precision``, ``kind``, ``framework``: text) and ``ratio`` = measured / predicted."""
+    cols = read_columns((path or RESIDUALS_PATH).read_text(encoding="utf-8"))
+    fwd = cols["split"] == "forward"
+    out = {c: cols[c][fwd].astype(str) for c in ("generation", "precision", "kind", "framework")}
+    out["ratio"] = to_float(cols["measured_s"][fwd]) / to_float(cols["predicted_s"][fwd])
+    return out
+
+
 def read_residual_table(path: Path | None = None) -> pd.DataFrame:
-    """The forward-chaining residuals: neighbourhood keys and ``ratio`` = measured / predicted."""
-    df = pd.read_csv(path or RESIDUALS_PATH, keep_default_na=False)
-    df = df[df["split"] == "forward"]
-    out = df[["generation", "precision", "kind", "framework"]].astype(str).copy()
-    out["ratio"] = df["measured_s"].astype(float) / df["predicted_s"].astype(float)
-    return out.reset_index(drop=True)
+    """:func:`residual_columns` as a DataFrame (pandas is loaded here: the interval of a plan
+    reads the columns)."""
+    import pandas as pd
+
+    return pd.DataFrame({k: v.astype(object) if v.dtype.kind == "U" else v
+                         for k, v in residual_columns(path).items()})
 
 
-def residual_interval(table: pd.DataFrame, keys: dict[str, str]) -> Interval:
+def residual_interval(table: Any, keys: dict[str, str]) -> Interval:
     """The interval of a neighbourhood ``keys`` (generation, precision, kind, framework) from a
-    residual ``table`` (as :func:`read_residual_table`); the levels of a key left empty (no
-    framework named) are skipped, not counted as backing off."""
+    residual ``table`` (:func:`residual_columns`, or a DataFrame as :func:`read_residual_table`);
+    the levels of a key left empty (no framework named) are skipped, not counted as backing
+    off."""
     named = [lv for lv in LEVELS if all(keys.get(c) for c in lv)]  # unnamed keys: no level
+    ratio = np.asarray(table["ratio"], dtype=np.float64)
     for k, level in enumerate(named):
-        sel = np.ones(len(table), dtype=bool)
+        sel = np.ones(len(ratio), dtype=bool)
         for col in level:
-            sel &= table[col].to_numpy() == keys.get(col, "")
+            sel &= np.asarray(table[col]) == keys.get(col, "")
         if sel.sum() >= MIN_RESIDUALS or not level:
-            return _quantile_interval(np.log(table["ratio"].to_numpy()[sel]), k,
+            return _quantile_interval(np.log(ratio[sel]), k,
                                       " x ".join(keys.get(c, "") for c in level))
     raise AssertionError("the last level matches every row")
 
@@ -135,12 +151,16 @@ def _quantile_interval(log_r: np.ndarray, backoff: int, level: str) -> Interval:
                     level, len(x), backoff)
 
 
-def profile_residual_table(profile: Any) -> pd.DataFrame:
+def profile_residual_table(profile: Any) -> dict[str, np.ndarray]:
     """A profile's leave-one-out residuals (``profile.residuals``, records of
-    :class:`perfmodel.hardware.profile.RunResidual`) as a residual table."""
-    cols = ["generation", "precision", "kind", "framework", "ratio"]
-    recs = [{**r.model_dump(), "framework": ""} for r in getattr(profile, "residuals", ())]
-    return pd.DataFrame(recs, columns=["row_id", *cols])[cols]
+    :class:`perfmodel.hardware.profile.RunResidual`) as residual columns (as
+    :func:`residual_columns`; no framework key)."""
+    recs = list(getattr(profile, "residuals", ()))
+    out = {c: np.array([str(getattr(r, c)) for r in recs], dtype=str)
+           for c in ("generation", "precision", "kind")}
+    out["framework"] = np.full(len(recs), "", dtype=str)
+    out["ratio"] = np.array([float(r.ratio) for r in recs], dtype=np.float64)
+    return out
 
 
 def profile_interval(profile: Any, keys: dict[str, str]) -> tuple[Interval | None, str]:
@@ -148,15 +168,15 @@ def profile_interval(profile: Any, keys: dict[str, str]) -> tuple[Interval | Non
     its :data:`OWN_LEVEL` cell (order statistics as the shipped ones), or None and why not
     (fewer than :data:`MIN_RESIDUALS` of them)."""
     table = profile_residual_table(profile)
-    sel = np.ones(len(table), dtype=bool)
+    sel = np.ones(len(table["ratio"]), dtype=bool)
     for col in OWN_LEVEL:
-        sel &= table[col].to_numpy() == keys[col]
+        sel &= table[col] == keys[col]
     cell = " x ".join(keys[c] for c in OWN_LEVEL)
     n = int(sel.sum())
     if n >= MIN_RESIDUALS:
-        iv = _quantile_interval(np.log(table["ratio"].to_numpy(dtype=float)[sel]), 0, cell)
+        iv = _quantile_interval(np.log(table["ratio"][sel]), 0, cell)
         return replace(iv, origin=profile.name), ""
-    if table.empty:
+    if not len(table["ratio"]):
         return None, (f"profile {profile.name} holds no leave-one-out residuals (`plan "
                       "calibrate` stores them from 3 runs on)")
     return None, (f"profile {profile.name} holds {n} leave-one-out residuals of {cell}, fewer "
@@ -176,6 +196,6 @@ def interval_for(generation: str, precision: str, moe: bool, framework: str | No
         own, why = profile_interval(profile, keys)
         if own is not None:
             return own
-        return replace(residual_interval(read_residual_table(), keys),
+        return replace(residual_interval(residual_columns(), keys),
                        note=f"{why}: the shipped residuals are used")
-    return residual_interval(read_residual_table(), keys)
+    return residual_interval(residual_columns(), keys)

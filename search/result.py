@@ -4,19 +4,20 @@ A strategy only decides *which* configurations (flat indices of the space) to re
 :func:`finalize` evaluates those few again through the same path and builds the tables, so
 every strategy's output has the same columns and JSON shape.
 
-Columns (pandas): the configuration fields, ``gpus``, ``step_time_s``, ``tokens_per_s``,
+Columns (``top`` / ``pareto``: pandas DataFrames, built when first read; ``top_columns`` /
+``pareto_columns``: the same columns as numpy arrays): the configuration fields, ``gpus``, ``step_time_s``, ``tokens_per_s``,
 ``mfu``, ``hfu``, ``fits``, ``peak_memory_bytes``, ``<term>_time_s`` (one per step-time term),
 ``<term>_memory_bytes``, ``<dim>_comm_bytes_per_gpu``.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from perfmodel.compute.layer import sustained_gemm_fraction
 from perfmodel.core import units
@@ -27,6 +28,9 @@ from perfmodel.hardware.overlap import gpu_generation
 from perfmodel.parallel.config import ConfigBatch
 from search.intervals import Interval, interval_for
 from search.space import PARETO_OBJECTIVES, PARETO_SETS
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "Diagnostic",
@@ -63,8 +67,12 @@ class Diagnostic:
                 "message": self.message}
 
 
-def _rows(batch: ConfigBatch, res: Any) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
-    """Frame and JSON rows of an evaluated batch (the StepResult contract's arrays)."""
+#: A table as ``column -> array`` (one value per configuration), in column order.
+Columns = dict[str, np.ndarray]
+
+
+def _rows(batch: ConfigBatch, res: Any) -> tuple[Columns, list[dict[str, Any]]]:
+    """Columns and JSON rows of an evaluated batch (the StepResult contract's arrays)."""
     n = len(batch)
     cols: dict[str, Any] = {
         "dp": batch.dp, "tp": batch.tp, "pp": batch.pp, "vp": batch.vp, "cp": batch.cp,
@@ -89,7 +97,7 @@ def _rows(batch: ConfigBatch, res: Any) -> tuple[pd.DataFrame, list[dict[str, An
                  for k, v in res.memory_bytes.items() if k != "peak"})
     cols.update({f"{k}_comm_bytes_per_gpu": np.asarray(v, dtype=float)
                  for k, v in res.comm_bytes_per_gpu.items()})
-    frame = pd.DataFrame({k: np.broadcast_to(v, (n,)) for k, v in cols.items()})
+    frame = {k: np.array(np.broadcast_to(v, (n,))) for k, v in cols.items()}
     rows = []
     for i in range(n):  # only the handful of reported configurations
         rows.append({
@@ -211,6 +219,9 @@ class SearchResult:
     best, top, pareto : pandas.DataFrame
         The best configuration (one row, or empty when nothing fits), the top-k by the
         objective, and the Pareto front over (step time, peak memory, GPUs); unit-named columns.
+        Built from ``top_columns`` / ``pareto_columns`` when first read (pandas is loaded then).
+    top_columns, pareto_columns : dict of str to numpy.ndarray
+        The same tables as columns.
     rows : list of dict
         JSON objects of ``top`` (``rows[0]`` is the best), shaped like ``StepResult.row``.
     strategy, objective : str
@@ -229,8 +240,8 @@ class SearchResult:
     feasible: int
     seconds: float
     space_size: int
-    top: pd.DataFrame
-    pareto: pd.DataFrame
+    top_columns: Columns
+    pareto_columns: Columns
     rows: list[dict[str, Any]]
     pareto_rows: list[dict[str, Any]]
     hbm_bytes: float
@@ -249,6 +260,16 @@ class SearchResult:
     #: the strategy does not say): a search for less memory (offload) cannot beat the best
     #: where these are no better
     unfit_floor: dict[str, float] = field(default_factory=dict)
+
+    @functools.cached_property
+    def top(self) -> pd.DataFrame:
+        """The top-k configurations as a DataFrame (``top_columns``)."""
+        return _frame(self.top_columns)
+
+    @functools.cached_property
+    def pareto(self) -> pd.DataFrame:
+        """The Pareto front as a DataFrame (``pareto_columns``)."""
+        return _frame(self.pareto_columns)
 
     @property
     def best(self) -> pd.DataFrame:
@@ -327,6 +348,19 @@ class SearchResult:
         }
 
 
+def _frame(columns: Columns) -> pd.DataFrame:
+    """A DataFrame of a table's columns. pandas is loaded here, when a caller asks for a
+    frame: planning itself (the command line's tables and JSON) does not need it."""
+    import pandas as pd
+
+    return pd.DataFrame(columns)
+
+
+def _take(columns: Columns, rows: Any) -> Columns:
+    """The given rows (a slice or index array) of every column, as new arrays."""
+    return {k: np.array(v[rows]) for k, v in columns.items()}
+
+
 def _interval_of(problem: Any) -> Interval:
     """The 80 % interval of the problem's predictions (:mod:`search.intervals`): its GPU
     generation, precision, dense / MoE model and framework, and the efficiency profile whose
@@ -338,8 +372,7 @@ def _interval_of(problem: Any) -> Interval:
                         getattr(problem, "efficiency_profile", None))
 
 
-def _attach_intervals(frame: pd.DataFrame, rows: list[dict[str, Any]],
-                      iv: Interval) -> pd.DataFrame:
+def _attach_intervals(frame: Columns, rows: list[dict[str, Any]], iv: Interval) -> Columns:
     """``step_time_interval_s`` ([low, high] seconds), ``tokens_per_s_interval`` and
     ``mfu_interval`` on every JSON row; ``step_time_low_s`` / ``step_time_high_s`` columns."""
     for row in rows:
@@ -347,8 +380,8 @@ def _attach_intervals(frame: pd.DataFrame, rows: list[dict[str, Any]],
         row["step_time_interval_s"] = [step * iv.low, step * iv.high]
         row["tokens_per_s_interval"] = [tps / iv.high, tps / iv.low]
         row["mfu_interval"] = [mfu / iv.high, mfu / iv.low]
-    return frame.assign(step_time_low_s=frame["step_time_s"] * iv.low,
-                        step_time_high_s=frame["step_time_s"] * iv.high)
+    return frame | {"step_time_low_s": frame["step_time_s"] * iv.low,
+                    "step_time_high_s": frame["step_time_s"] * iv.high}
 
 
 def model_summary(m: Any) -> dict[str, Any]:
@@ -416,12 +449,12 @@ def finalize_batch(
     frame = _attach_intervals(frame, rows, interval)
     nt, npar = n_top, n_pareto
     has_smallest = len(batch) > nt + npar
-    top = frame.iloc[:nt].reset_index(drop=True)
+    top = _take(frame, slice(0, nt))
     if strategy == "single" and nt == 0 and has_smallest:
         # one configuration asked for: show it even though it does not fit (fits is False)
-        top = frame.iloc[nt + npar:nt + npar + 1].reset_index(drop=True)
+        top = _take(frame, slice(nt + npar, nt + npar + 1))
     par, order = _pareto_of(problem, res, frame, rows, nt, npar)
-    pareto = par.iloc[order].reset_index(drop=True)
+    pareto = _take(par, order)
     pareto_rows = [rows[nt + i] for i in order]
     smallest = rows[nt + npar] if has_smallest else None
     return SearchResult(
@@ -431,8 +464,8 @@ def finalize_batch(
         feasible=int(feasible),
         seconds=float(seconds),
         space_size=space.size,
-        top=top,
-        pareto=pareto,
+        top_columns=top,
+        pareto_columns=pareto,
         rows=rows[:nt],
         pareto_rows=pareto_rows,
         hbm_bytes=float(space.cluster.gpu.hbm_bytes),
@@ -491,29 +524,30 @@ def _pareto_names(problem: Any) -> dict[str, Any]:
     return {} if names == PARETO_OBJECTIVES else {"pareto_objectives": list(names)}
 
 
-def _pareto_of(problem: Any, res: Any, frame: pd.DataFrame, rows: list[dict[str, Any]],
-               nt: int, npar: int) -> tuple[pd.DataFrame, np.ndarray]:
+def _pareto_of(problem: Any, res: Any, frame: Columns, rows: list[dict[str, Any]],
+               nt: int, npar: int) -> tuple[Columns, np.ndarray]:
     """The Pareto front's frame and its order: fastest step first (then smallest peak); with
     the run's length (``problem.run``) every front row also carries its whole run (``train``
     in JSON, ``train_<field>`` columns), and the run's view (``time-to-train-cost``) is
     ordered by the run's wall time (then cost)."""
-    par = frame.iloc[nt:nt + npar]
+    par = _take(frame, slice(nt, nt + npar))
     run = getattr(problem, "run", None)
     if run is None or npar == 0:
-        order = np.lexsort((par["peak_memory_bytes"].to_numpy(), par["step_time_s"].to_numpy()))
+        order = np.lexsort((par["peak_memory_bytes"], par["step_time_s"]))
         return par, order
     sl = slice(nt, nt + npar)
     sub = SimpleNamespace(  # the front's share of the evaluation, what the run's terms read
         memory_bytes={k: np.asarray(v)[sl] for k, v in res.memory_bytes.items()},
         time_s={k: np.asarray(v)[sl] for k, v in res.time_s.items()})
-    t = problem.train_of(sub, par["step_time_s"].to_numpy(), par["gpus"].to_numpy())
+    t = problem.train_of(sub, par["step_time_s"], par["gpus"])
     for i in range(npar):
         rows[nt + i]["train"] = t.row(i)
-    par = par.assign(**{f"train_{k}": np.asarray(v) for k, v in vars(t).items()})
+    par = par | {f"train_{k}": np.array(np.broadcast_to(v, (npar,)))
+                 for k, v in vars(t).items()}
     if getattr(problem, "pareto", "") == "time-to-train-cost":
-        order = np.lexsort((par["train_gpu_hours"].to_numpy(), par["train_wall_s"].to_numpy()))
+        order = np.lexsort((par["train_gpu_hours"], par["train_wall_s"]))
     else:
-        order = np.lexsort((par["peak_memory_bytes"].to_numpy(), par["step_time_s"].to_numpy()))
+        order = np.lexsort((par["peak_memory_bytes"], par["step_time_s"]))
     return par, order
 
 

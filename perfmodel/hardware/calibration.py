@@ -46,21 +46,20 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
-from scipy.spatial import Delaunay, cKDTree
 
 from hardware_specs import calibration_dir
+from perfmodel.core.csvtable import group_mean, read_columns, to_float
 from perfmodel.core.errors import SpecError
 from perfmodel.core.files import atomic_write, parse_json, read_text_bounded, shown
 from perfmodel.hardware.gemm_tiles import TileParams, fit_tile_x, tile_params_of, tile_time_s
 from perfmodel.hardware.overlap import gpu_generation
+from perfmodel.hardware.simplex import interpolation_of
 from perfmodel.spec.specs import GPUSpec, load_gpu
 
 __all__ = [
@@ -111,32 +110,35 @@ _CSV_COLUMNS = {
 }
 
 
-def _read_csv(folder: Path, name: str) -> pd.DataFrame:
+def _read_csv(folder: Path, name: str) -> dict[str, np.ndarray]:
     """A calibration table, checked: bounded UTF-8 text, the columns of :data:`_CSV_COLUMNS`,
-    at least one row, every number finite and positive; :class:`SpecError` (one line) else."""
+    at least one row, every number finite and positive; :class:`SpecError` (one line) else.
+    Returns ``column -> array`` (float64 for the numeric columns, text for the others)."""
     p = folder / name
     if not p.exists():
         raise SpecError(f"calibration folder '{shown(folder)}': missing {name}")
     text = read_text_bounded(p, "CSV")
     try:
-        df = pd.read_csv(io.StringIO(text))
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as err:
+        cols = read_columns(text)
+    except ValueError as err:
         raise SpecError(f"{shown(p)}: not a CSV table: {shown(err)}") from None
     numeric, textual = _CSV_COLUMNS[name]
-    missing = [c for c in (*numeric, *textual) if c not in df.columns]
-    if missing or df.empty:
+    missing = [c for c in (*numeric, *textual) if c not in cols]
+    if missing or not len(next(iter(cols.values()))):
         raise SpecError(f"{shown(p)}: " + (f"missing columns {missing}" if missing else "no rows"))
+    out = dict(cols)
     for col in numeric:
-        values = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=np.float64)
+        values = to_float(cols[col])
         bad = ~(np.isfinite(values) & (values > 0))
         if bad.any():
             i = int(np.argmax(bad))
-            raise SpecError(f"{shown(p)}: row {i + 2}: {col} = {shown(df[col].iloc[i], 40)}: "
+            raw = str(cols[col][i]) or "nan"
+            raise SpecError(f"{shown(p)}: row {i + 2}: {col} = {shown(raw, 40)}: "
                             "expected a finite number > 0")
-        df[col] = values
+        out[col] = values
     for col in textual:
-        df[col] = df[col].astype(str)
-    return df
+        out[col] = cols[col].astype(str)
+    return out
 
 
 def _read_env(folder: Path) -> dict:
@@ -224,12 +226,8 @@ class Calibration:
     def __post_init__(self) -> None:
         for key, table in (("gemm", self.gemm_points), ("fp8", self.gemm_fp8_points or {})):
             for name, (pts, vals) in table.items():
-                # nearest measured point: a k-d tree (scipy's NearestNDInterpolator's)
-                self._interp[(key, name)] = (
-                    _delaunay_or_none(pts),
-                    np.asarray(vals, dtype=np.float64),
-                    cKDTree(np.asarray(pts, dtype=np.float64)),
-                )
+                tri, tree = interpolation_of(np.asarray(pts, dtype=np.float64))
+                self._interp[(key, name)] = (tri, np.asarray(vals, dtype=np.float64), tree)
 
     def _lookup(self, key: str, name: str, pts: np.ndarray, distinct: bool = False) -> np.ndarray:
         """``exp`` of the piecewise-linear interpolant at each row of ``pts``, elementwise.
@@ -267,8 +265,8 @@ class Calibration:
         the simplices, the barycentric sum written out term by term."""
         tri, vals, tree = self._interp[(key, name)]
         if tri is None:  # too few or coplanar points to triangulate: nearest measured point
-            return np.exp(vals[tree.query(uniq)[1]])
-        simplex = tri.find_simplex(uniq, bruteforce=True)
+            return np.exp(vals[tree.query(uniq)])
+        simplex = tri.find_simplex(uniq)
         inside = simplex >= 0
         s = np.where(inside, simplex, 0)
         t = tri.transform[s]  # (u, 4, 3): rows 0-2 the inverse affine map, row 3 the origin
@@ -278,7 +276,7 @@ class Calibration:
         lin = (c[0] * v_s[:, 0] + c[1] * v_s[:, 1] + c[2] * v_s[:, 2]
                + (1.0 - c[0] - c[1] - c[2]) * v_s[:, 3])  # fmt: skip
         if not inside.all():
-            lin = np.where(inside, lin, vals[tree.query(uniq)[1]])
+            lin[~inside] = vals[tree.query(uniq[~inside])]
         return np.exp(lin)
 
     def gemm_efficiency(self, m, n, k, layout: str = "fwd") -> np.ndarray:
@@ -465,61 +463,60 @@ def _tile_efficiency(m, n, k, p: TileParams, peak: float) -> np.ndarray:
     return flops / t / peak
 
 
-def _gemm_points(df: pd.DataFrame, peak: float, tiles: dict | None = None) -> dict:
-    """layout -> (log2 (m, n, k) points, log efficiency), relative to the tile model's
-    efficiency when ``tiles`` (layout -> TileParams) is given."""
-    flops = 2.0 * df["m"] * df["n"] * df["k"]
-    t = np.maximum(df["seconds"] - BENCH_DISPATCH_S, flops / (peak * MAX_EFFICIENCY))
-    leff = np.log(flops / t / peak)
-    if tiles is not None:
-        for layout, p in tiles.items():
-            s = (df["layout"] == layout).to_numpy()
-            g = df[s]
-            leff[s] -= np.log(_tile_efficiency(g["m"], g["n"], g["k"], p, peak))
-    df = df.assign(leff=leff)
+def _columns(df, names: tuple[str, ...]) -> list[np.ndarray]:
+    """Columns of a table (``column -> array``, or a DataFrame) as float64 arrays."""
+    return [np.asarray(df[c], dtype=np.float64) for c in names]
+
+
+def _layout_means(df, values: np.ndarray, file: str) -> dict:
+    """layout -> (log2 (m, n, k) of the distinct shapes, sorted; mean of ``values`` over the
+    rows of each shape); :class:`SpecError` for a layout without rows."""
+    mnk = np.stack(_columns(df, ("m", "n", "k")), axis=1)
+    layout = np.asarray(df["layout"]).astype(str)
     out = {}
-    for layout in LAYOUTS:
-        g = df[df["layout"] == layout].groupby(["m", "n", "k"], as_index=False)["leff"].mean()
-        if g.empty:
-            raise SpecError(f"gemm.csv: no rows with layout '{layout}'")
-        pts = np.log2(g[["m", "n", "k"]].to_numpy(dtype=np.float64))
-        out[layout] = (pts, g["leff"].to_numpy())
+    for lay in LAYOUTS:
+        s = layout == lay
+        if not s.any():
+            raise SpecError(f"{file}: no rows with layout '{lay}'")
+        shapes, mean = group_mean(mnk[s], values[s])
+        out[lay] = (np.log2(shapes), mean)
     return out
 
 
-def _delaunay_or_none(pts) -> Delaunay | None:
-    """Delaunay triangulation of ``pts``, or None when they span less than 3 dimensions (a
-    smoke-test table: too few points, or one value of m)."""
-    pts = np.asarray(pts, dtype=np.float64)
-    if len(pts) < 4 or np.linalg.matrix_rank(pts[1:] - pts[0]) < 3:
-        return None
-    return Delaunay(pts)
+def _gemm_points(df, peak: float, tiles: dict | None = None) -> dict:
+    """layout -> (log2 (m, n, k) points, log efficiency), relative to the tile model's
+    efficiency when ``tiles`` (layout -> TileParams) is given. ``df``: the columns of
+    ``gemm.csv`` (:func:`_read_csv`)."""
+    m, n, k, seconds = _columns(df, ("m", "n", "k", "seconds"))
+    flops = 2.0 * m * n * k
+    t = np.maximum(seconds - BENCH_DISPATCH_S, flops / (peak * MAX_EFFICIENCY))
+    leff = np.log(flops / t / peak)
+    if tiles is not None:
+        layout = np.asarray(df["layout"]).astype(str)
+        for lay, p in tiles.items():
+            s = layout == lay
+            leff[s] -= np.log(_tile_efficiency(m[s], n[s], k[s], p, peak))
+    return _layout_means(df, leff, "gemm.csv")
 
 
-def _fp8_ratio_points(df: pd.DataFrame, peak16: float, peak8: float) -> dict:
+def _fp8_ratio_points(df: dict, peak16: float, peak8: float) -> dict:
     """layout -> (log2 (m, n, k) points, log(fp8 / bf16 time)) of ``gemm_fp8.csv``.
 
     Both times less :data:`BENCH_DISPATCH_S`, each at least the GEMM at :data:`MAX_EFFICIENCY`
     of its own peak (``peak16`` bf16, ``peak8`` fp8 [FLOP/s]); rows of one shape averaged in
     log. Example: fp8 18 us, bf16 28 us measured -> (18 - 8) / (28 - 8) = 0.5.
     """
-    missing = {"m", "n", "k", "layout", "seconds", "bf16_seconds"} - set(df.columns)
+    missing = {"m", "n", "k", "layout", "seconds", "bf16_seconds"} - set(df)
     if missing:
         raise SpecError(f"{FP8_GEMM_FILE}: missing columns {sorted(missing)}")
-    flops = 2.0 * df["m"] * df["n"] * df["k"]
-    t8 = np.maximum(df["seconds"] - BENCH_DISPATCH_S, flops / (peak8 * MAX_EFFICIENCY))
-    t16 = np.maximum(df["bf16_seconds"] - BENCH_DISPATCH_S, flops / (peak16 * MAX_EFFICIENCY))
-    df = df.assign(lr=np.log(t8 / t16))
-    out = {}
-    for layout in LAYOUTS:
-        g = df[df["layout"] == layout].groupby(["m", "n", "k"], as_index=False)["lr"].mean()
-        if g.empty:
-            raise SpecError(f"{FP8_GEMM_FILE}: no rows with layout '{layout}'")
-        out[layout] = (np.log2(g[["m", "n", "k"]].to_numpy(dtype=np.float64)), g["lr"].to_numpy())
-    return out
+    m, n, k, s8, s16 = _columns(df, ("m", "n", "k", "seconds", "bf16_seconds"))
+    flops = 2.0 * m * n * k
+    t8 = np.maximum(s8 - BENCH_DISPATCH_S, flops / (peak8 * MAX_EFFICIENCY))
+    t16 = np.maximum(s16 - BENCH_DISPATCH_S, flops / (peak16 * MAX_EFFICIENCY))
+    return _layout_means(df, np.log(t8 / t16), FP8_GEMM_FILE)
 
 
-def _attention_points(df: pd.DataFrame, peak: float) -> dict:
+def _attention_points(df: dict, peak: float) -> dict:
     """Per sequence length and pass: ``t = t0 + flops / rate`` (least squares over the rows).
 
     The intercept is the longest thread block (the last causal query block against all keys):
@@ -527,25 +524,30 @@ def _attention_points(df: pd.DataFrame, peak: float) -> dict:
     fixed at 2.5x the forward's (its FLOP ratio); its rate is fitted on ``fwd+bwd - fwd``.
     Returns ``pass -> (log2 seq (S,), t0 * peak (S,) [FLOP], rate / peak (S,))``.
     """
-    df = df.assign(bh=df["batch"] * df["heads"], t=df["seconds"] - BENCH_DISPATCH_S)
-    df = df.assign(flops=4.0 * df["bh"] * df["seq"] ** 2 * df["head_dim"] / 2.0)
+    batch, heads, seq, head_dim, seconds = _columns(
+        df, ("batch", "heads", "seq", "head_dim", "seconds"))
+    bh, t = batch * heads, seconds - BENCH_DISPATCH_S
+    flops = 4.0 * bh * seq**2 * head_dim / 2.0
+    passes = np.asarray(df["pass"]).astype(str)
     out: dict = {"fwd": ([], [], []), "bwd": ([], [], [])}
-    for s, g in df.groupby("seq"):
-        f = g[g["pass"] == "fwd"].set_index("bh").sort_index()
-        fb = g[g["pass"] == "fwd+bwd"].set_index("bh").sort_index()
-        if f.index.nunique() < 2 or not len(f.index.intersection(fb.index)):
+    for s in np.unique(seq):
+        fwd = _by_bh(bh, (seq == s) & (passes == "fwd"))
+        both = _by_bh(bh, (seq == s) & (passes == "fwd+bwd"))
+        common = np.intersect1d(bh[fwd], bh[both])
+        if len(np.unique(bh[fwd])) < 2 or not len(common):
             raise SpecError(
-                f"attention.csv: sequence {s:g} has {f.index.nunique()} forward batch*heads "
-                f"size(s) and "
-                f"{len(f.index.intersection(fb.index))} with fwd+bwd: need at least two forward "
+                f"attention.csv: sequence {s:g} has {len(np.unique(bh[fwd]))} forward "
+                f"batch*heads size(s) and "
+                f"{len(common)} with fwd+bwd: need at least two forward "
                 "sizes and one of them also fwd+bwd"
             )
-        slope, t0 = np.polyfit(f["flops"], f["t"], 1)
+        slope, t0 = np.polyfit(flops[fwd], t[fwd], 1)
         t0 = max(t0, 0.0)
-        rate = 1.0 / slope if slope > 0 else float(np.max(f["flops"] / f["t"]))
-        common = f.index.intersection(fb.index)
-        fl_b = 2.5 * f.loc[common, "flops"].to_numpy()
-        t_b = (fb.loc[common, "t"] - f.loc[common, "t"]).to_numpy() - 2.5 * t0
+        rate = 1.0 / slope if slope > 0 else float(np.max(flops[fwd] / t[fwd]))
+        f_c = fwd[np.searchsorted(bh[fwd], common)]  # rows of the common sizes
+        b_c = both[np.searchsorted(bh[both], common)]
+        fl_b = 2.5 * flops[f_c]
+        t_b = (t[b_c] - t[f_c]) - 2.5 * t0
         rate_b = float(np.sum(fl_b * fl_b) / np.sum(fl_b * np.maximum(t_b, 1e-9)))
         for key, a, r in (("fwd", t0, rate), ("bwd", 2.5 * t0, rate_b)):
             out[key][0].append(np.log2(s))
@@ -554,12 +556,20 @@ def _attention_points(df: pd.DataFrame, peak: float) -> dict:
     return {k: tuple(np.asarray(x, dtype=np.float64) for x in v) for k, v in out.items()}
 
 
-def _membw(df: pd.DataFrame) -> dict:
+def _by_bh(bh: np.ndarray, sel: np.ndarray) -> np.ndarray:
+    """Indices of the selected rows, ordered by batch*heads (ties in row order)."""
+    rows = np.flatnonzero(sel)
+    return rows[np.argsort(bh[rows], kind="stable")]
+
+
+def _membw(df: dict) -> dict:
     out = {}
-    for op, g in df.groupby("op"):
-        name = "adamw" if op.startswith("adamw") else op
-        b, t = g["bytes_moved"].to_numpy(float), g["seconds"].to_numpy(float)
-        if len(g) >= 2 and np.ptp(b) > 0:
+    ops = np.asarray(df["op"]).astype(str)
+    bytes_moved, seconds = _columns(df, ("bytes_moved", "seconds"))
+    for op in np.unique(ops):
+        name = "adamw" if op.startswith("adamw") else str(op)
+        b, t = bytes_moved[ops == op], seconds[ops == op]
+        if len(b) >= 2 and np.ptp(b) > 0:
             slope, _ = np.polyfit(b, t, 1)  # t = t0 + bytes / bw
             bw = 1.0 / slope if slope > 0 else float(np.max(b / t))
             bw = min(bw, float(np.max(b / np.maximum(t - BENCH_DISPATCH_S, 1e-9))))
@@ -645,24 +655,24 @@ def _load_cached(path: str, gpu_json: str) -> Calibration:
     )
 
 
-def tile_fit_digest(gemm: pd.DataFrame, sms: int) -> str:
+def tile_fit_digest(gemm: dict, sms: int) -> str:
     """SHA-256 of what the tile model is fitted on: the GEMM rows (shape, layout, seconds) and
     the SM count."""
     h = hashlib.sha256(f"sms={sms};".encode())
-    for col in ("m", "n", "k", "seconds"):
-        h.update(np.ascontiguousarray(gemm[col].to_numpy(dtype=np.float64)).tobytes())
-    h.update("\0".join(gemm["layout"].astype(str)).encode())
+    for col in _columns(gemm, ("m", "n", "k", "seconds")):
+        h.update(np.ascontiguousarray(col).tobytes())
+    h.update("\0".join(np.asarray(gemm["layout"]).astype(str).tolist()).encode())
     return h.hexdigest()
 
 
-def _fit_x(gemm: pd.DataFrame, sms: int) -> np.ndarray:
+def _fit_x(gemm: dict, sms: int) -> np.ndarray:
     return fit_tile_x(gemm["m"], gemm["n"], gemm["k"], gemm["layout"], gemm["seconds"], sms=sms)
 
 
-def _tile_params(folder: Path, gemm: pd.DataFrame, sms: int) -> dict:
+def _tile_params(folder: Path, gemm: dict, sms: int) -> dict:
     """layout -> TileParams of ``gemm.csv``: the saved fit (:data:`TILE_FIT_FILE`) when it was
     made on these rows, else a fresh fit."""
-    lays = sorted(set(gemm["layout"].tolist()))
+    lays = sorted(set(np.asarray(gemm["layout"]).astype(str).tolist()))
     f = folder / TILE_FIT_FILE
     saved = parse_json(read_text_bounded(f, "JSON"), str(f)) if f.exists() else {}
     x = saved.get("x")

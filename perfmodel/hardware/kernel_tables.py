@@ -27,14 +27,13 @@ of that name, none shipped yet). No other GPU and dtype has a published per-shap
 from __future__ import annotations
 
 import functools
-import io
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from hardware_specs import ROOT as SPECS_ROOT
+from perfmodel.core.csvtable import group_mean, read_columns, to_float
 from perfmodel.core.errors import SpecError
 from perfmodel.core.files import read_text_bounded, shown
 from perfmodel.hardware.calibration import LAYOUTS, Calibration
@@ -84,28 +83,29 @@ def read_gemm_table(path: Path) -> GemmTable:
     :class:`SpecError` (one line) else."""
     text = read_text_bounded(path, "CSV")
     try:
-        df = pd.read_csv(io.StringIO(text), comment="#")
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as err:
+        df = read_columns(text, comment="#")
+    except ValueError as err:
         raise SpecError(f"{shown(path)}: not a CSV table: {shown(err)}") from None
-    missing = [c for c in _COLUMNS if c not in df.columns]
-    if missing or df.empty:
+    missing = [c for c in _COLUMNS if c not in df]
+    if missing or not len(next(iter(df.values()))):
         raise SpecError(f"{shown(path)}: " + (f"missing columns {missing}" if missing
                                               else "no rows"))
-    eff = df["efficiency"].to_numpy(dtype=np.float64)
+    eff = to_float(df["efficiency"])
     if not (np.isfinite(eff).all() and (eff > 0).all() and (eff <= 1).all()):
         raise SpecError(f"{shown(path)}: efficiency outside (0, 1]")
-    if df["gpu"].nunique() != 1 or df["dtype"].nunique() != 1:
+    if len(set(df["gpu"].tolist())) != 1 or len(set(df["dtype"].tolist())) != 1:
         raise SpecError(f"{shown(path)}: one GPU and one dtype per table")
+    mnk = np.stack([to_float(df[c]) for c in ("m", "n", "k")], axis=1)
+    layout = df["layout"].astype(str)
     points = {}
-    for layout in LAYOUTS:
-        g = df[df["layout"] == layout].groupby(["m", "n", "k"], as_index=False)["efficiency"]
-        g = g.mean()
-        if g.empty:
-            raise SpecError(f"{shown(path)}: no rows with layout '{layout}'")
-        points[layout] = (np.log2(g[["m", "n", "k"]].to_numpy(dtype=np.float64)),
-                          g["efficiency"].to_numpy(dtype=np.float64))
-    return GemmTable(gpu=str(df["gpu"].iloc[0]), dtype=str(df["dtype"].iloc[0]),
-                     peak_tflops=float(df["peak_tflops"].iloc[0]),
+    for lay in LAYOUTS:
+        s = layout == lay
+        if not s.any():
+            raise SpecError(f"{shown(path)}: no rows with layout '{lay}'")
+        shapes, mean = group_mean(mnk[s], eff[s])
+        points[lay] = (np.log2(shapes), mean)
+    return GemmTable(gpu=str(df["gpu"][0]), dtype=str(df["dtype"][0]),
+                     peak_tflops=float(to_float(df["peak_tflops"][:1])[0]),
                      file=f"hardware_specs/kernels/{path.name}", source=_header(text),
                      points=points)
 

@@ -30,11 +30,14 @@ the input-gradient and weight-gradient GEMMs have the same FLOPs).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from perfmodel.core.codes import SCHEDULE, Schedule
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "SCHEDULE",
@@ -389,7 +392,10 @@ class Timeline:
         return float(1.0 - self.busy_s.sum() / (self.p * self.makespan_s))
 
     def to_frame(self) -> pd.DataFrame:
-        """Events as a DataFrame: stage, microbatch, chunk, op, start_s, end_s, duration_s."""
+        """Events as a DataFrame: stage, microbatch, chunk, op, start_s, end_s, duration_s
+        (pandas is loaded here: the schedule itself does not need it)."""
+        import pandas as pd
+
         df = pd.DataFrame(
             self.events, columns=["stage", "microbatch", "chunk", "op", "start_s", "end_s"]
         )
