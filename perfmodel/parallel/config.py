@@ -489,14 +489,15 @@ class ConfigBatch:
         """The distinct configurations by the fields ``names`` (first occurrences) and, for
         every configuration, the index of its representative: ``f(batch) == f(sub)[codes]`` for
         any cost ``f`` that reads only those fields. Exact (mixed-radix key of per-field codes).
-        Computed once per batch and ``names`` (shared; ``codes`` read-only)."""
+        Computed once per batch and set of ``names`` (the order of the fields does not change
+        the codes; shared, ``codes`` read-only)."""
         cache = self.__dict__.setdefault("_unique_cache", {})
-        names = tuple(names)
-        if names not in cache:
-            sub, codes = self._unique_by(names)
+        key = frozenset(names)
+        if key not in cache:
+            sub, codes = self._unique_by(tuple(names))
             codes.setflags(write=False)
-            cache[names] = (sub, codes)
-        return cache[names]
+            cache[key] = (sub, codes)
+        return cache[key]
 
     def per_distinct(self, names: tuple[str, ...], fn) -> dict[str, np.ndarray]:
         """``fn(batch)`` (per-configuration arrays, or dicts, tuples or dataclasses of them:
@@ -511,6 +512,11 @@ class ConfigBatch:
         return fn(self)
 
     def _unique_by(self, names: tuple[str, ...]) -> tuple[ConfigBatch, np.ndarray]:
+        finer = self._finer_unique(names)
+        if finer is not None:  # coarsen distinct rows already found: exact, and far fewer
+            sub, codes = finer
+            coarse, sub_codes = sub.unique_by(names)
+            return coarse, sub_codes.take(codes)
         # A mixed-radix key of per-field codes, re-coded to its distinct values whenever it
         # would outgrow a dense table of ``limit`` entries: linear time, no sort.
         limit = max(4 * len(self), 1024)
@@ -524,6 +530,8 @@ class ConfigBatch:
             radix, key = prefixes[names[:start]]
         for i, name in enumerate(names[start:], start=start):
             v, span = self._field_codes(name, limit)
+            if span == 1:  # one value: the key stays as it is
+                continue
             if radix * span > limit:  # re-code the key (stays <= len(self))
                 key, radix = _recode_dense(key, radix)
                 prefixes[names[:i]] = (radix, key)
@@ -535,6 +543,15 @@ class ConfigBatch:
         codes, first = _factorize_dense(key, radix)
         prefixes[names] = (len(first), codes)
         return self.take(first), codes
+
+    def _finer_unique(self, names: tuple[str, ...]) -> tuple[ConfigBatch, np.ndarray] | None:
+        """The fewest distinct rows already found (:meth:`unique_by`) by a superset of
+        ``names``, or None. The first occurrence of a row by ``names`` is the first occurrence
+        of its row by the superset, so the distinct rows of those rows by ``names`` are this
+        batch's, in the same order of first occurrence."""
+        wanted = set(names)
+        found = [v for k, v in self.__dict__.get("_unique_cache", {}).items() if wanted <= k]
+        return min(found, key=lambda v: len(v[0]), default=None)
 
     def _field_codes(self, name: str, limit: int) -> tuple[np.ndarray, int]:
         """One field as int64 codes in ``[0, span)`` and ``span`` (small integers: the value
