@@ -517,31 +517,33 @@ class ConfigBatch:
             sub, codes = finer
             coarse, sub_codes = sub.unique_by(names)
             return coarse, sub_codes.take(codes)
-        # A mixed-radix key of per-field codes, re-coded to its distinct values whenever it
-        # would outgrow a dense table of ``limit`` entries: linear time, no sort.
+        # A mixed-radix key of per-field codes, started from the codes of the most of these
+        # fields already coded (a key of unique_by, or one re-coded on the way to one: any
+        # coding of a subset gives the same rows) and re-coded to its distinct values whenever
+        # it would outgrow a dense table of ``limit`` entries: linear time, no sort.
         limit = max(4 * len(self), 1024)
-        key = np.zeros(len(self), dtype=np.int64)
-        radix = 1  # distinct values key can take so far
-        # start from the codes of the longest prefix already coded (a key of unique_by, or a
-        # prefix re-coded on the way to one): any coding of a prefix gives the same rows
-        prefixes = self.__dict__.setdefault("_prefix_codes", {})
-        start = next((i for i in range(len(names) - 1, 0, -1) if names[:i] in prefixes), 0)
-        if start:
-            radix, key = prefixes[names[:start]]
-        for i, name in enumerate(names[start:], start=start):
-            v, span = self._field_codes(name, limit)
-            if span == 1:  # one value: the key stays as it is
+        coded = self.__dict__.setdefault("_subset_codes", {})
+        done = max((k for k in coded if k <= set(names)), key=len, default=frozenset())
+        radix, key = coded.get(done, (1, None))  # radix: distinct values key can take so far
+        for name in names:
+            v, span = (1, 1) if name in done else self._field_codes(name, limit)
+            done = done | {name}
+            if span == 1:  # coded already, or one value: the key stays as it is
+                continue
+            if key is None:
+                key, radix = v, span
                 continue
             if radix * span > limit:  # re-code the key (stays <= len(self))
                 key, radix = _recode_dense(key, radix)
-                prefixes[names[:i]] = (radix, key)
+                coded[done - {name}] = (radix, key)
             key = key * span + v
             radix *= span
             if radix > limit:  # still too wide for a table: sort
                 key, uniq = _factorize(key)
                 radix = len(uniq)
+        key = np.zeros(len(self), dtype=np.int64) if key is None else key
         codes, first = _factorize_dense(key, radix)
-        prefixes[names] = (len(first), codes)
+        coded[done] = (len(first), codes)
         return self.take(first), codes
 
     def _finer_unique(self, names: tuple[str, ...]) -> tuple[ConfigBatch, np.ndarray] | None:
