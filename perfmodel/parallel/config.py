@@ -536,7 +536,8 @@ class ConfigBatch:
             if radix * span > limit:  # re-code the key (stays <= len(self))
                 key, radix = _recode_dense(key, radix)
                 coded[done - {name}] = (radix, key)
-            key = key * span + v
+            key = key * span
+            key += v  # (a new array: the codes it started from stay as they are)
             radix *= span
             if radix > limit:  # still too wide for a table: sort
                 key, uniq = _factorize(key)
@@ -562,11 +563,14 @@ class ConfigBatch:
         cache = self.__dict__.setdefault("_field_code_cache", {})
         if name not in cache:
             v = np.asarray(getattr(self, name))
-            v = v.astype(np.int64) if v.dtype.kind == "b" else v
+            v = v.view(np.int8) if v.dtype.kind == "b" else v
             lo, hi = (v.min(), v.max()) if len(v) else (0, 0)
             span = int(hi) - int(lo) + 1 if v.dtype.kind in "iu" else 0
-            if 0 < span <= limit:
-                cache[name] = ((v - lo).astype(np.int64), span)
+            if lo == hi:  # one value (of any type)
+                cache[name] = (np.zeros(len(v), dtype=np.int64), 1)
+            elif 0 < span <= limit:  # (the field itself where it is already its codes)
+                cache[name] = (v if lo == 0 and v.dtype == np.int64
+                               else np.subtract(v, lo, dtype=np.int64), span)
             else:  # not small integers: code the values
                 codes_v, uniq_v = _factorize(v)
                 cache[name] = (codes_v, max(len(uniq_v), 1))
