@@ -1,2 +1,2 @@
-"""Core: what every layer may use: units, the user-error type, the categorical codes, and file
-and text safety helpers."""
+"""Core: what every layer may use: units, the user-error type, the categorical codes, file and
+text safety helpers, and the C heap's thresholds for batch evaluation."""

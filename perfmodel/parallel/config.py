@@ -489,14 +489,15 @@ class ConfigBatch:
         """The distinct configurations by the fields ``names`` (first occurrences) and, for
         every configuration, the index of its representative: ``f(batch) == f(sub)[codes]`` for
         any cost ``f`` that reads only those fields. Exact (mixed-radix key of per-field codes).
-        Computed once per batch and ``names`` (shared; ``codes`` read-only)."""
+        Computed once per batch and set of ``names`` (the order of the fields does not change
+        the codes; shared, ``codes`` read-only)."""
         cache = self.__dict__.setdefault("_unique_cache", {})
-        names = tuple(names)
-        if names not in cache:
-            sub, codes = self._unique_by(names)
+        key = frozenset(names)
+        if key not in cache:
+            sub, codes = self._unique_by(tuple(names))
             codes.setflags(write=False)
-            cache[names] = (sub, codes)
-        return cache[names]
+            cache[key] = (sub, codes)
+        return cache[key]
 
     def per_distinct(self, names: tuple[str, ...], fn) -> dict[str, np.ndarray]:
         """``fn(batch)`` (per-configuration arrays, or dicts, tuples or dataclasses of them:
@@ -511,30 +512,49 @@ class ConfigBatch:
         return fn(self)
 
     def _unique_by(self, names: tuple[str, ...]) -> tuple[ConfigBatch, np.ndarray]:
-        # A mixed-radix key of per-field codes, re-coded to its distinct values whenever it
-        # would outgrow a dense table of ``limit`` entries: linear time, no sort.
+        finer = self._finer_unique(names)
+        if finer is not None:  # coarsen distinct rows already found: exact, and far fewer
+            sub, codes = finer
+            coarse, sub_codes = sub.unique_by(names)
+            return coarse, sub_codes.take(codes)
+        # A mixed-radix key of per-field codes, started from the codes of the most of these
+        # fields already coded (a key of unique_by, or one re-coded on the way to one: any
+        # coding of a subset gives the same rows) and re-coded to its distinct values whenever
+        # it would outgrow a dense table of ``limit`` entries: linear time, no sort.
         limit = max(4 * len(self), 1024)
-        key = np.zeros(len(self), dtype=np.int64)
-        radix = 1  # distinct values key can take so far
-        # start from the codes of the longest prefix already coded (a key of unique_by, or a
-        # prefix re-coded on the way to one): any coding of a prefix gives the same rows
-        prefixes = self.__dict__.setdefault("_prefix_codes", {})
-        start = next((i for i in range(len(names) - 1, 0, -1) if names[:i] in prefixes), 0)
-        if start:
-            radix, key = prefixes[names[:start]]
-        for i, name in enumerate(names[start:], start=start):
-            v, span = self._field_codes(name, limit)
+        coded = self.__dict__.setdefault("_subset_codes", {})
+        done = max((k for k in coded if k <= set(names)), key=len, default=frozenset())
+        radix, key = coded.get(done, (1, None))  # radix: distinct values key can take so far
+        for name in names:
+            v, span = (1, 1) if name in done else self._field_codes(name, limit)
+            done = done | {name}
+            if span == 1:  # coded already, or one value: the key stays as it is
+                continue
+            if key is None:
+                key, radix = v, span
+                continue
             if radix * span > limit:  # re-code the key (stays <= len(self))
                 key, radix = _recode_dense(key, radix)
-                prefixes[names[:i]] = (radix, key)
-            key = key * span + v
+                coded[done - {name}] = (radix, key)
+            key = key * span
+            key += v  # (a new array: the codes it started from stay as they are)
             radix *= span
             if radix > limit:  # still too wide for a table: sort
                 key, uniq = _factorize(key)
                 radix = len(uniq)
+        key = np.zeros(len(self), dtype=np.int64) if key is None else key
         codes, first = _factorize_dense(key, radix)
-        prefixes[names] = (len(first), codes)
+        coded[done] = (len(first), codes)
         return self.take(first), codes
+
+    def _finer_unique(self, names: tuple[str, ...]) -> tuple[ConfigBatch, np.ndarray] | None:
+        """The fewest distinct rows already found (:meth:`unique_by`) by a superset of
+        ``names``, or None. The first occurrence of a row by ``names`` is the first occurrence
+        of its row by the superset, so the distinct rows of those rows by ``names`` are this
+        batch's, in the same order of first occurrence."""
+        wanted = set(names)
+        found = [v for k, v in self.__dict__.get("_unique_cache", {}).items() if wanted <= k]
+        return min(found, key=lambda v: len(v[0]), default=None)
 
     def _field_codes(self, name: str, limit: int) -> tuple[np.ndarray, int]:
         """One field as int64 codes in ``[0, span)`` and ``span`` (small integers: the value
@@ -543,11 +563,14 @@ class ConfigBatch:
         cache = self.__dict__.setdefault("_field_code_cache", {})
         if name not in cache:
             v = np.asarray(getattr(self, name))
-            v = v.astype(np.int64) if v.dtype.kind == "b" else v
+            v = v.view(np.int8) if v.dtype.kind == "b" else v
             lo, hi = (v.min(), v.max()) if len(v) else (0, 0)
             span = int(hi) - int(lo) + 1 if v.dtype.kind in "iu" else 0
-            if 0 < span <= limit:
-                cache[name] = ((v - lo).astype(np.int64), span)
+            if lo == hi:  # one value (of any type)
+                cache[name] = (np.zeros(len(v), dtype=np.int64), 1)
+            elif 0 < span <= limit:  # (the field itself where it is already its codes)
+                cache[name] = (v if lo == 0 and v.dtype == np.int64
+                               else np.subtract(v, lo, dtype=np.int64), span)
             else:  # not small integers: code the values
                 codes_v, uniq_v = _factorize(v)
                 cache[name] = (codes_v, max(len(uniq_v), 1))

@@ -27,6 +27,7 @@ from perfmodel.comm import comm_volume, cp_a2a, cp_ring, zero3_deepspeed
 from perfmodel.compute import flops, quantise
 from perfmodel.compute import layer as compute
 from perfmodel.compute.mtp import mtp_stage_s
+from perfmodel.core import heap
 from perfmodel.core.codes import (
     COMPRESSION,
     CP_COMM,
@@ -74,6 +75,10 @@ MFU_CONVENTION = (
 )
 MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other", "peak")
 COMM_DIMS = ("dp", "tp", "pp", "cp", "ep")
+# a batch's megabyte-sized temporaries reuse the pages the previous batch freed
+# (perfmodel.core.heap: otherwise, by the order of earlier allocations, a fifth of the CPU time
+# can go to page faults); no number depends on it
+heap.keep_freed_heap()
 
 
 

@@ -333,3 +333,29 @@ def test_unique_by_is_first_occurrence_factorisation(rows, names):
     spread = b.per_distinct(names, fn)
     assert spread["k"] == 3.0
     np.testing.assert_array_equal(spread["x"], fn(b)["x"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(0, 3), st.sampled_from([0.01, 0.5]),
+                          st.booleans(), st.integers(1, 3)), min_size=300, max_size=700),
+       st.permutations(["tp", "cp", "topk_ratio", "sequence_parallel", "pp"]),
+       st.integers(1, 4))
+def test_unique_by_from_coarser_and_finer_keys(rows, names, cut):
+    """unique_by found from the codes of a subset of its fields, or from the distinct rows of
+    a superset (either order of the calls, any order of the fields): the same first-occurrence
+    factorisation as on its own."""
+    tp, cp, topk, sp, pp = (np.array(c) for c in zip(*rows))
+    arrays = {"tp": tp, "cp": cp, "topk_ratio": topk, "sequence_parallel": sp, "pp": pp}
+    fresh = ConfigBatch.from_arrays(**arrays)
+    for first, then in ((names[:cut], names), (names, names[:cut]), (names[::-1], names[:cut])):
+        b = ConfigBatch.from_arrays(**arrays)
+        b.unique_by(tuple(first))
+        sub, codes = b.unique_by(tuple(then))
+        alone_sub, alone_codes = ConfigBatch.from_arrays(**arrays).unique_by(tuple(then))
+        np.testing.assert_array_equal(codes, alone_codes)
+        for f in then:
+            np.testing.assert_array_equal(getattr(sub, f), getattr(alone_sub, f))
+    keys = list(zip(*(arrays[f].tolist() for f in names)))
+    first_seen = {}
+    expect = [first_seen.setdefault(k, len(first_seen)) for k in keys]
+    assert fresh.unique_by(tuple(names))[1].tolist() == expect
