@@ -31,7 +31,13 @@ from perfmodel.core.codes import CP_COMM, RECOMPUTE, SCHEDULE, CpComm, Recompute
 from perfmodel.core.errors import SpecError
 from perfmodel.memory.breakdown import usable_hbm_bytes
 from perfmodel.memory.optimizer_offload import cpu_adam_params_per_s, cpu_adam_s
-from perfmodel.parallel.config import ConfigBatch, ParallelConfig, a2a_heads_ok, resolve_config
+from perfmodel.parallel.config import (
+    ConfigBatch,
+    ParallelConfig,
+    a2a_heads_ok,
+    hierarchical_a2a_size,
+    resolve_config,
+)
 from perfmodel.parallel.layers import megatron_layout
 from perfmodel.run import train_run
 from perfmodel.spec.frameworks import (
@@ -262,6 +268,12 @@ class SearchSpace:
         tp, pp, cp, vp = a["tp"], a["pp"], a["cp"], a["vp"]
         if "cp_comm" not in a:  # one offered: not a gene
             a["cp_comm"] = np.full(np.shape(tp), self.values["cp_comm"][0], dtype=np.int64)
+        # a2a+p2p: the all-to-all part as large as the NVLink domain and the heads allow
+        # (perfmodel.parallel.config.hierarchical_a2a_size); 1 for the other types
+        hier = a["cp_comm"] == CpComm.A2A_P2P
+        a["cp_a2a"] = (np.where(hier, hierarchical_a2a_size(
+            m.num_attention_heads, m.kv_heads, tp, cp, self.cluster.scale_up_size), 1)
+            if np.any(hier) else np.ones(np.shape(tp), dtype=np.int64))
         model_par = tp * pp * cp
         if self.allow_idle_gpus:
             dp = a["dp"]
@@ -297,9 +309,12 @@ class SearchSpace:
             # Mamba2 layers: tp divides heads and groups, no cp (perfmodel.compute.mamba)
             "hybrid": _hybrid_ok(m, tp, cp),
             "sequence_parallel": ~sp | ((tp > 1) & (t.seq_len % tp == 0)),
-            # Ulysses: cp divides a tensor-parallel rank's query and K/V heads
-            "cp_heads": (a["cp_comm"] != CpComm.A2A)
-            | a2a_heads_ok(m.num_attention_heads, m.kv_heads, tp, cp),
+            # Ulysses: cp divides a tensor-parallel rank's query and K/V heads; hierarchical
+            # (a2a+p2p): an all-to-all group of 1 < A < cp that divides them fits the node
+            "cp_heads": ((a["cp_comm"] != CpComm.A2A)
+                         | a2a_heads_ok(m.num_attention_heads, m.kv_heads, tp, cp))
+            & ((a["cp_comm"] != CpComm.A2A_P2P) | (cp == 1)
+               | ((a["cp_a2a"] > 1) & (a["cp_a2a"] < cp))),
             "batch": batch_ok,
             # vp > 1 <=> interleaved; interleaved/zb need pp > 1; interleaved needs pp | nmb
             "schedule": ((vp > 1) == interleaved)
@@ -374,7 +389,7 @@ class SearchSpace:
         cols = {
             k: (v if idx is None else v[idx])
             for k, v in a.items()
-            if k in SEARCH_DIMS or k == "num_microbatches"
+            if k in SEARCH_DIMS or k in ("num_microbatches", "cp_a2a")
         }
         if "cp_comm" not in cols:  # one offered: not a gene
             cols["cp_comm"] = self.values["cp_comm"][0]
@@ -576,8 +591,8 @@ def _candidates(d: str, model: ModelSpec, training: TrainingSpec, n_gpus: int, s
     if d == "ep":  # expert parallel: divisors of the expert count (1 for a dense model)
         v = divisors(model.num_experts)
         return v[v <= n_gpus]
-    if d == "cp_comm":  # both; the framework's capabilities keep what its release runs
-        return np.array([CpComm.P2P, CpComm.A2A])
+    if d == "cp_comm":  # all; the framework's capabilities keep what its release runs
+        return np.array([CpComm.P2P, CpComm.A2A, CpComm.ALLGATHER, CpComm.A2A_P2P])
     if d == "etp":  # expert tensor parallel: powers of two inside the scale-up domain
         if not model.is_moe:
             return np.array([1])
