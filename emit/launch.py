@@ -60,9 +60,10 @@ from perfmodel.spec.frameworks import (
 from perfmodel.spec.hybrid import mamba_heads
 from perfmodel.spec.specs import ModelSpec, TrainingSpec, load_model
 
-__all__ = ["FILE_NAMES", "FORMATS", "FORMAT_FRAMEWORK", "Launch", "check_emit_dir", "check_outputs",
-           "emit", "launch_from_result", "launch_settings", "plan_inputs", "precision_recipe",
-           "refusals", "stage_layers", "write_emit_dir", "CP_COMM_TYPE", "hierarchical_sizes"]
+__all__ = ["CP_COMM_TYPE", "FILE_NAMES", "FORMATS", "FORMAT_FRAMEWORK", "Launch", "check_emit_dir",
+           "check_outputs", "emit", "hierarchical_sizes", "launch_from_result",
+           "launch_settings", "plan_inputs", "precision_recipe", "refusals", "stage_layers",
+           "write_emit_dir"]
 
 FORMATS = ("megatron", "bridge", "torchtitan", "deepspeed")
 #: Each format's newest shipped framework preset (``hardware_specs/frameworks``): what the file
@@ -278,8 +279,8 @@ def hierarchical_sizes(c: ParallelConfig) -> list[int]:
 def _hierarchy_refusal(c: ParallelConfig) -> list[str]:
     """An ``a2a+p2p`` plan needs its hierarchical sizes (``cp_a2a``) to be written."""
     if c.cp > 1 and c.cp_comm == "a2a+p2p" and c.cp_a2a is None:
-        return [f"cp_comm 'a2a+p2p' (cp {c.cp}) names no hierarchical sizes: give cp_a2a, or "
-                "plan it with a cluster, which places the all-to-all inside the NVLink domain"]
+        return [(f"cp_comm 'a2a+p2p' (cp {c.cp}) names no hierarchical sizes: give cp_a2a, or "
+                 "plan it with a cluster, which places the all-to-all inside the NVLink domain")]
     return []
 
 
