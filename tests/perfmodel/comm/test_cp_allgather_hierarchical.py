@@ -214,3 +214,29 @@ def test_cp1_is_the_same_for_the_new_types(tp, mbs, recompute):
     for cc in ("allgather", "a2a+p2p"):
         assert r[cc].step_time_s[0] == r["p2p"].step_time_s[0]
         assert r[cc].memory_bytes["peak"][0] == r["p2p"].memory_bytes["peak"][0]
+
+
+@settings(max_examples=50, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4, 8]), cp=st.sampled_from([2, 4, 6, 8, 12, 16, 32, 64]),
+       heads=st.sampled_from([(32, 8), (64, 8), (96, 96), (128, 8), (40, 10)]),
+       node=st.sampled_from([4, 8, 72]))
+def test_hierarchical_size_is_the_largest_that_fits(tp, cp, heads, node):
+    """The a2a size divides cp, fits the node with tp and splits the heads, and no larger one
+    does."""
+    q, kv = heads
+    got = int(hierarchical_a2a_size(q, kv, tp, cp, node))
+
+    def ok(x):
+        return cp % x == 0 and tp * x <= node and bool(a2a_heads_ok(q, kv, tp, x))
+
+    assert got == 1 or ok(got)
+    assert not any(ok(x) for x in range(got + 1, cp + 1))
+
+
+def test_strategies_agree_over_all_four_types():
+    """cp_comm searched as a gene with the four types: the DP strategy finds the grid's best."""
+    kw = {"gpus": 32, "global_batch_size": 8, "seq_len": 131072, "pp": 1, "framework": "ideal",
+          "top": 1}
+    grid = search.plan("llama3.1-8b", "dgx-h100", strategy="grid", **kw).rows[0]
+    dp = search.plan("llama3.1-8b", "dgx-h100", strategy="dp", **kw).rows[0]
+    assert dp["step_time_s"] == pytest.approx(grid["step_time_s"], rel=1e-12)
