@@ -24,6 +24,7 @@ from perfmodel.core.codes import (
     RECOMPUTE,
     SCHEDULE,
     CompressionName,
+    CpComm,
     CpCommName,
     RecomputeName,
     ScheduleName,
@@ -320,6 +321,19 @@ def hierarchical_a2a_size(num_heads, kv_heads, tp, cp, scale_up_size: int) -> np
         ok = (cp % a == 0) & (tp * a <= scale_up_size) & a2a_heads_ok(num_heads, kv_heads, tp, a)
         best = np.where(ok, a, best)
     return best
+
+
+def with_hierarchical_sizes(batch: ConfigBatch, model: ModelSpec, scale_up_size: int
+                            ) -> ConfigBatch:
+    """The batch with the a2a size of its ``a2a+p2p`` rows that name none (``cp_a2a`` 1):
+    :func:`hierarchical_a2a_size` on the NVLink domain of ``scale_up_size`` GPUs; the batch
+    itself when no row needs one."""
+    fill = (batch.cp_comm == CpComm.A2A_P2P) & (batch.cp > 1) & (batch.cp_a2a <= 1)
+    if not np.any(fill):
+        return batch
+    a = hierarchical_a2a_size(model.num_attention_heads, model.kv_heads, batch.tp, batch.cp,
+                              scale_up_size)
+    return replace(batch, cp_a2a=np.where(fill, a, batch.cp_a2a))
 
 
 def _with_hierarchical_sizes(c: ParallelConfig, m: ModelSpec, cluster: ClusterSpec | None
@@ -646,7 +660,8 @@ class ConfigBatch:
         d["schedule"] = SCHEDULE[d["schedule"]]
         d["grad_compression"] = COMPRESSION[d["grad_compression"]]
         d["cp_comm"] = CP_COMM[d["cp_comm"]]
-        d["cp_a2a"] = d["cp_a2a"] if d["cp_comm"] == "a2a+p2p" and d["cp"] > 1 else None
+        hier = d["cp_comm"] == "a2a+p2p" and d["cp"] > 1 and d["cp_a2a"] > 1
+        d["cp_a2a"] = d["cp_a2a"] if hier else None
         d["sequence_parallel"] = bool(d["sequence_parallel"])
         d["embedding_as_layer"] = bool(d["embedding_as_layer"])
         d["loss_as_layer"] = bool(d["loss_as_layer"])

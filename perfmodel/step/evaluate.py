@@ -49,7 +49,7 @@ from perfmodel.memory import offload
 from perfmodel.moe import experts as moe
 from perfmodel.moe.imbalance import with_imbalance
 from perfmodel.parallel import layers as layers_mod
-from perfmodel.parallel.config import ConfigBatch
+from perfmodel.parallel.config import ConfigBatch, with_hierarchical_sizes
 from perfmodel.parallel.layers import (
     moe_variants,
     typed_layer_costs,
@@ -998,6 +998,8 @@ def evaluate(
     # MoE routing imbalance (--moe-imbalance): the busiest expert's rows (perfmodel.moe.imbalance)
     model = with_imbalance(model, training.moe_imbalance,
                            training.moe_pad_expert_input_to_capacity)
+    # a2a+p2p rows without their a2a size: the largest the NVLink domain takes
+    batch = with_hierarchical_sizes(batch, model, cluster.scale_up_size)
     c = _step_context(model, training, cluster, batch, kernels, calibration)
     # 1. one layer, one micro-batch: compute, plus what TP/CP/EP communication leaves exposed.
     layer = _layer_terms_s(c)

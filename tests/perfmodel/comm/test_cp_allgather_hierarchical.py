@@ -240,3 +240,12 @@ def test_strategies_agree_over_all_four_types():
     grid = search.plan("llama3.1-8b", "dgx-h100", strategy="grid", **kw).rows[0]
     dp = search.plan("llama3.1-8b", "dgx-h100", strategy="dp", **kw).rows[0]
     assert dp["step_time_s"] == pytest.approx(grid["step_time_s"], rel=1e-12)
+
+
+def test_evaluate_fills_a_missing_hierarchical_size_from_the_node():
+    bare = ConfigBatch.from_arrays(dp=1, tp=1, cp=16, num_microbatches=8, cp_comm="a2a+p2p")
+    named = ConfigBatch.from_arrays(dp=1, tp=1, cp=16, num_microbatches=8, cp_comm="a2a+p2p",
+                                    cp_a2a=8)
+    assert bare.config(0).cp_a2a is None and named.config(0).cp_a2a == 8
+    t = [evaluate(LLAMA8, TR, H100_16, b).step_time_s[0] for b in (bare, named)]
+    assert t[0] == t[1]
