@@ -419,9 +419,10 @@ class SearchSpace:
         ``(tp, pp, cp[, dp], vp)`` prefix passes the constraints that depend on the prefix alone
         (GPU count, heads, scale-up domain, layers, sequence split). The prefix genes come
         first in the gene order, so each valid prefix is one contiguous range of flat indices;
-        the invalid ranges (most of the raw space) are skipped without being decoded. The
-        prefixes themselves are checked :data:`PREFIX_BLOCK` at a time: memory stays bounded
-        whatever the space."""
+        the invalid ranges (most of the raw space) are skipped without being decoded, and so
+        are the cp_comm after the first of a prefix with cp = 1 (duplicates). The prefixes
+        themselves are checked :data:`PREFIX_BLOCK` at a time: memory stays bounded whatever
+        the space."""
         if not prune:
             for start in range(0, self.size, chunk_size):
                 yield np.arange(start, min(start + chunk_size, self.size), dtype=np.int64)
@@ -429,17 +430,25 @@ class SearchSpace:
         block = self._suffix_size()
         per_chunk = max(1, chunk_size // block)
         offsets = np.arange(block, dtype=np.int64)
-        for starts in self._valid_prefix_starts():
+        # cp = 1: only the first cp_comm (the last gene) is canonical, the others are skipped
+        first_comm = offsets % self._cp_comm_count() == 0
+        for starts, cp1 in self._valid_prefix_starts():
             for i in range(0, starts.size, per_chunk):
-                yield (starts[i:i + per_chunk, None] + offsets).ravel()
+                idx = starts[i:i + per_chunk, None] + offsets
+                keep = ~cp1[i:i + per_chunk, None] | first_comm
+                yield idx[keep] if not keep.all() else idx.ravel()
 
     def _suffix_size(self) -> int:
         """Configurations per ``(tp, pp, cp[, dp], vp)`` prefix."""
         return math.prod(self.shape[self.dims.index("vp") + 1:])
 
-    def _valid_prefix_starts(self) -> Iterator[np.ndarray]:
+    def _cp_comm_count(self) -> int:
+        """The cp_comm values when cp_comm is a gene (the last), else 1."""
+        return len(self.values["cp_comm"]) if self.dims[-1] == "cp_comm" else 1
+
+    def _valid_prefix_starts(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """First flat index of each prefix that passes the prefix constraints, ascending, in
-        arrays of at most :data:`PREFIX_BLOCK` prefixes checked."""
+        arrays of at most :data:`PREFIX_BLOCK` prefixes checked, with whether its cp is 1."""
         k = self.dims.index("vp") + 1
         block = self._suffix_size()
         n_prefix = math.prod(self.shape[:k])
@@ -453,11 +462,14 @@ class SearchSpace:
             ok = np.logical_and.reduce([masks[n] for n in _PREFIX_CONSTRAINTS])
             starts = (np.flatnonzero(ok).astype(np.int64) + p0) * block
             if starts.size:
-                yield starts
+                yield starts, a["cp"][ok] == 1
 
     def pruned_size(self) -> int:
-        """Configurations :meth:`iter_chunks` yields (the space after the prefix pruning)."""
-        return sum(int(s.size) for s in self._valid_prefix_starts()) * self._suffix_size()
+        """Configurations :meth:`iter_chunks` yields (the space after the prefix pruning and
+        the duplicate cp_comm of cp = 1)."""
+        block = self._suffix_size()
+        return sum(int((~cp1).sum()) * block + int(cp1.sum()) * (block // self._cp_comm_count())
+                   for _, cp1 in self._valid_prefix_starts())
 
     def encode(self, config: ParallelConfig) -> int | None:
         """Flat index of a configuration, or None if one of its values is not a candidate."""
