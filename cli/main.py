@@ -320,14 +320,22 @@ def _config_line(c: dict[str, Any]) -> str:
             f"recompute={c['recompute']} sp={'on' if c['sequence_parallel'] else 'off'} "
             f"schedule={c['schedule']}"
             + (f" ep={c['ep']} etp={c['etp']}" if _is_moe_row(c) else "")
-            + (f" cp_comm={c.get('cp_comm', 'p2p')}" if c["cp"] > 1 else ""))
+            + (f" cp_comm={c.get('cp_comm', 'p2p')}" if c["cp"] > 1 else "")
+            + (f" (a2a {c['cp_a2a']} x p2p {c['cp'] // c['cp_a2a']})" if c.get("cp_a2a") else ""))
     layout = [f"{k}={c[k]}" for k in ("first_stage_layers", "last_stage_layers") if c.get(k)]
     layout += [k for k in ("embedding_as_layer", "loss_as_layer") if c.get(k)]
     return line + (" " + " ".join(layout) if layout else "")
 
 
+_CP_COMM_WHAT = {
+    "a2a": "exposed: the all-to-alls around attention (Ulysses)",
+    "allgather": "exposed: K/V all-gather, dK/dV reduce-scatter",
+    "a2a+p2p": "exposed: inner all-to-alls, outer ring's rest",
+}
+
+
 def _cp_cell(c: dict[str, Any]) -> str:
-    """The cp column: the degree, and ``a2a`` for Ulysses context parallelism."""
+    """The cp column: the degree, and the cp_comm type where it is not the ring (p2p)."""
     a2a = c["cp"] > 1 and c.get("cp_comm", "p2p") != "p2p"
     return f"{c['cp']} {c['cp_comm']}" if a2a else str(c["cp"])
 
@@ -473,8 +481,7 @@ def term_note(name: str, value: float, row: dict[str, Any], s: dict[str, Any]) -
     if name == "cp_comm":
         if c["cp"] == 1:
             return "cp = 1: none"
-        return ("exposed: the all-to-alls around attention (Ulysses)"
-                if c.get("cp_comm", "p2p") == "a2a" else "exposed: what ring attention leaves")
+        return _CP_COMM_WHAT.get(c.get("cp_comm", "p2p"), "exposed: what ring attention leaves")
     if name == "pp_comm":
         if c["pp"] == 1:
             return "pp = 1: none"

@@ -60,9 +60,10 @@ from perfmodel.spec.frameworks import (
 from perfmodel.spec.hybrid import mamba_heads
 from perfmodel.spec.specs import ModelSpec, TrainingSpec, load_model
 
-__all__ = ["FILE_NAMES", "FORMATS", "FORMAT_FRAMEWORK", "Launch", "check_emit_dir", "check_outputs",
-           "emit", "launch_from_result", "launch_settings", "plan_inputs", "precision_recipe",
-           "refusals", "stage_layers", "write_emit_dir"]
+__all__ = ["CP_COMM_TYPE", "FILE_NAMES", "FORMATS", "FORMAT_FRAMEWORK", "Launch", "check_emit_dir",
+           "check_outputs", "emit", "hierarchical_sizes", "launch_from_result",
+           "launch_settings", "plan_inputs", "precision_recipe", "refusals", "stage_layers",
+           "write_emit_dir"]
 
 FORMATS = ("megatron", "bridge", "torchtitan", "deepspeed")
 #: Each format's newest shipped framework preset (``hardware_specs/frameworks``): what the file
@@ -88,6 +89,11 @@ _BRIDGE_PRECISION = {"bf16": "bf16_mixed", "fp16": "fp16_mixed",
                      "mxfp8": "bf16_with_mxfp8_mixed", "nvfp4": "bf16_with_nvfp4_mixed"}
 _BRIDGE_ACT = {"gelu": "gelu (torch.nn.functional.gelu)", "swiglu": "SwiGLU (F.silu, gated)",
                "relu2": "squared ReLU (megatron.core.activations.squared_relu)"}
+#: Megatron-Core's ``cp_comm_type`` of each planned ``cp_comm``: the string reaches Transformer
+#: Engine unchanged (``TEDotProductAttention``), whose ``attn_forward_func_with_cp`` accepts
+#: ``"p2p"``, ``"all_gather"``, ``"a2a"`` and ``"a2a+p2p"`` (Megatron-LM's --help spells the
+#: second "allgather", which Transformer Engine rejects: "Unsupported communication type").
+CP_COMM_TYPE = {"p2p": "p2p", "a2a": "a2a", "allgather": "all_gather", "a2a+p2p": "a2a+p2p"}
 #: Nearest recipe a framework may run instead, in order of preference.
 _NEAREST_RECIPE = {"fp8-delayed": ("fp8-cs", "fp8-block", "mxfp8", "bf16"),
                    "fp8-cs": ("fp8-delayed", "fp8-block", "mxfp8", "bf16"),
@@ -254,11 +260,28 @@ def refusals(fmt: str, config: ParallelConfig, model: ModelSpec, training: Train
         why.append(f"{name} has no {recipe} precision: it runs {', '.join(fw.precisions)}")
     if fw.stack == "torchtitan":
         why += _torchtitan_round_refusals(c, training)
+    if fw.context_parallel and fmt in ("megatron", "bridge"):
+        why += _hierarchy_refusal(c)
     # what the release adds or lacks ([capabilities]: etp rule, cp with MoE, uneven interleaving)
     why += capability_refusals(fw, model, {"tp": c.tp, "pp": c.pp, "vp": c.vp, "cp": c.cp,
                                            "ep": c.ep, "etp": c.expert_tp, "dp": c.dp,
                                            "cp_comm": c.cp_comm})
     return why
+
+
+def hierarchical_sizes(c: ParallelConfig) -> list[int]:
+    """Megatron's ``--hierarchical-context-parallel-sizes`` of an ``a2a+p2p`` plan: the all-to-
+    all (inner) group first, the ring (outer) second (``ModelParallelConfig.
+    hierarchical_context_parallel_sizes``; ``parallel_state.create_hierarchical_groups``)."""
+    return [int(c.cp_a2a), c.cp // int(c.cp_a2a)]
+
+
+def _hierarchy_refusal(c: ParallelConfig) -> list[str]:
+    """An ``a2a+p2p`` plan needs its hierarchical sizes (``cp_a2a``) to be written."""
+    if c.cp > 1 and c.cp_comm == "a2a+p2p" and c.cp_a2a is None:
+        return [(f"cp_comm 'a2a+p2p' (cp {c.cp}) names no hierarchical sizes: give cp_a2a, or "
+                 "plan it with a cluster, which places the all-to-all inside the NVLink domain")]
+    return []
 
 
 def _no_cp_reason(fw: FrameworkSpec, c: ParallelConfig) -> str:
@@ -271,6 +294,9 @@ def _no_cp_reason(fw: FrameworkSpec, c: ParallelConfig) -> str:
         return (f"{fw.name} runs Ulysses (planned cp={c.cp}, cp_comm a2a) only through "
                 "DistributedAttention in the model code (deepspeed.sequence.layer), which a "
                 "ds_config cannot switch on")
+    if c.cp_comm != "p2p":
+        return (f"{fw.name} has no {c.cp_comm} context parallelism (planned cp={c.cp}; "
+                "DeepSpeed-Ulysses is all-to-all over heads, set up in the model code)")
     return (f"{fw.name} has no ring context parallelism (planned cp={c.cp}; DeepSpeed-Ulysses "
             "is all-to-all over heads, a different scheme)")
 
@@ -357,7 +383,10 @@ def _megatron_parallel_args(c: ParallelConfig, m: ModelSpec, training: TrainingS
          f"--pipeline-model-parallel-size {c.pp}",
          f"--context-parallel-size {c.cp}"]
     if c.cp > 1 and c.cp_comm != "p2p":  # Megatron-Core >= 0.10; p2p is the default
-        a.append(f"--cp-comm-type {c.cp_comm}")
+        a.append(f"--cp-comm-type {CP_COMM_TYPE[c.cp_comm]}")
+        if c.cp_comm == "a2a+p2p":  # the a2a (inner) size first, the ring's second
+            a.append("--hierarchical-context-parallel-sizes "
+                     + " ".join(map(str, hierarchical_sizes(c))))
     if c.sequence_parallel:
         a.append("--sequence-parallel")
     # the layout as Megatron-LM names it (megatron/training/arguments.py): an even split, or
@@ -545,7 +574,9 @@ def _bridge_model_fields(c: ParallelConfig, m: ModelSpec,
         "sequence_parallel": c.sequence_parallel,
     })
     if c.cp > 1 and c.cp_comm != "p2p":  # TransformerConfig.cp_comm_type (left out: p2p)
-        mdl["cp_comm_type"] = c.cp_comm
+        mdl["cp_comm_type"] = CP_COMM_TYPE[c.cp_comm]
+        if c.cp_comm == "a2a+p2p":  # ModelParallelConfig.hierarchical_context_parallel_sizes
+            mdl["hierarchical_context_parallel_sizes"] = hierarchical_sizes(c)
     return mdl
 
 

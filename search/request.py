@@ -202,8 +202,10 @@ class PlanRequest(BaseModel):
     etp: int | Sequence[int] | None = Field(
         None, description="expert tensor-parallel size (MoE)")
     cp_comm: CpComm | Sequence[CpComm] | None = Field(
-        None, description="context-parallel communication: p2p (ring attention, the default) "
-        "or a2a (Ulysses all-to-all by head); searched over what the framework runs if omitted")
+        None, description="context-parallel communication: p2p (ring attention, the default), "
+        "a2a (Ulysses all-to-all by head), allgather (K/V all-gathered before attention) or "
+        "a2a+p2p (all-to-all inside the node, the ring across: its a2a size is the largest the "
+        "NVLink domain and the heads allow); searched over what the framework runs if omitted")
     stage_layers: Annotated[Sequence[int] | None, Cli(("--stage-layers",), int_list=True)] = Field(
         None, description="transformer layers on each pipeline rank, e.g. 8,9,9,6 (pins pp to "
         "their count; Megatron-LM's --pipeline-model-parallel-layout)")

@@ -31,7 +31,13 @@ from perfmodel.core.codes import CP_COMM, RECOMPUTE, SCHEDULE, CpComm, Recompute
 from perfmodel.core.errors import SpecError
 from perfmodel.memory.breakdown import usable_hbm_bytes
 from perfmodel.memory.optimizer_offload import cpu_adam_params_per_s, cpu_adam_s
-from perfmodel.parallel.config import ConfigBatch, ParallelConfig, a2a_heads_ok, resolve_config
+from perfmodel.parallel.config import (
+    ConfigBatch,
+    ParallelConfig,
+    a2a_heads_ok,
+    hierarchical_a2a_size,
+    resolve_config,
+)
 from perfmodel.parallel.layers import megatron_layout
 from perfmodel.run import train_run
 from perfmodel.spec.frameworks import (
@@ -262,6 +268,12 @@ class SearchSpace:
         tp, pp, cp, vp = a["tp"], a["pp"], a["cp"], a["vp"]
         if "cp_comm" not in a:  # one offered: not a gene
             a["cp_comm"] = np.full(np.shape(tp), self.values["cp_comm"][0], dtype=np.int64)
+        # a2a+p2p: the all-to-all part as large as the NVLink domain and the heads allow
+        # (perfmodel.parallel.config.hierarchical_a2a_size); 1 for the other types
+        hier = a["cp_comm"] == CpComm.A2A_P2P
+        a["cp_a2a"] = (np.where(hier, hierarchical_a2a_size(
+            m.num_attention_heads, m.kv_heads, tp, cp, self.cluster.scale_up_size), 1)
+            if np.any(hier) else np.ones(np.shape(tp), dtype=np.int64))
         model_par = tp * pp * cp
         if self.allow_idle_gpus:
             dp = a["dp"]
@@ -297,9 +309,12 @@ class SearchSpace:
             # Mamba2 layers: tp divides heads and groups, no cp (perfmodel.compute.mamba)
             "hybrid": _hybrid_ok(m, tp, cp),
             "sequence_parallel": ~sp | ((tp > 1) & (t.seq_len % tp == 0)),
-            # Ulysses: cp divides a tensor-parallel rank's query and K/V heads
-            "cp_heads": (a["cp_comm"] != CpComm.A2A)
-            | a2a_heads_ok(m.num_attention_heads, m.kv_heads, tp, cp),
+            # Ulysses: cp divides a tensor-parallel rank's query and K/V heads; hierarchical
+            # (a2a+p2p): an all-to-all group of 1 < A < cp that divides them fits the node
+            "cp_heads": ((a["cp_comm"] != CpComm.A2A)
+                         | a2a_heads_ok(m.num_attention_heads, m.kv_heads, tp, cp))
+            & ((a["cp_comm"] != CpComm.A2A_P2P) | (cp == 1)
+               | ((a["cp_a2a"] > 1) & (a["cp_a2a"] < cp))),
             "batch": batch_ok,
             # vp > 1 <=> interleaved; interleaved/zb need pp > 1; interleaved needs pp | nmb
             "schedule": ((vp > 1) == interleaved)
@@ -374,7 +389,7 @@ class SearchSpace:
         cols = {
             k: (v if idx is None else v[idx])
             for k, v in a.items()
-            if k in SEARCH_DIMS or k == "num_microbatches"
+            if k in SEARCH_DIMS or k in ("num_microbatches", "cp_a2a")
         }
         if "cp_comm" not in cols:  # one offered: not a gene
             cols["cp_comm"] = self.values["cp_comm"][0]
@@ -404,9 +419,10 @@ class SearchSpace:
         ``(tp, pp, cp[, dp], vp)`` prefix passes the constraints that depend on the prefix alone
         (GPU count, heads, scale-up domain, layers, sequence split). The prefix genes come
         first in the gene order, so each valid prefix is one contiguous range of flat indices;
-        the invalid ranges (most of the raw space) are skipped without being decoded. The
-        prefixes themselves are checked :data:`PREFIX_BLOCK` at a time: memory stays bounded
-        whatever the space."""
+        the invalid ranges (most of the raw space) are skipped without being decoded, and so
+        are the cp_comm after the first of a prefix with cp = 1 (duplicates). The prefixes
+        themselves are checked :data:`PREFIX_BLOCK` at a time: memory stays bounded whatever
+        the space."""
         if not prune:
             for start in range(0, self.size, chunk_size):
                 yield np.arange(start, min(start + chunk_size, self.size), dtype=np.int64)
@@ -414,17 +430,25 @@ class SearchSpace:
         block = self._suffix_size()
         per_chunk = max(1, chunk_size // block)
         offsets = np.arange(block, dtype=np.int64)
-        for starts in self._valid_prefix_starts():
+        # cp = 1: only the first cp_comm (the last gene) is canonical, the others are skipped
+        first_comm = offsets % self._cp_comm_count() == 0
+        for starts, cp1 in self._valid_prefix_starts():
             for i in range(0, starts.size, per_chunk):
-                yield (starts[i:i + per_chunk, None] + offsets).ravel()
+                idx = starts[i:i + per_chunk, None] + offsets
+                keep = ~cp1[i:i + per_chunk, None] | first_comm
+                yield idx[keep] if not keep.all() else idx.ravel()
 
     def _suffix_size(self) -> int:
         """Configurations per ``(tp, pp, cp[, dp], vp)`` prefix."""
         return math.prod(self.shape[self.dims.index("vp") + 1:])
 
-    def _valid_prefix_starts(self) -> Iterator[np.ndarray]:
+    def _cp_comm_count(self) -> int:
+        """The cp_comm values when cp_comm is a gene (the last), else 1."""
+        return len(self.values["cp_comm"]) if self.dims[-1] == "cp_comm" else 1
+
+    def _valid_prefix_starts(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """First flat index of each prefix that passes the prefix constraints, ascending, in
-        arrays of at most :data:`PREFIX_BLOCK` prefixes checked."""
+        arrays of at most :data:`PREFIX_BLOCK` prefixes checked, with whether its cp is 1."""
         k = self.dims.index("vp") + 1
         block = self._suffix_size()
         n_prefix = math.prod(self.shape[:k])
@@ -438,11 +462,14 @@ class SearchSpace:
             ok = np.logical_and.reduce([masks[n] for n in _PREFIX_CONSTRAINTS])
             starts = (np.flatnonzero(ok).astype(np.int64) + p0) * block
             if starts.size:
-                yield starts
+                yield starts, a["cp"][ok] == 1
 
     def pruned_size(self) -> int:
-        """Configurations :meth:`iter_chunks` yields (the space after the prefix pruning)."""
-        return sum(int(s.size) for s in self._valid_prefix_starts()) * self._suffix_size()
+        """Configurations :meth:`iter_chunks` yields (the space after the prefix pruning and
+        the duplicate cp_comm of cp = 1)."""
+        block = self._suffix_size()
+        return sum(int((~cp1).sum()) * block + int(cp1.sum()) * (block // self._cp_comm_count())
+                   for _, cp1 in self._valid_prefix_starts())
 
     def encode(self, config: ParallelConfig) -> int | None:
         """Flat index of a configuration, or None if one of its values is not a candidate."""
@@ -576,8 +603,8 @@ def _candidates(d: str, model: ModelSpec, training: TrainingSpec, n_gpus: int, s
     if d == "ep":  # expert parallel: divisors of the expert count (1 for a dense model)
         v = divisors(model.num_experts)
         return v[v <= n_gpus]
-    if d == "cp_comm":  # both; the framework's capabilities keep what its release runs
-        return np.array([CpComm.P2P, CpComm.A2A])
+    if d == "cp_comm":  # all; the framework's capabilities keep what its release runs
+        return np.array([CpComm.P2P, CpComm.A2A, CpComm.ALLGATHER, CpComm.A2A_P2P])
     if d == "etp":  # expert tensor parallel: powers of two inside the scale-up domain
         if not model.is_moe:
             return np.array([1])

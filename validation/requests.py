@@ -55,6 +55,8 @@ def case_pins(case: Any, stage_layers: list[int] | None = None) -> dict[str, Any
     c = case.config
     pins = {d: getattr(c, d) for d in PINNED_DIMS}
     pins["etp"] = c.expert_tp
+    if c.cp > 1:  # the exchange the run used (the recipes keep Megatron-Core's ring)
+        pins["cp_comm"] = c.cp_comm
     if stage_layers is not None:
         pins["stage_layers"] = list(stage_layers)
     elif c.stage_layers is not None:

@@ -35,7 +35,7 @@ from perfmodel.hardware import collectives as coll
 from perfmodel.moe import expert_layout
 from perfmodel.moe import experts as moe
 from perfmodel.parallel.config import ConfigBatch
-from perfmodel.parallel.topology import GroupPlacement, parallel_groups
+from perfmodel.parallel.topology import GroupPlacement, group_placement, parallel_groups
 from perfmodel.spec.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 __all__ = [
@@ -126,7 +126,11 @@ def comm_times(
         sent to the next ring rank, ``cp_kv_dkv_send_s``: K/V and dK/dV together (0 at cp = 1);
         ``cp_qkv_a2a_s``, ``cp_out_a2a_s``: the Ulysses all-to-alls of Q, K, V and of the
         output, rows with ``cp_comm = "a2a"`` (:mod:`perfmodel.comm.cp_a2a`; the
-        ``cp_layer_*`` link times are then theirs);
+        ``cp_layer_*`` link times are then theirs) and ``"a2a+p2p"`` (on the inner group;
+        the ring's sends then run on the outer group, :mod:`perfmodel.comm.cp_hierarchical`);
+        ``cp_kv_gather_s``, ``cp_dkv_scatter_s``: the all-gathers of K and V and the
+        reduce-scatters of dK and dV, rows with ``cp_comm = "allgather"``
+        (:mod:`perfmodel.comm.cp_allgather`);
         ``pp_p2p_s``: one activation send of one micro-batch between adjacent stages;
         ``dp_grad_s``: per step, the gradient all-reduce, or reduce-scatter(s) + parameter
         all-gather under ZeRO-1/2, or the reduce-scatters under ZeRO-3;
@@ -177,11 +181,13 @@ def _layer_comm_times(model: ModelSpec, training: TrainingSpec, cluster: Cluster
     kv_bytes = cp_kv_chunk_bytes(model, training, batch)
     kv_send = coll.p2p_time(kv_bytes, g_cp.p2p_bw_bytes_per_s, g_cp.latency_s)
     kv_dkv_send = coll.p2p_time(2.0 * kv_bytes, g_cp.p2p_bw_bytes_per_s, g_cp.latency_s)
+    kv_send, kv_dkv_send = _hierarchical_ring_sends(model, training, cluster, batch, kv_send,
+                                                    kv_dkv_send)
     cp_fwd_n, cp_bwd_n = cp_sends_per_layer(batch)
     return {
         "tp_layer_fwd_s": tp_fwd_n * tp_one,
         "tp_layer_bwd_s": tp_bwd_n * tp_one,
-        **_cp_link_times(model, training, batch, g_cp, kv_send, cp_fwd_n, cp_bwd_n),
+        **_cp_link_times(model, training, cluster, batch, g_cp, kv_send, cp_fwd_n, cp_bwd_n),
         "cp_kv_send_s": np.where(batch.cp > 1, kv_send, 0.0),
         "cp_kv_dkv_send_s": np.where(batch.cp > 1, kv_dkv_send, 0.0),
     }
@@ -247,30 +253,71 @@ def _dp_comm_times_from_counts(model: ModelSpec, training: TrainingSpec, cluster
     return {"dp_grad_s": np.asarray(dp_grad, dtype=np.float64), "zero3_gather_s": zero3}
 
 
-def _cp_link_times(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch,
-                   g_cp: GroupPlacement, kv_send: np.ndarray, cp_fwd_n: np.ndarray,
-                   cp_bwd_n: np.ndarray) -> dict[str, np.ndarray]:
+def _cp_link_times(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                   batch: ConfigBatch, g_cp: GroupPlacement, kv_send: np.ndarray,
+                   cp_fwd_n: np.ndarray, cp_bwd_n: np.ndarray) -> dict[str, np.ndarray]:
     """Context-parallel link times of one layer and micro-batch [s]: ``cp_layer_fwd_s`` /
-    ``cp_layer_bwd_s`` (the ring's sends, or the Ulysses all-to-alls of the rows with
-    ``cp_comm = "a2a"``; backward incl. a recomputed forward) and ``cp_qkv_a2a_s`` /
-    ``cp_out_a2a_s``: the all-to-alls of Q, K, V together and of the output, on the cp
-    group's tiers (:func:`perfmodel.moe.experts.all_to_all_tiered_time`; 0 for ring rows and at
-    cp = 1; :mod:`perfmodel.comm.cp_a2a`)."""
-    out = {"cp_layer_fwd_s": cp_fwd_n * kv_send, "cp_layer_bwd_s": cp_bwd_n * kv_send}
-    a2a = (batch.cp_comm == CpComm.A2A) & (batch.cp > 1)
-    if not np.any(a2a):
-        zero = np.zeros(len(batch))
-        return {**out, "cp_qkv_a2a_s": zero, "cp_out_a2a_s": zero}
-    buf = cp_a2a_buffers(model, training, batch)
-    qkv = sum(moe.all_to_all_tiered_time(buf[k], g_cp) for k in ("q", "k", "v"))
-    one = moe.all_to_all_tiered_time(buf["out"], g_cp)
+    ``cp_layer_bwd_s`` (the ring's sends, or the collectives of the other ``cp_comm`` types;
+    backward incl. a recomputed forward), ``cp_qkv_a2a_s`` / ``cp_out_a2a_s``: the all-to-alls
+    of Q, K, V together and of the output (Ulysses rows on the cp group, hierarchical rows on
+    their inner group; :func:`perfmodel.moe.experts.all_to_all_tiered_time`,
+    :mod:`perfmodel.comm.cp_a2a`), ``cp_kv_gather_s`` / ``cp_dkv_scatter_s``: the all-gathers
+    of K and V and the reduce-scatters of dK and dV of the all-gather rows
+    (:mod:`perfmodel.comm.cp_allgather`); 0 elsewhere and at cp = 1. Hierarchical rows also
+    replace ``cp_kv_send_s`` / ``cp_kv_dkv_send_s`` with the ring's sends on their outer group
+    (:mod:`perfmodel.comm.cp_hierarchical`)."""
+    zero = np.zeros(len(batch))
+    out = {"cp_layer_fwd_s": cp_fwd_n * kv_send, "cp_layer_bwd_s": cp_bwd_n * kv_send,
+           "cp_qkv_a2a_s": zero, "cp_out_a2a_s": zero, "cp_kv_gather_s": zero,
+           "cp_dkv_scatter_s": zero}
+    on = batch.cp > 1
     rerun = np.where(batch.recompute == Recompute.FULL, 1.0, 0.0)
-    return {
-        "cp_layer_fwd_s": np.where(a2a, qkv + one, out["cp_layer_fwd_s"]),
-        "cp_layer_bwd_s": np.where(a2a, (1.0 + rerun) * (qkv + one), out["cp_layer_bwd_s"]),
-        "cp_qkv_a2a_s": np.where(a2a, qkv, 0.0),
-        "cp_out_a2a_s": np.where(a2a, one, 0.0),
-    }
+    a2a = (batch.cp_comm == CpComm.A2A) & on
+    hier = (batch.cp_comm == CpComm.A2A_P2P) & on
+    if np.any(a2a | hier):
+        # the all-to-all group: the cp group, or the hierarchy's inner cp_a2a ranks (stride tp)
+        g_a2a = group_placement(cluster, np.where(hier, batch.cp_a2a, batch.cp), batch.tp)
+        buf = cp_a2a_buffers(model, training, batch)
+        qkv = sum(moe.all_to_all_tiered_time(buf[k], g_a2a) for k in ("q", "k", "v"))
+        one = moe.all_to_all_tiered_time(buf["out"], g_a2a)
+        both = a2a | hier
+        ring_f = np.where(hier, out["cp_layer_fwd_s"], 0.0)
+        ring_b = np.where(hier, out["cp_layer_bwd_s"], 0.0)
+        out["cp_layer_fwd_s"] = np.where(both, qkv + one + ring_f, out["cp_layer_fwd_s"])
+        out["cp_layer_bwd_s"] = np.where(both, (1.0 + rerun) * (qkv + one) + ring_b,
+                                         out["cp_layer_bwd_s"])
+        out["cp_qkv_a2a_s"] = np.where(both, qkv, 0.0)
+        out["cp_out_a2a_s"] = np.where(both, one, 0.0)
+    ag = (batch.cp_comm == CpComm.ALLGATHER) & on
+    if np.any(ag):
+        full = batch.cp * cp_kv_chunk_bytes(model, training, batch)  # K and V, whole sequence
+        gather = (coll.all_gather_time(full, g_cp.size, g_cp.bw_for("all_gather"), g_cp.latency_s)
+                  + coll.collective_base_s(g_cp.size, 2.0))  # K, then V
+        scatter = (coll.reduce_scatter_time(full, g_cp.size, g_cp.bw_for("reduce_scatter"),
+                                            g_cp.latency_s)
+                   + coll.collective_base_s(g_cp.size, 2.0))  # dK, then dV
+        out["cp_layer_fwd_s"] = np.where(ag, gather, out["cp_layer_fwd_s"])
+        out["cp_layer_bwd_s"] = np.where(ag, (1.0 + rerun) * gather + scatter,
+                                         out["cp_layer_bwd_s"])
+        out["cp_kv_gather_s"] = np.where(ag, gather, 0.0)
+        out["cp_dkv_scatter_s"] = np.where(ag, scatter, 0.0)
+    return out
+
+
+def _hierarchical_ring_sends(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                             batch: ConfigBatch, kv_send: np.ndarray, kv_dkv_send: np.ndarray
+                             ) -> tuple[np.ndarray, np.ndarray]:
+    """The ring's K/V and K/V + dK/dV sends [s], on the outer group of the hierarchical rows
+    (``cp / cp_a2a`` ranks, stride ``tp * cp_a2a``: the same chunk bytes, the K/V heads split
+    over the inner group as the tokens gather in it), ``kv_send`` / ``kv_dkv_send`` elsewhere."""
+    hier = (batch.cp_comm == CpComm.A2A_P2P) & (batch.cp > 1)
+    if not np.any(hier):
+        return kv_send, kv_dkv_send
+    g = group_placement(cluster, batch.cp // batch.cp_a2a, batch.tp * batch.cp_a2a)
+    kv_bytes = cp_kv_chunk_bytes(model, training, batch)
+    one = coll.p2p_time(kv_bytes, g.p2p_bw_bytes_per_s, g.latency_s)
+    two = coll.p2p_time(2.0 * kv_bytes, g.p2p_bw_bytes_per_s, g.latency_s)
+    return np.where(hier, one, kv_send), np.where(hier, two, kv_dkv_send)
 
 
 # --------------------------------------------------------------------------------------------
@@ -287,14 +334,14 @@ _COMM_FIELDS = ("dp", "tp", "pp", "cp", "cp_comm", "zero_stage", "micro_batch_si
 # Overlap of the data-parallel reduction with the backward pass
 # --------------------------------------------------------------------------------------------
 #: The configuration fields that communication times depend on.
-_COMM_FIELDS = ("dp", "tp", "pp", "cp", "cp_comm", "zero_stage", "micro_batch_size",
+_COMM_FIELDS = ("dp", "tp", "pp", "cp", "cp_comm", "cp_a2a", "zero_stage", "micro_batch_size",
                 "num_microbatches", "recompute", "sequence_parallel", "grad_compression",
                 "topk_ratio",
                 "vp", "first_stage_layers", "last_stage_layers", "embedding_as_layer",
                 "loss_as_layer", "ep", "etp")
 #: The fields one layer's tensor- and context-parallel link times read.
 _LAYER_COMM_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "recompute", "ep",
-                      "etp", "cp_comm")
+                      "etp", "cp_comm", "cp_a2a")
 #: The fields the pipeline send reads (its group: pp with stride tp*cp*dp).
 _PP_COMM_FIELDS = ("tp", "cp", "dp", "pp", "micro_batch_size", "sequence_parallel")
 # (keys share their leading fields where they can: ConfigBatch.unique_by starts from the

@@ -63,6 +63,7 @@ __all__ = [
     "compressed_grad_bytes_per_elem",
     "cp_a2a_buffers",
     "cp_a2a_bytes_per_layer",
+    "cp_allgather_bytes_per_layer",
     "cp_kv_chunk_bytes",
     "cp_sends_per_layer",
     "dp_ops",
@@ -471,21 +472,37 @@ def cp_a2a_bytes_per_layer(model: ModelSpec, training: TrainingSpec, batch: Conf
     backward and a recomputed forward (Jacobs et al. 2023, Sec. 3.2); 0 at cp = 1."""
     buf = cp_a2a_buffers(model, training, batch)
     passes = 2.0 + np.where(batch.recompute == Recompute.FULL, 1.0, 0.0)
-    return passes * bytes_per_gpu("all_to_all", sum(buf.values()), batch.cp)
+    # hierarchical rows (cp_comm "a2a+p2p") exchange inside their inner group of cp_a2a
+    group = np.where(batch.cp_comm == CpComm.A2A_P2P, batch.cp_a2a, batch.cp)
+    return passes * bytes_per_gpu("all_to_all", sum(buf.values()), group)
+
+
+def cp_allgather_bytes_per_layer(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch
+                                 ) -> np.ndarray:
+    """Bytes one GPU sends through the K/V all-gather attention (``cp_comm = "allgather"``) of
+    one layer and micro-batch: the all-gather of K and V (``cp`` chunks gathered) in the
+    forward, again in the backward with the reduce-scatter of dK and dV, and once more under
+    full recompute, ``(cp-1)/cp`` of the full-sequence K/V each
+    (:mod:`perfmodel.comm.cp_allgather`); 0 at cp = 1."""
+    full = batch.cp * cp_kv_chunk_bytes(model, training, batch)
+    passes = 2.0 + np.where(batch.recompute == Recompute.FULL, 1.0, 0.0)
+    return (passes * bytes_per_gpu("all_gather", full, batch.cp)
+            + bytes_per_gpu("reduce_scatter", full, batch.cp))
 
 
 def cp_sends_per_layer(batch: ConfigBatch) -> tuple[np.ndarray, np.ndarray]:
     """K/V-chunk sends per layer per micro-batch: (forward, backward incl. recompute).
 
     Forward ``cp-1`` (K, V around the ring); backward ``2(cp-1)`` (K, V and the accumulated dK, dV),
-    plus ``cp-1`` more under full recomputation.
+    plus ``cp-1`` more under full recomputation. Hierarchical rows (``cp_comm = "a2a+p2p"``)
+    run the ring over ``cp / cp_a2a`` ranks (``cp_a2a`` is 1 elsewhere).
 
     References
     ----------
     Transformer Engine ``AttnFuncWithCPAndKVP2P`` (forward sends KV, backward sends KV and dKV);
     Liu et al. 2023, Sec. 3.
     """
-    k = np.maximum(batch.cp - 1, 0).astype(np.float64)
+    k = np.maximum(batch.cp // batch.cp_a2a - 1, 0).astype(np.float64)
     bwd = 2.0 * k + np.where(batch.recompute == Recompute.FULL, k, 0.0)
     return k, bwd
 
@@ -524,11 +541,17 @@ def comm_bytes_per_gpu(
     pp = m * pp_sends_per_microbatch(batch) * send
     pp = pp + pp_tied_embedding_bytes(model, training, batch)
 
-    # context parallel: ring attention K/V exchanges, or the Ulysses all-to-alls
+    # context parallel: ring attention K/V exchanges, the Ulysses all-to-alls, both
+    # (hierarchical), or the K/V all-gathers
     cp = m * layers * one["cp_n"] * one["kv_bytes"]
     a2a = batch.cp_comm == CpComm.A2A
-    if np.any(a2a):
-        cp = np.where(a2a, m * layers * cp_a2a_bytes_per_layer(model, training, batch), cp)
+    hier = batch.cp_comm == CpComm.A2A_P2P
+    if np.any(a2a | hier):
+        a2a_b = m * layers * cp_a2a_bytes_per_layer(model, training, batch)
+        cp = np.where(a2a, a2a_b, np.where(hier, cp + a2a_b, cp))
+    ag = batch.cp_comm == CpComm.ALLGATHER
+    if np.any(ag):
+        cp = np.where(ag, m * layers * cp_allgather_bytes_per_layer(model, training, batch), cp)
 
     out = {"dp": np.asarray(dp, dtype=np.float64), "tp": tp, "pp": pp, "cp": cp}
     out["ep"] = ep_dispatch_bytes(model, training, batch)
@@ -536,7 +559,8 @@ def comm_bytes_per_gpu(
 
 
 #: The fields one layer's tensor- and context-parallel factors read (:func:`_layer_bytes`).
-_LAYER_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "recompute", "ep", "etp")
+_LAYER_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "recompute", "ep", "etp",
+                 "cp_a2a")
 #: (one pipeline send, :func:`pp_activation_bytes`, reads a subset of them: tp, cp, the
 #: micro-batch and sp; the same key spares a second distinct-row pass)
 #: The fields one data-parallel collective's bytes read: the buffer and the dp x cp group.

@@ -31,10 +31,11 @@ The ring also adds memory-bound bookkeeping that one attention kernel does not h
 copies of the half tensors, the per-step merge of the partial outputs (fp32) and the
 accumulation of dQ, dK, dV (:func:`ring_bookkeeping`, priced with the layer's kernels).
 
-The other ``cp_comm_type`` values are not modelled: ``"all_gather"`` gathers the whole K/V
-before attention ("not async, and cannot be overlapped", Megatron-Core ``TransformerConfig``),
-``"a2a"`` (Ulysses) exchanges Q, K, V and the output by head before and after attention, and
-``"a2a+p2p"`` runs this ring over the outer level of a hierarchical group.
+The other ``cp_comm_type`` values have modules of their own: ``"all_gather"`` gathers the whole
+K/V before attention (:mod:`perfmodel.comm.cp_allgather`), ``"a2a"`` (Ulysses) exchanges Q, K, V
+and the output by head before and after attention (:mod:`perfmodel.comm.cp_a2a`), and
+``"a2a+p2p"`` runs this ring over the outer level of a hierarchical group
+(:mod:`perfmodel.comm.cp_hierarchical`).
 
 References
 ----------

@@ -559,7 +559,7 @@ def _overlap_s(gpu_s, cpu_s):
 
 
 _SHAPE_FIELDS = ("tp", "cp", "cp_comm", "micro_batch_size", "sequence_parallel", "recompute", "ep",
-                 "etp")
+                 "etp", "cp_a2a")
 #: The fields the optimizer step reads (:func:`optimizer_params_per_gpu`: the largest stage's
 #: parameters, ZeRO sharding over dp x cp and expert-dp); the gradient compression only so that
 #: the key is the one the memory model's states use (one distinct-row pass for both).
@@ -888,31 +888,59 @@ def _attention(c: _LayerContext, ph: _Phase, pass_: str) -> None:
 
 
 def _cp_ring_kernels(c: _LayerContext, ph: _Phase, pass_: str) -> None:
-    """The context-parallel ring's own memory-bound kernels around the attention blocks
-    (half-tensor copies, the fp32 merge of the partial outputs, the dQ / dK / dV sums:
-    :func:`perfmodel.comm.cp_ring.ring_bookkeeping`), Transformer Engine attention with cp > 1
-    only; in the attention layers of a hybrid model. Rows with ``cp_comm = "a2a"`` (Ulysses)
-    run the all-to-all's reshape copies instead (:func:`perfmodel.comm.cp_a2a.a2a_reshape_bytes`).
+    """The context-parallel exchange's own memory-bound kernels around the attention, Transformer
+    Engine attention with cp > 1 only; in the attention layers of a hybrid model: the ring's
+    half-tensor copies, fp32 merges of the partial outputs and dQ / dK / dV sums
+    (:func:`perfmodel.comm.cp_ring.ring_bookkeeping`, over ``cp / cp_a2a`` steps for
+    ``cp_comm = "a2a+p2p"``); rows with ``"a2a"`` (Ulysses) and ``"a2a+p2p"`` the all-to-all's
+    reshape copies (:func:`perfmodel.comm.cp_a2a.a2a_reshape_bytes`); ``"allgather"`` rows the
+    reorders of the gathered tensors instead of the ring's (:func:`_cp_allgather_kernels`).
     """
     if c.eager or not c.training.flash_attention or not np.any(c.cp > 1):
         return
 
     model = c.model
     rows = c.mb * c.s / c.cp * c.nh_gpu
+    ring_steps = c.cp // c.batch.cp_a2a  # cp_a2a is 1 but for a2a+p2p rows
     copy_b, add_b, kernels = cp_ring.ring_bookkeeping(
-        c.cp, rows * model.qk_head_size, rows * model.v_head_size,
+        ring_steps, rows * model.qk_head_size, rows * model.v_head_size,
         cp_kv_chunk_bytes(model, c.training, c.batch), c.pr.act_b, model.v_head_size, pass_)
     a = model.attention_layer_fraction if model.is_hybrid else 1.0
     a2a = c.batch.cp_comm == CpComm.A2A
-    if np.any(a2a):  # Ulysses rows: no ring, the all-to-all's reshapes instead
+    exchange = a2a | (c.batch.cp_comm == CpComm.A2A_P2P)
+    if np.any(exchange):  # Ulysses rows: no ring; hierarchical ones: the ring of cp / cp_a2a
         copy_b, add_b, kernels = (np.where(a2a, 0.0, x) for x in (copy_b, add_b, kernels))
         a2a_b, a2a_k = cp_a2a.a2a_reshape_bytes(cp_a2a_buffers(model, c.training, c.batch),
                                                 c.cp, pass_)
-        a2a_k = np.where(a2a, a2a_k, 0.0)
-        ph.mem("copy", np.where(a2a, a2a_b, 0.0) / np.maximum(a2a_k, 1.0), a * a2a_k)
+        a2a_k = np.where(exchange, a2a_k, 0.0)
+        ph.mem("copy", np.where(exchange, a2a_b, 0.0) / np.maximum(a2a_k, 1.0), a * a2a_k)
+    ag = c.batch.cp_comm == CpComm.ALLGATHER
+    if np.any(ag):
+        copy_b, add_b, kernels = (np.where(ag, 0.0, x) for x in (copy_b, add_b, kernels))
+        _cp_allgather_kernels(c, ph, pass_, ag, a)
     half = np.maximum(kernels, 1.0) / 2  # launches, split between the copies and the sums
     ph.mem("copy", copy_b / half, a * half)
     ph.mem("add", add_b / half, a * half)
+
+
+def _cp_allgather_kernels(c: _LayerContext, ph: _Phase, pass_: str, ag: np.ndarray,
+                          a: float) -> None:
+    """The K/V all-gather attention's memory-bound kernels (rows ``ag``): forward, K and V made
+    contiguous before the gather (read + write their chunk) and the gathered K and V reordered
+    into sequence order (``index_select``: read + write ``cp`` chunks); backward, the same
+    gather preparation and reorder, the two steps' dK / dV added into the full-sequence buffers
+    (read + read + write of what each step covers, ``cp`` chunks in all) and reordered back
+    before the reduce-scatter (``cp`` chunks) (Transformer Engine
+    ``AttnFuncWithCPAndKVAllGather``)."""
+    kv = cp_kv_chunk_bytes(c.model, c.training, c.batch)
+    cp = c.cp.astype(np.float64)
+    copies = 2.0 * kv + 2.0 * cp * kv
+    n = 4.0
+    if pass_ != "fwd":
+        copies = copies + 2.0 * cp * kv
+        ph.mem("add", np.where(ag, 3.0 * cp * kv, 0.0) / 4.0, a * np.where(ag, 4.0, 0.0))
+        n = 6.0
+    ph.mem("copy", np.where(ag, copies, 0.0) / n, a * np.where(ag, n, 0.0))
 
 
 def _mlp_activation(c: _LayerContext, ph: _Phase, pass_: str, share: float = 1.0) -> None:

@@ -29,12 +29,12 @@ __all__ = [
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULE = ("gpipe", "1f1b", "interleaved", "zb")
 COMPRESSION = ("none", "topk", "int8", "1bit")
-CP_COMM = ("p2p", "a2a")
+CP_COMM = ("p2p", "a2a", "allgather", "a2a+p2p")
 
 RecomputeName = Literal["none", "selective", "full"]
 ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb"]
 CompressionName = Literal["none", "topk", "int8", "1bit"]
-CpCommName = Literal["p2p", "a2a"]
+CpCommName = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
 
 
 class Recompute(IntEnum):
@@ -69,3 +69,6 @@ class CpComm(IntEnum):
 
     P2P = 0  # ring attention: K/V chunks passed around the cp group (perfmodel.comm.cp_ring)
     A2A = 1  # Ulysses: Q, K, V and the output exchanged by head (perfmodel.comm.cp_a2a)
+    ALLGATHER = 2  # K/V all-gathered before attention (perfmodel.comm.cp_allgather)
+    A2A_P2P = 3  # hierarchical: a2a inside the inner group, the ring across the outer one
+    # (perfmodel.comm.cp_hierarchical)

@@ -29,7 +29,9 @@ from typing import Literal
 
 import numpy as np
 
-from perfmodel.core.codes import Recompute, Schedule
+from perfmodel.comm.comm_volume import cp_kv_chunk_bytes
+from perfmodel.comm.cp_allgather import allgather_buffer_bytes
+from perfmodel.core.codes import CpComm, Recompute, Schedule
 from perfmodel.core.units import GIB, MIB
 from perfmodel.memory.hybrid import hybrid_layer_activation_bytes
 from perfmodel.memory.offload import resident_activation_layers
@@ -1678,13 +1680,26 @@ class _StageOtherBytes:
     last: np.ndarray
 
 
+def cp_gather_buffer_bytes(model: ModelSpec, training: TrainingSpec, batch: ConfigBatch
+                           ) -> np.ndarray:
+    """The K/V all-gather attention's transient buffers of the layer being computed, rows with
+    ``cp_comm = "allgather"`` (:func:`perfmodel.comm.cp_allgather.allgather_buffer_bytes`:
+    the gathered K/V and the full-sequence dK/dV, in the attention layers only); 0 elsewhere."""
+    ag = batch.cp_comm == CpComm.ALLGATHER
+    if not np.any(ag) or (model.is_hybrid and model.attention_layer_fraction <= 0):
+        return np.zeros(len(batch))
+    return np.where(ag, allgather_buffer_bytes(batch.cp, cp_kv_chunk_bytes(model, training,
+                                                                           batch)), 0.0)
+
+
 def _stage_other_bytes(ctx: _MemoryContext, par: _RankParamCounts, states: _RankStateBytes,
                        acts: _StageActivationBytes) -> _StageOtherBytes:
     """Step 4 of :func:`memory_breakdown`: other buffers [bytes]. Workspaces
     (:func:`library_workspace_bytes`), gradient buckets (:func:`gradient_bucket_bytes`), ZeRO-3
     gathers (:func:`zero3_gathered_bytes`), fp8 weight caches
     (:func:`stage_fp8_weight_cache_bytes`), MoE dispatch buffers
-    (:func:`perfmodel.moe.experts.moe_dispatch_buffer_bytes`), eager torch pipelining's receive buffers
+    (:func:`perfmodel.moe.experts.moe_dispatch_buffer_bytes`) and the K/V all-gather's
+    (:func:`cp_gather_buffer_bytes`), eager torch pipelining's receive buffers
     and outputs (:func:`eager_pipeline_receive_bytes`,
     :func:`eager_pipeline_held_output_bytes`).
 
@@ -1706,6 +1721,7 @@ def _stage_other_bytes(ctx: _MemoryContext, par: _RankParamCounts, states: _Rank
     fp8_last = 0.0 if eager else stage_fp8_weight_cache_bytes(precision, par.layers_last,
                                                                par.experts_last, *fp8)
     dispatch_bytes = moe.moe_dispatch_buffer_bytes(ctx.model, ctx.training, ctx.batch, acts.e)
+    dispatch_bytes = dispatch_bytes + cp_gather_buffer_bytes(ctx.model, ctx.training, ctx.batch)
     base_other = library_workspace_bytes(ctx.gpu, ctx.tp) + bucket_bytes
     other_first = base_other + zero3_first + fp8_first + dispatch_bytes
     other_last = base_other + zero3_last + fp8_last + dispatch_bytes

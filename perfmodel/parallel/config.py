@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Annotated
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from perfmodel.core.codes import (
     COMPRESSION,
@@ -24,6 +24,7 @@ from perfmodel.core.codes import (
     RECOMPUTE,
     SCHEDULE,
     CompressionName,
+    CpComm,
     CpCommName,
     RecomputeName,
     ScheduleName,
@@ -61,8 +62,15 @@ class ParallelConfig(Spec):
     ep: PosInt = 1
     etp: PosInt | None = None
     # how the cp ranks exchange attention (Megatron-Core cp_comm_type): "p2p" the ring,
-    # "a2a" Ulysses (perfmodel.comm.cp_a2a); no effect at cp = 1
+    # "a2a" Ulysses (perfmodel.comm.cp_a2a), "allgather" K/V gathered before attention
+    # (perfmodel.comm.cp_allgather), "a2a+p2p" both, hierarchically
+    # (perfmodel.comm.cp_hierarchical); no effect at cp = 1
     cp_comm: CpCommName = "p2p"
+    # cp_comm "a2a+p2p": the size of the inner (all-to-all) group, the first of Megatron's
+    # --hierarchical-context-parallel-sizes (the ring runs over cp / cp_a2a); None: the
+    # largest that fits the NVLink domain (hierarchical_a2a_size, filled by resolve_config
+    # with a cluster); left out of the dumped fields while None
+    cp_a2a: PosInt | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -88,9 +96,21 @@ class ParallelConfig(Spec):
     stage_layers: tuple[PosInt, ...] | None = None
     stage_recompute_layers: tuple[Annotated[int, Field(ge=0)], ...] | None = None
 
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        d = handler(self)
+        if isinstance(d, dict) and d.get("cp_a2a") is None:
+            d.pop("cp_a2a", None)
+        return d
+
     @model_validator(mode="after")
     def _consistent(self) -> ParallelConfig:
         _check_stage_layout(self)
+        if self.cp_a2a is not None and (self.cp_comm != "a2a+p2p" or self.cp % self.cp_a2a
+                                        or not 1 < self.cp_a2a < self.cp):
+            raise ValueError(
+                f"cp_a2a ({self.cp_a2a}) applies to cp_comm 'a2a+p2p' only, and must divide cp "
+                f"({self.cp}) with 1 < cp_a2a < cp (got cp_comm '{self.cp_comm}')")
         if self.vp > 1 and self.schedule != "interleaved":
             raise ValueError(
                 f"vp ({self.vp}) > 1 needs schedule 'interleaved' (got schedule '{self.schedule}')"
@@ -223,6 +243,8 @@ def resolve_config(
         raise SpecError(f"2*cp ({2 * c.cp}) must divide seq_len ({training.seq_len})")
     if c.cp > 1 and c.cp_comm == "a2a":
         _check_a2a_heads(c, m)
+    if c.cp > 1 and c.cp_comm == "a2a+p2p":
+        c = _with_hierarchical_sizes(c, m, cluster)
     if c.sequence_parallel and training.seq_len % c.tp:
         raise SpecError(f"tp ({c.tp}) must divide seq_len ({training.seq_len}) for sequence_parallel")
     per_step = c.dp * c.micro_batch_size
@@ -274,6 +296,69 @@ def a2a_heads_ok(num_heads, kv_heads, tp, cp) -> np.ndarray:
     q = np.asarray(num_heads, dtype=np.int64) // np.maximum(tp, 1)
     kv = np.maximum(np.asarray(kv_heads, dtype=np.int64) // np.maximum(tp, 1), 1)
     return (cp <= 1) | ((q % cp == 0) & (kv % cp == 0))
+
+
+def hierarchical_a2a_size(num_heads, kv_heads, tp, cp, scale_up_size: int) -> np.ndarray:
+    """The inner (all-to-all) size ``A`` of hierarchical context parallelism (``cp_comm =
+    "a2a+p2p"``): the largest divisor of ``cp`` whose group of ``A`` consecutive cp ranks
+    (``tp * A`` GPUs: the cp group strides by tp) fits the NVLink domain of ``scale_up_size``
+    GPUs and splits a tensor-parallel rank's heads (:func:`a2a_heads_ok`); the ring runs over
+    the ``cp / A`` groups. Megatron-Core builds the inner groups from consecutive ranks of the
+    cp group (``parallel_state.create_hierarchical_groups``, level 1 first) and intends the
+    all-to-all for NVLink, the ring for the network (``TransformerConfig.cp_comm_type``:
+    "A2A communications in low-level CP groups (e.g., via NVLink)").
+
+    The hierarchy is real only for ``1 < A < cp``: at ``A = cp`` it is Ulysses, at ``A = 1``
+    the ring (Transformer Engine ``attn_forward_func_with_cp`` falls back to them).
+
+    Example: cp 16, tp 2 on 8-GPU nodes, 32 query / 8 K/V heads: A = 4 (tp * 4 = 8 GPUs),
+    ring over 4.
+    """
+    tp = np.asarray(tp, dtype=np.int64)
+    cp = np.asarray(cp, dtype=np.int64)
+    best = np.ones(np.broadcast(tp, cp).shape, dtype=np.int64)
+    for a in range(2, int(np.max(cp, initial=1)) + 1):
+        ok = (cp % a == 0) & (tp * a <= scale_up_size) & a2a_heads_ok(num_heads, kv_heads, tp, a)
+        best = np.where(ok, a, best)
+    return best
+
+
+def with_hierarchical_sizes(batch: ConfigBatch, model: ModelSpec, scale_up_size: int
+                            ) -> ConfigBatch:
+    """The batch with the a2a size of its ``a2a+p2p`` rows that name none (``cp_a2a`` 1):
+    :func:`hierarchical_a2a_size` on the NVLink domain of ``scale_up_size`` GPUs; the batch
+    itself when no row needs one."""
+    fill = (batch.cp_comm == CpComm.A2A_P2P) & (batch.cp > 1) & (batch.cp_a2a <= 1)
+    if not np.any(fill):
+        return batch
+    a = hierarchical_a2a_size(model.num_attention_heads, model.kv_heads, batch.tp, batch.cp,
+                              scale_up_size)
+    return replace(batch, cp_a2a=np.where(fill, a, batch.cp_a2a))
+
+
+def _with_hierarchical_sizes(c: ParallelConfig, m: ModelSpec, cluster: ClusterSpec | None
+                             ) -> ParallelConfig:
+    """The config with its hierarchical a2a size: the one it names (its heads checked), else
+    :func:`hierarchical_a2a_size` on the cluster's NVLink domain."""
+    if c.cp_a2a is None:
+        if cluster is None:
+            raise SpecError(f"cp_comm 'a2a+p2p' (cp {c.cp}): give cp_a2a, the all-to-all part "
+                            "of the hierarchical cp sizes, or a cluster to choose it")
+        a = int(hierarchical_a2a_size(m.num_attention_heads, m.kv_heads, c.tp, c.cp,
+                                      cluster.scale_up_size))
+        if not 1 < a < c.cp:
+            raise SpecError(
+                f"cp_comm 'a2a+p2p' (cp {c.cp}, tp {c.tp}): no all-to-all group of 1 < A < cp "
+                f"fits the {cluster.scale_up_size}-GPU NVLink domain and divides the heads "
+                f"({m.num_attention_heads // c.tp} query, {max(m.kv_heads // c.tp, 1)} K/V a "
+                f"tensor-parallel rank); use 'a2a' or 'p2p'")
+        return c.model_copy(update={"cp_a2a": a})
+    if not bool(a2a_heads_ok(m.num_attention_heads, m.kv_heads, c.tp, c.cp_a2a)):
+        raise SpecError(
+            f"cp_comm 'a2a+p2p': cp_a2a ({c.cp_a2a}) must divide the attention heads "
+            f"({m.num_attention_heads // c.tp}) and the K/V heads ({max(m.kv_heads // c.tp, 1)}) "
+            f"of a tensor-parallel rank")
+    return c
 
 
 def _check_a2a_heads(c: ParallelConfig, m: ModelSpec) -> None:
@@ -356,6 +441,9 @@ class ConfigBatch:
     etp: np.ndarray | None = None
     # context-parallel communication (codes of CP_COMM); None fills p2p (the ring)
     cp_comm: np.ndarray | None = None
+    # the all-to-all (inner) size of cp_comm "a2a+p2p" (ParallelConfig.cp_a2a); 1 elsewhere;
+    # None fills 1
+    cp_a2a: np.ndarray | None = None
     # layer layout (see ParallelConfig); None fills zeros / False (the even split)
     first_stage_layers: np.ndarray | None = None
     last_stage_layers: np.ndarray | None = None
@@ -376,6 +464,8 @@ class ConfigBatch:
             object.__setattr__(self, "ep", _as_code_array("ep", 1, n))
         if self.cp_comm is None:
             object.__setattr__(self, "cp_comm", _as_code_array("cp_comm", 0, n))
+        if self.cp_a2a is None:
+            object.__setattr__(self, "cp_a2a", _as_code_array("cp_a2a", 1, n))
         if self.etp is None:
             object.__setattr__(self, "etp", np.array(self.tp, copy=True))
 
@@ -455,6 +545,9 @@ class ConfigBatch:
                 v = 1
             if f.name == "etp" and etp_missing:
                 v = out["tp"]
+            if f.name == "cp_a2a":
+                v = 1 if v is None else np.where(np.equal(np.asarray(v, dtype=object), None),
+                                                 1, v).astype(np.int64)
             if f.name in _LAYOUT_FIELDS:
                 v = _LAYOUT_DEFAULTS[f.name] if v is None else np.where(
                     np.equal(np.asarray(v, dtype=object), None), _LAYOUT_DEFAULTS[f.name], v)
@@ -590,6 +683,8 @@ class ConfigBatch:
         d["schedule"] = SCHEDULE[d["schedule"]]
         d["grad_compression"] = COMPRESSION[d["grad_compression"]]
         d["cp_comm"] = CP_COMM[d["cp_comm"]]
+        hier = d["cp_comm"] == "a2a+p2p" and d["cp"] > 1 and d["cp_a2a"] > 1
+        d["cp_a2a"] = d["cp_a2a"] if hier else None
         d["sequence_parallel"] = bool(d["sequence_parallel"])
         d["embedding_as_layer"] = bool(d["embedding_as_layer"])
         d["loss_as_layer"] = bool(d["loss_as_layer"])

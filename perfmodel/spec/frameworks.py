@@ -115,8 +115,10 @@ class Capabilities(Spec):
         default=None, description="context parallelism in a MoE model")
     cp_comm_types: CpCommTypes | None = Field(
         default=None, description="how the context-parallel ranks exchange attention "
-        "(cp_comm_type): 'p2p' the ring, 'a2a' Ulysses (perfmodel.comm.cp_a2a); the search "
-        "and a pinned cp_comm keep to them; left out: not constrained")
+        "(cp_comm_type): 'p2p' the ring, 'a2a' Ulysses (perfmodel.comm.cp_a2a), 'allgather' "
+        "the K/V all-gather (perfmodel.comm.cp_allgather), 'a2a+p2p' both, hierarchically "
+        "(perfmodel.comm.cp_hierarchical); the search and a pinned cp_comm keep to them; left "
+        "out: not constrained")
     moe_parallel_folding: Supported | None = Field(
         default=None, description="the expert groups are laid out by MoE parallel folding "
         "(Megatron-Core >= 0.10); false: the earlier layout (ep carved out of dp, ep | dp; "

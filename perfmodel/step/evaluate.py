@@ -23,7 +23,14 @@ import numpy as np
 
 from perfmodel import memory
 from perfmodel.comm import comm_time as comm_time_mod
-from perfmodel.comm import comm_volume, cp_a2a, cp_ring, zero3_deepspeed
+from perfmodel.comm import (
+    comm_volume,
+    cp_a2a,
+    cp_allgather,
+    cp_hierarchical,
+    cp_ring,
+    zero3_deepspeed,
+)
 from perfmodel.compute import flops, quantise
 from perfmodel.compute import layer as compute
 from perfmodel.compute.mtp import mtp_stage_s
@@ -43,7 +50,7 @@ from perfmodel.memory import offload
 from perfmodel.moe import experts as moe
 from perfmodel.moe.imbalance import with_imbalance
 from perfmodel.parallel import layers as layers_mod
-from perfmodel.parallel.config import ConfigBatch
+from perfmodel.parallel.config import ConfigBatch, with_hierarchical_sizes
 from perfmodel.parallel.layers import (
     moe_variants,
     typed_layer_costs,
@@ -382,7 +389,11 @@ def cp_exposed_s(model, training, b, ct, comm, slowdown):
     ``ct["attn_fwd_s"]`` / ``ct["attn_bwd_s"]``). Full recompute, and selective recompute of
     ``core_attn`` (Megatron-Core checkpoints the whole ``core_attention``, ring included),
     re-run the forward ring. Rows with ``cp_comm = "a2a"`` (Ulysses) expose their all-to-alls
-    whole and slow nothing (:func:`perfmodel.comm.cp_a2a.a2a_layer_s`)."""
+    whole and slow nothing (:func:`perfmodel.comm.cp_a2a.a2a_layer_s`), ``"allgather"`` rows
+    their K/V all-gathers and dK/dV reduce-scatters
+    (:func:`perfmodel.comm.cp_allgather.allgather_layer_s`), ``"a2a+p2p"`` rows the inner
+    group's all-to-alls and what the outer ring leaves
+    (:func:`perfmodel.comm.cp_hierarchical.hierarchical_layer_s`)."""
     a = model.attention_layer_fraction if model.is_hybrid else 1.0
     rerun = (b.recompute == Recompute.FULL) | ((b.recompute == Recompute.SELECTIVE)
                                                 & ("core_attn" in training.recompute_modules))
@@ -390,11 +401,22 @@ def cp_exposed_s(model, training, b, ct, comm, slowdown):
                                              comm["cp_kv_send_s"], comm["cp_kv_dkv_send_s"],
                                              rerun, slowdown, a)
     a2a = b.cp_comm == CpComm.A2A
-    if not np.any(a2a):
-        return comm_s, overlap_s
-    # Ulysses: the all-to-alls before and after the attention core, none hidden
-    exposed = cp_a2a.a2a_layer_s(b.cp, comm["cp_qkv_a2a_s"], comm["cp_out_a2a_s"], rerun, a)
-    return np.where(a2a, exposed, comm_s), np.where(a2a, 0.0, overlap_s)
+    if np.any(a2a):  # Ulysses: the all-to-alls before and after the attention core, none hidden
+        exposed = cp_a2a.a2a_layer_s(b.cp, comm["cp_qkv_a2a_s"], comm["cp_out_a2a_s"], rerun, a)
+        comm_s, overlap_s = np.where(a2a, exposed, comm_s), np.where(a2a, 0.0, overlap_s)
+    ag = b.cp_comm == CpComm.ALLGATHER
+    if np.any(ag):  # the K/V all-gathers and dK/dV reduce-scatters, none hidden
+        exposed = cp_allgather.allgather_layer_s(b.cp, comm["cp_kv_gather_s"],
+                                                 comm["cp_dkv_scatter_s"], rerun, a)
+        comm_s, overlap_s = np.where(ag, exposed, comm_s), np.where(ag, 0.0, overlap_s)
+    hier = b.cp_comm == CpComm.A2A_P2P
+    if np.any(hier):  # the inner group's all-to-alls around the outer ring
+        exposed, slow = cp_hierarchical.hierarchical_layer_s(
+            b.cp, b.cp_a2a, ct["attn_fwd_s"], ct["attn_bwd_s"], comm["cp_kv_send_s"],
+            comm["cp_kv_dkv_send_s"], comm["cp_qkv_a2a_s"], comm["cp_out_a2a_s"], rerun,
+            slowdown, a)
+        comm_s, overlap_s = np.where(hier, exposed, comm_s), np.where(hier, slow, overlap_s)
+    return comm_s, overlap_s
 
 
 def ep_exposed_s(model, training, b, ep_layer_fwd_s, ep_layer_bwd_s, layer_compute_s
@@ -981,6 +1003,8 @@ def evaluate(
     # MoE routing imbalance (--moe-imbalance): the busiest expert's rows (perfmodel.moe.imbalance)
     model = with_imbalance(model, training.moe_imbalance,
                            training.moe_pad_expert_input_to_capacity)
+    # a2a+p2p rows without their a2a size: the largest the NVLink domain takes
+    batch = with_hierarchical_sizes(batch, model, cluster.scale_up_size)
     c = _step_context(model, training, cluster, batch, kernels, calibration)
     # 1. one layer, one micro-batch: compute, plus what TP/CP/EP communication leaves exposed.
     layer = _layer_terms_s(c)

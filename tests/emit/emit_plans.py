@@ -52,6 +52,19 @@ PLANS = {
                      {"dp": 8, "tp": 2, "cp": 4, "cp_comm": "a2a", "zero_stage": 1,
                       "micro_batch_size": 1, "sequence_parallel": True,
                       "recompute": "selective"}),
+    # context parallelism by K/V all-gather (Transformer Engine's cp_comm_type "all_gather")
+    "llama-cp-allgather": ("llama3.1-8b", "dgx-h100", 64,
+                           {"global_batch_size": 64, "seq_len": 32768, "precision": "bf16"},
+                           {"dp": 8, "tp": 2, "cp": 4, "cp_comm": "allgather", "zero_stage": 1,
+                            "micro_batch_size": 1, "sequence_parallel": True,
+                            "recompute": "selective"}),
+    # hierarchical context parallelism: all-to-all over 4 (tp 2 x 4 = the 8-GPU node), the
+    # ring over 2 nodes
+    "llama-cp-hier": ("llama3.1-8b", "dgx-h100", 64,
+                      {"global_batch_size": 64, "seq_len": 65536, "precision": "bf16"},
+                      {"dp": 4, "tp": 2, "cp": 8, "cp_comm": "a2a+p2p", "cp_a2a": 4,
+                       "zero_stage": 1, "micro_batch_size": 1, "sequence_parallel": True,
+                       "recompute": "selective"}),
     # a layout of the DP searcher (search/dp.py): per-rank layer counts and block recompute
     "nemotron-dp-layout": ("nemotron4-340b", "dgx-h100", 128,
                            {"global_batch_size": 32, "seq_len": 4096, "precision": "bf16"},

@@ -31,6 +31,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import numpy as np
+
 _INT = {"--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
         "--kv-channels", "--num-query-groups", "--max-position-embeddings", "--rotary-base",
         "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
@@ -100,6 +102,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--moe-expert-capacity-factor", type=float, default=None)
     p.add_argument("--cuda-graph-scope", nargs="+", type=str, default=None)
     p.add_argument("--cp-comm-type", nargs="+", type=str, default=["p2p"])  # _add_distributed_args
+    # TransformerConfig's ModelParallelConfig field, by ArgumentGroupFactory (list[int]: nargs "+")
+    p.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=int, default=None)
     p.add_argument("--pipeline-model-parallel-layout", type=str, default=None)
     p.add_argument("--fp8-format", dest="fp8", choices=["e4m3", "hybrid"], default=None)
     p.add_argument("--fp8-recipe", dest="fp8_recipe", default="delayed",
@@ -146,6 +150,11 @@ def core_configs(args: argparse.Namespace, world_size: int):
             kw[f.name] = getattr(args, f.name)
     if isinstance(kw.get("cp_comm_type"), list) and len(kw["cp_comm_type"]) == 1:
         kw["cp_comm_type"] = kw["cp_comm_type"][0]  # argument_utils.py: one type for all layers
+    if kw.get("hierarchical_context_parallel_sizes"):  # validate_args
+        assert args.context_parallel_size == int(np.prod(kw["hierarchical_context_parallel_sizes"]))
+    if "a2a+p2p" in (args.cp_comm_type or []):  # validate_args
+        assert kw.get("hierarchical_context_parallel_sizes") is not None, \
+            "--hierarchical-context-parallel-sizes must be set when a2a+p2p is used in cp comm"
     if args.num_experts is not None:  # --num-experts: dest num_experts
         kw["num_moe_experts"] = args.num_experts
     if not args.group_query_attention:

@@ -159,3 +159,22 @@ def test_cp_comm_a2a_is_emitted_and_p2p_left_to_the_default():
     c, m, t = load_plan("llama-cp-a2a")
     why = [w for w in refusals("deepspeed", c, m, t) if "Ulysses" in w]
     assert len(why) == 1 and len(why[0].splitlines()) == 1
+
+
+def test_cp_comm_allgather_and_hierarchical_are_emitted():
+    """The K/V all-gather as Transformer Engine names it (``all_gather``: Megatron-Core passes
+    ``cp_comm_type`` through to ``attn_forward_func_with_cp``, which rejects ``allgather``);
+    ``a2a+p2p`` with its hierarchical sizes, the all-to-all group first."""
+    c, m, t = load_plan("llama-cp-allgather")
+    assert "--cp-comm-type all_gather" in emit("megatron", c, m, t)
+    assert 'cp_comm_type: "all_gather"' in emit("bridge", c, m, t)
+    c, m, t = load_plan("llama-cp-hier")
+    text = emit("megatron", c, m, t)
+    assert "--cp-comm-type a2a+p2p" in text
+    assert "--hierarchical-context-parallel-sizes 4 2" in text
+    y = emit("bridge", c, m, t)
+    assert 'cp_comm_type: "a2a+p2p"' in y and "hierarchical_context_parallel_sizes: [4, 2]" in y
+    # without its sizes the plan cannot be written: one line
+    bare = c.model_copy(update={"cp_a2a": None})
+    why = refusals("megatron", bare, m, t)
+    assert len(why) == 1 and "hierarchical sizes" in why[0] and len(why[0].splitlines()) == 1

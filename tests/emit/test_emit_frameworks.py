@@ -29,6 +29,7 @@ import pytest
 
 from emit.launch import (
     _BRIDGE_PRECISION,
+    CP_COMM_TYPE,
     FORMATS,
     emit,
     launch_settings,
@@ -309,8 +310,15 @@ def _check_megatron_core(tc, got, c, model, training, plan):
     """Megatron-Core's TransformerConfig (Megatron-LM and Bridge alike)."""
     chunks = plan["chunks"]
     assert got["cp"] == c.cp and got["vp"] == c.vp
-    if c.cp > 1:  # Megatron-Core's cp_comm_type (None: Transformer Engine's p2p ring)
-        assert (tc.cp_comm_type or "p2p") == c.cp_comm
+    if c.cp > 1:  # Megatron-Core's cp_comm_type (None: Transformer Engine's p2p ring), the
+        # string Transformer Engine's attn_forward_func_with_cp accepts
+        assert (tc.cp_comm_type or "p2p") == CP_COMM_TYPE[c.cp_comm]
+        assert tc.cp_comm_type in (None, "p2p", "all_gather", "a2a", "a2a+p2p")
+        sizes = tc.hierarchical_context_parallel_sizes
+        if c.cp_comm == "a2a+p2p":  # the a2a (inner) group first, the ring second
+            assert list(sizes) == [c.cp_a2a, c.cp // c.cp_a2a]
+        else:
+            assert sizes is None
     assert tc.expert_model_parallel_size == (c.ep if model.is_moe else 1)
     if model.is_moe:
         assert tc.num_moe_experts == model.num_experts
@@ -444,6 +452,10 @@ def test_expected_refusals():
     assert "context parallel" in why("llama-cp", "deepspeed")
     assert "Ulysses" in why("llama-cp-a2a", "deepspeed")
     assert "cp_comm 'a2a'" in why("llama-cp-a2a", "torchtitan")
+    for plan, comm in (("llama-cp-allgather", "allgather"), ("llama-cp-hier", "a2a+p2p")):
+        assert f"cp_comm '{comm}'" in why(plan, "torchtitan")
+        assert f"no {comm} context parallelism" in why(plan, "deepspeed")
+        assert why(plan, "megatron") == "" and why(plan, "bridge") == ""
     assert "fp8-delayed" in why("llama-fp8", "deepspeed")
     assert why("llama-fp8", "megatron") == "" and why("llama-fp8", "bridge") == ""
     assert why("llama405b-uneven", "megatron") == ""

@@ -30,6 +30,8 @@ KEYS = {
     "cp_kv_dkv_send_s",
     "cp_qkv_a2a_s",
     "cp_out_a2a_s",
+    "cp_kv_gather_s",
+    "cp_dkv_scatter_s",
     "pp_p2p_s",
     "dp_grad_s",
     "zero3_gather_s",
