@@ -539,11 +539,12 @@ def _pareto_of(problem: Any, res: Any, frame: Columns, rows: list[dict[str, Any]
     sub = SimpleNamespace(  # the front's share of the evaluation, what the run's terms read
         memory_bytes={k: np.asarray(v)[sl] for k, v in res.memory_bytes.items()},
         time_s={k: np.asarray(v)[sl] for k, v in res.time_s.items()})
-    t = problem.train_of(sub, par["step_time_s"], par["gpus"])
+    t = problem.train_of(sub, par["step_time_s"], par["gpus"],
+                         (par["step_time_low_s"], par["step_time_high_s"]))
     for i in range(npar):
         rows[nt + i]["train"] = t.row(i)
     par = par | {f"train_{k}": np.array(np.broadcast_to(v, (npar,)))
-                 for k, v in vars(t).items()}
+                 for k, v in t.columns().items()}
     if getattr(problem, "pareto", "") == "time-to-train-cost":
         order = np.lexsort((par["train_gpu_hours"], par["train_wall_s"]))
     else:

@@ -39,7 +39,7 @@ from perfmodel.parallel.config import (
     resolve_config,
 )
 from perfmodel.parallel.layers import megatron_layout
-from perfmodel.run import train_run
+from perfmodel.run import train_run, train_run_bounds
 from perfmodel.spec.frameworks import (
     FrameworkSpec,
     capability_mask,
@@ -937,14 +937,17 @@ class Problem:
         """Columns of the Pareto view (``Scored.F``)."""
         return len(PARETO_SETS[self.pareto])
 
-    def train_of(self, res: Any, step_time_s, gpus) -> Any:
+    def train_of(self, res: Any, step_time_s, gpus, step_bounds_s: Any = None) -> Any:
         """The whole run (:func:`perfmodel.run.train_run`) of evaluated configurations
         (``res``: their StepResult): step time, GPUs, staged weights + optimizer bytes and the
-        compute share of the step."""
+        compute share of the step; with ``step_bounds_s`` (the step time's low and high
+        [s]), the run figures' bounds too (:func:`perfmodel.run.train_run_bounds`)."""
         step = np.asarray(step_time_s, dtype=float)
         mem = getattr(res, "memory_bytes", {})
         staged = np.asarray(mem.get("weights", 0.0)) + np.asarray(mem.get("optimizer", 0.0))
         compute = np.asarray(getattr(res, "time_s", {}).get("compute", step))
+        if step_bounds_s is not None:
+            return train_run_bounds(self.run, step, *step_bounds_s, gpus, staged, compute / step)
         return train_run(self.run, step, gpus, staged, compute / step)
 
     def objective_values(self, res: Any, step_time_s, peak_bytes, gpus) -> np.ndarray:

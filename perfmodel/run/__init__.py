@@ -3,9 +3,17 @@
 
 from perfmodel.run.checkpoint import daly_interval_s, young_interval_s
 from perfmodel.run.failures import INTERRUPTIONS_PER_GPU_HOUR, expected_interruptions
-from perfmodel.run.train import RunSettings, TrainRun, run_settings, train_run
+from perfmodel.run.train import (
+                                 BOUNDED,
+                                 RunSettings,
+                                 TrainRun,
+                                 run_settings,
+                                 train_run,
+                                 train_run_bounds,
+)
 
 __all__ = [
+    "BOUNDED",
     "INTERRUPTIONS_PER_GPU_HOUR",
     "RunSettings",
     "TrainRun",
@@ -13,5 +21,6 @@ __all__ = [
     "expected_interruptions",
     "run_settings",
     "train_run",
+    "train_run_bounds",
     "young_interval_s",
 ]

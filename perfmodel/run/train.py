@@ -14,12 +14,17 @@ over arrays of configurations (step time, GPUs, staged bytes, busy share), in th
    background write in async mode;
 5. restart (relaunch + load) and the work lost per unexpected interruption;
 6. the expected wall time, hence days, GPU-hours, interruptions, goodput, energy and cost.
+
+:func:`train_run_bounds` carries an interval of the step time through the same terms: the run
+at the low and at the high step time, the failure rate, checkpoint cost, checkpoint interval in
+steps and GPU power taken as given (:data:`BOUNDED` are the figures that get bounds).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import numpy as np
 
@@ -29,9 +34,13 @@ from perfmodel.run import energy as en
 from perfmodel.run import failures as fl
 from perfmodel.spec.specs import ClusterSpec, ModelSpec, SpecError, TrainingSpec
 
-__all__ = ["RunSettings", "TrainRun", "run_settings", "train_run", "train_steps_for"]
+__all__ = ["BOUNDED", "RunSettings", "TrainRun", "run_settings", "train_run", "train_run_bounds",
+           "train_steps_for"]
 
 SECONDS_PER_DAY = 86_400.0
+
+#: The run figures that follow the step time and carry its interval (:func:`train_run_bounds`).
+BOUNDED = ("wall_s", "days", "gpu_hours", "energy_mwh", "cost", "goodput")
 
 
 @dataclass(frozen=True)
@@ -89,14 +98,34 @@ class TrainRun:
     lost_work_s: np.ndarray
     gpu_power_w: np.ndarray
     goodput: np.ndarray
+    #: [low, high] of each :data:`BOUNDED` figure (arrays n x 2) when the step time carries an
+    #: interval (:func:`train_run_bounds`), else empty
+    bounds: dict[str, np.ndarray] = field(default_factory=dict)
 
-    def row(self, i: int = 0) -> dict[str, float | None]:
-        """One configuration as a JSON-able dict (the CLI's ``train`` object); what cannot be
-        computed (cost without a price, energy without a TDP) is None."""
-        out = {f.name: float(np.asarray(getattr(self, f.name))[i]) for f in fields(self)}
-        return {k: None if math.isnan(v) else v for k, v in out.items()}
+    def figures(self) -> tuple[str, ...]:
+        """The names of the per-configuration figures (every field but :attr:`bounds`)."""
+        return tuple(f.name for f in fields(self) if f.name != "bounds")
 
-    def to_dict(self) -> dict[str, float | None]:
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every figure as a column, then ``<figure>_low`` / ``<figure>_high`` of the bounded
+        ones."""
+        out = {k: np.atleast_1d(getattr(self, k)) for k in self.figures()}
+        for k, b in self.bounds.items():
+            out[f"{k}_low"], out[f"{k}_high"] = b[:, 0], b[:, 1]
+        return out
+
+    def row(self, i: int = 0) -> dict[str, Any]:
+        """One configuration as a JSON-able dict (the CLI's ``train`` object), with
+        ``<figure>_interval`` [low, high] of the bounded figures; what cannot be computed (cost
+        without a price, energy without a TDP) is None."""
+        out = {k: float(np.asarray(getattr(self, k))[i]) for k in self.figures()}
+        row: dict[str, Any] = {k: None if math.isnan(v) else v for k, v in out.items()}
+        for k, b in self.bounds.items():
+            lo, hi = (float(v) for v in b[i])
+            row[f"{k}_interval"] = None if math.isnan(lo) or math.isnan(hi) else [lo, hi]
+        return row
+
+    def to_dict(self) -> dict[str, Any]:
         """The first configuration (the best of a search) as a dict: :meth:`row` of 0."""
         return self.row(0)
 
@@ -104,7 +133,7 @@ class TrainRun:
         """A pandas DataFrame, one row per configuration."""
         import pandas as pd
 
-        return pd.DataFrame({f.name: np.atleast_1d(getattr(self, f.name)) for f in fields(self)})
+        return pd.DataFrame(self.columns())
 
 
 def train_steps_for(train_tokens: float | None, train_steps: int | None,
@@ -171,7 +200,7 @@ def _interval_s(s: RunSettings, step_s, delta_s, mtbf_s, persist_s):
 
 
 def train_run(settings: RunSettings, step_time_s, gpus, staged_bytes_per_gpu=0.0,
-              busy_fraction=1.0) -> TrainRun:
+              busy_fraction=1.0, interval_steps=None) -> TrainRun:
     """Whole-run predictions for configurations of one search (see the module docstring).
 
     Parameters
@@ -186,6 +215,9 @@ def train_run(settings: RunSettings, step_time_s, gpus, staged_bytes_per_gpu=0.0
         Weights + optimizer states on one GPU [bytes] (async checkpoints).
     busy_fraction : array_like
         Share of the step the GPU computes (its power, :func:`perfmodel.run.energy.gpu_power_w`).
+    interval_steps : array_like, optional
+        Steps between checkpoints, when fixed beforehand (:func:`train_run_bounds`); None: the
+        optimum of step 4.
 
     Returns
     -------
@@ -202,7 +234,9 @@ def train_run(settings: RunSettings, step_time_s, gpus, staged_bytes_per_gpu=0.0
     delta = ck.blocking_checkpoint_s(s.checkpoint_mode, s.checkpoint_bytes, storage,
                                      staged_bytes_per_gpu, s.host_copy_bytes_per_s)
     persist = write if s.checkpoint_mode == "async" else np.zeros_like(write)
-    tau, tau_steps = _interval_s(s, step, delta, mtbf, persist)              # 4
+    tau, tau_steps = (_interval_s(s, step, delta, mtbf, persist) if interval_steps is None  # 4
+                      else (np.asarray(interval_steps, dtype=float) * step,
+                            np.asarray(interval_steps, dtype=float)))
     restart = ck.restart_s(s.checkpoint_bytes, storage, s.relaunch_s)        # 5
     lost = ck.lost_work_s(tau, delta, persist)
     wall = ck.expected_wall_s(useful, tau, delta, restart, lost, lam,        # 6
@@ -227,3 +261,71 @@ def train_run(settings: RunSettings, step_time_s, gpus, staged_bytes_per_gpu=0.0
     }
     return TrainRun(**{k: np.broadcast_to(np.asarray(v, dtype=float), shape).copy()
                        for k, v in out.items()})
+
+
+def train_run_bounds(settings: RunSettings, step_time_s, step_low_s, step_high_s, gpus,
+                     staged_bytes_per_gpu=0.0, busy_fraction=1.0) -> TrainRun:
+    """:func:`train_run` at ``step_time_s`` with the [low, high] bounds of each
+    :data:`BOUNDED` figure for a step time between ``step_low_s`` and ``step_high_s``.
+
+    The bounds are the run's own terms at the two ends of the step time's interval, not a
+    scaling of the point: the failure-free time, the checkpoint interval in seconds, the work
+    an interruption loses and the interruptions over the longer or shorter wall time all follow
+    the step time. Taken as given: the failure rate, the checkpoint's cost and the interval in
+    steps chosen for the predicted step time (a run is launched with its save interval in
+    steps), and the GPU's power. With the interval in steps fixed, the wall time
+    ``T (1 + delta / tau) / (1 - lambda (R + f_u L))`` grows with the step time (``T``,
+    ``tau = k t`` and ``L`` all do), hence days, GPU-hours, energy and cost: their bounds are
+    the ends'. Goodput ``T / W`` first rises, then falls with the step time (the checkpoint's
+    share shrinks, the lost work grows): its bounds are taken over the ends and its maximum
+    ``t* = sqrt(D^2 + A D / B) - D`` where it falls inside (``D = delta / k``,
+    ``A = 1 - lambda (R + f_u (delta / 2 + persist))``, ``B = lambda f_u k / 2``).
+
+    Parameters
+    ----------
+    settings, gpus, staged_bytes_per_gpu, busy_fraction :
+        As :func:`train_run`.
+    step_time_s, step_low_s, step_high_s : array_like
+        The predicted step time and the ends of its interval [s].
+
+    Returns
+    -------
+    TrainRun
+        The point's run, with :attr:`TrainRun.bounds`. Example: 10 s steps within [9, 12] s on
+        the case of ``train_run``'s test (141 steps between checkpoints): wall time
+        10,205.6 s, bounds 9,185.7 s and 12,249.9 s (hand computation in the unit test).
+
+    References
+    ----------
+    Young 1974 and Daly 2006 (the terms, :mod:`perfmodel.run.checkpoint`); Lei et al. 2018,
+    JASA 113(523) (a monotone function of a conformal interval's variable is covered at the
+    same level by the function's values at the ends).
+    """
+    point = train_run(settings, step_time_s, gpus, staged_bytes_per_gpu, busy_fraction)
+    k = point.checkpoint_interval_steps
+    ends = [train_run(settings, t, gpus, staged_bytes_per_gpu, busy_fraction, k)
+            for t in (step_low_s, step_high_s)]
+    lo_s = np.minimum(step_low_s, step_high_s)
+    hi_s = np.maximum(step_low_s, step_high_s)
+    peak = _goodput_peak_s(settings, point, gpus, k)
+    top = np.clip(np.where(np.isfinite(peak), peak, hi_s), lo_s, hi_s)
+    inner = train_run(settings, top, gpus, staged_bytes_per_gpu, busy_fraction, k)
+    bounds = {}
+    for name in BOUNDED:
+        lo, hi = (np.asarray(getattr(e, name), dtype=float) for e in ends)
+        vals = np.stack([lo, hi] + ([inner.goodput] if name == "goodput" else []))
+        bounds[name] = np.stack([vals.min(0), vals.max(0)], axis=-1)
+    return replace(point, bounds=bounds)
+
+
+def _goodput_peak_s(s: RunSettings, point: TrainRun, gpus, k) -> np.ndarray:
+    """The step time at which goodput peaks for ``k`` steps between checkpoints (the terms of
+    ``point``, :func:`train_run_bounds`)."""
+    lam = fl.interruptions_per_s(s.interruptions_per_gpu_hour, gpus)
+    persist = point.checkpoint_write_s if s.checkpoint_mode == "async" else 0.0
+    d = point.checkpoint_s / k
+    a = 1.0 - lam * (point.restart_s + s.unexpected_fraction * (0.5 * point.checkpoint_s
+                                                                 + persist))
+    b = lam * s.unexpected_fraction * k / 2.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.sqrt(d * d + np.maximum(a, 0.0) * d / b) - d
