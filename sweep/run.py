@@ -77,12 +77,18 @@ def run_figures(train: Any, i: int) -> dict[str, float | None]:
     Returns ``train_days`` (wall-clock days with interruptions, restarts and checkpoints),
     ``failure_free_days`` (the steps alone), ``gpu_hours`` (GPUs x wall time), ``goodput``
     (failure-free over wall time), ``energy_mwh`` (None without the GPU's TDP) and ``cost``
-    (None without a GPU-hour price).
+    (None without a GPU-hour price), and the bounds of the days and the cost from the step
+    time's 80 % interval (``train_days_low`` / ``_high``, ``cost_low`` / ``_high``; None
+    without an interval or a price).
     """
     r = train.row(i)
+    days = r.get("days_interval") or (None, None)
+    cost = r.get("cost_interval") or (None, None)
     return {"train_days": r["days"], "failure_free_days": r["useful_s"] / SECONDS_PER_DAY,
             "gpu_hours": r["gpu_hours"], "goodput": r["goodput"],
-            "energy_mwh": r["energy_mwh"], "cost": r["cost"]}
+            "energy_mwh": r["energy_mwh"], "cost": r["cost"],
+            "train_days_low": days[0], "train_days_high": days[1],
+            "cost_low": cost[0], "cost_high": cost[1]}
 
 
 def _scenario_fields(s: Scenario) -> dict[str, Any]:

@@ -47,6 +47,9 @@ COLUMNS: dict[str, str] = {
     # the run (train_tokens given)
     "train_days": "float64", "failure_free_days": "float64", "gpu_hours": "float64",
     "goodput": "float64", "energy_mwh": "float64", "cost": "float64",
+    # their bounds from the step time's 80 % interval (the run at both ends of it)
+    "train_days_low": "float64", "train_days_high": "float64", "cost_low": "float64",
+    "cost_high": "float64",
 }
 
 #: Seconds between two writes of finished rows into ``<out>.parts/``.

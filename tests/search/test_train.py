@@ -10,8 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from perfmodel.run import train_run
 from perfmodel.spec.specs import SpecError
-from search import plan
+from search import make_problem, plan
 
 runner = CliRunner()
 SMALL = {"gpus": 64, "global_batch_size": 64, "seq_len": 2048, "tp": 8, "pp": [1, 2],
@@ -128,3 +129,53 @@ def test_run_front_needs_the_run_length():
     assert r.exit_code == 2
     assert "Traceback" not in r.output
     assert "needs the run's length" in r.output
+
+
+# --- the run figures' 80 % intervals ---------------------------------------------------------
+BOUNDED_KEYS = ("wall_s_interval", "days_interval", "gpu_hours_interval", "energy_mwh_interval",
+                "cost_interval", "goodput_interval")
+
+
+def test_run_interval_is_the_run_at_the_step_time_bounds():
+    """The best row's run figures carry [low, high]: train_run at the step time's bounds with
+    the point's checkpoint interval in steps (not the point scaled)."""
+    r = plan("llama3.1-8b", "dgx-h100", train_tokens=1e11, gpu_hour_price=2.0, **SMALL)
+    d = r.to_json()["train"]
+    assert all(d[k] is not None and d[k][0] <= d[k][1] for k in BOUNDED_KEYS)
+    step_lo, step_hi = r.rows[0]["step_time_interval_s"]
+    row = r.rows[0]
+    settings = make_problem("llama3.1-8b", "dgx-h100", train_tokens=1e11, gpu_hour_price=2.0,
+                            **SMALL).run
+    ends = [train_run(settings, t, row["gpus"],
+                      row["memory_bytes"]["weights"] + row["memory_bytes"]["optimizer"],
+                      row["time_s"]["compute"] / row["step_time_s"],
+                      interval_steps=d["checkpoint_interval_steps"]).row(0)
+            for t in ([step_lo], [step_hi])]
+    assert d["wall_s_interval"] == pytest.approx([e["wall_s"] for e in ends], rel=1e-12)
+    assert d["cost_interval"] == pytest.approx([e["cost"] for e in ends], rel=1e-12)
+    lo_ratio, hi_ratio = (t / row["step_time_s"] for t in (step_lo, step_hi))
+    inside = lo_ratio <= 1.0 <= hi_ratio
+    assert inside == (d["days_interval"][0] <= d["days"] <= d["days_interval"][1])
+    assert "the run figures' intervals are the run at both ends of it" in r.setup["interval"]
+
+
+def test_cli_prints_run_intervals_and_json_carries_them():
+    args = ["--model", "llama3.1-8b", "--cluster", "dgx-h100", "--gpus", "64",
+            "--global-batch", "64", "--seq-len", "2048", "--tp", "8", "--pp", "1", "--cp", "1",
+            "--train-steps", "1000", "--gpu-hour-price", "2"]
+    doc = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    t = doc["train"]
+    lo, hi = t["days_interval"]
+    out = runner.invoke(app, args).output
+    assert f"{t['days']:.1f} days ({lo:.1f}-{hi:.1f})" in out
+    c_lo, c_hi = t["cost_interval"]
+    assert f"cost {t['cost']:,.0f} ({c_lo:,.0f}-{c_hi:,.0f})" in out
+    assert "MWh (" in out and "goodput" in out
+    assert "failure rate, checkpoint cost and interval in steps taken as given" in out
+
+
+def test_front_rows_carry_run_intervals(run_front):
+    for p in run_front.pareto_rows:
+        assert all(k in p["train"] for k in BOUNDED_KEYS)
+    cols = run_front.pareto.columns
+    assert {"train_days_low", "train_days_high", "train_cost_low", "train_cost_high"} <= set(cols)

@@ -2,8 +2,10 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from perfmodel.run import RunSettings, run_settings, train_run
+from perfmodel.run import BOUNDED, RunSettings, run_settings, train_run, train_run_bounds
 from perfmodel.run.train import train_steps_for
 from perfmodel.spec.specs import SpecError, load_cluster, load_model, load_training
 
@@ -93,3 +95,74 @@ def test_cluster_file_run_fields_are_validated(tmp_path):
         base.write_text(text.format(extra=bad))
         with pytest.raises(SpecError, match=field):
             load_cluster(base)
+
+
+# --- the run at both ends of the step time's interval ----------------------------------------
+def test_hand_computed_bounds():
+    # The case above (10 s steps, 141 steps between checkpoints) with the step time in [9, 12] s,
+    # the interval in steps, the failure rate and the checkpoint cost as given:
+    # 9 s: tau = 1,269 s, lost (1,269 + 10) / 2 = 639.5 s,
+    #      wall = 9,000 (1 + 10/1,269) / (1 - 1e-5 (610 + 639.5)) = 9,185.70 s;
+    # 12 s: tau = 1,692 s, lost 851 s, wall = 12,000 (1 + 10/1,692) / (1 - 1e-5 x 1,461)
+    #      = 12,249.89 s. GPU-hours and cost follow the wall time (1,000 GPUs, 2 per GPU-hour).
+    r = train_run_bounds(_settings(), [10.0], [9.0], [12.0], [1000])
+    row = r.row(0)
+    assert row["wall_s"] == pytest.approx(10_205.636, rel=1e-6)  # the point is train_run's
+    assert row["wall_s_interval"] == pytest.approx([9185.697, 12249.893], rel=1e-6)
+    assert row["days_interval"] == pytest.approx([9185.697 / 86_400, 12249.893 / 86_400],
+                                                 rel=1e-6)
+    assert row["gpu_hours_interval"] == pytest.approx([2551.583, 3402.748], rel=1e-6)
+    assert row["cost_interval"] == pytest.approx([5103.165, 6805.496], rel=1e-6)
+    # energy: the same 700 W x (1 + 575/700) x 1.1 per GPU over the wall time's bounds
+    per_s = 1000 * (700 + 575) * 1.1 / 3.6e9
+    assert row["energy_mwh_interval"] == pytest.approx([9185.697 * per_s, 12249.893 * per_s],
+                                                       rel=1e-6)
+    # goodput peaks inside: 10,000 / 10,205.64 = 0.979851 is its top, the ends' lower one 12 s
+    lo, hi = row["goodput_interval"]
+    assert lo == pytest.approx(12_000 / 12249.893, rel=1e-6)
+    assert hi >= row["goodput"] and hi == pytest.approx(0.979851, rel=1e-5)
+    # not a linear scaling of the point: at ten times the failure rate (lambda = 1e-4 / s,
+    # Young sqrt(2 x 10 x 1e4) = 447 s -> 45 steps) the longer interval's checkpoints cost less,
+    # its lost work more: 10 s: tau 450, L 230; 12 s: tau 540, L 275;
+    # 1.2 x (1 + 10/540) / (1 + 10/450) x (1 - 0.084) / (1 - 0.0885) = 1.20156, not 1.2
+    r = train_run_bounds(_settings(interruptions_per_gpu_hour=3.6e-4), [10.0], [9.0], [12.0],
+                         [1000]).row(0)
+    assert r["wall_s_interval"][1] / r["wall_s"] == pytest.approx(1.20156, rel=1e-5)
+
+
+def test_bounds_are_monotone_and_absent_without_price():
+    s = _settings(gpu_hour_price=None)
+    step = np.array([2.0, 10.0, 40.0])
+    r = train_run_bounds(s, step, 0.8 * step, 1.3 * step, [64, 1000, 16_384])
+    for name in BOUNDED:
+        b = r.bounds[name]
+        point = getattr(r, name)
+        if name == "cost":
+            assert np.isnan(b).all() and r.row(0)["cost_interval"] is None
+            continue
+        assert np.all(b[:, 0] <= point) and np.all(point <= b[:, 1])
+    cols = r.to_dataframe().columns
+    assert {"days_low", "days_high", "wall_s_low", "goodput_high"} <= set(cols)
+    assert list(cols)[:2] == ["train_steps", "train_tokens"]
+    assert train_run(s, step, [64, 1000, 16_384]).row(0).get("days_interval") is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(step=st.floats(1e-2, 100.0), low=st.floats(0.3, 1.0), high=st.floats(1.0, 3.0),
+       gpus=st.integers(1, 100_000), steps=st.integers(1, 10_000_000),
+       rate=st.floats(1e-7, 1e-4), ckpt_bytes=st.floats(1e9, 1e13),
+       mode=st.sampled_from(["sync", "async"]), interval=st.sampled_from(["young", "daly"]))
+def test_run_interval_contains_the_point(step, low, high, gpus, steps, rate, ckpt_bytes, mode,
+                                         interval):
+    s = _settings(train_steps=steps, interruptions_per_gpu_hour=rate, unexpected_fraction=0.9,
+                  checkpoint_bytes=ckpt_bytes, checkpoint_mode=mode, interval=interval)
+    r = train_run_bounds(s, [step], [step * low], [step * high], [gpus], 5e9, 0.8)
+    for name in BOUNDED:
+        lo, hi = r.bounds[name][0]
+        v = float(getattr(r, name)[0])
+        if not np.isfinite(v):  # interruptions faster than the run recovers: no progress
+            continue
+        assert lo <= v * (1 + 1e-12) and v <= hi * (1 + 1e-12), name
+    # batch evaluation == one by one
+    one = train_run_bounds(s, step, step * low, step * high, gpus, 5e9, 0.8)
+    np.testing.assert_array_equal(one.bounds["wall_s"], r.bounds["wall_s"][0])
