@@ -528,8 +528,9 @@ def _pareto_of(problem: Any, res: Any, frame: Columns, rows: list[dict[str, Any]
                nt: int, npar: int) -> tuple[Columns, np.ndarray]:
     """The Pareto front's frame and its order: fastest step first (then smallest peak); with
     the run's length (``problem.run``) every front row also carries its whole run (``train``
-    in JSON, ``train_<field>`` columns), and the run's view (``time-to-train-cost``) is
-    ordered by the run's wall time (then cost)."""
+    in JSON, ``train_<field>`` columns), with the bounds from the step time's interval
+    (``<figure>_interval``, ``train_<figure>_low`` / ``_high``), and the run's view
+    (``time-to-train-cost``) is ordered by the run's wall time (then cost)."""
     par = _take(frame, slice(nt, nt + npar))
     run = getattr(problem, "run", None)
     if run is None or npar == 0:
