@@ -552,7 +552,13 @@ def _interval_text(row: dict) -> str:
         return ""
     step = abs(row["step_time_s"])
     scale = 1.0 if step >= 1.0 else 1e3 if step >= 1e-3 else 1e6
-    return f" ({iv[0] * scale:#.3g}-{iv[1] * scale:#.3g})"
+    return f" ({_sig3(iv[0] * scale)}-{_sig3(iv[1] * scale)})"
+
+
+def _sig3(value: float) -> str:
+    """Three significant digits, trailing zeros kept and no bare point: 15.10 -> '15.1',
+    2.0 -> '2.00', 205.0 -> '205'."""
+    return f"{value:#.3g}".rstrip(".")
 
 
 def _print_best(out: Console, r: Any, plan_kwargs: dict[str, Any] | None = None) -> None:
