@@ -71,6 +71,7 @@ __all__ = [
     "TILE_FIT_FILE",
     "Calibration",
     "calibration_for",
+    "layout_shape_means",
     "load_calibration",
     "tile_fit_digest",
     "write_tile_fit",
@@ -472,7 +473,14 @@ def _layout_means(df, values: np.ndarray, file: str) -> dict:
     """layout -> (log2 (m, n, k) of the distinct shapes, sorted; mean of ``values`` over the
     rows of each shape); :class:`SpecError` for a layout without rows."""
     mnk = np.stack(_columns(df, ("m", "n", "k")), axis=1)
-    layout = np.asarray(df["layout"]).astype(str)
+    return layout_shape_means(mnk, np.asarray(df["layout"]).astype(str), values, file)
+
+
+def layout_shape_means(mnk: np.ndarray, layout: np.ndarray, values: np.ndarray,
+                       file: str) -> dict:
+    """layout -> (log2 (m, n, k) of the distinct GEMM shapes of ``mnk`` (N, 3), sorted; mean of
+    ``values`` over the rows of each shape), for every layout of :data:`LAYOUTS`;
+    :class:`SpecError` naming ``file`` for a layout without rows."""
     out = {}
     for lay in LAYOUTS:
         s = layout == lay

@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 
 from hardware_specs import ROOT as SPECS_ROOT
-from perfmodel.core.csvtable import group_mean, read_columns, to_float
+from perfmodel.core.csvtable import read_columns, to_float
 from perfmodel.core.errors import SpecError
 from perfmodel.core.files import read_text_bounded, shown
-from perfmodel.hardware.calibration import LAYOUTS, Calibration
+from perfmodel.hardware.calibration import Calibration, layout_shape_means
 from perfmodel.spec.specs import GPUSpec
 
 __all__ = ["KERNEL_TABLE_DIR", "GemmTable", "gemm_table", "kernel_table_notes",
@@ -96,14 +96,7 @@ def read_gemm_table(path: Path) -> GemmTable:
     if len(set(df["gpu"].tolist())) != 1 or len(set(df["dtype"].tolist())) != 1:
         raise SpecError(f"{shown(path)}: one GPU and one dtype per table")
     mnk = np.stack([to_float(df[c]) for c in ("m", "n", "k")], axis=1)
-    layout = df["layout"].astype(str)
-    points = {}
-    for lay in LAYOUTS:
-        s = layout == lay
-        if not s.any():
-            raise SpecError(f"{shown(path)}: no rows with layout '{lay}'")
-        shapes, mean = group_mean(mnk[s], eff[s])
-        points[lay] = (np.log2(shapes), mean)
+    points = layout_shape_means(mnk, df["layout"].astype(str), eff, shown(path))
     return GemmTable(gpu=str(df["gpu"][0]), dtype=str(df["dtype"][0]),
                      peak_tflops=float(to_float(df["peak_tflops"][:1])[0]),
                      file=f"hardware_specs/kernels/{path.name}", source=_header(text),
