@@ -35,3 +35,8 @@ def test_no_build_history(page: Path):
             for i, line in enumerate(page.read_text().splitlines(), 1)
             if BUILD_HISTORY.search(line)]
     assert not hits, "\n".join(hits)
+
+
+def test_readme_is_a_short_user_guide():
+    """The README is the user guide on one page, under 300 lines; the rest is the docs site."""
+    assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) < 300
