@@ -12,12 +12,8 @@ import pytest
 
 from hardware_specs import preset_dir
 from perfmodel.hardware.profile import RunResidual, load_profile
-from validation.calibrate import (
-    _predict,
-    add_residuals_toml,
-    era_cases,
-    loo_residuals,
-)
+from validation.calibrate import add_residuals_toml, era_cases, loo_residuals
+from validation.validate import predict_case
 
 #: The shipped profiles that carry leave-one-out residuals (the larger eras' refits take long).
 WITH_RESIDUALS = ("megatron-2022", "nemo-24.07", "bridge-25.x")
@@ -31,7 +27,7 @@ def _text(era: str) -> str:
 @pytest.mark.parametrize("era", WITH_RESIDUALS)
 def test_one_residual_per_listed_row(era):
     text = _text(era)
-    rows = re.search(r"^# Rows: (.*)$", text, re.M).group(1).split(", ")
+    rows = re.search(r"^# Rows: (.*)$", text, re.MULTILINE).group(1).split(", ")
     p = load_profile(era)
     assert [r.row_id for r in p.residuals] == rows
     ratios = np.array([r.ratio for r in p.residuals])
@@ -46,7 +42,7 @@ def test_in_sample_mape_is_the_shipped_values_on_their_rows():
     cases = era_cases(SMALLEST)
     meas = np.array([c.measured_step_s for c in cases])
     assert p.in_sample_mape == pytest.approx(
-        float(np.mean(np.abs(_predict(cases, p) / meas - 1))), abs=1e-5)
+        float(np.mean(np.abs(np.array([predict_case(c, profile=p) for c in cases]) / meas - 1))), abs=1e-5)
 
 
 @pytest.mark.slow
