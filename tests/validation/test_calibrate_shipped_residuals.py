@@ -64,9 +64,12 @@ def test_adding_residuals_keeps_every_other_line():
     new = add_residuals_toml(text, p)
     assert add_residuals_toml(new, p) == new  # replaces, never appends twice
     kept = [ln for ln in new.splitlines() if not ln.startswith(("in_sample_mape", "loo_mape"))]
-    old = text.split("\n\n[[residuals]]")[0].splitlines()
-    assert kept[:len(old)] == [ln for ln in old
-                               if not ln.startswith(("in_sample_mape", "loo_mape"))]
+    old = [ln for ln in text.split("\n\n[[residuals]]")[0].splitlines()
+           if not ln.startswith(("in_sample_mape", "loo_mape"))]
+    assert kept[:len(old)] == old and kept[len(old):] == ["", "[[residuals]]", *(
+        f"{k} = {v}" for k, v in (("row_id", '"R1"'), ("generation", '"hopper"'),
+                                  ("precision", '"fp8"'), ("kind", '"dense"'),
+                                  ("ratio", "1.01235")))]
     d = tomllib.loads(new)
     assert d["loo_mape"] == 0.02 and d["residuals"] == [
         {"row_id": "R1", "generation": "hopper", "precision": "fp8", "kind": "dense",
