@@ -30,7 +30,9 @@ cannot be separated by the runs (posterior correlation), naming what kind of run
 :func:`loo_residuals` is the check a user's own runs allow: each run predicted by the profile
 refitted without it (leave-one-out, the path ``plan --profile`` predicts by). ``plan calibrate``
 reports their MAPE next to the in-sample one and stores the residuals in the profile, from which
-``plan --profile`` takes its 80 % intervals (:mod:`search.intervals`).
+``plan --profile`` takes its 80 % intervals (:mod:`search.intervals`);
+:func:`write_shipped_residuals` (``python -m validation.calibrate residuals ERA ...``) adds them
+to the shipped era profiles, their fitted values untouched.
 
 :func:`cross_validate` is the honest check on the dev split: per group (one source and release
 on one GPU type and precision), fit on two rows chosen by a fixed rule (smallest and largest GPU
