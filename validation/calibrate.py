@@ -30,7 +30,9 @@ cannot be separated by the runs (posterior correlation), naming what kind of run
 :func:`loo_residuals` is the check a user's own runs allow: each run predicted by the profile
 refitted without it (leave-one-out, the path ``plan --profile`` predicts by). ``plan calibrate``
 reports their MAPE next to the in-sample one and stores the residuals in the profile, from which
-``plan --profile`` takes its 80 % intervals (:mod:`search.intervals`).
+``plan --profile`` takes its 80 % intervals (:mod:`search.intervals`);
+:func:`write_shipped_residuals` (``python -m validation.calibrate residuals ERA ...``) adds them
+to the shipped era profiles, their fitted values untouched.
 
 :func:`cross_validate` is the honest check on the dev split: per group (one source and release
 on one GPU type and precision), fit on two rows chosen by a fixed rule (smallest and largest GPU
@@ -704,10 +706,16 @@ def cross_validate(path: str | Path | None = None, k_rule=calibration_pair) -> t
     return pd.DataFrame(groups), pd.DataFrame(rows)
 
 
+def era_cases(era: str, path: str | Path | None = None) -> list[Case]:
+    """The cases of every dev row of a software era (:func:`era_of`), in file order."""
+    df, cases = dev_cases(path)
+    return [c for c, (_, r) in zip(cases, df.iterrows(), strict=True) if era_of(r) == era]
+
+
 def fit_era(era: str, path: str | Path | None = None) -> FitResult:
     """The shipped profile of a software era: fitted on every dev row of that era."""
-    df, cases = dev_cases(path)
-    sel = [c for c, (_, r) in zip(cases, df.iterrows(), strict=True) if era_of(r) == era]
+    df, _ = dev_cases(path)
+    sel = era_cases(era, path)
     groups = sorted({group_key(r) for _, r in df.iterrows() if era_of(r) == era})
     return fit_profile(sel, name=era, description=f"software era {era}",
                        fitted_on=f"{len(sel)} rows of training_runs_dev.csv: " + "; ".join(groups))
@@ -927,6 +935,49 @@ def _print_fit(con: Console, fit: FitResult, name: str, n_runs: int) -> None:
     con.print(r)
 
 
+def shipped_loo(era: str, folder: str | Path | None = None, progress: Any = None
+                ) -> EfficiencyProfile:
+    """The shipped profile of ``era`` (as written in ``folder``) with the in-sample MAPE of its
+    values on the era's dev rows and their leave-one-out residuals and MAPE
+    (:func:`loo_residuals`: refitted by :func:`fit_profile` without each row, the row predicted
+    as ``plan --profile`` does); its fitted values untouched."""
+    prof = load_profile(Path(folder or preset_dir("profile")) / f"{era}.toml")
+    cases = era_cases(era)
+    meas = np.array([c.measured_step_s for c in cases])
+    ins = float(np.mean(np.abs(_predict(cases, prof) / meas - 1.0)))
+    res = tuple(loo_residuals(cases, progress=progress))
+    loo = float(np.mean([abs(1.0 / r.ratio - 1.0) for r in res])) if res else None
+    return prof.model_copy(update={"in_sample_mape": ins, "loo_mape": loo, "residuals": res})
+
+
+def add_residuals_toml(text: str, profile: EfficiencyProfile) -> str:
+    """A profile's TOML ``text`` with the ``in_sample_mape`` / ``loo_mape`` lines and the
+    ``[[residuals]]`` tables of ``profile`` (as :func:`profile_toml` writes them) in place of
+    any it had; every other line, the fitted values included, byte for byte."""
+    new = profile_toml(profile).splitlines()
+    mapes = [ln for ln in new if ln.startswith(("in_sample_mape =", "loo_mape ="))]
+    tail = new[new.index("[[residuals]]") - 1:] if profile.residuals else []
+    cut = text.find("\n\n[[residuals]]")
+    lines = [ln for ln in (text if cut < 0 else text[:cut + 1]).splitlines()
+             if not ln.startswith(("in_sample_mape =", "loo_mape ="))]
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("fitted_on =")) + 1
+    return "\n".join(lines[:at] + mapes + lines[at:] + tail) + "\n"
+
+
+def write_shipped_residuals(eras: list[str], folder: str | Path | None = None
+                            ) -> dict[str, EfficiencyProfile]:
+    """Add :func:`shipped_loo`'s residuals to the shipped profiles of ``eras`` (in
+    ``folder``), their fitted values unchanged (:func:`add_residuals_toml`)."""
+    d = Path(folder or preset_dir("profile"))
+    out = {}
+    for era in eras:
+        prof = shipped_loo(era, d)
+        f = d / f"{era}.toml"
+        atomic_write(f, add_residuals_toml(f.read_text(encoding="utf-8"), prof))
+        out[era] = prof
+    return out
+
+
 def write_shipped_profiles(folder: str | Path | None = None) -> dict[str, FitResult]:
     """Fit and write the per-era profiles of ``hardware_specs/profiles`` from the dev split."""
 
@@ -949,7 +1000,11 @@ def write_shipped_profiles(folder: str | Path | None = None) -> dict[str, FitRes
     return fits
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # `residuals ERA ...`: add leave-one-out residuals, refit nothing
+    if sys.argv[1:2] == ["residuals"]:
+        for era, p in write_shipped_residuals(sys.argv[2:]).items():
+            print(era, f"in-sample {p.in_sample_mape:.3f}, leave-one-out {p.loo_mape:.3f}")
+        sys.exit(0)
     for era, f in write_shipped_profiles().items():
         print(era, {k: round(v, 3) for k, v in f.profile.values().items()},
               f"{f.rows['error_before'].abs().mean():.3f} -> {f.rows['error_after'].abs().mean():.3f}")
