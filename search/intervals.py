@@ -31,6 +31,7 @@ import numpy as np
 
 from hardware_specs import ROOT as SPECS_ROOT
 from perfmodel.core.csvtable import read_columns, to_float
+from perfmodel.core.frames import data_frame
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -100,9 +101,7 @@ def residual_columns(path: Path | None = None) -> dict[str, np.ndarray]:
 def read_residual_table(path: Path | None = None) -> pd.DataFrame:
     """:func:`residual_columns` as a DataFrame (pandas is loaded here: the interval of a plan
     reads the columns)."""
-    import pandas as pd
-
-    return pd.DataFrame({k: v.astype(object) if v.dtype.kind == "U" else v
+    return data_frame({k: v.astype(object) if v.dtype.kind == "U" else v
                          for k, v in residual_columns(path).items()})
 
 

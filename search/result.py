@@ -13,6 +13,7 @@ Columns (``top`` / ``pareto``: pandas DataFrames, built when first read; ``top_c
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ import numpy as np
 from perfmodel.compute.layer import sustained_gemm_fraction
 from perfmodel.core import units
 from perfmodel.core.codes import COMPRESSION, CP_COMM, RECOMPUTE, SCHEDULE
+from perfmodel.core.frames import data_frame
 from perfmodel.hardware.calibration import calibration_for
 from perfmodel.hardware.kernel_tables import kernel_table_notes
 from perfmodel.hardware.overlap import gpu_generation
@@ -351,9 +353,7 @@ class SearchResult:
 def _frame(columns: Columns) -> pd.DataFrame:
     """A DataFrame of a table's columns. pandas is loaded here, when a caller asks for a
     frame: planning itself (the command line's tables and JSON) does not need it."""
-    import pandas as pd
-
-    return pd.DataFrame(columns)
+    return data_frame(columns)
 
 
 def _take(columns: Columns, rows: Any) -> Columns:
@@ -566,8 +566,6 @@ def finalize_tally(
 ) -> SearchResult:
     """:func:`finalize` from a :class:`search.pareto.Tally` kept during a search started at
     ``t0`` (``time.perf_counter()``): the one way every strategy builds its result."""
-    import time
-
     return finalize(
         problem,
         strategy=strategy,

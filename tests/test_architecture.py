@@ -4,7 +4,8 @@
   function is written as a short recipe of named steps.
 * No import of a project module inside a function (a function-local import hides an import
   circle); the one exception is the command line's lazy import of the torch harness, which
-  needs the optional ``torch``.
+  needs the optional ``torch``. Third-party packages imported inside a function stand only in
+  :data:`LOCAL_THIRD_PARTY` (heavy or optional ones kept off the planning path).
 * No private name (``_name``) of one project module used by another: a name another module
   needs is public (in its module's ``__all__``, with a docstring), or the code moves.
 """
@@ -213,3 +214,38 @@ def test_no_private_names_used_across_modules():
     assert not uses, (f"{len(uses)} private name(s) of one module used by another: make the "
                       "name public (in __all__, with a docstring) or move the code\n"
                       + "\n".join(uses))
+
+
+#: The only function-local imports of third-party packages, by file: each keeps a heavy or
+#: optional package off the planning path (``import cli.main`` loads none of them).
+LOCAL_THIRD_PARTY = {
+    ("perfmodel/core/frames.py", "pandas"),  # DataFrames on request
+    ("perfmodel/hardware/gemm_tiles.py", "scipy"),  # fitting a user's GEMM table
+    ("perfmodel/hardware/simplex.py", "scipy"),  # triangulating a user's calibration points
+    ("validation/validate_moe.py", "rich"),
+    ("cli/verify.py", "torch"),
+}
+
+
+def local_third_party_imports() -> set[tuple[str, str]]:
+    """(file, top-level package) of every third-party import written inside a function,
+    outside the torch harness."""
+    out = set()
+    for path in _sources():
+        if _rel(path).startswith("harness/"):
+            continue
+        for _name, fn in _functions(_parse(path)):
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    for mod in _imported_modules(node, path):
+                        top = mod.split(".")[0]
+                        if top not in PROJECT_MODULES and top != "__future__":
+                            out.add((_rel(path), top))
+    return out
+
+
+def test_function_local_third_party_imports_stay_where_they_are_allowed():
+    found = local_third_party_imports()
+    assert found == LOCAL_THIRD_PARTY, (
+        f"outside the allowed places: {sorted(found - LOCAL_THIRD_PARTY)}; "
+        f"allowed but gone (drop them): {sorted(LOCAL_THIRD_PARTY - found)}")

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from perfmodel.core.codes import SCHEDULE, Schedule
+from perfmodel.core.frames import data_frame
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -394,11 +395,8 @@ class Timeline:
     def to_frame(self) -> pd.DataFrame:
         """Events as a DataFrame: stage, microbatch, chunk, op, start_s, end_s, duration_s
         (pandas is loaded here: the schedule itself does not need it)."""
-        import pandas as pd
-
-        df = pd.DataFrame(
-            self.events, columns=["stage", "microbatch", "chunk", "op", "start_s", "end_s"]
-        )
+        df = data_frame(self.events,
+                        columns=["stage", "microbatch", "chunk", "op", "start_s", "end_s"])
         df["duration_s"] = df["end_s"] - df["start_s"]
         return df
 

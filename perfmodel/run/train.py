@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from perfmodel.core.frames import data_frame
 from perfmodel.memory.breakdown import state_bytes_per_param
 from perfmodel.run import checkpoint as ck
 from perfmodel.run import energy as en
@@ -131,9 +132,7 @@ class TrainRun:
 
     def to_dataframe(self):
         """A pandas DataFrame, one row per configuration."""
-        import pandas as pd
-
-        return pd.DataFrame(self.columns())
+        return data_frame(self.columns())
 
 
 def train_steps_for(train_tokens: float | None, train_steps: int | None,

@@ -44,6 +44,7 @@ from perfmodel.core.codes import (
     Recompute,
     Schedule,
 )
+from perfmodel.core.frames import data_frame
 from perfmodel.hardware import overlap
 from perfmodel.hardware.calibration import KERNEL_MIN_S
 from perfmodel.memory import offload
@@ -144,8 +145,6 @@ class StepResult:
 
     def to_frame(self):
         """A pandas DataFrame, one row per configuration, units in the column names."""
-        import pandas as pd
-
 
         b = self.batch
         cols = {
@@ -174,7 +173,7 @@ class StepResult:
         cols.update({f"{k}_time_s": v for k, v in self.time_s.items()})
         cols.update({f"{k}_memory_bytes": v for k, v in self.memory_bytes.items() if k != "peak"})
         cols.update({f"{k}_comm_bytes_per_gpu": v for k, v in self.comm_bytes_per_gpu.items()})
-        return pd.DataFrame(cols)
+        return data_frame(cols)
 
 
 def peak_flops_for(cluster: ClusterSpec, precision: str, kernels: str = "fused") -> float:
